@@ -1,0 +1,109 @@
+// Package message is sluice's wire model: the request a producer enqueues, the
+// result sluice writes back, and the error codes a result can carry.
+//
+// Two request forms are accepted (see COMPAT.md):
+//
+//   - the flat form of the queue design: {"id","created","deadline","payload",
+//     "metadata","headers","endpoint"}, where created and deadline are Unix
+//     seconds given as integers, fractional numbers or strings;
+//   - upstream's tagged envelope {"request_kind","internal":{...},"data":{flat}}.
+//
+// The payload is kept as the exact bytes the producer wrote: sluice forwards it
+// to the gateway byte for byte and never re-marshals it.
+package message
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// ErrorCode classifies a failed result. The empty code means success.
+type ErrorCode string
+
+// The error codes a result can carry; the strings are part of the wire format.
+const (
+	CodeNone             ErrorCode = ""
+	CodeDeadlineExceeded ErrorCode = "DEADLINE_EXCEEDED"
+	CodeCancelled        ErrorCode = "CANCELLED"
+	CodeGateDropped      ErrorCode = "GATE_DROPPED"
+	CodeGateError        ErrorCode = "GATE_ERROR"
+	CodeInferenceError   ErrorCode = "INFERENCE_ERROR"
+	CodeInvalidRequest   ErrorCode = "INVALID_REQUEST"
+)
+
+// Request is one inference request taken from a queue.
+type Request struct {
+	// ID identifies the request; a result carries the same id.
+	ID string
+	// Created is when the producer created the request (zero when absent).
+	Created time.Time
+	// Deadline is when the result stops being useful; always set on a decoded request.
+	Deadline time.Time
+	// Payload is the JSON body for the gateway, exactly as the producer wrote it.
+	Payload json.RawMessage
+	// Metadata is opaque correlation data echoed in the result (job_id, request_index, ...).
+	Metadata map[string]string
+	// Headers are forwarded to the gateway (hop-by-hop and framing headers are refused there).
+	Headers map[string]string
+	// Endpoint, when set, overrides the queue's request path.
+	Endpoint string
+
+	// Envelope fields; empty for the flat form.
+
+	// Kind is the envelope's request_kind ("plain", "redis", "pubsub"); empty for the flat form.
+	Kind string
+	// RetryCount is the number of earlier attempts carried by the envelope.
+	RetryCount int
+	// Token is the envelope's request_token, paired with upstream cancellation keys.
+	Token string
+	// RequestQueueName and ResultQueueName are the queue names the envelope named, if any.
+	RequestQueueName string
+	ResultQueueName  string
+}
+
+// JobID returns metadata["job_id"], the key job-level cancellation works on.
+func (r *Request) JobID() string { return r.Metadata["job_id"] }
+
+// Expired reports whether the deadline has passed at now.
+func (r *Request) Expired(now time.Time) bool { return !now.Before(r.Deadline) }
+
+// Result is what sluice writes to a result queue, exactly one per request.
+type Result struct {
+	ID string `json:"id"`
+	// StatusCode is the gateway's HTTP status; 0 (omitted) when no response came back.
+	StatusCode int `json:"status_code,omitempty"`
+	// Payload is the gateway's raw response body, or {"error":"..."} when there was none.
+	Payload string `json:"payload"`
+	// Metadata echoes the request's metadata.
+	Metadata     map[string]string `json:"metadata,omitempty"`
+	ErrorCode    ErrorCode         `json:"error_code,omitempty"`
+	ErrorMessage string            `json:"error_message,omitempty"`
+}
+
+// OK reports whether the result is a success.
+func (r *Result) OK() bool { return r.ErrorCode == CodeNone }
+
+// DecodeError is returned by Decode for a message that is not a valid request.
+// ID is set when an id could still be read, so the caller can answer with an
+// INVALID_REQUEST result; when ID is empty the message belongs in a dead-letter
+// destination.
+type DecodeError struct {
+	ID       string
+	Metadata map[string]string
+	Reason   string
+}
+
+func (e *DecodeError) Error() string {
+	if e.ID == "" {
+		return "invalid request: " + e.Reason
+	}
+	return "invalid request " + e.ID + ": " + e.Reason
+}
+
+// AsDecodeError returns the *DecodeError inside err, if any.
+func AsDecodeError(err error) (*DecodeError, bool) {
+	var de *DecodeError
+	ok := errors.As(err, &de)
+	return de, ok
+}
