@@ -94,6 +94,7 @@ type DecodeError struct {
 	Reason   string
 }
 
+// Error implements error: "invalid request <id>: <reason>".
 func (e *DecodeError) Error() string {
 	if e.ID == "" {
 		return "invalid request: " + e.Reason

@@ -1,0 +1,41 @@
+# sluice — the two set-up commands are `make run` and `make test`.
+GO      ?= go
+PKGS    := ./...
+BENCHTIME ?= 1x
+
+.PHONY: run test test-short bench lint fmt vet build fuzz
+
+## run: the embedded demo (memory queue, gateway simulator, constant gate); no server needed
+run:
+	$(GO) run ./cmd/sluice demo
+
+## test: every test, with the race detector (needs redis-server, prometheus and the
+## Pub/Sub emulator; .ci/run installs them)
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+## test-short: unit tests only
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+## bench: one BENCH line per scenario
+bench:
+	$(GO) run ./bench
+
+build:
+	$(GO) build -o bin/sluice ./cmd/sluice
+
+fmt:
+	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
+
+vet:
+	$(GO) vet $(PKGS)
+
+lint: vet
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || (gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); exit 1)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+
+## fuzz: run the decoder fuzzer for a minute
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/message

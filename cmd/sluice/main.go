@@ -1,0 +1,74 @@
+// Command sluice is the dispatch agent for LLM batch traffic: it pulls
+// requests from a queue, lets each through when its dispatch gate has room,
+// POSTs it to the inference gateway with its deadline, and writes one result
+// per request.
+//
+// Subcommands: serve, demo, simulate-gateway, validate, version.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Set by the linker: -ldflags "-X main.version=..."
+var (
+	version = "dev"
+	commit  = ""
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := newRoot()
+	if err := root.ExecuteContext(ctx); err != nil {
+		var ee exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "sluice:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError ends the process with a code, its message already printed.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "sluice",
+		Short: "Dispatch agent for LLM batch traffic",
+		Long: `sluice sits between a request queue and an inference gateway. It takes
+requests in deadline order, lets each through only while its dispatch gate
+says the pool has room, POSTs it to the gateway with its deadline, and
+writes exactly one result per request. Retryable failures come back after
+exponential backoff; everything else ends as an error result.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
+	return root
+}
+
+func newVersion() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			v := version
+			if commit != "" {
+				v += " (" + commit + ")"
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "sluice", v)
+		},
+	}
+}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/config"
+)
+
+// serveFlags are the flags of serve and validate.
+type serveFlags struct {
+	configFile          string
+	transport           string
+	transportConfig     string
+	transportConfigFile string
+	concurrency         int
+	requestTimeout      time.Duration
+	drainTimeout        time.Duration
+	prometheusURL       string
+	prometheusCacheTTL  time.Duration
+	metricsPort         int
+	healthPort          int
+	listenHost          string
+	tlsCA, tlsCert      string
+	tlsKey              string
+	tlsInsecure         bool
+	redisURL            string
+	redisURLFile        string
+	retryBase           time.Duration
+	retryMax            time.Duration
+	retryMaxAttempts    int
+	deadlineHeader      string
+	timeoutHeader       string
+	logLevel, logFormat string
+	legacy              legacyFlags
+}
+
+func (f *serveFlags) register(fs *pflag.FlagSet) {
+	fs.StringVarP(&f.configFile, "config", "c", "", "sluice config file (JSON); flags override it")
+	fs.StringVar(&f.transport, "transport", "", "transport: memory, redis-sortedset, redis-pubsub, redis-stream, gcp-pubsub (default memory)")
+	fs.StringVar(&f.transportConfig, "transport-config", "", "transport config as inline JSON: {\"queues\":[...], \"result_queue_name\":..., <transport options>}")
+	fs.StringVar(&f.transportConfigFile, "transport-config-file", "", "transport config file (JSON object, or a bare array of queues)")
+	fs.IntVar(&f.concurrency, "concurrency", 0, "in-flight requests per queue at gate budget 1 (default 64)")
+	fs.DurationVar(&f.requestTimeout, "request-timeout", 0, "upper bound of one gateway call when the deadline is further away (default 5m)")
+	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "on SIGTERM, how long requests in flight may finish before they are handed back (default 2m)")
+	fs.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus server for prometheus-* gates")
+	fs.DurationVar(&f.prometheusCacheTTL, "prometheus-cache-ttl", 0, "how long Prometheus answers are reused (default 5s)")
+	fs.IntVar(&f.metricsPort, "metrics-port", 0, "port of /metrics (default 9090; -1 disables)")
+	fs.IntVar(&f.healthPort, "health-port", 0, "port of /healthz and /readyz (default 8081; -1 disables)")
+	fs.StringVar(&f.listenHost, "listen-host", "", "address the metrics and health ports bind to (default all interfaces)")
+	fs.StringVar(&f.tlsCA, "tls-ca-cert", "", "CA bundle to verify the gateway's certificate")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate for the gateway (with --tls-key)")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "client key for the gateway")
+	fs.BoolVar(&f.tlsInsecure, "tls-insecure-skip-verify", false, "do not verify the gateway's certificate (testing only)")
+	fs.StringVar(&f.redisURL, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
+	fs.StringVar(&f.redisURLFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
+	fs.DurationVar(&f.retryBase, "retry-base", 0, "first retry backoff, doubling per attempt (default 2s)")
+	fs.DurationVar(&f.retryMax, "retry-max", 0, "backoff cap (default 60s)")
+	fs.IntVar(&f.retryMaxAttempts, "retry-max-attempts", 0, "give up after this many attempts (default 0: retry until the deadline)")
+	fs.StringVar(&f.deadlineHeader, "deadline-header", "", "header carrying the deadline in Unix ms (default x-request-deadline; \"off\" disables)")
+	fs.StringVar(&f.timeoutHeader, "timeout-header", "", "header carrying the remaining ms (default x-envoy-upstream-rq-timeout-ms; \"off\" disables)")
+	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
+	fs.StringVar(&f.logFormat, "log-format", "", "text or json (default text)")
+	f.legacy.register(fs)
+}
+
+// load builds the config: file, then transport config, then flags set on
+// the command line, then the environment.
+func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
+	cfg := &config.Config{}
+	if f.configFile != "" {
+		data, err := os.ReadFile(f.configFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if err := config.ParseInto(data, f.configFile, cfg); err != nil {
+			return nil, err
+		}
+	}
+	tcData, tcWhere := []byte(f.transportConfig), "--transport-config"
+	if f.transportConfigFile != "" {
+		data, err := os.ReadFile(f.transportConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("transport config: %w", err)
+		}
+		tcData, tcWhere = data, f.transportConfigFile
+	}
+	if len(strings.TrimSpace(string(tcData))) > 0 {
+		tc, err := config.ParseQueues(tcData, tcWhere)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TransportConfig = tc
+	}
+	set := func(name string, apply func()) {
+		if fs.Changed(name) {
+			apply()
+		}
+	}
+	set("transport", func() { cfg.Transport = f.transport })
+	set("concurrency", func() { cfg.Concurrency = f.concurrency })
+	set("request-timeout", func() { cfg.RequestTimeout = config.Duration(f.requestTimeout) })
+	set("drain-timeout", func() { cfg.DrainTimeout = config.Duration(f.drainTimeout) })
+	set("prometheus-url", func() { cfg.Prometheus.URL = f.prometheusURL })
+	set("prometheus-cache-ttl", func() { cfg.Prometheus.CacheTTL = config.Duration(f.prometheusCacheTTL) })
+	set("metrics-port", func() { cfg.MetricsPort = f.metricsPort })
+	set("health-port", func() { cfg.HealthPort = f.healthPort })
+	set("listen-host", func() { cfg.ListenHost = f.listenHost })
+	set("tls-ca-cert", func() { cfg.TLS.CACert = f.tlsCA })
+	set("tls-cert", func() { cfg.TLS.Cert = f.tlsCert })
+	set("tls-key", func() { cfg.TLS.Key = f.tlsKey })
+	set("tls-insecure-skip-verify", func() { cfg.TLS.InsecureSkipVerify = f.tlsInsecure })
+	set("retry-base", func() { cfg.Retry.Base = config.Duration(f.retryBase) })
+	set("retry-max", func() { cfg.Retry.Max = config.Duration(f.retryMax) })
+	set("retry-max-attempts", func() { cfg.Retry.MaxAttempts = f.retryMaxAttempts })
+	set("deadline-header", func() { cfg.Dispatch.DeadlineHeader = f.deadlineHeader })
+	set("timeout-header", func() { cfg.Dispatch.TimeoutHeader = f.timeoutHeader })
+	set("log-level", func() { cfg.Log.Level = f.logLevel })
+	set("log-format", func() { cfg.Log.Format = f.logFormat })
+	set("redis.url", func() { cfg.RedisURL = f.redisURL })
+	if f.redisURLFile != "" {
+		data, err := os.ReadFile(f.redisURLFile)
+		if err != nil {
+			return nil, fmt.Errorf("--redis.url-file: %w", err)
+		}
+		cfg.RedisURL = strings.TrimSpace(string(data))
+	}
+	if cfg.RedisURL == "" {
+		cfg.RedisURL = os.Getenv("REDIS_URL")
+	}
+	if err := f.legacy.apply(fs, cfg); err != nil {
+		return nil, err
+	}
+	cfg.SetDefaults()
+	return cfg, nil
+}
+
+func newServe() *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the dispatcher",
+		Long: `Run the dispatcher until SIGTERM or SIGINT, then stop claiming, let requests
+in flight finish within --drain-timeout, and hand the rest back to the queue.
+
+Configuration comes from --config (a JSON file), then --transport-config-file
+or --transport-config (the queues and the transport's options), then flags.
+The Redis URL comes from --redis.url, --redis.url-file or $REDIS_URL.`,
+		Example: `  sluice serve --config sluice.json
+  sluice serve --transport redis-sortedset --transport-config-file queues.json
+  REDIS_URL=redis://redis:6379 sluice serve --message-queue-impl=redis-sortedset \
+      --redis.ss.queues-config-file queues.json --redis.ss.result-queue-name results`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.load(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			log := app.NewLogger(cfg.Log, os.Stderr)
+			a, err := app.New(cfg, app.Options{Logger: log})
+			if err != nil {
+				return err
+			}
+			log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues))
+			return a.Run(cmd.Context())
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+func newValidate() *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "validate",
+		Short: "Check a configuration and print every problem with where it is",
+		Long: `Load the configuration exactly as serve would (same flags) and check it:
+unknown fields, missing or invalid values, unknown transports and gate types,
+and the gates' own parameters. Exit 0 when it is valid, 1 otherwise.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out := cmd.OutOrStdout()
+			cfg, err := f.load(cmd.Flags())
+			if err == nil {
+				tr, gr := app.Registries()
+				err = cfg.Validate(app.Known(tr, gr))
+				if err == nil {
+					err = app.Check(cfg, tr, gr)
+				}
+			}
+			if err != nil {
+				for _, line := range strings.Split(err.Error(), "\n") {
+					fmt.Fprintln(out, "error:", line)
+				}
+				return exitError{1}
+			}
+			fmt.Fprintf(out, "ok: transport %s, %d queue(s)\n", cfg.Transport, len(cfg.TransportConfig.Queues))
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,569 @@
+// Package config is sluice's configuration: one JSON document (file, flags
+// and the legacy flags of upstream all land here), defaults, and validation
+// that reports every problem with where it is.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
+type Duration time.Duration
+
+// UnmarshalJSON accepts a Go duration string or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 0 && s[0] == '"' {
+		var str string
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		v, err := time.ParseDuration(str)
+		if err != nil {
+			return fmt.Errorf("%q is not a duration (use e.g. \"250ms\", \"5m\")", str)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("%s is not a duration", s)
+	}
+	*d = Duration(f * float64(time.Second))
+	return nil
+}
+
+// MarshalJSON writes the duration as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Config is a whole deployment.
+type Config struct {
+	// Transport is the transport's registry name (default "memory").
+	Transport string `json:"transport,omitempty"`
+	// TransportConfig holds the queues and the transport's own options.
+	TransportConfig TransportConfig `json:"transport_config"`
+	// Concurrency is each queue's in-flight limit at budget 1 (default 64).
+	Concurrency int `json:"concurrency,omitempty"`
+	// RequestTimeout bounds one gateway call when the deadline is further away (default 5m).
+	RequestTimeout Duration `json:"request_timeout,omitempty"`
+	// DrainTimeout is how long requests in flight may finish on shutdown (default 2m).
+	DrainTimeout Duration `json:"drain_timeout,omitempty"`
+	// MetricsPort serves /metrics (default 9090; -1 disables).
+	MetricsPort int `json:"metrics_port,omitempty"`
+	// HealthPort serves /healthz and /readyz (default 8081; -1 disables).
+	HealthPort int `json:"health_port,omitempty"`
+	// ListenHost is the address the two ports bind to (default all interfaces).
+	ListenHost string `json:"listen_host,omitempty"`
+	// Retry is the backoff of retryable failures.
+	Retry Retry `json:"retry"`
+	// Dispatch configures the HTTP calls to the gateway.
+	Dispatch Dispatch `json:"dispatch"`
+	// Prometheus is where Prometheus gates query.
+	Prometheus Prometheus `json:"prometheus"`
+	// TLS configures the client side of gateway calls.
+	TLS TLS `json:"tls"`
+	// RedisURL is the deployment's Redis (REDIS_URL); used by Redis transports and gates.
+	RedisURL string `json:"redis_url,omitempty"`
+	// Log configures the structured logs.
+	Log Log `json:"log"`
+}
+
+// TransportConfig is the transport config object of upstream: the queues,
+// the default result destination, and the transport's own options (passed
+// to its factory, which rejects unknown ones).
+type TransportConfig struct {
+	Queues          []Queue         `json:"queues"`
+	ResultQueueName string          `json:"result_queue_name,omitempty"`
+	Options         json.RawMessage `json:"-"`
+}
+
+// UnmarshalJSON splits the core's fields from the transport's options.
+func (t *TransportConfig) UnmarshalJSON(b []byte) error {
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(b, &all); err != nil {
+		return err
+	}
+	if q, ok := all["queues"]; ok {
+		if err := strictUnmarshal(q, &t.Queues); err != nil {
+			return fmt.Errorf("queues: %w", err)
+		}
+		delete(all, "queues")
+	}
+	if r, ok := all["result_queue_name"]; ok {
+		if err := json.Unmarshal(r, &t.ResultQueueName); err != nil {
+			return fmt.Errorf("result_queue_name: %w", err)
+		}
+		delete(all, "result_queue_name")
+	}
+	if len(all) > 0 {
+		opts, err := json.Marshal(all)
+		if err != nil {
+			return err
+		}
+		t.Options = opts
+	} else {
+		t.Options = nil
+	}
+	return nil
+}
+
+// MarshalJSON merges the options back in.
+func (t TransportConfig) MarshalJSON() ([]byte, error) {
+	all := map[string]any{}
+	if len(t.Options) > 0 {
+		if err := json.Unmarshal(t.Options, &all); err != nil {
+			return nil, err
+		}
+	}
+	all["queues"] = t.Queues
+	if t.ResultQueueName != "" {
+		all["result_queue_name"] = t.ResultQueueName
+	}
+	return json.Marshal(all)
+}
+
+// Queue is one request queue (upstream's queue object).
+type Queue struct {
+	// ID names the queue in metrics and logs (default: QueueName).
+	ID string `json:"id,omitempty"`
+	// QueueName is the request queue (required).
+	QueueName string `json:"queue_name"`
+	// IGWBaseURL is the inference gateway's base URL (required).
+	IGWBaseURL string `json:"igw_base_url"`
+	// RequestPathURL is the request path (default /v1/completions).
+	RequestPathURL string `json:"request_path_url,omitempty"`
+	// ResultQueueName overrides the transport's result destination.
+	ResultQueueName string `json:"result_queue_name,omitempty"`
+	// InferenceObjective is sent as x-gateway-inference-objective.
+	InferenceObjective string `json:"inference_objective,omitempty"`
+	// GateType is the gate's registry name (default constant).
+	GateType string `json:"gate_type,omitempty"`
+	// GateParams are the gate's parameters; values may be strings or numbers.
+	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
+	// Labels are free-form labels (upstream compatibility; logged).
+	Labels map[string]string `json:"labels,omitempty"`
+	// MaxConcurrency overrides Config.Concurrency for this queue.
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// Pool is the inference pool (metrics label; default: derived from a
+	// queue name of the form <prefix>:requests:<pool>).
+	Pool string `json:"pool,omitempty"`
+}
+
+// Retry is the retry policy.
+type Retry struct {
+	Base        Duration `json:"base,omitempty"`         // default 2s
+	Max         Duration `json:"max,omitempty"`          // default 60s
+	Jitter      float64  `json:"jitter,omitempty"`       // default 0.2 (±20%)
+	MaxAttempts int      `json:"max_attempts,omitempty"` // default 0: until the deadline
+}
+
+// Dispatch configures the gateway calls.
+type Dispatch struct {
+	// DeadlineHeader carries the deadline in Unix ms (default x-request-deadline; "off" disables).
+	DeadlineHeader string `json:"deadline_header,omitempty"`
+	// TimeoutHeader carries the remaining ms (default x-envoy-upstream-rq-timeout-ms; "off" disables).
+	TimeoutHeader string `json:"timeout_header,omitempty"`
+	// MaxResponseBytes caps a response body (default 64 MiB).
+	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
+}
+
+// Prometheus is the Prometheus server gates query.
+type Prometheus struct {
+	URL      string   `json:"url,omitempty"`
+	CacheTTL Duration `json:"cache_ttl,omitempty"` // default 5s
+}
+
+// TLS configures gateway calls over https.
+type TLS struct {
+	CACert             string `json:"ca_cert,omitempty"`
+	Cert               string `json:"cert,omitempty"`
+	Key                string `json:"key,omitempty"`
+	InsecureSkipVerify bool   `json:"insecure_skip_verify,omitempty"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `json:"level,omitempty"`  // debug, info (default), warn, error
+	Format string `json:"format,omitempty"` // text (default) or json
+}
+
+// DefaultRequestPath is the request path when a queue names none.
+const DefaultRequestPath = "/v1/completions"
+
+// SetDefaults fills every unset field.
+func (c *Config) SetDefaults() {
+	if c.Transport == "" {
+		c.Transport = "memory"
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = Duration(5 * time.Minute)
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = Duration(2 * time.Minute)
+	}
+	if c.MetricsPort == 0 {
+		c.MetricsPort = 9090
+	}
+	if c.HealthPort == 0 {
+		c.HealthPort = 8081
+	}
+	if c.Retry.Base == 0 {
+		c.Retry.Base = Duration(2 * time.Second)
+	}
+	if c.Retry.Max == 0 {
+		c.Retry.Max = Duration(60 * time.Second)
+	}
+	if c.Retry.Jitter == 0 {
+		c.Retry.Jitter = 0.2
+	}
+	if c.Prometheus.CacheTTL == 0 {
+		c.Prometheus.CacheTTL = Duration(5 * time.Second)
+	}
+	if c.Log.Level == "" {
+		c.Log.Level = "info"
+	}
+	if c.Log.Format == "" {
+		c.Log.Format = "text"
+	}
+	for i := range c.TransportConfig.Queues {
+		q := &c.TransportConfig.Queues[i]
+		if q.ID == "" {
+			q.ID = q.QueueName
+		}
+		if q.RequestPathURL == "" {
+			q.RequestPathURL = DefaultRequestPath
+		}
+		if q.ResultQueueName == "" {
+			q.ResultQueueName = c.TransportConfig.ResultQueueName
+		}
+		if q.GateType == "" {
+			q.GateType = "constant"
+		}
+		if q.MaxConcurrency == 0 {
+			q.MaxConcurrency = c.Concurrency
+		}
+		if q.Pool == "" {
+			if i := strings.LastIndex(q.QueueName, ":requests:"); i >= 0 {
+				q.Pool = q.QueueName[i+len(":requests:"):]
+			}
+		}
+	}
+}
+
+// Problem is one thing wrong with a configuration, and where it is.
+type Problem struct {
+	Where string
+	What  string
+}
+
+func (p Problem) String() string { return p.Where + ": " + p.What }
+
+// Problems is every problem found; as an error it lists them all.
+type Problems []Problem
+
+func (ps Problems) Error() string {
+	lines := make([]string, len(ps))
+	for i, p := range ps {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Known says which names exist in the deployment's registries.
+type Known struct {
+	Transport func(string) bool
+	Gate      func(string) bool
+	// Transports and Gates list the names, for messages.
+	Transports []string
+	Gates      []string
+}
+
+// Validate returns every problem of a defaulted config (nil when none).
+func (c *Config) Validate(k Known) error {
+	var ps Problems
+	add := func(where, format string, a ...any) { ps = append(ps, Problem{where, fmt.Sprintf(format, a...)}) }
+	if k.Transport != nil && !k.Transport(c.Transport) {
+		add("transport", "unknown transport %q (known: %s)", c.Transport, strings.Join(k.Transports, ", "))
+	}
+	if c.Concurrency < 1 {
+		add("concurrency", "must be at least 1, got %d", c.Concurrency)
+	}
+	if c.RequestTimeout <= 0 {
+		add("request_timeout", "must be positive")
+	}
+	if c.DrainTimeout < 0 {
+		add("drain_timeout", "must not be negative")
+	}
+	for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
+		if port < -1 || port > 65535 {
+			add(name, "%d is not a port (-1 disables)", port)
+		}
+	}
+	if c.MetricsPort > 0 && c.MetricsPort == c.HealthPort {
+		add("health_port", "same port as metrics_port (%d)", c.MetricsPort)
+	}
+	if c.Retry.Base <= 0 || c.Retry.Max < c.Retry.Base {
+		add("retry", "need 0 < base ≤ max, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
+	}
+	if c.Retry.Jitter < 0 || c.Retry.Jitter > 1 {
+		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
+	}
+	if c.Retry.MaxAttempts < 0 {
+		add("retry.max_attempts", "must not be negative")
+	}
+	if c.Prometheus.URL != "" {
+		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
+			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)
+		}
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		add("tls", "cert and key go together")
+	}
+	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}} {
+		if f.path != "" {
+			if _, err := os.Stat(f.path); err != nil {
+				add(f.where, "%v", err)
+			}
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		add("log.level", "%q: want debug, info, warn or error", c.Log.Level)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		add("log.format", "%q: want text or json", c.Log.Format)
+	}
+	qs := c.TransportConfig.Queues
+	if len(qs) == 0 {
+		add("transport_config.queues", "no queues configured")
+	}
+	ids := map[string]int{}
+	for i, q := range qs {
+		where := fmt.Sprintf("transport_config.queues[%d]", i)
+		if q.QueueName == "" {
+			add(where+".queue_name", "required")
+		}
+		if prev, dup := ids[q.ID]; dup && q.ID != "" {
+			add(where+".id", "duplicate of queues[%d] (%q)", prev, q.ID)
+		}
+		ids[q.ID] = i
+		if q.IGWBaseURL == "" {
+			add(where+".igw_base_url", "required")
+		} else if u, err := url.Parse(q.IGWBaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add(where+".igw_base_url", "%q is not an http(s) URL", q.IGWBaseURL)
+		}
+		if !strings.HasPrefix(q.RequestPathURL, "/") {
+			add(where+".request_path_url", "%q must start with /", q.RequestPathURL)
+		}
+		if q.ResultQueueName == "" {
+			add(where+".result_queue_name", "no result queue (set it here or transport_config.result_queue_name)")
+		}
+		if k.Gate != nil && !k.Gate(q.GateType) {
+			add(where+".gate_type", "unknown gate type %q (known: %s)", q.GateType, strings.Join(k.Gates, ", "))
+		}
+		if q.MaxConcurrency < 1 {
+			add(where+".max_concurrency", "must be at least 1")
+		}
+	}
+	if len(ps) == 0 {
+		return nil
+	}
+	return ps
+}
+
+// Parse reads a config document strictly: every unknown field is reported
+// (with its path), not only the first. Transport options are left to the
+// transport. where names the document in messages (a file name).
+func Parse(data []byte, where string) (*Config, error) {
+	var c Config
+	if err := ParseInto(data, where, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// ParseInto is Parse into an existing config (fields absent from data keep their values).
+func ParseInto(data []byte, where string, c *Config) error {
+	var generic any
+	if err := json.Unmarshal(data, &generic); err != nil {
+		return Problems{{where, "not valid JSON: " + jsonErr(data, err)}}
+	}
+	if ps := unknownFields(generic, reflect.TypeOf(Config{}), ""); len(ps) > 0 {
+		for i := range ps {
+			ps[i].Where = where + ": " + ps[i].Where
+		}
+		return ps
+	}
+	if err := json.Unmarshal(data, c); err != nil {
+		return Problems{{where, jsonErr(data, err)}}
+	}
+	return nil
+}
+
+// ParseQueues reads upstream's queues config: a bare array of queue
+// objects, or the transport config object (with "queues"). It returns the
+// queues and, for the object form, the whole transport config.
+func ParseQueues(data []byte, where string) (TransportConfig, error) {
+	trimmed := bytes.TrimSpace(data)
+	var tc TransportConfig
+	if len(trimmed) > 0 && trimmed[0] == '[' {
+		var generic any
+		if err := json.Unmarshal(trimmed, &generic); err != nil {
+			return tc, Problems{{where, "not valid JSON: " + jsonErr(trimmed, err)}}
+		}
+		if ps := unknownFields(generic, reflect.TypeOf([]Queue{}), "queues"); len(ps) > 0 {
+			for i := range ps {
+				ps[i].Where = where + ": " + ps[i].Where
+			}
+			return tc, ps
+		}
+		if err := json.Unmarshal(trimmed, &tc.Queues); err != nil {
+			return tc, Problems{{where, jsonErr(trimmed, err)}}
+		}
+		return tc, nil
+	}
+	var generic any
+	if err := json.Unmarshal(trimmed, &generic); err != nil {
+		return tc, Problems{{where, "not valid JSON: " + jsonErr(trimmed, err)}}
+	}
+	if obj, ok := generic.(map[string]any); ok {
+		if qs, ok := obj["queues"]; ok {
+			if ps := unknownFields(qs, reflect.TypeOf([]Queue{}), "queues"); len(ps) > 0 {
+				for i := range ps {
+					ps[i].Where = where + ": " + ps[i].Where
+				}
+				return tc, ps
+			}
+		}
+	}
+	if err := json.Unmarshal(trimmed, &tc); err != nil {
+		return tc, Problems{{where, jsonErr(trimmed, err)}}
+	}
+	return tc, nil
+}
+
+func strictUnmarshal(b []byte, dst any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	return dec.Decode(dst)
+}
+
+// jsonErr adds a line and column to JSON syntax and type errors.
+func jsonErr(data []byte, err error) string {
+	var off int64 = -1
+	switch e := err.(type) {
+	case *json.SyntaxError:
+		off = e.Offset
+	case *json.UnmarshalTypeError:
+		off = e.Offset
+		if e.Field != "" {
+			return fmt.Sprintf("%s: %s (line %s)", e.Field, fmt.Sprintf("want %s, got JSON %s", e.Type, e.Value), lineCol(data, off))
+		}
+	}
+	if off < 0 {
+		return err.Error()
+	}
+	return fmt.Sprintf("%v (line %s)", err, lineCol(data, off))
+}
+
+func lineCol(data []byte, off int64) string {
+	if off > int64(len(data)) {
+		off = int64(len(data))
+	}
+	line := 1 + bytes.Count(data[:off], []byte("\n"))
+	col := off - int64(bytes.LastIndexByte(data[:off], '\n'))
+	return fmt.Sprintf("%d col %d", line, col)
+}
+
+// unknownFields walks a decoded JSON value against the Go type it will be
+// decoded into and reports every object key that has no field.
+func unknownFields(v any, t reflect.Type, path string) Problems {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var ps Problems
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil // type errors are the decoder's to report
+		}
+		if t == reflect.TypeOf(TransportConfig{}) {
+			// Only the core's fields are checked here; the transport checks its options.
+			if qs, ok := obj["queues"]; ok {
+				ps = append(ps, unknownFields(qs, reflect.TypeOf([]Queue{}), join(path, "queues"))...)
+			}
+			return ps
+		}
+		fields := map[string]reflect.Type{}
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name := strings.Split(f.Tag.Get("json"), ",")[0]
+			if name == "-" || !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			fields[name] = f.Type
+		}
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			ft, ok := fields[k]
+			if !ok {
+				ps = append(ps, Problem{join(path, k), "unknown field" + suggest(k, fields)})
+				continue
+			}
+			ps = append(ps, unknownFields(obj[k], ft, join(path, k))...)
+		}
+	case reflect.Slice:
+		arr, ok := v.([]any)
+		if !ok || t.Elem().Kind() == reflect.Uint8 {
+			return nil
+		}
+		for i, e := range arr {
+			ps = append(ps, unknownFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	}
+	return ps
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+// suggest names a field whose name differs only in case or separators.
+func suggest(k string, fields map[string]reflect.Type) string {
+	norm := func(s string) string { return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s)) }
+	for name := range fields {
+		if norm(name) == norm(k) {
+			return fmt.Sprintf(" (did you mean %q?)", name)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,143 @@
+package dispatch
+
+import (
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSetDefaults(t *testing.T) {
+	var c Config
+	c.SetDefaults()
+	want := Config{
+		MaxConns:         64,
+		RequestTimeout:   5 * time.Minute,
+		DeadlineHeader:   "x-request-deadline",
+		TimeoutHeader:    "x-envoy-upstream-rq-timeout-ms",
+		MaxResponseBytes: 64 << 20,
+	}
+	if c != want {
+		t.Fatalf("defaults = %+v, want %+v", c, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	kept := Config{MaxConns: 3, RequestTimeout: time.Second, DeadlineHeader: "off", TimeoutHeader: "-", MaxResponseBytes: 10}
+	c = kept
+	c.SetDefaults()
+	if c != kept {
+		t.Fatalf("SetDefaults changed set fields: %+v", c)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		mod     func(*Config)
+		wantErr string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"headers off", func(c *Config) { c.DeadlineHeader, c.TimeoutHeader = "off", "-" }, ""},
+		{"negative conns", func(c *Config) { c.MaxConns = -1 }, "max conns -1"},
+		{"negative per host", func(c *Config) { c.MaxConnsPerHost = -1 }, "max conns per host"},
+		{"negative timeout", func(c *Config) { c.RequestTimeout = -time.Second }, "request timeout"},
+		{"negative body cap", func(c *Config) { c.MaxResponseBytes = -1 }, "max response bytes"},
+		{"cert without key", func(c *Config) { c.TLS.Cert = "c.pem" }, "cert and key"},
+		{"key without cert", func(c *Config) { c.TLS.Key = "k.pem" }, "cert and key"},
+		{"bad deadline header", func(c *Config) { c.DeadlineHeader = "x deadline" }, "not a valid header name"},
+		{"reserved timeout header", func(c *Config) { c.TimeoutHeader = "content-length" }, "reserved header"},
+		{"same header twice", func(c *Config) { c.DeadlineHeader, c.TimeoutHeader = "x-t", "X-T" }, "both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c Config
+			c.SetDefaults()
+			tt.mod(&c)
+			err := c.Validate()
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Validate = %v, want error containing %q", err, tt.wantErr)
+			}
+			if _, nerr := New(c); nerr == nil {
+				t.Fatal("New accepted an invalid config")
+			}
+		})
+	}
+}
+
+// writeServerCA writes the TLS test server's certificate as a PEM file.
+func writeServerCA(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ca.pem")
+	b := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(srv.Close)
+	target := Target{BaseURL: srv.URL}
+
+	t.Run("ca file", func(t *testing.T) {
+		c := newClient(t, Config{TLS: TLSConfig{CACert: writeServerCA(t, srv)}})
+		out := c.Do(t.Context(), target, newRequest(time.Minute))
+		if out.Class != Success || string(out.Body) != `{"ok":true}` {
+			t.Fatalf("outcome = %+v", out)
+		}
+	})
+	t.Run("unknown authority is retryable", func(t *testing.T) {
+		c := newClient(t, Config{})
+		out := c.Do(t.Context(), target, newRequest(time.Minute))
+		if out.Class != Retryable || out.StatusCode != 0 || !strings.Contains(out.Err.Error(), "certificate") {
+			t.Fatalf("outcome = %+v", out)
+		}
+	})
+	t.Run("insecure skip verify", func(t *testing.T) {
+		c := newClient(t, Config{TLS: TLSConfig{InsecureSkipVerify: true}})
+		if out := c.Do(t.Context(), target, newRequest(time.Minute)); out.Class != Success {
+			t.Fatalf("outcome = %+v", out)
+		}
+	})
+}
+
+func TestTLSFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing.pem")
+	garbage := filepath.Join(dir, "garbage.pem")
+	if err := os.WriteFile(garbage, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		tls  TLSConfig
+		want string
+	}{
+		{"missing ca", TLSConfig{CACert: missing}, missing},
+		{"ca without pem", TLSConfig{CACert: garbage}, garbage},
+		{"missing cert", TLSConfig{Cert: missing, Key: garbage}, missing},
+		{"bad key pair", TLSConfig{Cert: garbage, Key: garbage}, garbage},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(Config{TLS: tt.tls})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}

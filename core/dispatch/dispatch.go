@@ -1,0 +1,408 @@
+// Package dispatch is sluice's HTTP client to the inference gateway: it POSTs
+// a request's payload to the queue's target with the request's headers and
+// deadline, and classifies what came back (success, retryable, fatal,
+// deadline exceeded, cancelled).
+//
+// The call is bounded by the earliest of the request's deadline, now plus
+// Config.RequestTimeout, and the caller's context; the client tracks which
+// bound ended a call, so that only the request's own deadline yields
+// DeadlineExceeded and only the caller's cancellation yields Cancelled.
+//
+// Do is on the per-message path: targets and endpoint URLs are parsed once
+// and cached, headers are built without per-header allocations, and redirects
+// are not followed (the transport is used directly, without http.Client).
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice/core/message"
+)
+
+// Transport tuning that is not configurable.
+const (
+	dialTimeout         = 5 * time.Second
+	tcpKeepAlive        = 30 * time.Second
+	tlsHandshakeTimeout = 10 * time.Second
+	idleConnTimeout     = 90 * time.Second
+	// poolBufferSize is the initial size of the buffers that read bodies of
+	// unknown length; buffers grown past maxPooledBuffer are not kept.
+	poolBufferSize  = 32 << 10
+	maxPooledBuffer = 1 << 20
+)
+
+// Client POSTs requests to gateways. It is safe for concurrent use; create
+// one per process (or per set of queues sharing a gateway) and Close it when
+// done.
+type Client struct {
+	cfg            Config
+	rt             *http.Transport
+	deadlineHeader string // canonical; "" when disabled
+	timeoutHeader  string // canonical; "" when disabled
+	targets        cowMap[Target, *preparedTarget]
+	names          cowMap[string, string] // header name → canonical name
+	bufs           sync.Pool              // *[]byte for bodies of unknown length
+	refused        atomic.Uint64
+}
+
+// New returns a client for cfg (defaults applied to a copy). It loads the TLS
+// files; errors name the file.
+func New(cfg Config) (*Client, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tlsCfg, err := cfg.TLS.Build()
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: %w", err)
+	}
+	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}
+	// HTTP/1.1 for http gateways (no h2c); HTTP/2 is offered to https gateways
+	// through ALPN.
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	rt := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         dialer.DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: tlsHandshakeTimeout,
+		MaxIdleConns:        0, // no global cap; MaxIdleConnsPerHost bounds each gateway
+		MaxIdleConnsPerHost: cfg.MaxConns,
+		MaxConnsPerHost:     cfg.MaxConnsPerHost,
+		IdleConnTimeout:     idleConnTimeout,
+		// No ResponseHeaderTimeout: the call's deadline bounds the wait.
+		// No compression: bodies are relayed as the gateway wrote them, and
+		// compressing on a local network only costs CPU.
+		DisableCompression: true,
+		Protocols:          &protocols,
+	}
+	c := &Client{
+		cfg:            cfg,
+		rt:             rt,
+		deadlineHeader: headerName(cfg.DeadlineHeader),
+		timeoutHeader:  headerName(cfg.TimeoutHeader),
+		targets:        cowMap[Target, *preparedTarget]{max: maxCachedTargets},
+		names:          cowMap[string, string]{max: maxCachedNames},
+	}
+	c.bufs.New = func() any {
+		b := make([]byte, 0, poolBufferSize)
+		return &b
+	}
+	return c, nil
+}
+
+// Close closes the idle connections. Calls in flight are not interrupted,
+// and the client stays usable (new connections are dialled as needed).
+func (c *Client) Close() { c.rt.CloseIdleConnections() }
+
+// RefusedHeaders returns how many message headers the client has refused to
+// forward since it was created.
+func (c *Client) RefusedHeaders() uint64 { return c.refused.Load() }
+
+// Prepare checks t and caches its parsed form. Call it when a queue is
+// configured so that a bad igw_base_url or request_path_url is reported at
+// startup; Do prepares targets it has not seen on its own.
+func (c *Client) Prepare(t Target) error {
+	_, err := c.target(t)
+	return err
+}
+
+func (c *Client) target(t Target) (*preparedTarget, error) {
+	if pt, ok := c.targets.load(t); ok {
+		return pt, nil
+	}
+	pt, err := prepareTarget(t)
+	if err != nil {
+		return nil, fmt.Errorf("dispatch: %w", err)
+	}
+	return c.targets.store(t, pt), nil
+}
+
+// Do POSTs req.Payload to t (or to req.Endpoint under t.BaseURL) and
+// classifies the result; see Class for the classes.
+//
+// Headers sent: Content-Type: application/json; x-gateway-inference-objective
+// when t.InferenceObjective is set; the message's headers except the refused
+// ones (see FilterHeaders), which win over the objective header;
+// x-llm-d-inference-fairness-id from req.Metadata["userid"] when the message's
+// headers do not set it; the deadline header (req.Deadline in Unix
+// milliseconds) and the timeout header (milliseconds left for the call, at
+// least 1) unless disabled.
+//
+// Do always reads the response body to its end and closes it, so that the
+// connection is reused.
+func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome {
+	if req == nil {
+		return Outcome{Class: Fatal, Err: errors.New("dispatch: nil request")}
+	}
+	pt, err := c.target(t)
+	if err != nil {
+		return Outcome{Class: Fatal, Err: err}
+	}
+	ep, err := pt.endpoint(req.Endpoint)
+	if err != nil {
+		return Outcome{Class: Fatal, Err: fmt.Errorf("dispatch: %w", err)}
+	}
+
+	now := time.Now()
+	dl := req.Deadline
+	if ctx.Err() != nil || (!dl.IsZero() && !now.Before(dl)) {
+		return c.failure(ctx, ctx, dl, ep, nil)
+	}
+	// The call's own bound: the request's deadline or RequestTimeout,
+	// whichever comes first, each with its own cause so failure can tell
+	// which one fired. The caller's deadline, if earlier, wins inside
+	// WithDeadlineCause.
+	callDL, cause := now.Add(c.cfg.RequestTimeout), ErrRequestTimeout
+	if !dl.IsZero() && dl.Before(callDL) {
+		callDL, cause = dl, ErrRequestDeadline
+	}
+	effective := callDL
+	if pd, ok := ctx.Deadline(); ok && pd.Before(effective) {
+		effective = pd
+	}
+	callCtx, cancel := context.WithDeadlineCause(ctx, callDL, cause)
+	defer cancel()
+
+	h, refused := c.headers(pt, req, dl, effective, now)
+	hreq := c.newRequest(callCtx, ep, h, req.Payload)
+
+	resp, err := c.rt.RoundTrip(hreq)
+	if err != nil {
+		out := c.failure(ctx, callCtx, dl, ep, err)
+		out.Refused = refused
+		return out
+	}
+	out := c.response(ctx, callCtx, dl, ep, resp)
+	out.Refused = refused
+	return out
+}
+
+// headers builds the request headers; it returns how many message headers
+// were refused.
+func (c *Client) headers(pt *preparedTarget, req *message.Request, dl, effective, now time.Time) (http.Header, int) {
+	n := len(req.Headers) + 5
+	h := make(http.Header, n)
+	// One backing array for all the single-value slices.
+	vals := make([]string, 0, n)
+	set := func(k, v string) {
+		if old, ok := h[k]; ok {
+			h[k] = append(old, v)
+			return
+		}
+		vals = append(vals, v)
+		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	refused := 0
+	for k, v := range req.Headers {
+		ck, ok := c.allowHeader(k, v)
+		if !ok {
+			refused++
+			continue
+		}
+		set(ck, v)
+	}
+	if refused > 0 {
+		c.refused.Add(uint64(refused))
+	}
+	set(headerContentType, contentTypeJSON)
+	if pt.objective != "" {
+		if _, ok := h[headerObjective]; !ok {
+			set(headerObjective, pt.objective)
+		}
+	}
+	if uid := req.Metadata["userid"]; uid != "" && validValue(uid) {
+		if _, ok := h[headerFairness]; !ok {
+			set(headerFairness, uid)
+		}
+	}
+	// Both numbers are formatted into one buffer and converted to one string.
+	var arr [48]byte
+	buf := arr[:0]
+	useDL := c.deadlineHeader != "" && !dl.IsZero()
+	if useDL {
+		buf = strconv.AppendInt(buf, dl.UnixMilli(), 10)
+	}
+	split := len(buf)
+	if c.timeoutHeader != "" {
+		buf = strconv.AppendInt(buf, max(effective.Sub(now).Milliseconds(), 1), 10)
+	}
+	if len(buf) > 0 {
+		s := string(buf)
+		if useDL {
+			set(c.deadlineHeader, s[:split])
+		}
+		if c.timeoutHeader != "" {
+			set(c.timeoutHeader, s[split:])
+		}
+	}
+	return h, refused
+}
+
+// newRequest builds the POST without parsing a URL: ep.u is shared read-only
+// (a RoundTripper must not modify the request).
+func (c *Client) newRequest(ctx context.Context, ep *endpoint, h http.Header, payload []byte) *http.Request {
+	r := http.Request{
+		Method:        http.MethodPost,
+		URL:           ep.u,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          http.NoBody,
+		ContentLength: int64(len(payload)),
+		Host:          ep.u.Host,
+	}
+	if len(payload) > 0 {
+		// io.NopCloser over a *bytes.Reader is recognised by net/http as an
+		// in-memory body: headers and body go out in one write.
+		r.Body = io.NopCloser(bytes.NewReader(payload))
+	}
+	return r.WithContext(ctx)
+}
+
+// response reads and classifies a response; it always closes the body.
+func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoint, resp *http.Response) Outcome {
+	defer resp.Body.Close()
+	out := Outcome{
+		Class:         classifyStatus(resp.StatusCode),
+		StatusCode:    resp.StatusCode,
+		DroppedReason: headerValue(resp.Header, headerDroppedReason),
+	}
+	if ra := headerValue(resp.Header, headerRetryAfter); ra != "" {
+		out.RetryAfter = parseRetryAfter(ra, time.Now())
+	}
+	body, err := c.readBody(resp.Body, resp.ContentLength)
+	if errors.Is(err, ErrResponseTooLarge) {
+		out.Class = Fatal
+		out.Err = fmt.Errorf("post %s: status %d: %w", ep.s, resp.StatusCode, err)
+		return out
+	}
+	if err != nil {
+		f := c.failure(parent, call, dl, ep, fmt.Errorf("status %d, reading body: %w", resp.StatusCode, err))
+		f.RetryAfter, f.DroppedReason = out.RetryAfter, out.DroppedReason
+		return f
+	}
+	out.Body = body
+	if out.Class != Success {
+		if out.DroppedReason != "" {
+			out.Err = fmt.Errorf("post %s: gateway answered %d (dropped: %s)", ep.s, resp.StatusCode, out.DroppedReason)
+		} else {
+			out.Err = fmt.Errorf("post %s: gateway answered %d", ep.s, resp.StatusCode)
+		}
+	}
+	return out
+}
+
+// headerValue is Header.Get for a name already in canonical form.
+func headerValue(h http.Header, canonical string) string {
+	if v := h[canonical]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// readBody reads r to its end into a slice the caller owns, failing with
+// ErrResponseTooLarge past MaxResponseBytes. With a known length it makes one
+// allocation of that size (plus one byte, to see EOF in the same read loop, so
+// that the connection goes back to the pool at once); otherwise it reads into
+// a pooled buffer and copies the result out.
+func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
+	limit := c.cfg.MaxResponseBytes
+	if length > limit {
+		return nil, fmt.Errorf("%w: content length %d exceeds %d bytes", ErrResponseTooLarge, length, limit)
+	}
+	if length >= 0 {
+		buf := make([]byte, length+1)
+		n, err := io.ReadFull(r, buf)
+		switch {
+		case int64(n) == length && (err == io.EOF || err == io.ErrUnexpectedEOF):
+			return buf[:n:n], nil
+		case err == nil:
+			return nil, fmt.Errorf("body longer than its content length %d", length)
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return nil, io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	bp := c.bufs.Get().(*[]byte)
+	b := (*bp)[:0]
+	defer func() {
+		if cap(b) <= maxPooledBuffer {
+			*bp = b[:0]
+			c.bufs.Put(bp)
+		}
+	}()
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, fmt.Errorf("%w: more than %d bytes", ErrResponseTooLarge, limit)
+		}
+		if err == io.EOF {
+			return bytes.Clone(b), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// failure classifies a call that produced no complete response (err may be
+// nil when the call was not started). parent is the caller's context and call
+// the call's own (equal to parent when the call was not started).
+func (c *Client) failure(parent, call context.Context, dl time.Time, ep *endpoint, err error) Outcome {
+	wrap := func(sentinel error) error {
+		if err == nil {
+			return fmt.Errorf("post %s: %w", ep.s, sentinel)
+		}
+		return fmt.Errorf("post %s: %w: %w", ep.s, sentinel, err)
+	}
+	deadlinePassed := !dl.IsZero() && !time.Now().Before(dl)
+	if call.Err() != nil {
+		switch cause := context.Cause(call); {
+		case cause == ErrRequestDeadline:
+			return Outcome{Class: DeadlineExceeded, Err: wrap(ErrRequestDeadline)}
+		case cause == ErrRequestTimeout:
+			return Outcome{Class: Retryable, Err: wrap(ErrRequestTimeout)}
+		case errors.Is(parent.Err(), context.Canceled):
+			return Outcome{Class: Cancelled, Err: context.Cause(parent)}
+		case deadlinePassed || parentDeadlineAtOrAfter(parent, dl):
+			// The caller's deadline is (at least) the request's: it ended
+			// the call because the request's deadline came.
+			return Outcome{Class: DeadlineExceeded, Err: wrap(ErrRequestDeadline)}
+		default:
+			// The caller's own deadline, earlier than the request's.
+			return Outcome{Class: Retryable, Err: wrap(cause)}
+		}
+	}
+	if deadlinePassed {
+		return Outcome{Class: DeadlineExceeded, Err: wrap(ErrRequestDeadline)}
+	}
+	if err == nil {
+		// Not reached: failure is called without err only when the caller's
+		// context is done or the deadline has passed.
+		return Outcome{Class: Retryable, Err: fmt.Errorf("post %s: not sent", ep.s)}
+	}
+	return Outcome{Class: Retryable, Err: fmt.Errorf("post %s: %w", ep.s, err)}
+}
+
+// parentDeadlineAtOrAfter reports whether ctx has a deadline no earlier than dl.
+func parentDeadlineAtOrAfter(ctx context.Context, dl time.Time) bool {
+	pd, ok := ctx.Deadline()
+	return ok && !dl.IsZero() && !pd.Before(dl)
+}

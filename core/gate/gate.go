@@ -1,0 +1,120 @@
+// Package gate holds the dispatch-gate contract and the machinery that turns a
+// gate's budget into credits.
+//
+// A Gate answers one question, off the per-message path: how much of the pool
+// may batch traffic use right now, as a budget in [0,1]. One Refresher loop per
+// gate instance asks it periodically and fans the answer out to every queue
+// that uses the gate; each queue's Credits turn the budget into an in-flight
+// limit ceil(max_concurrency × budget), released along a bounded ramp when it
+// rises. Transports claim new messages only while credits are free.
+//
+// Gates that decide per request (tenant quotas, plugins) also implement
+// Admitter; the pipeline calls Admit once per request just before dispatch.
+//
+// Implementations live in gates/ (and plugins/host for out-of-process gates);
+// this package never imports them. cmd/sluice registers them explicitly in a
+// Registry.
+package gate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-io/sluice/core/message"
+)
+
+// Gate reports the share of the pool that batch traffic may use.
+//
+// Budget must return a value in [0,1] (the Refresher clamps anything else and
+// counts it as a gate error) or an error when the gate cannot tell; what an
+// error means (open, closed, keep the last value) is the gate's FailurePolicy.
+// Budget may do I/O and must honour ctx. It is called from one goroutine at a
+// time per gate, but a gate must still be safe for concurrent use because
+// Admit and Close may run alongside it. If the gate holds resources it also
+// implements io.Closer; Close must be idempotent.
+type Gate interface {
+	Budget(ctx context.Context) (float64, error)
+}
+
+// Admitter is implemented by gates that also decide per request. Admit is on
+// the per-message path: keep it cheap, and never block past ctx.
+type Admitter interface {
+	Admit(ctx context.Context, req *message.Request) (Decision, error)
+}
+
+// Verdict is the outcome of a per-request admission.
+type Verdict int
+
+const (
+	// Admit lets the request through now.
+	Admit Verdict = iota
+	// Defer puts the request back for Decision.Delay without counting an attempt.
+	Defer
+	// Reject ends the request with a GATE_DROPPED result carrying Decision.Reason.
+	Reject
+)
+
+// String returns the verdict's lower-case name, as used in metric labels.
+func (v Verdict) String() string {
+	switch v {
+	case Admit:
+		return "admit"
+	case Defer:
+		return "defer"
+	case Reject:
+		return "reject"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// Decision is what Admit returns.
+type Decision struct {
+	Verdict Verdict
+	// Delay is how long to wait before asking again (Defer only).
+	Delay time.Duration
+	// Reason explains a Defer or Reject; it ends up in logs, metrics and results.
+	Reason string
+}
+
+// Admitted is the decision that lets a request through.
+var Admitted = Decision{Verdict: Admit}
+
+// FailurePolicy says what a failed budget query means.
+type FailurePolicy string
+
+const (
+	// FailOpen treats a failed query as budget 1.
+	FailOpen FailurePolicy = "open"
+	// FailClosed treats a failed query as budget 0.
+	FailClosed FailurePolicy = "closed"
+	// FailKeepLast keeps the last good budget (closed when there was none).
+	FailKeepLast FailurePolicy = "keep-last"
+)
+
+// ParseFailurePolicy validates a policy name.
+func ParseFailurePolicy(s string) (FailurePolicy, error) {
+	switch p := FailurePolicy(s); p {
+	case FailOpen, FailClosed, FailKeepLast:
+		return p, nil
+	}
+	return "", fmt.Errorf("unknown failure policy %q (want open, closed or keep-last)", s)
+}
+
+// PolicyReporter is implemented by gates whose failures do not mean "closed"
+// (the default). The Refresher asks once, at start.
+type PolicyReporter interface {
+	FailurePolicy() FailurePolicy
+}
+
+// Intervaler is implemented by gates that want a refresh interval other than
+// the Refresher's default.
+type Intervaler interface {
+	RefreshInterval() time.Duration
+}
+
+// Describer is implemented by gates that can say, in one line, when they close
+// (for example "closes when saturation ≥ 0.8 on pool p"); it is logged at start.
+type Describer interface {
+	Describe() string
+}

@@ -1,0 +1,195 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+)
+
+// RefresherConfig configures a Refresher.
+type RefresherConfig struct {
+	// Name identifies the gate in logs and metrics.
+	Name string
+	// Interval between budget queries (default 100ms, or the gate's own RefreshInterval).
+	Interval time.Duration
+	// Timeout bounds one query (default: the interval, at least 1s).
+	Timeout time.Duration
+	// Policy overrides the gate's failure policy (empty: the gate's PolicyReporter, else closed).
+	Policy FailurePolicy
+	// Logger receives the start-up line and one line per failure-state change.
+	Logger *slog.Logger
+	// Observe, when set, is called after every query with the budget in force
+	// and the query's error (nil on success).
+	Observe func(budget float64, err error)
+}
+
+// Refresher is the one loop that asks a gate for its budget and hands the
+// answer to every queue's Credits that use the gate. It applies the failure
+// policy, so a failing gate never leaves the budget undefined.
+type Refresher struct {
+	cfg  RefresherConfig
+	gate Gate
+
+	mu       sync.Mutex
+	credits  []*Credits
+	budget   float64
+	hasGood  bool
+	failing  bool
+	started  bool
+	stop     context.CancelFunc
+	done     chan struct{}
+	closeErr error
+	once     sync.Once
+}
+
+// NewRefresher returns a refresher for g; Start begins the loop.
+func NewRefresher(g Gate, cfg RefresherConfig) *Refresher {
+	if cfg.Interval <= 0 {
+		if iv, ok := g.(Intervaler); ok && iv.RefreshInterval() > 0 {
+			cfg.Interval = iv.RefreshInterval()
+		} else {
+			cfg.Interval = 100 * time.Millisecond
+		}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = max(cfg.Interval, time.Second)
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = FailClosed
+		if pr, ok := g.(PolicyReporter); ok && pr.FailurePolicy() != "" {
+			cfg.Policy = pr.FailurePolicy()
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Refresher{cfg: cfg, gate: g, done: make(chan struct{})}
+}
+
+// Gate returns the gate being refreshed.
+func (r *Refresher) Gate() Gate { return r.gate }
+
+// Attach makes c follow this gate's budget. Attach before Start, or the
+// credits get the budget at the next refresh.
+func (r *Refresher) Attach(c *Credits) {
+	r.mu.Lock()
+	r.credits = append(r.credits, c)
+	has := r.started
+	b := r.budget
+	r.mu.Unlock()
+	if has {
+		c.SetBudget(b)
+	}
+}
+
+// Budget returns the budget in force.
+func (r *Refresher) Budget() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.budget
+}
+
+// Start queries the gate once (so queues start with a real budget), logs
+// where the gate closes, and starts the loop. It returns at once; the loop
+// ends on Close or when ctx ends.
+func (r *Refresher) Start(ctx context.Context) {
+	desc := ""
+	if d, ok := r.gate.(Describer); ok {
+		desc = d.Describe()
+	}
+	r.refresh(ctx)
+	r.cfg.Logger.Info("gate started", "gate", r.cfg.Name, "closes", desc,
+		"on_failure", string(r.cfg.Policy), "refresh", r.cfg.Interval.String(), "budget", r.Budget())
+	loopCtx, cancel := context.WithCancel(ctx)
+	r.mu.Lock()
+	r.stop = cancel
+	r.mu.Unlock()
+	go r.loop(loopCtx)
+}
+
+func (r *Refresher) loop(ctx context.Context) {
+	defer close(r.done)
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.refresh(ctx)
+		}
+	}
+}
+
+func (r *Refresher) refresh(ctx context.Context) {
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	b, err := r.gate.Budget(qctx)
+	cancel()
+	if err == nil && (math.IsNaN(b) || b < 0 || b > 1) {
+		err = fmt.Errorf("budget %v outside [0,1]", b)
+	}
+	if err != nil && ctx.Err() != nil {
+		return // shutting down: not a gate failure
+	}
+	r.mu.Lock()
+	switch {
+	case err == nil:
+		r.budget = b
+		r.hasGood = true
+		if r.failing {
+			r.failing = false
+			r.cfg.Logger.Info("gate recovered", "gate", r.cfg.Name, "budget", b)
+		}
+	default:
+		if !r.failing {
+			r.failing = true
+			r.cfg.Logger.Warn("gate query failing", "gate", r.cfg.Name, "policy", string(r.cfg.Policy), "err", err)
+		}
+		switch r.cfg.Policy {
+		case FailOpen:
+			r.budget = 1
+		case FailKeepLast:
+			if !r.hasGood {
+				r.budget = 0
+			}
+		default:
+			r.budget = 0
+		}
+	}
+	r.started = true
+	budget := r.budget
+	credits := r.credits
+	r.mu.Unlock()
+	for _, c := range credits {
+		c.SetBudget(budget)
+	}
+	if r.cfg.Observe != nil {
+		r.cfg.Observe(budget, err)
+	}
+}
+
+// Close stops the loop and closes the gate if it is an io.Closer. It is idempotent.
+func (r *Refresher) Close() error {
+	r.once.Do(func() {
+		r.mu.Lock()
+		stop := r.stop
+		r.mu.Unlock()
+		if stop != nil {
+			stop()
+			<-r.done
+		}
+		if c, ok := r.gate.(interface{ Close() error }); ok {
+			if err := c.Close(); err != nil {
+				r.closeErr = fmt.Errorf("close gate %s: %w", r.cfg.Name, err)
+			}
+		}
+	})
+	return r.closeErr
+}
+
+// ErrGateClosed may be returned by gates used after Close.
+var ErrGateClosed = errors.New("gate closed")

@@ -1,0 +1,266 @@
+package message
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"unicode/utf8"
+)
+
+// This file holds the small JSON helpers the package needs beyond
+// encoding/json: naming the kind of a raw value, unquoting a string token,
+// walking the members of an object by byte offset (to rewrite one value and
+// keep every other byte) and appending a string the way json.Marshal does.
+
+var errSyntax = errors.New("malformed JSON")
+
+// jsonKind names the kind of the raw JSON value b for error messages.
+func jsonKind(b []byte) string {
+	i := skipSpace(b, 0)
+	if i >= len(b) {
+		return "nothing"
+	}
+	switch b[i] {
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "bool"
+	case 'n':
+		return "null"
+	default:
+		return "number"
+	}
+}
+
+// isNull reports whether the raw JSON value b is null.
+func isNull(b []byte) bool { return string(b) == "null" }
+
+// snippet quotes a raw JSON value for an error message, shortened when long.
+func snippet(b []byte) string {
+	const limit = 40
+	if len(b) > limit {
+		return string(b[:limit]) + "..."
+	}
+	return string(b)
+}
+
+// unquote returns the contents of the JSON string token b. The result aliases
+// b unless b holds escapes or invalid UTF-8, which encoding/json resolves
+// (replacing invalid bytes with U+FFFD, as it does everywhere else).
+func unquote(b []byte) ([]byte, error) {
+	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
+		return nil, errSyntax
+	}
+	s := b[1 : len(b)-1]
+	ascii := true
+	for _, c := range s {
+		if c == '\\' || c == '"' || c < ' ' {
+			return unquoteSlow(b)
+		}
+		if c >= utf8.RuneSelf {
+			ascii = false
+		}
+	}
+	if !ascii && !utf8.Valid(s) {
+		return unquoteSlow(b)
+	}
+	return s, nil
+}
+
+func unquoteSlow(b []byte) ([]byte, error) {
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return nil, errSyntax
+	}
+	return []byte(str), nil
+}
+
+// skipSpace returns the index of the first non-whitespace byte at or after i.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index just past the JSON string starting at b[i].
+func skipString(b []byte, i int) (int, error) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, errSyntax
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1, nil
+		}
+	}
+	return 0, errSyntax
+}
+
+// skipValue returns the index just past the JSON value starting at b[i].
+// It finds the end of a valid value; it does not validate.
+func skipValue(b []byte, i int) (int, error) {
+	if i >= len(b) {
+		return 0, errSyntax
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				end, err := skipString(b, j)
+				if err != nil {
+					return 0, err
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1, nil
+				}
+			}
+		}
+		return 0, errSyntax
+	default:
+		j := i
+		for j < len(b) {
+			switch b[j] {
+			case ',', '}', ']', ':', ' ', '\t', '\n', '\r':
+				if j == i {
+					return 0, errSyntax
+				}
+				return j, nil
+			}
+			j++
+		}
+		return j, nil
+	}
+}
+
+// member is one name/value pair of a JSON object, located by byte offsets.
+type member struct {
+	name       string // the unquoted name
+	start, end int    // the value is b[start:end]
+}
+
+// objectMembers lists the members of the JSON object that starts at b[i], in
+// order (duplicates included), and returns the index just past its '}'.
+func objectMembers(b []byte, i int) ([]member, int, error) {
+	if i >= len(b) || b[i] != '{' {
+		return nil, 0, errSyntax
+	}
+	var ms []member
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return nil, i + 1, nil
+	}
+	for {
+		end, err := skipString(b, i)
+		if err != nil {
+			return nil, 0, err
+		}
+		name, err := unquote(b[i:end])
+		if err != nil {
+			return nil, 0, err
+		}
+		i = skipSpace(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return nil, 0, errSyntax
+		}
+		i = skipSpace(b, i+1)
+		end, err = skipValue(b, i)
+		if err != nil {
+			return nil, 0, err
+		}
+		ms = append(ms, member{name: string(name), start: i, end: end})
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return nil, 0, errSyntax
+		}
+		switch b[i] {
+		case ',':
+			i = skipSpace(b, i+1)
+		case '}':
+			return ms, i + 1, nil
+		default:
+			return nil, 0, errSyntax
+		}
+	}
+}
+
+// matchesField reports whether encoding/json decodes an object member named
+// name into the struct field tagged field: an exact or case-folded match.
+func matchesField(name, field string) bool {
+	return name == field || strings.EqualFold(name, field)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendString appends s as a JSON string, byte for byte as json.Marshal
+// writes it: HTML-sensitive characters, U+2028 and U+2029 escaped, invalid
+// UTF-8 replaced by U+FFFD.
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= ' ' && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}

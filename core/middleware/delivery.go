@@ -1,0 +1,107 @@
+// Package middleware holds the Watermill handler middleware that carries one
+// request from delivery to result: recovery, metrics, decoding, deadline,
+// cancellation, gate admission and retry. core/pipeline chains them, in that
+// order, in front of the dispatch handler.
+//
+// The middlewares share one *Delivery per message, stored in the message's
+// context by the first of them (Recover). A middleware ends a request by
+// returning Finish(d, result): the result message the router publishes to the
+// queue's result destination before it acks the delivery. Returning an error
+// makes the router nack the delivery, which hands it back to the transport;
+// that is reserved for shutdown and for failures to write a result or a
+// retry, never for a request's own failure.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/metrics"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// ErrShutdown is the cancellation cause of requests still in flight when the
+// drain timeout ends; such deliveries are handed back, not answered.
+var ErrShutdown = errors.New("sluice is shutting down")
+
+// ErrCancelled is the cancellation cause of a request whose job or id was cancelled.
+var ErrCancelled = errors.New("request cancelled")
+
+// Outcome of one delivery, for metrics and logs.
+type Outcome int
+
+const (
+	// Answered: a result was produced.
+	Answered Outcome = iota
+	// Requeued: re-queued for a retry or a gate deferral.
+	Requeued
+	// DeadLettered: kept in the dead-letter destination (no readable id).
+	DeadLettered
+	// HandedBack: nacked back to the transport unfinished.
+	HandedBack
+)
+
+// Delivery is the state of one message on its way through the middleware.
+type Delivery struct {
+	// Queue is the queue the message came from.
+	Queue *Queue
+	// Msg is the Watermill message.
+	Msg *message.Message
+	// Req is the decoded request (nil until Decode ran, or when it failed).
+	Req *msg.Request
+	// Ctx bounds the work on the request: the pipeline's work context, the
+	// request's deadline and its cancellation.
+	Ctx context.Context
+	// Received is when the delivery reached the handler.
+	Received time.Time
+	// Dispatched is when the HTTP call started (zero if it did not).
+	Dispatched time.Time
+	// Result is the result produced, if any.
+	Result *msg.Result
+	// Outcome says how the delivery ended.
+	Outcome Outcome
+	// Dispatch is the last gateway outcome.
+	Dispatch dispatch.Outcome
+}
+
+// Queue is what the middleware knows of one queue.
+type Queue struct {
+	transport.Queue
+	// Target is where requests of this queue are sent.
+	Target dispatch.Target
+	// Metrics is the queue's metrics view.
+	Metrics *metrics.Queue
+	// Admitter is the queue's per-request gate hook (nil: always admit).
+	Admitter gate.Admitter
+}
+
+type deliveryKey struct{}
+
+// From returns the message's Delivery (nil outside the middleware chain).
+func From(m *message.Message) *Delivery {
+	d, _ := m.Context().Value(deliveryKey{}).(*Delivery)
+	return d
+}
+
+// Finish records res as the delivery's result and returns the result message
+// to publish. The result message carries the delivery's metadata, so a
+// transport can fence the write with what it put there (a lease token).
+func Finish(d *Delivery, res *msg.Result) []*message.Message {
+	d.Result = res
+	d.Outcome = Answered
+	out := message.NewMessage(d.Msg.UUID, res.Marshal())
+	out.Metadata = d.Msg.Metadata
+	out.SetContext(d.Msg.Context())
+	return []*message.Message{out}
+}
+
+// Fail finishes the delivery with an error result of code.
+func Fail(d *Delivery, code msg.ErrorCode, text string) []*message.Message {
+	return Finish(d, msg.ErrorResult(d.Req, code, text))
+}

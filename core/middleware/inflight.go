@@ -1,0 +1,86 @@
+package middleware
+
+import (
+	"context"
+	"sync"
+
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Inflight indexes the requests being dispatched by id and by job, so a
+// cancellation reported by the transport can abort their HTTP calls. Cost:
+// one map insert and delete per request, under one mutex.
+type Inflight struct {
+	mu    sync.Mutex
+	byID  map[string]*inflightEntry
+	byJob map[string]map[*inflightEntry]struct{}
+}
+
+type inflightEntry struct {
+	job    string
+	cancel context.CancelCauseFunc
+}
+
+// NewInflight returns an empty index.
+func NewInflight() *Inflight {
+	return &Inflight{byID: map[string]*inflightEntry{}, byJob: map[string]map[*inflightEntry]struct{}{}}
+}
+
+// Register adds req; cancel aborts its work. The returned func removes it.
+func (f *Inflight) Register(req *msg.Request, cancel context.CancelCauseFunc) (done func()) {
+	e := &inflightEntry{job: req.JobID(), cancel: cancel}
+	f.mu.Lock()
+	f.byID[req.ID] = e
+	if e.job != "" {
+		set := f.byJob[e.job]
+		if set == nil {
+			set = map[*inflightEntry]struct{}{}
+			f.byJob[e.job] = set
+		}
+		set[e] = struct{}{}
+	}
+	f.mu.Unlock()
+	return func() {
+		f.mu.Lock()
+		if f.byID[req.ID] == e {
+			delete(f.byID, req.ID)
+		}
+		if set := f.byJob[e.job]; set != nil {
+			delete(set, e)
+			if len(set) == 0 {
+				delete(f.byJob, e.job)
+			}
+		}
+		f.mu.Unlock()
+	}
+}
+
+// Cancel aborts the in-flight requests named by c, with cause ErrCancelled,
+// and returns how many it aborted.
+func (f *Inflight) Cancel(c transport.Cancellation) int {
+	var victims []*inflightEntry
+	f.mu.Lock()
+	if c.RequestID != "" {
+		if e := f.byID[c.RequestID]; e != nil {
+			victims = append(victims, e)
+		}
+	}
+	if c.JobID != "" {
+		for e := range f.byJob[c.JobID] {
+			victims = append(victims, e)
+		}
+	}
+	f.mu.Unlock()
+	for _, e := range victims {
+		e.cancel(ErrCancelled)
+	}
+	return len(victims)
+}
+
+// Len returns how many requests are registered.
+func (f *Inflight) Len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.byID)
+}

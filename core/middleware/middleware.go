@@ -1,0 +1,383 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Requeuer puts a delivery back for later with new bytes (which carry the
+// attempt count). The pipeline backs it with the transport's native delay or
+// with its generic DelayQueue.
+type Requeuer func(ctx context.Context, d *Delivery, payload []byte, due time.Time) error
+
+// DeadLetterFunc keeps a message that has no readable id.
+type DeadLetterFunc func(ctx context.Context, d *Delivery, reason string) error
+
+// Recover starts the chain: it creates the Delivery (bound to work, the
+// pipeline's context that ends when the drain timeout does) and turns a panic
+// into an INFERENCE_ERROR result, or a dead letter when no request was
+// decoded, so a poison message cannot loop.
+func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) (out []*message.Message, err error) {
+			d := &Delivery{Queue: q, Msg: m, Ctx: work, Received: time.Now()}
+			m.SetContext(context.WithValue(m.Context(), deliveryKey{}, d))
+			defer func() {
+				r := recover()
+				if r == nil {
+					return
+				}
+				log.Error("panic while handling a request", "queue", q.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+				if d.Req != nil {
+					out, err = Fail(d, msg.CodeInferenceError, fmt.Sprintf("internal error: %v", r)), nil
+					return
+				}
+				d.Outcome = DeadLettered
+				out, err = nil, deadLetter(context.WithoutCancel(work), d, fmt.Sprintf("panic: %v", r))
+			}()
+			return next(m)
+		}
+	}
+}
+
+// Metrics counts every delivery by how it ended and observes latencies.
+func Metrics(q *Queue) message.HandlerMiddleware {
+	mq := q.Metrics
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := next(m)
+			d := From(m)
+			mq.Requests.Inc()
+			if err != nil {
+				d.Outcome = HandedBack
+			}
+			switch d.Outcome {
+			case HandedBack:
+				mq.HandedBack.Inc()
+				return out, err
+			case DeadLettered:
+				mq.DeadLettered.Inc()
+				return out, err
+			case Requeued:
+				return out, err
+			}
+			now := time.Now()
+			if !d.Dispatched.IsZero() {
+				mq.InferenceMs.Observe(ms(now.Sub(d.Dispatched)))
+			}
+			if d.Req != nil && !d.Req.Created.IsZero() {
+				if !d.Dispatched.IsZero() {
+					mq.ResidenceMs.Observe(ms(d.Dispatched.Sub(d.Req.Created)))
+				}
+				mq.MessageMs.Observe(ms(now.Sub(d.Req.Created)))
+			}
+			if d.Result == nil {
+				return out, err
+			}
+			switch d.Result.ErrorCode {
+			case msg.CodeNone:
+				mq.Succeeded.Inc()
+				mq.Result("ok").Inc()
+				return out, err
+			case msg.CodeDeadlineExceeded:
+				mq.Expired.Inc()
+			case msg.CodeGateDropped:
+				mq.Shedded.Inc()
+				mq.Failed.Inc()
+			default:
+				mq.Failed.Inc()
+			}
+			mq.Result(string(d.Result.ErrorCode)).Inc()
+			return out, err
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Decode decodes the request. A message with a readable id but invalid
+// content gets an INVALID_REQUEST result; one without goes to deadLetter.
+func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			req, err := msg.Decode(m.Payload)
+			if err == nil {
+				d.Req = req
+				return next(m)
+			}
+			de, ok := msg.AsDecodeError(err)
+			if ok && de.ID != "" {
+				d.Req = &msg.Request{ID: de.ID, Metadata: de.Metadata}
+				return Finish(d, de.Result()), nil
+			}
+			log.Warn("dead-lettering a message without a readable id", "queue", d.Queue.ID, "err", err)
+			if err := deadLetter(context.WithoutCancel(d.Ctx), d, err.Error()); err != nil {
+				return nil, fmt.Errorf("dead-letter: %w", err)
+			}
+			d.Outcome = DeadLettered
+			return nil, nil
+		}
+	}
+}
+
+// Deadline answers DEADLINE_EXCEEDED for a request whose deadline passed
+// before dispatch, and bounds the rest of the work by the deadline.
+func Deadline() message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			if d.Req.Expired(time.Now()) {
+				return Fail(d, msg.CodeDeadlineExceeded, "deadline passed before dispatch"), nil
+			}
+			ctx, cancel := context.WithDeadline(d.Ctx, d.Req.Deadline)
+			defer cancel()
+			d.Ctx = ctx
+			return next(m)
+		}
+	}
+}
+
+// Cancel answers CANCELLED for a request the transport says was cancelled
+// before dispatch, and registers the request in inflight (when not nil) so a
+// cancellation during dispatch aborts its HTTP call.
+func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logger) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			if checker != nil {
+				cancelled, err := checker.Cancelled(d.Ctx, d.Queue.Queue, d.Req)
+				if err != nil {
+					// The check is best effort: dispatching a request that was
+					// cancelled wastes capacity, dropping one loses it.
+					log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
+				}
+				if cancelled {
+					return Fail(d, msg.CodeCancelled, "cancelled before dispatch"), nil
+				}
+			}
+			if inflight != nil {
+				ctx, cancel := context.WithCancelCause(d.Ctx)
+				done := inflight.Register(d.Req, cancel)
+				defer func() {
+					done()
+					cancel(nil)
+				}()
+				d.Ctx = ctx
+			}
+			return next(m)
+		}
+	}
+}
+
+// Admission asks the queue's per-request gate hook, if any: a deferral
+// re-queues the request unchanged (no attempt counted), a rejection answers
+// GATE_DROPPED, an error defers by errDelay.
+func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			a := d.Queue.Admitter
+			if a == nil {
+				return next(m)
+			}
+			dec, err := a.Admit(d.Ctx, d.Req)
+			mq := d.Queue.Metrics
+			if err != nil {
+				mq.Decision("error").Inc()
+				log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
+				dec = gate.Decision{Verdict: gate.Defer, Delay: errDelay, Reason: err.Error()}
+			} else {
+				mq.Decision(dec.Verdict.String()).Inc()
+			}
+			switch dec.Verdict {
+			case gate.Admit:
+				return next(m)
+			case gate.Reject:
+				return Fail(d, msg.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
+			}
+			due := time.Now().Add(max(dec.Delay, time.Millisecond))
+			if !due.Before(d.Req.Deadline) {
+				return Fail(d, msg.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
+			}
+			if err := requeue(context.WithoutCancel(d.Ctx), d, d.Msg.Payload, due); err != nil {
+				return nil, fmt.Errorf("defer %s: %w", d.Req.ID, err)
+			}
+			mq.Deferred.Inc()
+			d.Outcome = Requeued
+			return nil, nil
+		}
+	}
+}
+
+// RetryPolicy is the backoff of retryable failures.
+type RetryPolicy struct {
+	// Base is the first delay (default 2s); it doubles per attempt.
+	Base time.Duration
+	// Max caps the delay (default 60s).
+	Max time.Duration
+	// Jitter spreads each delay by ±Jitter×delay (default 0.2; negative: none).
+	Jitter float64
+	// MaxAttempts ends retries after that many attempts (0: only the deadline does).
+	MaxAttempts int
+}
+
+// SetDefaults fills zero fields.
+func (p *RetryPolicy) SetDefaults() {
+	if p.Base <= 0 {
+		p.Base = 2 * time.Second
+	}
+	if p.Max <= 0 {
+		p.Max = 60 * time.Second
+	}
+	if p.Jitter == 0 {
+		p.Jitter = 0.2
+	}
+	if p.Jitter < 0 {
+		p.Jitter = 0
+	}
+}
+
+// Validate reports an unusable policy.
+func (p RetryPolicy) Validate() error {
+	switch {
+	case p.Max < p.Base:
+		return fmt.Errorf("retry: max backoff %s is below the base %s", p.Max, p.Base)
+	case p.Jitter > 1:
+		return fmt.Errorf("retry: jitter %v is above 1", p.Jitter)
+	case p.MaxAttempts < 0:
+		return fmt.Errorf("retry: max attempts %d is negative", p.MaxAttempts)
+	}
+	return nil
+}
+
+// Backoff returns the delay before the retry that follows `retries` earlier
+// retries: Base×2^retries capped at Max, spread by the jitter. It is a pure
+// function of the attempt count, which travels with the message, so any
+// replica computes the same schedule.
+func (p RetryPolicy) Backoff(retries int) time.Duration {
+	d := float64(p.Base) * math.Pow(2, float64(min(retries, 62)))
+	if d > float64(p.Max) {
+		d = float64(p.Max)
+	}
+	if p.Jitter > 0 {
+		d *= 1 + p.Jitter*(2*rand.Float64()-1)
+	}
+	return time.Duration(d)
+}
+
+// RetryableError is returned by the dispatch handler for a failure worth
+// retrying; Retry turns it into a delayed re-queue or a final result.
+type RetryableError struct{ Outcome dispatch.Outcome }
+
+func (e *RetryableError) Error() string {
+	if e.Outcome.StatusCode != 0 {
+		return "gateway returned " + strconv.Itoa(e.Outcome.StatusCode)
+	}
+	if e.Outcome.Err != nil {
+		return e.Outcome.Err.Error()
+	}
+	return "retryable failure"
+}
+
+// Retry re-queues a request after a retryable failure with the policy's
+// backoff (a longer Retry-After wins), never past its deadline: a retry
+// that could not happen before the deadline ends as DEADLINE_EXCEEDED, one
+// past MaxAttempts as INFERENCE_ERROR with the last response.
+func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := next(m)
+			var re *RetryableError
+			if err == nil || !errors.As(err, &re) {
+				return out, err
+			}
+			d := From(m)
+			attempts := d.Req.RetryCount + 1
+			if p.MaxAttempts > 0 && attempts >= p.MaxAttempts {
+				return Finish(d, failedResult(d.Req, re.Outcome, fmt.Sprintf("gave up after %d attempts: %s", attempts, re.Error()))), nil
+			}
+			wait := p.Backoff(d.Req.RetryCount)
+			if re.Outcome.RetryAfter > wait {
+				wait = re.Outcome.RetryAfter
+			}
+			due := time.Now().Add(wait)
+			if !due.Before(d.Req.Deadline) {
+				return Fail(d, msg.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error())), nil
+			}
+			payload, perr := msg.WithRetryCount(m.Payload, attempts)
+			if perr != nil {
+				return Fail(d, msg.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
+			}
+			if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
+				return nil, fmt.Errorf("retry %s: %w", d.Req.ID, err)
+			}
+			d.Queue.Metrics.Retries.Inc()
+			d.Outcome = Requeued
+			return nil, nil
+		}
+	}
+}
+
+// failedResult is the INFERENCE_ERROR result of a gateway failure, carrying
+// the response when there was one.
+func failedResult(req *msg.Request, o dispatch.Outcome, text string) *msg.Result {
+	res := msg.ErrorResult(req, msg.CodeInferenceError, text)
+	if o.StatusCode != 0 {
+		res.StatusCode = o.StatusCode
+		res.Payload = string(o.Body)
+	}
+	return res
+}
+
+// Dispatcher sends a request to the gateway; *dispatch.Client implements it.
+type Dispatcher interface {
+	Do(ctx context.Context, t dispatch.Target, req *msg.Request) dispatch.Outcome
+}
+
+// Dispatch is the handler at the end of the chain: one HTTP call, classified.
+func Dispatch(client Dispatcher) message.HandlerFunc {
+	return func(m *message.Message) ([]*message.Message, error) {
+		d := From(m)
+		d.Dispatched = time.Now()
+		o := client.Do(d.Ctx, d.Queue.Target, d.Req)
+		d.Dispatch = o
+		if o.DroppedReason != "" {
+			d.Queue.Metrics.Shedded.Inc()
+		}
+		switch o.Class {
+		case dispatch.Success:
+			return Finish(d, &msg.Result{ID: d.Req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: d.Req.Metadata}), nil
+		case dispatch.Fatal:
+			return Finish(d, failedResult(d.Req, o, fmt.Sprintf("gateway returned %d", o.StatusCode))), nil
+		case dispatch.DeadlineExceeded:
+			return Fail(d, msg.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
+		case dispatch.Cancelled:
+			cause := context.Cause(d.Ctx)
+			switch {
+			case errors.Is(cause, ErrCancelled):
+				return Fail(d, msg.CodeCancelled, "cancelled during dispatch"), nil
+			case errors.Is(cause, ErrShutdown):
+				return nil, ErrShutdown
+			case errors.Is(cause, context.DeadlineExceeded):
+				return Fail(d, msg.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
+			}
+			return nil, &RetryableError{Outcome: o}
+		}
+		return nil, &RetryableError{Outcome: o}
+	}
+}

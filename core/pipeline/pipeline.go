@@ -1,0 +1,360 @@
+// Package pipeline wires sluice's Watermill router: per queue one handler
+// whose subscriber claims within the queue's credits, whose middleware
+// (core/middleware) carries each request to its result, and whose publisher
+// writes results. It owns the gate refresh loops, the cancellation watch, the
+// sampled gauges, and the drain on shutdown.
+//
+// Shutdown, in order: stop claiming (the router closes the subscribers); let
+// the requests in flight finish for up to DrainTimeout; cancel the rest with
+// cause middleware.ErrShutdown, which makes their handlers nack them back to
+// the transport; close the gates and the transport. No request is lost.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/metrics"
+	mw "github.com/sluice-io/sluice/core/middleware"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Queue is one queue of the pipeline.
+type Queue struct {
+	transport.Queue
+	// Target is the gateway of this queue.
+	Target dispatch.Target
+	// Gate is the refresh loop of the queue's gate; queues may share one.
+	Gate *gate.Refresher
+	// MaxConcurrency is the in-flight limit at budget 1.
+	MaxConcurrency int
+	// Ramp bounds how fast credits return when the budget rises.
+	Ramp gate.RampConfig
+}
+
+// Config configures a Pipeline.
+type Config struct {
+	Transport  transport.Transport
+	Dispatcher mw.Dispatcher
+	Queues     []Queue
+	Retry      mw.RetryPolicy
+	// DrainTimeout is how long requests in flight may finish after shutdown
+	// begins (default 2m).
+	DrainTimeout time.Duration
+	// HandBackTimeout bounds the wait for cancelled requests to be handed
+	// back after the drain (default 10s).
+	HandBackTimeout time.Duration
+	// GaugeInterval is how often gauges and queue depths are sampled (default 2s).
+	GaugeInterval time.Duration
+	// Metrics receives the metrics (required).
+	Metrics *metrics.Metrics
+	Logger  *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 2 * time.Minute
+	}
+	if c.HandBackTimeout <= 0 {
+		c.HandBackTimeout = 10 * time.Second
+	}
+	if c.GaugeInterval <= 0 {
+		c.GaugeInterval = 2 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.Retry.SetDefaults()
+}
+
+// Validate reports a configuration the pipeline cannot run.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Transport == nil {
+		errs = append(errs, errors.New("pipeline: no transport"))
+	}
+	if c.Dispatcher == nil {
+		errs = append(errs, errors.New("pipeline: no dispatcher"))
+	}
+	if c.Metrics == nil {
+		errs = append(errs, errors.New("pipeline: no metrics"))
+	}
+	if len(c.Queues) == 0 {
+		errs = append(errs, errors.New("pipeline: no queues"))
+	}
+	seen := map[string]bool{}
+	for i, q := range c.Queues {
+		switch {
+		case q.ID == "" || q.Name == "":
+			errs = append(errs, fmt.Errorf("pipeline: queue %d: empty id or name", i))
+		case seen[q.ID]:
+			errs = append(errs, fmt.Errorf("pipeline: queue %d: duplicate id %q", i, q.ID))
+		case q.Gate == nil:
+			errs = append(errs, fmt.Errorf("pipeline: queue %q: no gate", q.ID))
+		case q.MaxConcurrency < 1:
+			errs = append(errs, fmt.Errorf("pipeline: queue %q: max concurrency %d < 1", q.ID, q.MaxConcurrency))
+		}
+		seen[q.ID] = true
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Pipeline runs the queues of one deployment.
+type Pipeline struct {
+	cfg      Config
+	log      *slog.Logger
+	queues   []*queueRun
+	inflight *mw.Inflight
+	delay    *delayQueue
+	ready    atomic.Bool
+	handlers sync.WaitGroup
+}
+
+type queueRun struct {
+	spec    Queue
+	mq      *mw.Queue
+	credits *gate.Credits
+}
+
+// New validates cfg and builds the pipeline.
+func New(cfg Config) (*Pipeline, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Pipeline{cfg: cfg, log: cfg.Logger}
+	if _, ok := cfg.Transport.(transport.CancelWatcher); ok {
+		p.inflight = mw.NewInflight()
+	}
+	if _, ok := cfg.Transport.(transport.Requeuer); !ok {
+		rp, ok := cfg.Transport.(transport.RequestPublisher)
+		if !ok {
+			return nil, errors.New("pipeline: the transport can neither re-queue nor publish requests, so retries are impossible")
+		}
+		p.delay = newDelayQueue(rp, cfg.Logger)
+	}
+	for _, q := range cfg.Queues {
+		qr := &queueRun{spec: q, credits: gate.NewCredits(q.MaxConcurrency, q.Ramp)}
+		qr.mq = &mw.Queue{Queue: q.Queue, Target: q.Target, Metrics: cfg.Metrics.For(q.ID, q.Name, q.Pool)}
+		if a, ok := q.Gate.Gate().(gate.Admitter); ok {
+			qr.mq.Admitter = a
+		}
+		qr.mq.Metrics.InflightMax.Set(float64(q.MaxConcurrency))
+		q.Gate.Attach(qr.credits)
+		p.queues = append(p.queues, qr)
+	}
+	return p, nil
+}
+
+// Ready reports whether the pipeline is claiming requests (for /readyz).
+func (p *Pipeline) Ready() bool { return p.ready.Load() }
+
+// Credits returns the credits of queue id (nil if unknown); for tests and benchmarks.
+func (p *Pipeline) Credits(id string) *gate.Credits {
+	for _, q := range p.queues {
+		if q.spec.ID == id {
+			return q.credits
+		}
+	}
+	return nil
+}
+
+// requeue re-queues through the transport, or through the generic delay queue.
+func (p *Pipeline) requeue(ctx context.Context, d *mw.Delivery, payload []byte, due time.Time) error {
+	if rq, ok := p.cfg.Transport.(transport.Requeuer); ok {
+		return rq.Requeue(ctx, d.Queue.Queue, d.Msg, payload, due)
+	}
+	p.delay.add(d.Queue.Queue, payload, due)
+	return nil
+}
+
+func (p *Pipeline) deadLetter(ctx context.Context, d *mw.Delivery, reason string) error {
+	if dl, ok := p.cfg.Transport.(transport.DeadLetterer); ok {
+		return dl.DeadLetter(ctx, d.Queue.Queue, d.Msg, reason)
+	}
+	// No dead-letter destination: the message is logged whole so it is not lost silently.
+	p.log.Error("message without a readable id and no dead-letter destination", "queue", d.Queue.ID, "reason", reason, "payload", string(d.Msg.Payload))
+	return nil
+}
+
+// track counts running handlers so the shutdown can wait for hand-backs.
+func (p *Pipeline) track(next message.HandlerFunc) message.HandlerFunc {
+	return func(m *message.Message) ([]*message.Message, error) {
+		p.handlers.Add(1)
+		defer p.handlers.Done()
+		return next(m)
+	}
+}
+
+// Run runs until ctx ends, then drains and returns. It returns an error when
+// the pipeline could not start or requests could not be handed back.
+func (p *Pipeline) Run(ctx context.Context) error {
+	log := p.log
+	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopWork(mw.ErrShutdown)
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.DrainTimeout},
+		watermill.NewSlogLoggerWithLevelMapping(log, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug}))
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+
+	// Gates first: queues start with a real budget.
+	refreshers := p.refreshers()
+	for _, r := range refreshers {
+		r.Start(work)
+	}
+	defer func() {
+		for _, r := range refreshers {
+			if err := r.Close(); err != nil {
+				log.Warn("closing gate", "err", err)
+			}
+		}
+	}()
+	if p.delay != nil {
+		go p.delay.run(work)
+	}
+
+	for _, q := range p.queues {
+		sub, err := p.cfg.Transport.Subscriber(q.spec.Queue, q.credits)
+		if err != nil {
+			return fmt.Errorf("queue %s: subscriber: %w", q.spec.ID, err)
+		}
+		pub, err := p.cfg.Transport.Publisher(q.spec.Queue)
+		if err != nil {
+			return fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
+		}
+		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, pub, mw.Dispatch(p.cfg.Dispatcher))
+		var checker transport.CancelChecker
+		if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
+			checker = c
+		}
+		h.AddMiddleware(
+			p.track,
+			mw.Recover(q.mq, work, p.deadLetter, log),
+			mw.Metrics(q.mq),
+			mw.Decode(p.deadLetter, log),
+			mw.Deadline(),
+			mw.Cancel(checker, p.inflight, log),
+			mw.Admission(p.requeue, time.Second, log),
+			mw.Retry(p.cfg.Retry, p.requeue),
+		)
+	}
+
+	if cw, ok := p.cfg.Transport.(transport.CancelWatcher); ok {
+		go func() {
+			if err := cw.WatchCancellations(work, func(c transport.Cancellation) {
+				if n := p.inflight.Cancel(c); n > 0 {
+					log.Info("aborted cancelled requests in flight", "job", c.JobID, "id", c.RequestID, "count", n)
+				}
+			}); err != nil && work.Err() == nil {
+				log.Error("cancellation watch ended", "err", err)
+			}
+		}()
+	}
+
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(context.WithoutCancel(ctx)) }()
+	select {
+	case <-router.Running():
+	case err := <-runErr:
+		return fmt.Errorf("router: %w", err)
+	}
+	p.ready.Store(true)
+	log.Info("pipeline running", "queues", len(p.queues))
+	gaugesDone := make(chan struct{})
+	go p.gauges(work, gaugesDone)
+
+	<-ctx.Done()
+	p.ready.Store(false)
+	log.Info("shutting down: no new claims; draining requests in flight", "drain_timeout", p.cfg.DrainTimeout.String())
+	drained := true
+	if err := router.Close(); err != nil {
+		drained = false
+		log.Warn("drain timeout reached; handing the rest back", "err", err)
+	}
+	stopWork(mw.ErrShutdown)
+	<-gaugesDone
+	var result error
+	if !waitTimeout(&p.handlers, p.cfg.HandBackTimeout) {
+		result = errors.New("requests still running after the hand-back timeout")
+	}
+	if err := <-runErr; err != nil && result == nil && drained {
+		result = fmt.Errorf("router: %w", err)
+	}
+	if p.delay != nil {
+		p.delay.flush(context.Background())
+	}
+	if err := p.cfg.Transport.Close(); err != nil {
+		result = errors.Join(result, fmt.Errorf("close transport: %w", err))
+	}
+	log.Info("pipeline stopped")
+	return result
+}
+
+// refreshers lists the distinct gate loops of the queues.
+func (p *Pipeline) refreshers() []*gate.Refresher {
+	var out []*gate.Refresher
+	seen := map[*gate.Refresher]bool{}
+	for _, q := range p.queues {
+		if !seen[q.spec.Gate] {
+			seen[q.spec.Gate] = true
+			out = append(out, q.spec.Gate)
+		}
+	}
+	return out
+}
+
+// gauges samples credits, budgets and queue depths until ctx ends.
+func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	dr, hasDepth := p.cfg.Transport.(transport.DepthReporter)
+	t := time.NewTicker(p.cfg.GaugeInterval)
+	defer t.Stop()
+	for {
+		for _, q := range p.queues {
+			inflight, limit, _ := q.credits.Snapshot()
+			q.mq.Metrics.Inflight.Set(float64(inflight))
+			q.mq.Metrics.CreditLimit.Set(float64(limit))
+			q.mq.Metrics.DispatchBudget.Set(q.spec.Gate.Budget())
+			if hasDepth {
+				dctx, cancel := context.WithTimeout(ctx, p.cfg.GaugeInterval)
+				d, err := dr.Depth(dctx, q.spec.Queue)
+				cancel()
+				if err == nil {
+					q.mq.Metrics.QueueDepth.Set(float64(d.Waiting))
+					q.mq.Metrics.BrokerBacklog.Set(float64(d.Delayed))
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}

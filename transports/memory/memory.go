@@ -1,0 +1,466 @@
+// Package memory is sluice's in-process transport and its embedded default:
+// request queues ordered by deadline (earliest first, first in first out
+// among equal deadlines), a native delay set for retries, in-memory result
+// lists and dead-letter lists.
+//
+// Nothing survives the process: use it for demos, tests, benchmarks and for
+// embedding sluice in a program that produces and consumes in-process.
+package memory
+
+import (
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Name is the transport's registry name.
+const Name = "memory"
+
+// Options are the memory transport's options.
+type Options struct {
+	// BatchSize is the most messages claimed at once (default 256).
+	BatchSize int `json:"batch_size"`
+}
+
+func (o *Options) setDefaults() {
+	if o.BatchSize <= 0 {
+		o.BatchSize = 256
+	}
+}
+
+// Factory builds the memory transport from its options.
+func Factory(options json.RawMessage, _ transport.Env) (transport.Transport, error) {
+	var o Options
+	if err := transport.DecodeOptions(options, &o); err != nil {
+		return nil, err
+	}
+	return New(o), nil
+}
+
+// ErrClosed is returned by operations on a closed transport.
+var ErrClosed = errors.New("memory transport closed")
+
+// Transport is the in-memory transport. It is safe for concurrent use.
+type Transport struct {
+	opts Options
+	seq  atomic.Uint64
+
+	mu      sync.Mutex
+	queues  map[string]*queue
+	results map[string][][]byte
+	closed  bool
+	notify  chan struct{} // closed and replaced whenever a result is published
+}
+
+var (
+	_ transport.Transport        = (*Transport)(nil)
+	_ transport.Requeuer         = (*Transport)(nil)
+	_ transport.RequestPublisher = (*Transport)(nil)
+	_ transport.DepthReporter    = (*Transport)(nil)
+	_ transport.DeadLetterer     = (*Transport)(nil)
+)
+
+// New returns an empty memory transport.
+func New(o Options) *Transport {
+	o.setDefaults()
+	return &Transport{opts: o, queues: map[string]*queue{}, results: map[string][][]byte{}, notify: make(chan struct{})}
+}
+
+type item struct {
+	deadline int64 // Unix ns; ordering key
+	due      int64 // Unix ns; delay-set key
+	seq      uint64
+	payload  []byte
+}
+
+// readyHeap orders by deadline, then arrival.
+type readyHeap []*item
+
+func (h readyHeap) Len() int { return len(h) }
+func (h readyHeap) Less(i, j int) bool {
+	if h[i].deadline != h[j].deadline {
+		return h[i].deadline < h[j].deadline
+	}
+	return h[i].seq < h[j].seq
+}
+func (h readyHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *readyHeap) Push(x any)   { *h = append(*h, x.(*item)) }
+func (h *readyHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}
+
+// delayHeap orders by due time, then arrival.
+type delayHeap []*item
+
+func (h delayHeap) Len() int { return len(h) }
+func (h delayHeap) Less(i, j int) bool {
+	if h[i].due != h[j].due {
+		return h[i].due < h[j].due
+	}
+	return h[i].seq < h[j].seq
+}
+func (h delayHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *delayHeap) Push(x any)   { *h = append(*h, x.(*item)) }
+func (h *delayHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return it
+}
+
+type queue struct {
+	ready       readyHeap
+	delayed     delayHeap
+	inflight    map[uint64]*item
+	deadLetters [][]byte
+	wake        chan struct{} // one token: "look again"
+}
+
+// q returns the named queue, creating it. Caller holds t.mu.
+func (t *Transport) q(name string) *queue {
+	qu, ok := t.queues[name]
+	if !ok {
+		qu = &queue{inflight: map[uint64]*item{}, wake: make(chan struct{}, 1)}
+		t.queues[name] = qu
+	}
+	return qu
+}
+
+func (qu *queue) signal() {
+	select {
+	case qu.wake <- struct{}{}:
+	default:
+	}
+}
+
+// deadlineOf reads the deadline used for ordering; an undecodable payload
+// sorts first, so that its INVALID_REQUEST answer is not delayed.
+func deadlineOf(payload []byte) int64 {
+	r, err := msg.Decode(payload)
+	if err != nil {
+		return 0
+	}
+	return r.Deadline.UnixNano()
+}
+
+// Enqueue adds a request to queue name. The payload is kept as given.
+func (t *Transport) Enqueue(name string, payload []byte) error {
+	it := &item{deadline: deadlineOf(payload), seq: t.seq.Add(1), payload: payload}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	qu := t.q(name)
+	heap.Push(&qu.ready, it)
+	qu.signal()
+	return nil
+}
+
+// PublishRequest implements transport.RequestPublisher.
+func (t *Transport) PublishRequest(_ context.Context, q transport.Queue, payload []byte) error {
+	return t.Enqueue(q.Name, payload)
+}
+
+// Requeue implements transport.Requeuer: payload becomes due at due, ordered
+// by its own (original) deadline once due.
+func (t *Transport) Requeue(_ context.Context, q transport.Queue, m *message.Message, payload []byte, due time.Time) error {
+	it := &item{deadline: deadlineOf(payload), due: due.UnixNano(), seq: t.seq.Add(1), payload: payload}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	qu := t.q(q.Name)
+	if id, err := strconv.ParseUint(m.UUID, 10, 64); err == nil {
+		delete(qu.inflight, id)
+	}
+	heap.Push(&qu.delayed, it)
+	qu.signal()
+	return nil
+}
+
+// DeadLetter implements transport.DeadLetterer.
+func (t *Transport) DeadLetter(_ context.Context, q transport.Queue, m *message.Message, _ string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	qu := t.q(q.Name)
+	qu.deadLetters = append(qu.deadLetters, append([]byte(nil), m.Payload...))
+	if id, err := strconv.ParseUint(m.UUID, 10, 64); err == nil {
+		delete(qu.inflight, id)
+	}
+	return nil
+}
+
+// Depth implements transport.DepthReporter.
+func (t *Transport) Depth(_ context.Context, q transport.Queue) (transport.Depth, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	qu := t.q(q.Name)
+	return transport.Depth{
+		Waiting:      int64(len(qu.ready)),
+		InFlight:     int64(len(qu.inflight)),
+		Delayed:      int64(len(qu.delayed)),
+		DeadLettered: int64(len(qu.deadLetters)),
+	}, nil
+}
+
+// DeadLetters returns a copy of the dead-lettered payloads of queue name.
+func (t *Transport) DeadLetters(name string) [][]byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([][]byte(nil), t.q(name).deadLetters...)
+}
+
+// Results returns a copy of the result payloads published to topic, oldest first.
+func (t *Transport) Results(topic string) [][]byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([][]byte(nil), t.results[topic]...)
+}
+
+// ResultCount returns how many results topic holds, and a channel closed at
+// the next publish (to wait for more without polling).
+func (t *Transport) ResultCount(topic string) (int, <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.results[topic]), t.notify
+}
+
+// Publisher implements transport.Transport: results are appended to an
+// in-memory list per topic.
+func (t *Transport) Publisher(transport.Queue) (message.Publisher, error) {
+	return resultPublisher{t}, nil
+}
+
+type resultPublisher struct{ t *Transport }
+
+// Publish appends each message's payload to topic's result list.
+func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
+	t := p.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	for _, m := range ms {
+		t.results[topic] = append(t.results[topic], m.Payload)
+	}
+	close(t.notify)
+	t.notify = make(chan struct{})
+	return nil
+}
+
+// Close does nothing: the transport owns the lists.
+func (resultPublisher) Close() error { return nil }
+
+// Subscriber implements transport.Transport.
+func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (message.Subscriber, error) {
+	if credits == nil {
+		return nil, fmt.Errorf("memory subscriber %s: nil credits", q.Name)
+	}
+	return &subscriber{t: t, credits: credits, done: make(chan struct{})}, nil
+}
+
+// Close hands back every un-acked message and rejects further use.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	for _, qu := range t.queues {
+		for id, it := range qu.inflight {
+			delete(qu.inflight, id)
+			heap.Push(&qu.ready, it)
+		}
+	}
+	return nil
+}
+
+type subscriber struct {
+	t       *Transport
+	credits *gate.Credits
+
+	mu     sync.Mutex
+	closed bool
+	done   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// Subscribe starts delivering topic's due messages, in deadline order, while
+// credits are free. The channel closes when ctx ends or the subscriber closes.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	out := make(chan *message.Message)
+	ctx, cancel := context.WithCancel(ctx)
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		s.deliver(ctx, topic, out)
+	}()
+	return out, nil
+}
+
+// claim pops up to n due messages of topic, promoting delayed ones whose time
+// has come, and returns them with the wait until the next delayed one.
+func (s *subscriber) claim(topic string, n int) ([]*item, time.Duration) {
+	t := s.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, 0
+	}
+	qu := t.q(topic)
+	now := time.Now().UnixNano()
+	for len(qu.delayed) > 0 && qu.delayed[0].due <= now {
+		heap.Push(&qu.ready, heap.Pop(&qu.delayed))
+	}
+	var wait time.Duration
+	if len(qu.delayed) > 0 {
+		wait = time.Duration(qu.delayed[0].due - now)
+	}
+	var out []*item
+	for len(out) < n && len(qu.ready) > 0 {
+		it := heap.Pop(&qu.ready).(*item)
+		qu.inflight[it.seq] = it
+		out = append(out, it)
+	}
+	return out, wait
+}
+
+func (s *subscriber) wakeChan(topic string) chan struct{} {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	return s.t.q(topic).wake
+}
+
+func (s *subscriber) deliver(ctx context.Context, topic string, out chan<- *message.Message) {
+	wake := s.wakeChan(topic)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		granted, err := s.credits.Acquire(ctx, s.t.opts.BatchSize)
+		if err != nil {
+			return
+		}
+		items, wait := s.claim(topic, granted)
+		if unused := granted - len(items); unused > 0 {
+			s.credits.Release(unused)
+		}
+		for i, it := range items {
+			m := message.NewMessage(strconv.FormatUint(it.seq, 10), it.payload)
+			select {
+			case out <- m:
+				s.wg.Add(1)
+				go s.await(ctx, topic, m, it)
+			case <-ctx.Done():
+				// Not delivered: hand back this one and the rest.
+				for _, rest := range items[i:] {
+					s.handBack(topic, rest)
+				}
+				s.credits.Release(len(items) - i)
+				return
+			}
+		}
+		if len(items) > 0 {
+			continue
+		}
+		var tick <-chan time.Time
+		if wait > 0 {
+			timer.Reset(wait)
+			tick = timer.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-tick:
+		}
+		if wait > 0 && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// await waits for the delivery's ack or nack and settles it. It outlives the
+// subscription on purpose: a message in flight at shutdown is settled (acked
+// after its result, or nacked and handed back) by the core later.
+func (s *subscriber) await(_ context.Context, topic string, m *message.Message, it *item) {
+	defer s.wg.Done()
+	select {
+	case <-m.Acked():
+		s.t.mu.Lock()
+		delete(s.t.q(topic).inflight, it.seq)
+		s.t.mu.Unlock()
+	case <-m.Nacked():
+		s.handBack(topic, it)
+	}
+	s.credits.Release(1)
+}
+
+// handBack returns an un-acked item to the ready heap at its old position.
+func (s *subscriber) handBack(topic string, it *item) {
+	t := s.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	qu := t.q(topic)
+	if _, ok := qu.inflight[it.seq]; !ok && t.closed {
+		return // already handed back by Transport.Close
+	}
+	delete(qu.inflight, it.seq)
+	heap.Push(&qu.ready, it)
+	qu.signal()
+}
+
+// Close stops delivering; messages already delivered are still settled when
+// acked or nacked. It waits for the delivery loops, not for those messages.
+func (s *subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	s.mu.Unlock()
+	return nil
+}
+
+// Wait blocks until every delivered message was settled; for tests.
+func (s *subscriber) Wait() { s.wg.Wait() }
+
+// Compile-time check that the subscriber is a Watermill subscriber.
+var _ message.Subscriber = (*subscriber)(nil)
