@@ -1,0 +1,153 @@
+// Package testenv starts the real servers tests need (redis-server, ...) on
+// free loopback ports, and stops them (by PID) when the test ends. A missing
+// server fails the test loudly, naming the Debian package to install: it
+// never skips.
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Redis is a redis-server started for a test.
+type Redis struct {
+	// Addr is host:port on 127.0.0.1.
+	Addr string
+	// URL is redis://[:password@]addr/0.
+	URL string
+	// Password is the AUTH password ("" when none).
+	Password string
+	cmd      *exec.Cmd
+	dir      string
+}
+
+// RedisOptions configure StartRedis.
+type RedisOptions struct {
+	// Password enables AUTH (requirepass).
+	Password string
+	// Persist keeps an append-only file in the test's temp dir (for restart tests).
+	Persist bool
+	// Dir reuses a data directory (with Persist, to restart on the same data).
+	Dir string
+	// Port reuses a port (0: a free one).
+	Port int
+}
+
+// LookPath finds a server binary or fails t with the package to install.
+func LookPath(t testing.TB, bin, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(bin)
+	if err != nil {
+		t.Fatalf("%s not found in PATH: install the Debian package %q (apt-get install -y %s); .ci/run does this", bin, pkg, pkg)
+	}
+	return p
+}
+
+// FreePort returns a free TCP port on 127.0.0.1.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// StartRedis starts redis-server on 127.0.0.1 and stops it at the end of the test.
+func StartRedis(t testing.TB, o RedisOptions) *Redis {
+	t.Helper()
+	bin := LookPath(t, "redis-server", "redis-server")
+	port := o.Port
+	if port == 0 {
+		port = FreePort(t)
+	}
+	dir := o.Dir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	args := []string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
+		"--save", "", "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"}
+	if o.Persist {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	if o.Password != "" {
+		args = append(args, "--requirepass", o.Password)
+	}
+	cmd := exec.Command(bin, args...)
+	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
+	if err != nil {
+		t.Fatalf("redis log: %v", err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	r := &Redis{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: o.Password, cmd: cmd, dir: dir}
+	r.URL = "redis://" + r.Addr + "/0"
+	if o.Password != "" {
+		r.URL = "redis://:" + o.Password + "@" + r.Addr + "/0"
+	}
+	t.Cleanup(func() { r.Stop(); logf.Close() })
+	if err := waitRedis(r.Addr, o.Password, 10*time.Second); err != nil {
+		r.Stop()
+		t.Fatalf("redis-server on %s did not come up: %v", r.Addr, err)
+	}
+	return r
+}
+
+// Dir is the server's data directory.
+func (r *Redis) Dir() string { return r.dir }
+
+// Stop kills the server (by its PID) and waits for it; safe to call twice.
+func (r *Redis) Stop() {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	_ = r.cmd.Wait()
+	r.cmd = nil
+}
+
+// waitRedis polls until the server answers PING.
+func waitRedis(addr, password string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			if password != "" {
+				fmt.Fprintf(c, "AUTH %s\r\n", password)
+			}
+			fmt.Fprintf(c, "PING\r\n")
+			br := bufio.NewReader(c)
+			var line string
+			for i := 0; i < 2; i++ {
+				line, err = br.ReadString('\n')
+				if err != nil || strings.Contains(line, "PONG") {
+					break
+				}
+			}
+			c.Close()
+			if err == nil && strings.Contains(line, "PONG") {
+				return nil
+			}
+			last = fmt.Errorf("reply %q: %v", line, err)
+		} else {
+			last = err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
+}
