@@ -65,6 +65,9 @@ type Options struct {
 	Gates      *gate.Registry
 	// Registry receives the metrics (default: a new one with Go and process collectors).
 	Registry *prometheus.Registry
+	// Dispatcher, when set, replaces the HTTP client (benchmarks of the
+	// framework's own overhead, tests).
+	Dispatcher mw.Dispatcher
 }
 
 // App is one assembled deployment.
@@ -183,9 +186,13 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		})
 	}
 
+	var d mw.Dispatcher = client
+	if o.Dispatcher != nil {
+		d = o.Dispatcher
+	}
 	a.pipe, err = pipeline.New(pipeline.Config{
 		Transport:    tp,
-		Dispatcher:   client,
+		Dispatcher:   d,
 		Queues:       queues,
 		Retry:        mw.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts},
 		DrainTimeout: cfg.DrainTimeout.D(),

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/dispatch"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/simulator"
+)
+
+// okDispatcher answers every request at once, without HTTP: what is left is
+// the framework's own cost per message (claim, router, middleware, result).
+type okDispatcher struct{}
+
+func (okDispatcher) Do(context.Context, dispatch.Target, *msg.Request) dispatch.Outcome {
+	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
+}
+
+// runCore measures the per-message overhead on the memory transport: once
+// with no HTTP at all, once through a zero-latency simulator on loopback.
+func runCore(ctx context.Context, o options) (figures, error) {
+	const n = 100_000
+	var stubRate, stubAllocs, httpRate, httpAllocs []float64
+	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	if err != nil {
+		return nil, err
+	}
+	url, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Close()
+	for range o.runs {
+		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, Dispatcher: okDispatcher{}})
+		if err != nil {
+			return nil, fmt.Errorf("stub: %w", err)
+		}
+		stubRate, stubAllocs = append(stubRate, r.PerSecond), append(stubAllocs, r.AllocsPerMsg)
+		r, err = app.MemoryLoad(ctx, app.LoadOptions{Requests: n / 2, GatewayURL: url})
+		if err != nil {
+			return nil, fmt.Errorf("http: %w", err)
+		}
+		httpRate, httpAllocs = append(httpRate, r.PerSecond), append(httpAllocs, r.AllocsPerMsg)
+	}
+	return figures{
+		"messages":            n,
+		"throughput_stub":     median(stubRate),
+		"allocs_per_msg_stub": median(stubAllocs),
+		"throughput_http":     median(httpRate),
+		"allocs_per_msg_http": median(httpAllocs),
+		"rss_mb":              rssMB(),
+	}, nil
+}
