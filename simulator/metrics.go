@@ -3,6 +3,9 @@ package simulator
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Metric names served on /metrics. The vllm: gauges are those a vLLM server
@@ -19,10 +22,46 @@ const (
 	MetricCapacity      = "simulator_capacity"
 )
 
-// metrics serves the Prometheus text exposition (format 0.0.4) of the
-// current load. It is written by hand rather than with client_golang: the
-// handful of series needs no registry, and the scrape stays allocation-light.
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+// collector exposes a Server's atomics to its private registry. One Collect
+// reads the in-flight count once, so running, waiting and usage of a scrape
+// agree with each other; nothing is updated on the request path.
+type collector struct {
+	s                                           *Server
+	running, waiting, kvUsage, gpuUsage         *prometheus.Desc
+	inflight, capacity, resets, aborted, byCode *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*collector)(nil)
+
+func newCollector(s *Server) *collector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &collector{
+		s:        s,
+		running:  desc(MetricRunning, "Number of requests running on the simulated pool."),
+		waiting:  desc(MetricWaiting, "Number of requests waiting for a slot of the simulated pool."),
+		kvUsage:  desc(MetricKVCacheUsage, "Simulated KV-cache usage, running/capacity, in [0,1]."),
+		gpuUsage: desc(MetricGPUCacheUsage, "Simulated KV-cache usage, running/capacity, in [0,1] (older vLLM name)."),
+		inflight: desc(MetricInflight, "Completion requests in progress."),
+		capacity: desc(MetricCapacity, "Simulated pool capacity."),
+		resets:   desc(MetricResets, "Completion requests answered by resetting the connection."),
+		aborted:  desc(MetricAborted, "Completion requests whose client went away before the answer."),
+		byCode:   desc(MetricRequests, "Completion requests answered, by HTTP status.", "code"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kvUsage, c.gpuUsage,
+		c.inflight, c.capacity, c.resets, c.aborted, c.byCode} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
 	inflight := s.inflight.Load()
 	capacity := int64(s.cfg.Capacity)
 	running := min(inflight, capacity)
@@ -31,53 +70,31 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	if capacity > 0 {
 		usage = float64(running) / float64(capacity)
 	}
-
-	b := make([]byte, 0, 2048)
-	b = appendSample(b, MetricRunning, "gauge", "Number of requests running on the simulated pool.", float64(running))
-	b = appendSample(b, MetricWaiting, "gauge", "Number of requests waiting for a slot of the simulated pool.", float64(waiting))
-	b = appendSample(b, MetricKVCacheUsage, "gauge", "Simulated KV-cache usage, running/capacity, in [0,1].", usage)
-	b = appendSample(b, MetricGPUCacheUsage, "gauge", "Simulated KV-cache usage, running/capacity, in [0,1] (older vLLM name).", usage)
-	b = appendSample(b, MetricInflight, "gauge", "Completion requests in progress.", float64(inflight))
-	b = appendSample(b, MetricCapacity, "gauge", "Simulated pool capacity.", float64(capacity))
-	b = appendSample(b, MetricResets, "counter", "Completion requests answered by resetting the connection.", float64(s.resets.Load()))
-	b = appendSample(b, MetricAborted, "counter", "Completion requests whose client went away before the answer.", float64(s.aborted.Load()))
-
-	b = appendHeader(b, MetricRequests, "counter", "Completion requests answered, by HTTP status.")
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	gauge(c.running, float64(running))
+	gauge(c.waiting, float64(waiting))
+	gauge(c.kvUsage, usage)
+	gauge(c.gpuUsage, usage)
+	gauge(c.inflight, float64(inflight))
+	gauge(c.capacity, float64(capacity))
+	ch <- prometheus.MustNewConstMetric(c.resets, prometheus.CounterValue, float64(s.resets.Load()))
+	ch <- prometheus.MustNewConstMetric(c.aborted, prometheus.CounterValue, float64(s.aborted.Load()))
 	for code := range s.byStatus {
-		n := s.byStatus[code].Load()
-		if n == 0 {
-			continue
+		if n := s.byStatus[code].Load(); n > 0 {
+			ch <- prometheus.MustNewConstMetric(c.byCode, prometheus.CounterValue, float64(n), strconv.Itoa(code))
 		}
-		b = append(b, MetricRequests+`{code="`...)
-		b = strconv.AppendInt(b, int64(code), 10)
-		b = append(b, `"} `...)
-		b = strconv.AppendUint(b, n, 10)
-		b = append(b, '\n')
 	}
-
-	w.Header()["Content-Type"] = s.ctProm
-	if r.Method == http.MethodHead {
-		return
-	}
-	_, _ = w.Write(b)
 }
 
-func appendHeader(b []byte, name, typ, help string) []byte {
-	b = append(b, "# HELP "...)
-	b = append(b, name...)
-	b = append(b, ' ')
-	b = append(b, help...)
-	b = append(b, "\n# TYPE "...)
-	b = append(b, name...)
-	b = append(b, ' ')
-	b = append(b, typ...)
-	return append(b, '\n')
-}
-
-func appendSample(b []byte, name, typ, help string, v float64) []byte {
-	b = appendHeader(b, name, typ, help)
-	b = append(b, name...)
-	b = append(b, ' ')
-	b = strconv.AppendFloat(b, v, 'g', -1, 64)
-	return append(b, '\n')
+// newMetricsHandler returns the /metrics handler of s, backed by a registry
+// of its own (never the global one), so several Servers can live in one
+// process.
+func newMetricsHandler(s *Server) (http.Handler, error) {
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(s)); err != nil {
+		return nil, err
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}), nil
 }

@@ -104,7 +104,7 @@ type Server struct {
 	retryAfter []string // Retry-After value of a 429; never modified
 	ctJSON     []string // Content-Type values; never modified
 	ctText     []string
-	ctProm     []string
+	metrics    http.Handler // promhttp over a registry of this Server's own
 
 	requests     atomic.Uint64 // also numbers the responses
 	inflight     atomic.Int64
@@ -137,15 +137,20 @@ func New(cfg Config) (*Server, error) {
 		seed = rand.Uint64()
 	}
 	retry := (cfg.RetryAfter + time.Second - 1) / time.Second
-	return &Server{
+	s := &Server{
 		cfg:        cfg,
 		seed:       seed,
 		retryAfter: []string{strconv.FormatInt(int64(retry), 10)},
 		ctJSON:     []string{"application/json"},
 		ctText:     []string{"text/plain; charset=utf-8"},
-		ctProm:     []string{"text/plain; version=0.0.4; charset=utf-8"},
 		bufs:       sync.Pool{New: func() any { return new(scratch) }},
-	}, nil
+	}
+	m, err := newMetricsHandler(s)
+	if err != nil {
+		return nil, fmt.Errorf("simulator: metrics registry: %w", err)
+	}
+	s.metrics = m
+	return s, nil
 }
 
 // Config returns the server's configuration with its defaults applied.
@@ -280,7 +285,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	case PathMetrics:
 		s.byPath[routeMetrics].Add(1)
 		if s.allow(w, r, http.MethodGet) {
-			s.metrics(w, r)
+			s.metrics.ServeHTTP(w, r)
 		}
 	case PathHealthz:
 		s.byPath[routeHealthz].Add(1)
