@@ -2,6 +2,7 @@ package message
 
 import (
 	"strconv"
+	"strings"
 )
 
 // valueError is a decoding failure inside a field's value. sub locates it
@@ -22,7 +23,7 @@ type metadataMap map[string]string
 
 // UnmarshalJSON implements json.Unmarshaler.
 func (m *metadataMap) UnmarshalJSON(b []byte) error {
-	v, err := parseStringMap(b, true)
+	v, err := parseStringMap(b, true, nil)
 	if err != nil {
 		return err
 	}
@@ -37,14 +38,9 @@ type headerMap map[string]string
 
 // UnmarshalJSON implements json.Unmarshaler.
 func (h *headerMap) UnmarshalJSON(b []byte) error {
-	v, err := parseStringMap(b, false)
+	v, err := parseStringMap(b, false, checkHeader[[]byte])
 	if err != nil {
 		return err
-	}
-	for name, value := range v {
-		if err := checkHeader(name, value); err != nil {
-			return err
-		}
 	}
 	*h = v
 	return nil
@@ -52,8 +48,9 @@ func (h *headerMap) UnmarshalJSON(b []byte) error {
 
 // parseStringMap decodes the JSON object b into a map; nil for null or an
 // empty object. Values must be strings; when lenient, numbers and booleans
-// are kept as written and null becomes "".
-func parseStringMap(b []byte, lenient bool) (map[string]string, error) {
+// are kept as written and null becomes "". check, when set, vets each
+// member. All keys and values share one allocation.
+func parseStringMap(b []byte, lenient bool, check func(key, value []byte) error) (map[string]string, error) {
 	want := "a string"
 	if lenient {
 		want = "a string, number or bool"
@@ -65,68 +62,89 @@ func parseStringMap(b []byte, lenient bool) (map[string]string, error) {
 	if i >= len(b) || b[i] != '{' {
 		return nil, &valueError{msg: "must be a JSON object of strings, got " + jsonKind(b)}
 	}
-	var m map[string]string
+	type pair struct{ key, value []byte }
+	var stack [16]pair
+	pairs, size := stack[:0], 0
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
-		return nil, nil
-	}
-	for {
-		end, err := skipString(b, i)
-		if err != nil {
-			return nil, err
-		}
-		key, err := unquote(b[i:end])
-		if err != nil {
-			return nil, err
-		}
-		i = skipSpace(b, end)
-		if i >= len(b) || b[i] != ':' {
-			return nil, errSyntax
-		}
-		i = skipSpace(b, i+1)
-		end, err = skipValue(b, i)
-		if err != nil {
-			return nil, err
-		}
-		raw := b[i:end]
-		var val string
-		switch c := raw[0]; {
-		case c == '"':
-			s, err := unquote(raw)
+		i++
+	} else {
+		for {
+			end, err := skipString(b, i)
 			if err != nil {
 				return nil, err
 			}
-			val = string(s)
-		case lenient && c == 'n':
-			val = ""
-		case lenient && c != '{' && c != '[':
-			val = string(raw)
-		default:
-			return nil, &valueError{
-				sub: "[" + strconv.Quote(string(key)) + "]",
-				msg: "must be " + want + ", got " + jsonKind(raw),
+			key, err := unquote(b[i:end])
+			if err != nil {
+				return nil, err
 			}
-		}
-		if m == nil {
-			m = make(map[string]string)
-		}
-		m[string(key)] = val
-		i = skipSpace(b, end)
-		if i >= len(b) {
-			return nil, errSyntax
-		}
-		switch b[i] {
-		case ',':
-			i = skipSpace(b, i+1)
-		case '}':
-			if skipSpace(b, i+1) != len(b) {
+			i = skipSpace(b, end)
+			if i >= len(b) || b[i] != ':' {
 				return nil, errSyntax
 			}
-			return m, nil
-		default:
-			return nil, errSyntax
+			i = skipSpace(b, i+1)
+			end, err = skipValue(b, i)
+			if err != nil {
+				return nil, err
+			}
+			value := b[i:end]
+			switch c := value[0]; {
+			case c == '"':
+				if value, err = unquote(value); err != nil {
+					return nil, err
+				}
+			case lenient && c == 'n':
+				value = nil
+			case lenient && c != '{' && c != '[':
+				// a number or a boolean, kept as written
+			default:
+				return nil, &valueError{
+					sub: "[" + strconv.Quote(string(key)) + "]",
+					msg: "must be " + want + ", got " + jsonKind(value),
+				}
+			}
+			if check != nil {
+				if err := check(key, value); err != nil {
+					return nil, err
+				}
+			}
+			pairs = append(pairs, pair{key, value})
+			size += len(key) + len(value)
+			i = skipSpace(b, end)
+			if i >= len(b) {
+				return nil, errSyntax
+			}
+			if b[i] == '}' {
+				i++
+				break
+			}
+			if b[i] != ',' {
+				return nil, errSyntax
+			}
+			i = skipSpace(b, i+1)
 		}
 	}
+	if skipSpace(b, i) != len(b) {
+		return nil, errSyntax
+	}
+	if len(pairs) == 0 {
+		return nil, nil
+	}
+	var sb strings.Builder
+	sb.Grow(size)
+	for _, p := range pairs {
+		sb.Write(p.key)
+		sb.Write(p.value)
+	}
+	all := sb.String()
+	m := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		key := all[:len(p.key)]
+		value := all[len(p.key) : len(p.key)+len(p.value)]
+		all = all[len(p.key)+len(p.value):]
+		m[key] = value
+	}
+	return m, nil
 }
 
 // skipSpaceBack returns the length of b without trailing whitespace.
@@ -146,9 +164,9 @@ func skipSpaceBack(b []byte) int {
 // checkHeader refuses a header that net/http would refuse to send: a name
 // that is not an RFC 9110 token, a value with control characters (CR and LF
 // included) other than horizontal tab.
-func checkHeader(name, value string) error {
+func checkHeader[T string | []byte](name, value T) error {
 	msg := ""
-	if name == "" {
+	if len(name) == 0 {
 		msg = "empty header name"
 	}
 	for i := 0; i < len(name) && msg == ""; i++ {
@@ -164,7 +182,7 @@ func checkHeader(name, value string) error {
 	if msg == "" {
 		return nil
 	}
-	return &valueError{sub: "[" + strconv.Quote(name) + "]", msg: msg}
+	return &valueError{sub: "[" + strconv.Quote(string(name)) + "]", msg: msg}
 }
 
 // isTokenChar reports whether c may appear in an RFC 9110 token.
