@@ -1,0 +1,378 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/transports/memory"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+// gateway is a scripted test gateway. Per request id it can fail the first
+// N attempts with a status, sleep, or answer a fixed status; it records the
+// arrival time of every attempt.
+type gateway struct {
+	mu       sync.Mutex
+	arrivals map[string][]time.Time
+	headers  map[string]http.Header
+}
+
+func newGateway(t *testing.T) (*gateway, string) {
+	g := &gateway{arrivals: map[string][]time.Time{}, headers: map[string]http.Header{}}
+	srv := httptest.NewServer(http.HandlerFunc(g.serve))
+	t.Cleanup(srv.Close)
+	return g, srv.URL
+}
+
+func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	var p struct {
+		ID        string `json:"id"`
+		FailTimes int    `json:"fail_times"`
+		Status    int    `json:"status"`
+		SleepMS   int    `json:"sleep_ms"`
+	}
+	_ = json.Unmarshal(body, &p)
+	g.mu.Lock()
+	g.arrivals[p.ID] = append(g.arrivals[p.ID], time.Now())
+	g.headers[p.ID] = r.Header.Clone()
+	n := len(g.arrivals[p.ID])
+	g.mu.Unlock()
+	if p.SleepMS > 0 {
+		select {
+		case <-time.After(time.Duration(p.SleepMS) * time.Millisecond):
+		case <-r.Context().Done():
+			return
+		}
+	}
+	switch {
+	case n <= p.FailTimes:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"busy"}`))
+	case p.Status != 0:
+		w.WriteHeader(p.Status)
+		_, _ = w.Write([]byte(`{"error":"scripted"}`))
+	default:
+		_, _ = w.Write([]byte(`{"id":"cmpl-` + p.ID + `","choices":[{"text":"ok"}]}`))
+	}
+}
+
+func (g *gateway) attempts(id string) []time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]time.Time(nil), g.arrivals[id]...)
+}
+
+const (
+	e2eQueue   = "llm-d-async:requests:e2e"
+	e2eResults = "llm-d-async:results:e2e:$batch"
+)
+
+// request builds a flat request whose payload scripts the test gateway.
+func request(id string, deadline time.Time, script map[string]any) []byte {
+	payload := map[string]any{"id": id, "prompt": "hi"}
+	for k, v := range script {
+		payload[k] = v
+	}
+	pb, _ := json.Marshal(payload)
+	b, _ := json.Marshal(map[string]any{
+		"id": id, "created": time.Now().Unix(), "deadline": float64(deadline.UnixMilli()) / 1000,
+		"payload": json.RawMessage(pb), "metadata": map[string]string{"job_id": "j1", "request_index": id},
+	})
+	return b
+}
+
+type harness struct {
+	t    *testing.T
+	mem  *memory.Transport
+	app  *App
+	stop context.CancelFunc
+	errc chan error
+}
+
+func startApp(t *testing.T, gwURL string, drain time.Duration, mutate func(*config.Config)) *harness {
+	t.Helper()
+	mem := memory.New(memory.Options{})
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: 8, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(drain),
+		Retry:        config.Retry{Base: config.Duration(300 * time.Millisecond), Max: config.Duration(2 * time.Second), Jitter: 0.1},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
+			Queues: []config.Queue{{QueueName: e2eQueue, IGWBaseURL: gwURL}}},
+	}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	a, err := New(cfg, Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	h := &harness{t: t, mem: mem, app: a, stop: stop, errc: make(chan error, 1)}
+	go func() { h.errc <- a.Run(ctx) }()
+	t.Cleanup(func() { h.shutdown() })
+	return h
+}
+
+// shutdown stops the app and returns Run's error (once).
+func (h *harness) shutdown() error {
+	if h.stop == nil {
+		return nil
+	}
+	h.stop()
+	h.stop = nil
+	select {
+	case err := <-h.errc:
+		return err
+	case <-time.After(30 * time.Second):
+		h.t.Fatal("Run did not return after shutdown")
+		return nil
+	}
+}
+
+// waitResults waits until n results exist and returns them by id.
+func (h *harness) waitResults(n int, within time.Duration) map[string]*message.Result {
+	h.t.Helper()
+	deadline := time.After(within)
+	for {
+		c, more := h.mem.ResultCount(e2eResults)
+		if c >= n {
+			break
+		}
+		select {
+		case <-more:
+		case <-deadline:
+			h.t.Fatalf("got %d results, want %d within %s", c, n, within)
+		}
+	}
+	out := map[string]*message.Result{}
+	for _, b := range h.mem.Results(e2eResults) {
+		r, err := message.DecodeResult(b)
+		if err != nil {
+			h.t.Fatalf("undecodable result %s: %v", b, err)
+		}
+		if _, dup := out[r.ID]; dup {
+			h.t.Fatalf("two results for %s", r.ID)
+		}
+		out[r.ID] = r
+	}
+	return out
+}
+
+func TestEndToEnd(t *testing.T) {
+	gw, url := newGateway(t)
+	h := startApp(t, url, 5*time.Second, nil)
+	now := time.Now()
+	far := now.Add(time.Minute)
+	enqueue := func(b []byte) {
+		if err := h.mem.Enqueue(e2eQueue, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(request("ok", far, nil))
+	enqueue(request("fatal", far, map[string]any{"status": 404}))
+	enqueue(request("flaky", far, map[string]any{"fail_times": 2}))
+	enqueue(request("expired", now.Add(-time.Second), nil))
+	enqueue(request("slow", now.Add(400*time.Millisecond), map[string]any{"sleep_ms": 3000}))
+	enqueue([]byte(`{"id":"invalid","deadline":4102444800,"payload":[1,2]}`))
+	enqueue([]byte(`{"deadline":4102444800,"payload":{}}`)) // no id: dead letter
+
+	res := h.waitResults(6, 20*time.Second)
+
+	if r := res["ok"]; r.ErrorCode != "" || r.StatusCode != 200 || r.Payload != `{"id":"cmpl-ok","choices":[{"text":"ok"}]}` || r.Metadata["request_index"] != "ok" {
+		t.Errorf("ok: %+v", r)
+	}
+	if r := res["fatal"]; r.ErrorCode != message.CodeInferenceError || r.StatusCode != 404 || r.Payload != `{"error":"scripted"}` {
+		t.Errorf("fatal: %+v", r)
+	}
+	if n := len(gw.attempts("fatal")); n != 1 {
+		t.Errorf("fatal request sent %d times, want 1", n)
+	}
+	if r := res["flaky"]; r.ErrorCode != "" || r.StatusCode != 200 {
+		t.Errorf("flaky: %+v", r)
+	}
+	// Backoff honoured: 300ms then 600ms, ±10% jitter.
+	if at := gw.attempts("flaky"); len(at) != 3 {
+		t.Errorf("flaky: %d attempts, want 3", len(at))
+	} else {
+		if d := at[1].Sub(at[0]); d < 270*time.Millisecond {
+			t.Errorf("first retry after %s, want ≥ 270ms", d)
+		}
+		if d := at[2].Sub(at[1]); d < 540*time.Millisecond {
+			t.Errorf("second retry after %s, want ≥ 540ms", d)
+		}
+	}
+	if r := res["expired"]; r.ErrorCode != message.CodeDeadlineExceeded || r.StatusCode != 0 {
+		t.Errorf("expired: %+v", r)
+	}
+	if n := len(gw.attempts("expired")); n != 0 {
+		t.Errorf("expired request was dispatched %d times", n)
+	}
+	if r := res["slow"]; r.ErrorCode != message.CodeDeadlineExceeded {
+		t.Errorf("slow: %+v", r)
+	}
+	if r := res["invalid"]; r.ErrorCode != message.CodeInvalidRequest {
+		t.Errorf("invalid: %+v", r)
+	}
+	if dl := h.mem.DeadLetters(e2eQueue); len(dl) != 1 {
+		t.Errorf("dead letters: %d, want 1", len(dl))
+	}
+	// Deadline propagated as headers.
+	hd := gw.headers["ok"]
+	if ms, err := strconv.ParseInt(hd.Get("x-request-deadline"), 10, 64); err != nil || ms != far.UnixMilli() {
+		t.Errorf("x-request-deadline = %q, want %d", hd.Get("x-request-deadline"), far.UnixMilli())
+	}
+	if v, err := strconv.Atoi(hd.Get("x-envoy-upstream-rq-timeout-ms")); err != nil || v <= 0 || v > 60_000 {
+		t.Errorf("x-envoy-upstream-rq-timeout-ms = %q", hd.Get("x-envoy-upstream-rq-timeout-ms"))
+	}
+	if err := h.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A request in flight when the drain timeout ends is handed back, unanswered.
+func TestShutdownHandsBackInflight(t *testing.T) {
+	gw, url := newGateway(t)
+	h := startApp(t, url, 200*time.Millisecond, nil)
+	if err := h.mem.Enqueue(e2eQueue, request("long", time.Now().Add(time.Minute), map[string]any{"sleep_ms": 10_000})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(gw.attempts("long")) == 1 }, 5*time.Second)
+	start := time.Now()
+	if err := h.shutdown(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("shutdown took %s with a 200ms drain", el)
+	}
+	if n, _ := h.mem.ResultCount(e2eResults); n != 0 {
+		t.Errorf("%d results; the request should have been handed back", n)
+	}
+	d, _ := h.mem.Depth(context.Background(), transport.Queue{Name: e2eQueue})
+	if d.Waiting != 1 || d.InFlight != 0 {
+		t.Errorf("depth after shutdown = %+v, want 1 waiting", d)
+	}
+}
+
+// A request in flight that finishes within the drain timeout gets its result.
+func TestShutdownDrainsInflight(t *testing.T) {
+	gw, url := newGateway(t)
+	h := startApp(t, url, 10*time.Second, nil)
+	if err := h.mem.Enqueue(e2eQueue, request("short", time.Now().Add(time.Minute), map[string]any{"sleep_ms": 500})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(gw.attempts("short")) == 1 }, 5*time.Second)
+	if err := h.shutdown(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	res := h.mem.Results(e2eResults)
+	if len(res) != 1 {
+		t.Fatalf("%d results after drain, want 1", len(res))
+	}
+	if r, _ := message.DecodeResult(res[0]); r.ErrorCode != "" {
+		t.Errorf("drained request: %+v", r)
+	}
+}
+
+// The attempt cap ends retries with the last response.
+func TestMaxAttempts(t *testing.T) {
+	gw, url := newGateway(t)
+	h := startApp(t, url, time.Second, func(c *config.Config) { c.Retry.MaxAttempts = 2 })
+	if err := h.mem.Enqueue(e2eQueue, request("down", time.Now().Add(time.Minute), map[string]any{"fail_times": 100})); err != nil {
+		t.Fatal(err)
+	}
+	res := h.waitResults(1, 10*time.Second)
+	if r := res["down"]; r.ErrorCode != message.CodeInferenceError || r.StatusCode != 503 {
+		t.Errorf("down: %+v", r)
+	}
+	if n := len(gw.attempts("down")); n != 2 {
+		t.Errorf("%d attempts, want 2", n)
+	}
+}
+
+// A retry that cannot happen before the deadline ends as DEADLINE_EXCEEDED.
+func TestRetryPastDeadline(t *testing.T) {
+	_, url := newGateway(t)
+	h := startApp(t, url, time.Second, func(c *config.Config) { c.Retry.Base = config.Duration(5 * time.Second); c.Retry.Max = c.Retry.Base })
+	if err := h.mem.Enqueue(e2eQueue, request("late", time.Now().Add(2*time.Second), map[string]any{"fail_times": 100})); err != nil {
+		t.Fatal(err)
+	}
+	res := h.waitResults(1, 5*time.Second)
+	if r := res["late"]; r.ErrorCode != message.CodeDeadlineExceeded {
+		t.Errorf("late: %+v", r)
+	}
+}
+
+// Credits bound the requests in flight to the concurrency.
+func TestConcurrencyBound(t *testing.T) {
+	var mu sync.Mutex
+	inflight, peak := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inflight++
+		peak = max(peak, inflight)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		inflight--
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	h := startApp(t, srv.URL, time.Second, func(c *config.Config) { c.Concurrency = 5 })
+	for i := range 100 {
+		if err := h.mem.Enqueue(e2eQueue, request("c"+strconv.Itoa(i), time.Now().Add(time.Minute), nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.waitResults(100, 20*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if peak > 5 || peak < 2 {
+		t.Errorf("peak in flight %d, want ≤ 5 (and some concurrency)", peak)
+	}
+}
+
+func TestDemoAccountsForEveryRequest(t *testing.T) {
+	sum, err := RunDemo(context.Background(), DemoOptions{Requests: 300, RetryBase: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Results != sum.Requests || sum.Missing != 0 || sum.Duplicates != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if sum.Succeeded == 0 || sum.DeadlineExceeded == 0 || sum.Invalid == 0 || sum.Retries == 0 {
+		t.Errorf("demo sample lacks a category: %+v", sum)
+	}
+	if got := sum.Succeeded + sum.Failed + sum.DeadlineExceeded + sum.Invalid + sum.Cancelled + sum.GateDropped; got != sum.Results {
+		t.Errorf("categories add up to %d, results %d", got, sum.Results)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in time")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,27 @@
+package app
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sluice-io/sluice/core/dispatch"
+	msg "github.com/sluice-io/sluice/core/message"
+)
+
+type okDispatcher struct{}
+
+func (okDispatcher) Do(context.Context, dispatch.Target, *msg.Request) dispatch.Outcome {
+	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
+}
+
+// BenchmarkPipelineOverhead is the framework's cost per message on the
+// memory transport with a dispatcher that answers at once (no HTTP).
+func BenchmarkPipelineOverhead(b *testing.B) {
+	b.ReportAllocs()
+	r, err := MemoryLoad(context.Background(), LoadOptions{Requests: max(b.N, 1000), Dispatcher: okDispatcher{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(r.PerSecond, "msgs/s")
+	b.ReportMetric(r.AllocsPerMsg, "allocs/msg")
+}
