@@ -1,0 +1,514 @@
+// Package transporttest is the conformance suite every sluice transport
+// passes: Run drives a transport through the core's contract (credits,
+// ack/nack, re-queue, results, close and reopen, concurrent consumers) as
+// the pipeline would, with per-transport Features saying what each promises.
+//
+// A transport's own test file supplies a Harness: how to build the transport
+// against a backing server, how a producer enqueues a request, and how a
+// consumer reads results.
+package transporttest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Ordering is the delivery order a transport promises to one consumer.
+type Ordering int
+
+const (
+	// Unordered promises nothing.
+	Unordered Ordering = iota
+	// FIFO delivers in publish order.
+	FIFO
+	// ByDeadline delivers the earliest deadline first.
+	ByDeadline
+)
+
+// Features say what a transport promises; the suite checks exactly these.
+type Features struct {
+	// Ordering is the order one consumer sees (checked with one credit).
+	Ordering Ordering
+	// AtLeastOnce: a nacked delivery comes back, and so does an un-acked one
+	// when the transport is closed and reopened (with Reopen).
+	AtLeastOnce bool
+	// DelayedRequeue: the transport implements transport.Requeuer and
+	// delivers the new bytes no earlier than the due time.
+	DelayedRequeue bool
+	// Results: results published through Publisher can be read back with
+	// Harness.Results.
+	Results bool
+	// Reopen: a second transport built by Harness.New over the same backing
+	// store sees what the first left behind (queued or un-acked messages).
+	Reopen bool
+	// ConcurrentConsumers: two subscribers on one queue share its messages,
+	// each message going to exactly one of them.
+	ConcurrentConsumers bool
+	// FanOut: every subscriber of a queue gets every message (pub/sub).
+	FanOut bool
+	// SubscribeFirst: requests published while nobody subscribes are lost,
+	// so the suite subscribes before it publishes.
+	SubscribeFirst bool
+}
+
+// Harness connects the suite to one transport.
+type Harness struct {
+	// Features are the transport's promises.
+	Features Features
+	// New builds a transport over the test's backing store; every call
+	// must reach the same store (for Reopen). The suite closes it.
+	New func(t testing.TB) transport.Transport
+	// Queue returns a queue with fresh names, unique within the test.
+	Queue func(t testing.TB) transport.Queue
+	// Publish enqueues a request on q as a producer would.
+	Publish func(t testing.TB, q transport.Queue, payload []byte)
+	// Results waits up to timeout for n results on q.ResultName and returns
+	// what it found (nil when Features.Results is false).
+	Results func(t testing.TB, q transport.Queue, n int, timeout time.Duration) [][]byte
+	// Settle, when set, is called after subscribing and before publishing
+	// (e.g. to let a pub/sub subscription become active).
+	Settle func(t testing.TB, q transport.Queue)
+}
+
+// Request returns the payload of a flat request with id, deadline in from now.
+func Request(id string, deadline time.Duration) []byte {
+	b, err := json.Marshal(map[string]any{
+		"id":       id,
+		"created":  time.Now().Unix(),
+		"deadline": float64(time.Now().Add(deadline).UnixMilli()) / 1000,
+		"payload":  map[string]any{"prompt": "hi " + id},
+		"metadata": map[string]string{"job_id": "job-1"},
+	})
+	if err != nil {
+		panic(err) // static shape
+	}
+	return b
+}
+
+// idOf decodes a request's id, failing t when it cannot.
+func idOf(t testing.TB, payload []byte) string {
+	t.Helper()
+	r, err := msg.Decode(payload)
+	if err != nil {
+		t.Fatalf("delivered payload does not decode: %v: %s", err, payload)
+	}
+	return r.ID
+}
+
+// Run runs the suite against h.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	tests := []struct {
+		name string
+		run  func(t *testing.T, h Harness)
+		need func(Features) bool
+	}{
+		{"DeliverAndAck", testDeliverAndAck, nil},
+		{"CreditsBoundInFlight", testCredits, nil},
+		{"Ordering", testOrdering, func(f Features) bool { return f.Ordering != Unordered }},
+		{"NackHandsBack", testNack, func(f Features) bool { return f.AtLeastOnce }},
+		{"DelayedRequeue", testRequeue, func(f Features) bool { return f.DelayedRequeue }},
+		{"Results", testResults, func(f Features) bool { return f.Results }},
+		{"CloseAndReopen", testReopen, func(f Features) bool { return f.Reopen }},
+		{"ConcurrentConsumers", testConcurrent, func(f Features) bool { return f.ConcurrentConsumers || f.FanOut }},
+		{"PublishRequest", testPublishRequest, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.need != nil && !tc.need(h.Features) {
+				t.Logf("not promised by this transport (features %+v)", h.Features)
+				return
+			}
+			tc.run(t, h)
+		})
+	}
+}
+
+// consumer is one subscription as the pipeline holds it.
+type consumer struct {
+	sub     message.Subscriber
+	credits *gate.Credits
+	ch      <-chan *message.Message
+	cancel  context.CancelFunc
+}
+
+func subscribe(t testing.TB, h Harness, tp transport.Transport, q transport.Queue, max int) *consumer {
+	t.Helper()
+	credits := gate.NewCredits(max, gate.RampConfig{})
+	credits.SetBudget(1)
+	sub, err := tp.Subscriber(q, credits)
+	if err != nil {
+		t.Fatalf("Subscriber: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := sub.Subscribe(ctx, q.Name)
+	if err != nil {
+		cancel()
+		t.Fatalf("Subscribe: %v", err)
+	}
+	c := &consumer{sub: sub, credits: credits, ch: ch, cancel: cancel}
+	if h.Settle != nil {
+		h.Settle(t, q)
+	}
+	return c
+}
+
+func (c *consumer) close(t testing.TB) {
+	t.Helper()
+	c.cancel()
+	if err := c.sub.Close(); err != nil {
+		t.Errorf("subscriber Close: %v", err)
+	}
+}
+
+// next waits up to d for a delivery; nil when none came.
+func (c *consumer) next(d time.Duration) *message.Message {
+	select {
+	case m, ok := <-c.ch:
+		if !ok {
+			return nil
+		}
+		return m
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func (c *consumer) mustNext(t testing.TB, d time.Duration, what string) *message.Message {
+	t.Helper()
+	m := c.next(d)
+	if m == nil {
+		t.Fatalf("no delivery within %s (%s)", d, what)
+	}
+	return m
+}
+
+func newTransport(t testing.TB, h Harness) transport.Transport {
+	t.Helper()
+	tp := h.New(t)
+	t.Cleanup(func() { _ = tp.Close() })
+	return tp
+}
+
+const wait = 10 * time.Second
+
+func testDeliverAndAck(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	c := subscribe(t, h, tp, q, 64)
+	defer c.close(t)
+	const n = 50
+	want := map[string]bool{}
+	for i := range n {
+		id := fmt.Sprintf("r%d", i)
+		want[id] = true
+		h.Publish(t, q, Request(id, time.Hour))
+	}
+	for range n {
+		m := c.mustNext(t, wait, "delivering published requests")
+		id := idOf(t, m.Payload)
+		if !want[id] {
+			t.Fatalf("unexpected or duplicate delivery %q", id)
+		}
+		delete(want, id)
+		m.Ack()
+	}
+	if m := c.next(300 * time.Millisecond); m != nil {
+		t.Fatalf("extra delivery after all were acked: %s", m.Payload)
+	}
+	waitCredits(t, c.credits, 0)
+}
+
+// waitCredits waits until the credits in use come down to n.
+func waitCredits(t testing.TB, c *gate.Credits, n int) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		inflight, _, _ := c.Snapshot()
+		if inflight == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("credits in use: %d, want %d", inflight, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func testCredits(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	const limit = 3
+	c := subscribe(t, h, tp, q, limit)
+	defer c.close(t)
+	for i := range 6 {
+		h.Publish(t, q, Request(fmt.Sprintf("c%d", i), time.Hour))
+	}
+	var held []*message.Message
+	for range limit {
+		held = append(held, c.mustNext(t, wait, "up to the credit limit"))
+	}
+	if m := c.next(300 * time.Millisecond); m != nil {
+		t.Fatalf("a delivery beyond the %d credits: %s", limit, m.Payload)
+	}
+	held[0].Ack()
+	held = append(held[1:], c.mustNext(t, wait, "after one ack freed a credit"))
+	for _, m := range held {
+		m.Ack()
+	}
+	for range 2 {
+		c.mustNext(t, wait, "the rest").Ack()
+	}
+	waitCredits(t, c.credits, 0)
+}
+
+func testOrdering(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	var c *consumer
+	if h.Features.SubscribeFirst {
+		c = subscribe(t, h, tp, q, 1)
+		defer c.close(t)
+	}
+	const n = 10
+	var want []string
+	for i := range n {
+		id := fmt.Sprintf("o%d", i)
+		d := time.Hour + time.Duration(i)*time.Minute
+		if h.Features.Ordering == ByDeadline {
+			d = time.Hour + time.Duration(n-i)*time.Minute // published latest deadline first
+			want = append([]string{id}, want...)
+		} else {
+			want = append(want, id)
+		}
+		h.Publish(t, q, Request(id, d))
+	}
+	if c == nil {
+		c = subscribe(t, h, tp, q, 1)
+		defer c.close(t)
+	}
+	for i := range n {
+		m := c.mustNext(t, wait, "ordered delivery")
+		if got := idOf(t, m.Payload); got != want[i] {
+			t.Fatalf("delivery %d: got %s, want %s (order %v)", i, got, want[i], want)
+		}
+		m.Ack()
+	}
+}
+
+func testNack(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	c := subscribe(t, h, tp, q, 4)
+	defer c.close(t)
+	h.Publish(t, q, Request("n1", time.Hour))
+	m := c.mustNext(t, wait, "first delivery")
+	m.Nack()
+	again := c.mustNext(t, wait, "redelivery after nack")
+	if got := idOf(t, again.Payload); got != "n1" {
+		t.Fatalf("redelivered %s, want n1", got)
+	}
+	again.Ack()
+	if m := c.next(300 * time.Millisecond); m != nil {
+		t.Fatalf("delivered again after ack: %s", m.Payload)
+	}
+	waitCredits(t, c.credits, 0)
+}
+
+func testRequeue(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	rq, ok := tp.(transport.Requeuer)
+	if !ok {
+		t.Fatalf("Features.DelayedRequeue is set but %T is not a transport.Requeuer", tp)
+	}
+	q := h.Queue(t)
+	c := subscribe(t, h, tp, q, 4)
+	defer c.close(t)
+	h.Publish(t, q, Request("d1", time.Hour))
+	m := c.mustNext(t, wait, "first delivery")
+	next, err := msg.WithRetryCount(m.Payload, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const delay = 700 * time.Millisecond
+	due := time.Now().Add(delay)
+	if err := rq.Requeue(context.Background(), q, m, next, due); err != nil {
+		t.Fatalf("Requeue: %v", err)
+	}
+	m.Ack()
+	again := c.mustNext(t, wait, "the re-queued request")
+	if early := time.Until(due); early > 50*time.Millisecond {
+		t.Fatalf("re-queued request delivered %s before its due time", early)
+	}
+	r, err := msg.Decode(again.Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ID != "d1" || r.RetryCount != 1 {
+		t.Fatalf("re-queued request: id %s retry %d, want d1 retry 1", r.ID, r.RetryCount)
+	}
+	again.Ack()
+	if m := c.next(300 * time.Millisecond); m != nil {
+		t.Fatalf("old bytes delivered again after Requeue: %s", m.Payload)
+	}
+}
+
+func testResults(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	pub, err := tp.Publisher(q)
+	if err != nil {
+		t.Fatalf("Publisher: %v", err)
+	}
+	const n = 5
+	for i := range n {
+		res := &msg.Result{ID: fmt.Sprintf("res%d", i), StatusCode: 200, Payload: `{"ok":true}`, Metadata: map[string]string{"i": fmt.Sprint(i)}}
+		if err := pub.Publish(q.ResultName, message.NewMessage(res.ID, res.Marshal())); err != nil {
+			t.Fatalf("Publish result: %v", err)
+		}
+	}
+	if err := pub.Close(); err != nil {
+		t.Fatalf("result publisher Close: %v", err)
+	}
+	got := h.Results(t, q, n, wait)
+	if len(got) != n {
+		t.Fatalf("read %d results, want %d", len(got), n)
+	}
+	seen := map[string]bool{}
+	for _, b := range got {
+		r, err := msg.DecodeResult(b)
+		if err != nil {
+			t.Fatalf("result does not decode: %v: %s", err, b)
+		}
+		seen[r.ID] = true
+	}
+	for i := range n {
+		if id := fmt.Sprintf("res%d", i); !seen[id] {
+			t.Fatalf("result %s missing (got %d)", id, len(got))
+		}
+	}
+	// The transport still works after a publisher was closed (shared clients).
+	pub2, err := tp.Publisher(q)
+	if err != nil {
+		t.Fatalf("second Publisher: %v", err)
+	}
+	res := &msg.Result{ID: "after-close", Payload: "{}"}
+	if err := pub2.Publish(q.ResultName, message.NewMessage(res.ID, res.Marshal())); err != nil {
+		t.Fatalf("Publish after another publisher closed: %v", err)
+	}
+	_ = pub2.Close()
+}
+
+func testReopen(t *testing.T, h Harness) {
+	q := h.Queue(t)
+	tp1 := h.New(t)
+	c1 := subscribe(t, h, tp1, q, 1)
+	h.Publish(t, q, Request("k1", time.Hour))
+	h.Publish(t, q, Request("k2", time.Hour))
+	held := c1.mustNext(t, wait, "delivery before close")
+	heldID := idOf(t, held.Payload)
+	c1.close(t)
+	if err := tp1.Close(); err != nil {
+		t.Fatalf("Close with a message in flight: %v", err)
+	}
+	held.Nack() // the core nacks what it could not finish; after Close it must not be lost either
+	tp2 := newTransport(t, h)
+	c2 := subscribe(t, h, tp2, q, 8)
+	defer c2.close(t)
+	seen := map[string]bool{}
+	for len(seen) < 2 {
+		m := c2.mustNext(t, wait, fmt.Sprintf("after reopen (seen %v, the un-acked one was %s)", seen, heldID))
+		seen[idOf(t, m.Payload)] = true
+		m.Ack()
+	}
+}
+
+func testConcurrent(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	a := subscribe(t, h, tp, q, 16)
+	defer a.close(t)
+	tpB := tp
+	if h.Features.Reopen {
+		tpB = newTransport(t, h) // a second process over the same store
+	}
+	b := subscribe(t, h, tpB, q, 16)
+	defer b.close(t)
+	const n = 40
+	for i := range n {
+		h.Publish(t, q, Request(fmt.Sprintf("cc%d", i), time.Hour))
+	}
+	want := n
+	if h.Features.FanOut {
+		want = 2 * n
+	}
+	var mu sync.Mutex
+	counts := map[string]int{}
+	perConsumer := [2]int{}
+	var wg sync.WaitGroup
+	for i, c := range []*consumer{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				m := c.next(time.Second)
+				if m == nil {
+					return
+				}
+				r, err := msg.Decode(m.Payload)
+				if err != nil {
+					t.Errorf("decode: %v", err)
+					return
+				}
+				mu.Lock()
+				counts[r.ID]++
+				perConsumer[i]++
+				mu.Unlock()
+				m.Ack()
+			}
+		}()
+	}
+	wg.Wait()
+	total := perConsumer[0] + perConsumer[1]
+	if total != want {
+		t.Fatalf("%d deliveries, want %d (per consumer %v)", total, want, perConsumer)
+	}
+	for id, k := range counts {
+		if h.Features.FanOut && k != 2 || !h.Features.FanOut && k != 1 {
+			t.Fatalf("request %s delivered %d times", id, k)
+		}
+	}
+	if h.Features.FanOut && (perConsumer[0] != n || perConsumer[1] != n) {
+		t.Fatalf("fan-out: per consumer %v, want %d each", perConsumer, n)
+	}
+}
+
+func testPublishRequest(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	rp, ok := tp.(transport.RequestPublisher)
+	if !ok {
+		t.Logf("%T publishes no requests (retries use its Requeuer)", tp)
+		return
+	}
+	q := h.Queue(t)
+	c := subscribe(t, h, tp, q, 4)
+	defer c.close(t)
+	if err := rp.PublishRequest(context.Background(), q, Request("p1", time.Hour)); err != nil {
+		t.Fatalf("PublishRequest: %v", err)
+	}
+	m := c.mustNext(t, wait, "a request published through the transport")
+	if got := idOf(t, m.Payload); got != "p1" {
+		t.Fatalf("got %s, want p1", got)
+	}
+	m.Ack()
+}
