@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/dispatch"
@@ -206,8 +205,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopWork(mw.ErrShutdown)
 
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.DrainTimeout},
-		watermill.NewSlogLoggerWithLevelMapping(log, map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug}))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.DrainTimeout}, newRouterLogger(log))
 	if err != nil {
 		return fmt.Errorf("router: %w", err)
 	}
