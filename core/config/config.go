@@ -557,13 +557,40 @@ func join(path, k string) string {
 	return path + "." + k
 }
 
-// suggest names a field whose name differs only in case or separators.
+// suggest names the closest field: one that differs only in case or
+// separators, or by at most two edits.
 func suggest(k string, fields map[string]reflect.Type) string {
 	norm := func(s string) string { return strings.NewReplacer("_", "", "-", "").Replace(strings.ToLower(s)) }
+	best, bestD := "", 3
 	for name := range fields {
-		if norm(name) == norm(k) {
-			return fmt.Sprintf(" (did you mean %q?)", name)
+		d := editDistance(norm(name), norm(k))
+		if d < bestD || (d == bestD && name < best) {
+			best, bestD = name, d
 		}
 	}
-	return ""
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

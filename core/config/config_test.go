@@ -1,0 +1,136 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func known() Known {
+	return Known{
+		Transport: func(s string) bool { return s == "memory" || s == "redis-sortedset" },
+		Gate:      func(s string) bool { return s == "constant" || s == "redis" },
+		Transports: []string{"memory", "redis-sortedset"}, Gates: []string{"constant", "redis"},
+	}
+}
+
+func TestParseReportsEveryUnknownField(t *testing.T) {
+	doc := `{"concurency": 5, "retry": {"bse": "1s"},
+	 "transport_config": {"queues": [{"queue_name": "q", "igw_base_url": "http://gw", "gatetype": "redis"}], "batch_size": 3}}`
+	_, err := Parse([]byte(doc), "f.json")
+	var ps Problems
+	if !errors.As(err, &ps) {
+		t.Fatalf("err = %v, want Problems", err)
+	}
+	text := err.Error()
+	for _, want := range []string{
+		`f.json: concurency: unknown field (did you mean "concurrency"?)`,
+		`f.json: retry.bse: unknown field`,
+		`f.json: transport_config.queues[0].gatetype: unknown field (did you mean "gate_type"?)`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "batch_size") {
+		t.Errorf("transport options are the transport's to check:\n%s", text)
+	}
+}
+
+func TestParseSplitsTransportOptions(t *testing.T) {
+	c, err := Parse([]byte(`{"transport":"redis-sortedset","transport_config":{"url":"redis://x","batch_size":3,
+		"result_queue_name":"r","queues":[{"queue_name":"q","igw_base_url":"http://gw","gate_params":{"budget":"0.5","n":3}}]}}`), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.TransportConfig.ResultQueueName != "r" || len(c.TransportConfig.Queues) != 1 {
+		t.Fatalf("transport config %+v", c.TransportConfig)
+	}
+	if got := string(c.TransportConfig.Options); got != `{"batch_size":3,"url":"redis://x"}` {
+		t.Errorf("options = %s", got)
+	}
+	if string(c.TransportConfig.Queues[0].GateParams["n"]) != "3" {
+		t.Errorf("gate params %v", c.TransportConfig.Queues[0].GateParams)
+	}
+}
+
+func TestParseQueuesArrayAndObject(t *testing.T) {
+	arr := `[{"queue_name":"llm-d-async:requests:pool-a","igw_base_url":"http://gw:80","gate_type":"redis","gate_params":{"budget_key":"k"}}]`
+	tc, err := ParseQueues([]byte(arr), "queues.json")
+	if err != nil || len(tc.Queues) != 1 || tc.Queues[0].GateType != "redis" {
+		t.Fatalf("array form: %+v %v", tc, err)
+	}
+	obj := `{"url":"redis://r","result_queue_name":"res","poll_interval_ms":10,"queues":` + arr + `}`
+	tc, err = ParseQueues([]byte(obj), "queues.json")
+	if err != nil || len(tc.Queues) != 1 || tc.ResultQueueName != "res" || !strings.Contains(string(tc.Options), "poll_interval_ms") {
+		t.Fatalf("object form: %+v %v", tc, err)
+	}
+	_, err = ParseQueues([]byte(`[{"queue_name":"q","igw_base_url":"http://gw","colour":"red"}]`), "queues.json")
+	if err == nil || !strings.Contains(err.Error(), "queues.json: queues[0].colour: unknown field") {
+		t.Fatalf("unknown field: %v", err)
+	}
+	_, err = ParseQueues([]byte("[{\"queue_name\": \n 5}]"), "queues.json")
+	if err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("type error without a line: %v", err)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "llm-d-async:requests:pool-a", IGWBaseURL: "http://gw"}}}}
+	c.SetDefaults()
+	q := c.TransportConfig.Queues[0]
+	if c.Transport != "memory" || c.Concurrency != 64 || c.RequestTimeout.D() != 5*time.Minute || c.DrainTimeout.D() != 2*time.Minute ||
+		c.MetricsPort != 9090 || c.HealthPort != 8081 || c.Prometheus.CacheTTL.D() != 5*time.Second ||
+		c.Retry.Base.D() != 2*time.Second || c.Retry.Max.D() != time.Minute {
+		t.Errorf("defaults: %+v", c)
+	}
+	if q.ID != q.QueueName || q.RequestPathURL != "/v1/completions" || q.ResultQueueName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
+		t.Errorf("queue defaults: %+v", q)
+	}
+	if err := c.Validate(known()); err != nil {
+		t.Errorf("valid config: %v", err)
+	}
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	c := &Config{Transport: "kafka", Concurrency: -1, Log: Log{Level: "loud"}, TLS: TLS{Cert: "c.pem"},
+		TransportConfig: TransportConfig{Queues: []Queue{
+			{QueueName: "a", IGWBaseURL: "gw:80", GateType: "magic"},
+			{QueueName: "a", IGWBaseURL: "http://gw", RequestPathURL: "v1"},
+		}}}
+	c.SetDefaults()
+	err := c.Validate(known())
+	if err == nil {
+		t.Fatal("no problems found")
+	}
+	text := err.Error()
+	for _, want := range []string{
+		`transport: unknown transport "kafka" (known: memory, redis-sortedset)`,
+		"concurrency: must be at least 1",
+		"log.level",
+		"tls: cert and key go together",
+		`transport_config.queues[0].igw_base_url: "gw:80" is not an http(s) URL`,
+		`transport_config.queues[0].gate_type: unknown gate type "magic" (known: constant, redis)`,
+		"transport_config.queues[0].result_queue_name: no result queue",
+		`transport_config.queues[1].id: duplicate of queues[0]`,
+		`transport_config.queues[1].request_path_url: "v1" must start with /`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("missing %q in:\n%s", want, text)
+		}
+	}
+}
+
+func TestDurationForms(t *testing.T) {
+	c, err := Parse([]byte(`{"request_timeout":"90s","drain_timeout":1.5}`), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RequestTimeout.D() != 90*time.Second || c.DrainTimeout.D() != 1500*time.Millisecond {
+		t.Errorf("durations %v %v", c.RequestTimeout.D(), c.DrainTimeout.D())
+	}
+	if _, err := Parse([]byte(`{"request_timeout":"soon"}`), "f"); err == nil || !strings.Contains(err.Error(), "not a duration") {
+		t.Errorf("bad duration: %v", err)
+	}
+}
