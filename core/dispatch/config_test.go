@@ -2,6 +2,8 @@ package dispatch
 
 import (
 	"encoding/pem"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -87,9 +89,11 @@ func writeServerCA(t *testing.T, srv *httptest.Server) string {
 }
 
 func TestTLS(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"ok":true}`))
 	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the failed handshake is expected
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	target := Target{BaseURL: srv.URL}
 

@@ -19,7 +19,7 @@ func TestJoinURL(t *testing.T) {
 		{"http://gw/", "v1/completions", "http://gw/v1/completions"},
 		{"http://gw:8080/prefix", "/v1/completions", "http://gw:8080/prefix/v1/completions"},
 		{"http://gw:8080/prefix/", "/v1/completions", "http://gw:8080/prefix/v1/completions"},
-		{"http://gw/prefix//", "//v1/chat", "http://gw/prefix/v1/chat"},
+		{"http://gw/prefix//", "/v1/chat", "http://gw/prefix/v1/chat"},
 		{"https://gw/a/b", "/c/", "https://gw/a/b/c/"},
 		{"http://gw/prefix", "/v1/x?api-version=2", "http://gw/prefix/v1/x?api-version=2"},
 		{"http://gw/pre%2Ffix", "/v1/a%20b", "http://gw/pre%2Ffix/v1/a%20b"},
