@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// run executes the CLI with args and returns its stdout and error.
+func run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	root := newRoot()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&bytes.Buffer{})
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestVersion(t *testing.T) {
+	out, err := run(t, "version")
+	if err != nil || !strings.HasPrefix(out, "sluice ") {
+		t.Fatalf("version: %q %v", out, err)
+	}
+}
+
+func TestValidatePrintsEveryProblem(t *testing.T) {
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","queues":[
+	  {"queue_name":"q1","igw_base_url":"not a url","gate_type":"nope"},
+	  {"queue_name":"q2","igw_base_url":"http://gw","gate_params":{"budget":"2"}}]}`)
+	out, err := run(t, "validate", "--transport-config-file", f, "--concurrency", "-1")
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("err = %v, want exit 1; out:\n%s", err, out)
+	}
+	for _, want := range []string{
+		"error: concurrency: must be at least 1",
+		`error: transport_config.queues[0].igw_base_url: "not a url" is not an http(s) URL`,
+		`error: transport_config.queues[0].gate_type: unknown gate type "nope"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+}
+
+func TestValidateChecksGateParams(t *testing.T) {
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","queues":[{"queue_name":"q","igw_base_url":"http://gw","gate_params":{"budget":"2","colour":"red"}}]}`)
+	out, err := run(t, "validate", "--transport-config-file", f)
+	if err == nil || !strings.Contains(out, "queues[0].gate_params") {
+		t.Fatalf("bad gate params accepted: %q %v", out, err)
+	}
+}
+
+func TestValidateOK(t *testing.T) {
+	f := writeFile(t, "sluice.json", `{"transport":"memory","concurrency":8,
+	  "transport_config":{"result_queue_name":"r","queues":[{"queue_name":"llm-d-async:requests:a","igw_base_url":"http://gw:80"}]}}`)
+	out, err := run(t, "validate", "--config", f)
+	if err != nil || !strings.HasPrefix(out, "ok: transport memory, 1 queue(s)") {
+		t.Fatalf("validate: %q %v", out, err)
+	}
+}
+
+func TestDemoJSON(t *testing.T) {
+	out, err := run(t, "demo", "--requests", "200", "--retry-base", "100ms", "--json")
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	var sum map[string]float64
+	if err := json.Unmarshal([]byte(out), &sum); err != nil {
+		t.Fatalf("not one JSON object: %q: %v", out, err)
+	}
+	for _, k := range []string{"requests", "results", "succeeded", "failed", "deadline_exceeded", "invalid", "retries"} {
+		if _, ok := sum[k]; !ok {
+			t.Errorf("summary lacks %q", k)
+		}
+	}
+	if sum["requests"] != 200 || sum["results"] != 200 {
+		t.Errorf("requests %v, results %v", sum["requests"], sum["results"])
+	}
+}
+
+// The legacy flags of upstream's Helm chart map onto the same config.
+func TestLegacyFlagsMapping(t *testing.T) {
+	queues := writeFile(t, "q.json", `[{"queue_name":"llm-d-async:requests:pool-a","igw_base_url":"http://gw:80",
+	  "gate_type":"prometheus-budget","gate_params":{"pool":"pool-a","max_concurrency":"100","baseline":0.05}}]`)
+	f := &serveFlags{}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	t.Setenv("REDIS_URL", "redis://secret@redis:6379/0")
+	if err := fs.Parse([]string{"--message-queue-impl=redis-sortedset", "--redis.ss.queues-config-file", queues,
+		"--redis.ss.result-queue-name", "llm-d-async:results:pool-a:$batch", "--redis.ss.poll-interval-ms", "10", "--redis.ss.batch-size", "100"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.load(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := cfg.TransportConfig.Queues[0]
+	if cfg.Transport != "redis-sortedset" || cfg.RedisURL != "redis://secret@redis:6379/0" ||
+		q.ResultQueueName != "llm-d-async:results:pool-a:$batch" || q.GateType != "prometheus-budget" || q.Pool != "pool-a" {
+		t.Errorf("config %+v queue %+v", cfg, q)
+	}
+	var opts map[string]any
+	if err := json.Unmarshal(cfg.TransportConfig.Options, &opts); err != nil || opts["poll_interval_ms"] != 10.0 || opts["batch_size"] != 100.0 {
+		t.Errorf("options %s", cfg.TransportConfig.Options)
+	}
+}
+
+func TestRedisURLFile(t *testing.T) {
+	p := writeFile(t, "url", "rediss://user:pw@redis:6380/1\n")
+	f := &serveFlags{}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse([]string{"--redis.url-file", p}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.load(fs)
+	if err != nil || cfg.RedisURL != "rediss://user:pw@redis:6380/1" {
+		t.Fatalf("url %q %v", cfg.RedisURL, err)
+	}
+}
