@@ -1,0 +1,304 @@
+package redispubsub
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/gate"
+)
+
+// claimBatch is the most credits asked for at once.
+const claimBatch = 64
+
+// subscriber reads one channel into a bounded buffer and delivers from it
+// within its credits.
+type subscriber struct {
+	t       *Transport
+	credits *gate.Credits
+
+	mu       sync.Mutex
+	space    *sync.Cond // broadcast when the buffer shrinks or the subscriber closes
+	buf      [][]byte   // received, not delivered; FIFO
+	inflight map[*message.Message][]byte
+	topic    string
+	started  bool
+	closed   bool
+	ps       *redis.PubSub
+
+	avail chan struct{} // one token: "the buffer may hold something"
+	done  chan struct{}
+	loops sync.WaitGroup
+}
+
+var _ message.Subscriber = (*subscriber)(nil)
+
+// Subscribe SUBSCRIBEs to topic and returns once Redis confirmed it, so a
+// request published after Subscribe returns is heard. The channel closes
+// when ctx ends or the subscriber closes.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s.started {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("redis-pubsub subscriber: already subscribed to %s", s.topic)
+	}
+	s.started, s.topic = true, topic
+	s.avail = make(chan struct{}, 1)
+	s.mu.Unlock()
+
+	ps := s.t.client.Subscribe(ctx, topic)
+	reply, err := ps.Receive(ctx)
+	if err != nil {
+		_ = ps.Close()
+		return nil, fmt.Errorf("subscribe %s: %w", topic, err)
+	}
+	if _, ok := reply.(*redis.Subscription); !ok {
+		_ = ps.Close()
+		return nil, fmt.Errorf("subscribe %s: unexpected reply %T", topic, reply)
+	}
+	s.mu.Lock()
+	s.ps = ps
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		_ = ps.Close()
+		return nil, ErrClosed
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	out := make(chan *message.Message)
+	s.loops.Add(3)
+	go func() {
+		defer s.loops.Done()
+		select {
+		case <-ctx.Done():
+		case <-s.done:
+		}
+		cancel()
+		_ = ps.Close() // unblocks the reader
+		s.mu.Lock()
+		s.space.Broadcast()
+		s.mu.Unlock()
+	}()
+	go func() {
+		defer s.loops.Done()
+		s.read(ctx, ps)
+	}()
+	go func() {
+		defer s.loops.Done()
+		defer close(out)
+		s.deliver(ctx, out)
+	}()
+	s.t.startMover()
+	return out, nil
+}
+
+func (s *subscriber) signal() {
+	select {
+	case s.avail <- struct{}{}:
+	default:
+	}
+}
+
+// read moves messages from the subscription into the buffer; a full buffer
+// stops it (backpressure to Redis).
+func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
+	for {
+		m, err := ps.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.t.stats.interruptions.Add(1)
+			s.t.log.Warn("subscription interrupted; requests published meanwhile may be lost", "channel", s.topic, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		s.t.stats.received.Add(1)
+		payload := []byte(m.Payload)
+		s.mu.Lock()
+		for len(s.buf) >= s.t.opts.BufferSize && !s.closed && ctx.Err() == nil {
+			s.space.Wait()
+		}
+		if s.closed || ctx.Err() != nil {
+			s.mu.Unlock()
+			s.park([][]byte{payload}, "subscriber closing")
+			return
+		}
+		s.buf = append(s.buf, payload)
+		s.mu.Unlock()
+		s.signal()
+	}
+}
+
+// take pops up to n buffered payloads.
+func (s *subscriber) take(n int) [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > len(s.buf) {
+		n = len(s.buf)
+	}
+	out := make([][]byte, n)
+	copy(out, s.buf[:n])
+	clear(s.buf[:n])
+	s.buf = s.buf[n:]
+	if len(s.buf) > 0 {
+		s.signal()
+	}
+	if n > 0 {
+		s.space.Broadcast()
+	}
+	return out
+}
+
+// putBack returns payloads to the front of the buffer.
+func (s *subscriber) putBack(ps [][]byte) {
+	s.mu.Lock()
+	s.buf = append(append(make([][]byte, 0, len(ps)+len(s.buf)), ps...), s.buf...)
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *subscriber) buffered() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.buf) > 0
+}
+
+func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message) {
+	for {
+		if !s.buffered() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.avail:
+				continue
+			}
+		}
+		granted, err := s.credits.Acquire(ctx, claimBatch)
+		if err != nil {
+			return
+		}
+		items := s.take(granted)
+		s.credits.Release(granted - len(items))
+		for i, p := range items {
+			m := message.NewMessage(strconv.FormatUint(s.t.seq.Add(1), 10), p)
+			s.mu.Lock()
+			s.inflight[m] = p
+			s.mu.Unlock()
+			select {
+			case out <- m:
+				s.t.stats.delivered.Add(1)
+				go s.await(m)
+			case <-ctx.Done():
+				s.mu.Lock()
+				delete(s.inflight, m)
+				s.mu.Unlock()
+				s.putBack(items[i:])
+				s.credits.Release(len(items) - i)
+				return
+			}
+		}
+	}
+}
+
+// await settles one delivery: an ack forgets it, a nack hands it back (to
+// the buffer, or to the retry set once the subscriber is closed).
+func (s *subscriber) await(m *message.Message) {
+	defer s.credits.Release(1)
+	var nacked bool
+	select {
+	case <-m.Acked():
+	case <-m.Nacked():
+		nacked = true
+	}
+	s.mu.Lock()
+	p, mine := s.inflight[m]
+	delete(s.inflight, m)
+	closed := s.closed
+	s.mu.Unlock()
+	if !nacked || !mine {
+		return // acked, or already handed back by Transport.Close
+	}
+	if closed {
+		s.park([][]byte{p}, "nacked after close")
+		return
+	}
+	s.putBack([][]byte{p})
+}
+
+// park hands payloads to the retry set, due now; a failure is logged with
+// the payloads, so nothing is lost silently.
+func (s *subscriber) park(ps [][]byte, why string) {
+	if len(ps) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, p := range ps {
+		if err := s.t.park(ctx, s.topic, p, time.Now()); err != nil {
+			s.t.log.Error("could not hand a request back to the retry set: lost", "channel", s.topic, "why", why, "payload", string(p), "err", err)
+			continue
+		}
+		s.t.stats.handedBack.Add(1)
+	}
+}
+
+// handBackInflight parks every un-acked delivery (transport closing).
+func (s *subscriber) handBackInflight() {
+	s.mu.Lock()
+	ps := make([][]byte, 0, len(s.inflight))
+	for m, p := range s.inflight {
+		ps = append(ps, p)
+		delete(s.inflight, m)
+	}
+	s.mu.Unlock()
+	s.park(ps, "transport closing")
+}
+
+func (s *subscriber) depth(topic string) (waiting, inflight int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.topic != topic {
+		return 0, 0
+	}
+	return int64(len(s.buf)), int64(len(s.inflight))
+}
+
+// Close stops reading and delivering and hands the buffered requests to the
+// retry set. Deliveries in flight are still settled when acked or nacked.
+func (s *subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.done)
+	s.space.Broadcast()
+	started := s.started
+	s.mu.Unlock()
+	if started {
+		s.loops.Wait()
+	}
+	s.mu.Lock()
+	rest := s.buf
+	s.buf = nil
+	s.mu.Unlock()
+	s.park(rest, "subscriber closing")
+	// It stays in t.subs: Transport.Close hands back what is still in flight.
+	return nil
+}
