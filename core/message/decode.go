@@ -67,7 +67,7 @@ func Decode(b []byte) (*Request, error) {
 // form ignores), and the message then goes through decodeSlow, which
 // decodes field by field to name what is wrong and recover the id. The slow
 // path alone defines what is accepted: the fast path only ever accepts what
-// it accepts, with the same result (FuzzDecode checks this).
+// the slow path accepts, with the same result (FuzzDecode checks this).
 func decode(b []byte) (*Request, bool, error) {
 	var w messageWire
 	if json.Unmarshal(b, &w) == nil {

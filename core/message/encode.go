@@ -2,7 +2,6 @@ package message
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -22,8 +21,8 @@ import (
 // r must be a request Decode would accept, so Decode(EncodeRequest(r))
 // returns r again (with times at millisecond precision).
 func EncodeRequest(r *Request) ([]byte, error) {
-	if err := checkEncodable(r); err != nil {
-		return nil, fmt.Errorf("encode request %q: %w", r.ID, err)
+	if msg := checkEncodable(r); msg != "" {
+		return nil, fmt.Errorf("encode request %q: %s", r.ID, msg)
 	}
 	payload := r.Payload[skipSpace(r.Payload, 0):skipSpaceBack(r.Payload)]
 	b := make([]byte, 0, 128+len(r.ID)+len(payload)+len(r.Endpoint))
@@ -60,49 +59,50 @@ func EncodeRequest(r *Request) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// checkEncodable returns why r would not decode, or nil.
-func checkEncodable(r *Request) error {
+// checkEncodable returns why r would not decode, or "".
+func checkEncodable(r *Request) string {
 	if r.ID == "" {
-		return errors.New("id: missing or empty")
+		return "id: missing or empty"
 	}
-	if err := checkEncodableTime(r.Deadline, true); err != nil {
-		return fmt.Errorf("deadline: %w", err)
+	if msg := checkEncodableTime(r.Deadline, true); msg != "" {
+		return "deadline: " + msg
 	}
 	if !r.Created.IsZero() {
-		if err := checkEncodableTime(r.Created, false); err != nil {
-			return fmt.Errorf("created: %w", err)
+		if msg := checkEncodableTime(r.Created, false); msg != "" {
+			return "created: " + msg
 		}
 	}
 	if !json.Valid(r.Payload) {
-		return errors.New("payload: not valid JSON")
+		return "payload: not valid JSON"
 	}
 	if k := jsonKind(r.Payload); k != "object" {
-		return errors.New("payload: must be a JSON object, got " + k)
+		return "payload: must be a JSON object, got " + k
 	}
 	for name, value := range r.Headers {
 		if err := checkHeader(name, value); err != nil {
-			return errors.New("headers" + err.Error())
+			return "headers" + err.Error()
 		}
 	}
 	if msg := checkEndpoint(r.Endpoint); msg != "" {
-		return errors.New("endpoint: " + msg)
+		return "endpoint: " + msg
 	}
-	return nil
+	return ""
 }
 
-// checkEncodableTime refuses a time before the Unix epoch, after year 9999
-// or, when positive is set, one that rounds to the epoch itself.
-func checkEncodableTime(t time.Time, positive bool) error {
+// checkEncodableTime returns why t cannot be written, or "": it is before
+// the Unix epoch, after year 9999 or, when positive is set, rounds to the
+// epoch itself.
+func checkEncodableTime(t time.Time, positive bool) string {
 	sec, ms := unixMillis(t)
 	switch {
 	case sec < 0:
-		return errors.New("must not be before the Unix epoch")
+		return "must not be before the Unix epoch"
 	case positive && sec == 0 && ms == 0:
-		return errors.New("must be after the Unix epoch")
+		return "must be after the Unix epoch"
 	case sec > maxUnixSeconds:
-		return errOutOfRange
+		return errOutOfRange.Error()
 	}
-	return nil
+	return ""
 }
 
 // WithRetryCount returns message bytes that decode to the same request as

@@ -139,6 +139,8 @@ func TestWithRetryCount(t *testing.T) {
 			`{"request_kind":"redis","internal":{"retry_count":1,"RETRY_COUNT":6},"data":` + data + `}`},
 		{"last of duplicate internals is rewritten", `{"request_kind":"redis","internal":{"retry_count":1,"request_token":"t"},"Internal":{"queue_id":"q"},"data":` + data + `}`, 7,
 			`{"request_kind":"redis","internal":{"retry_count":1,"request_token":"t"},"Internal":{"retry_count":7,"queue_id":"q"},"data":` + data + `}`},
+		{"names are matched after unescaping", `{"request_kind":"redis","intern\u0061l":{"retry_\u0063ount":1},"data":` + data + `}`, 9,
+			`{"request_kind":"redis","intern\u0061l":{"retry_\u0063ount":9},"data":` + data + `}`},
 		{"a null last internal stays the only one", `{"request_kind":"redis","internal":{"request_token":"t"},"internal":null,"data":` + data + `}`, 8,
 			`{"request_kind":"redis","internal":null,"internal":{"retry_count":8},"data":` + data + `}`},
 	}

@@ -12,6 +12,7 @@ type valueError struct {
 	msg string
 }
 
+// Error implements error.
 func (e *valueError) Error() string { return e.sub + ": " + e.msg }
 
 // metadataMap is the request's metadata: a JSON object whose values are

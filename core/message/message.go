@@ -70,15 +70,18 @@ func (r *Request) Expired(now time.Time) bool { return !now.Before(r.Deadline) }
 
 // Result is what sluice writes to a result queue, exactly one per request.
 type Result struct {
+	// ID is the id of the request this result answers.
 	ID string `json:"id"`
 	// StatusCode is the gateway's HTTP status; 0 (omitted) when no response came back.
 	StatusCode int `json:"status_code,omitempty"`
 	// Payload is the gateway's raw response body, or {"error":"..."} when there was none.
 	Payload string `json:"payload"`
 	// Metadata echoes the request's metadata.
-	Metadata     map[string]string `json:"metadata,omitempty"`
-	ErrorCode    ErrorCode         `json:"error_code,omitempty"`
-	ErrorMessage string            `json:"error_message,omitempty"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// ErrorCode classifies a failure; CodeNone (omitted) on success.
+	ErrorCode ErrorCode `json:"error_code,omitempty"`
+	// ErrorMessage explains a failure for people; omitted when empty.
+	ErrorMessage string `json:"error_message,omitempty"`
 }
 
 // OK reports whether the result is a success.
@@ -89,9 +92,12 @@ func (r *Result) OK() bool { return r.ErrorCode == CodeNone }
 // INVALID_REQUEST result; when ID is empty the message belongs in a dead-letter
 // destination.
 type DecodeError struct {
-	ID       string
+	// ID is the request's id, or "" when none could be read.
+	ID string
+	// Metadata is the request's metadata when it could be read, to be echoed.
 	Metadata map[string]string
-	Reason   string
+	// Reason says what is wrong, naming the field: "deadline: missing".
+	Reason string
 }
 
 // Error implements error: "invalid request <id>: <reason>".
