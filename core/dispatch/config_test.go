@@ -119,6 +119,28 @@ func TestTLS(t *testing.T) {
 	})
 }
 
+func TestTLSHTTP2(t *testing.T) {
+	protos := make(chan string, 4)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		protos <- r.Proto
+		_, _ = w.Write(b)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := newClient(t, Config{TLS: TLSConfig{CACert: writeServerCA(t, srv)}})
+	req := newRequest(time.Minute)
+	req.Headers = map[string]string{"traceparent": "t", "connection": "close"}
+	out := c.Do(t.Context(), Target{BaseURL: srv.URL}, req)
+	if out.Class != Success || string(out.Body) != string(req.Payload) || out.Refused != 1 {
+		t.Fatalf("outcome = %+v", out)
+	}
+	if p := <-protos; p != "HTTP/2.0" {
+		t.Fatalf("https gateway spoken to over %s, want HTTP/2.0", p)
+	}
+}
+
 func TestTLSFileErrors(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.pem")

@@ -314,7 +314,8 @@ func headerValue(h http.Header, canonical string) string {
 }
 
 // readBody reads r to its end into a slice the caller owns, failing with
-// ErrResponseTooLarge past MaxResponseBytes. With a known length it makes one
+// ErrResponseTooLarge past MaxResponseBytes (the rest is not drained: closing
+// the body then drops the connection, which is cheaper than reading it). With a known length it makes one
 // allocation of that size (plus one byte, to see EOF in the same read loop, so
 // that the connection goes back to the pool at once); otherwise it reads into
 // a pooled buffer and copies the result out.
