@@ -37,6 +37,7 @@ type Refresher struct {
 	mu       sync.Mutex
 	credits  []*Credits
 	budget   float64
+	lastGood float64
 	hasGood  bool
 	failing  bool
 	started  bool
@@ -59,10 +60,7 @@ func NewRefresher(g Gate, cfg RefresherConfig) *Refresher {
 		cfg.Timeout = max(cfg.Interval, time.Second)
 	}
 	if cfg.Policy == "" {
-		cfg.Policy = FailClosed
-		if pr, ok := g.(PolicyReporter); ok && pr.FailurePolicy() != "" {
-			cfg.Policy = pr.FailurePolicy()
-		}
+		cfg.Policy = PolicyOf(g)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -135,10 +133,22 @@ func (r *Refresher) refresh(ctx context.Context) {
 	if err != nil && ctx.Err() != nil {
 		return // shutting down: not a gate failure
 	}
+	var fb *FallbackError
+	if errors.As(err, &fb) && !(fb.Budget >= 0 && fb.Budget <= 1) {
+		fb = nil // an unusable fallback is an ordinary failure
+	}
 	r.mu.Lock()
 	switch {
+	case fb != nil:
+		// The gate applied its own fallback: use it, but it is still a failure.
+		r.budget = fb.Budget
+		if !r.failing {
+			r.failing = true
+			r.cfg.Logger.Warn("gate query failing", "gate", r.cfg.Name, "policy", "gate fallback", "budget", fb.Budget, "err", fb.Err)
+		}
 	case err == nil:
 		r.budget = b
+		r.lastGood = b
 		r.hasGood = true
 		if r.failing {
 			r.failing = false
@@ -149,16 +159,7 @@ func (r *Refresher) refresh(ctx context.Context) {
 			r.failing = true
 			r.cfg.Logger.Warn("gate query failing", "gate", r.cfg.Name, "policy", string(r.cfg.Policy), "err", err)
 		}
-		switch r.cfg.Policy {
-		case FailOpen:
-			r.budget = 1
-		case FailKeepLast:
-			if !r.hasGood {
-				r.budget = 0
-			}
-		default:
-			r.budget = 0
-		}
+		r.budget = r.cfg.Policy.Fallback(r.lastGood, r.hasGood)
 	}
 	r.started = true
 	budget := r.budget

@@ -86,11 +86,18 @@ func (r *Registry) New(typ string, params Params, env Env) (Gate, error) {
 	if env.Build == nil {
 		env.Build = func(t string, p Params) (Gate, error) { return r.New(t, p, env) }
 	}
+	if params.used == nil {
+		params = NewParams(nil)
+	}
+	policy, interval, err := genericParams(params)
+	if err != nil {
+		return nil, fmt.Errorf("gate %s: %w", typ, err)
+	}
 	g, err := f(params, env)
 	if err != nil {
 		return nil, fmt.Errorf("gate %s: %w", typ, err)
 	}
-	return g, nil
+	return wrapConfigured(g, policy, interval), nil
 }
 
 // Params are a gate's gate_params. Values arrive as JSON strings or numbers
@@ -158,6 +165,13 @@ func (p Params) String(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// Has reports whether key is set, without marking it used.
+func (p Params) Has(key string) bool {
+	_, v := p.vals[key]
+	_, r := p.raw[key]
+	return v || r
 }
 
 // Raw returns a nested JSON value (object or array) of key, or nil.

@@ -1,0 +1,345 @@
+// Package gatetest is the conformance suite every dispatch gate passes:
+// built-in gates run it from their tests, and plugin authors run it against
+// theirs.
+//
+//	func TestConformance(t *testing.T) {
+//		gatetest.Run(t, func(t testing.TB) gate.Gate { return newMyGate(t) }, gatetest.Features{})
+//	}
+//
+// The suite checks the contract of core/gate: a budget is always in [0,1]
+// (or an error, or a *gate.FallbackError carrying a budget in [0,1]); a
+// cancelled or expired context ends a query promptly; Close is idempotent
+// and a closed gate answers without panicking; the gate is safe for
+// concurrent use (run the suite with -race); optional interfaces answer
+// sensibly. Features lets a gate's test drive its backend, so the suite can
+// also check that the budget follows it and that failures are reported.
+package gatetest
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/message"
+)
+
+// Features describe what the suite can do with a gate beyond the contract.
+type Features struct {
+	// Set, when non-nil, drives the gate's backend so that a gate built by
+	// newGate reports budget b (within Tolerance) at most Settle later. The
+	// suite calls it with 0, 1 and values in between.
+	Set func(t testing.TB, b float64)
+	// Levels are the budgets Set is called with (default 0, 1, 0.5, 0.25, 1).
+	Levels []float64
+	// Tolerance is the allowed difference from a level (default 0.01).
+	Tolerance float64
+	// Settle bounds how long the budget may take to follow Set (default 2s).
+	Settle time.Duration
+	// Failing, when non-nil, returns a gate whose backend is unreachable:
+	// its Budget must report an error (or a *gate.FallbackError) promptly.
+	Failing func(t testing.TB) gate.Gate
+	// Hanging, when non-nil, returns a gate whose backend accepts requests
+	// but never answers: its Budget must return when the context expires.
+	Hanging func(t testing.TB) gate.Gate
+	// Prompt bounds how long a query may outlive its context (default 1s).
+	Prompt time.Duration
+}
+
+func (f *Features) setDefaults() {
+	if len(f.Levels) == 0 {
+		f.Levels = []float64{0, 1, 0.5, 0.25, 1}
+	}
+	if f.Tolerance <= 0 {
+		f.Tolerance = 0.01
+	}
+	if f.Settle <= 0 {
+		f.Settle = 2 * time.Second
+	}
+	if f.Prompt <= 0 {
+		f.Prompt = time.Second
+	}
+}
+
+// Run runs the suite. newGate builds a fresh gate for each subtest; the
+// subtest closes it (Run's own checks call Close, and the suite registers a
+// Close at cleanup too).
+func Run(t *testing.T, newGate func(t testing.TB) gate.Gate, f Features) {
+	t.Helper()
+	f.setDefaults()
+	build := func(t testing.TB) gate.Gate {
+		t.Helper()
+		g := newGate(t)
+		if g == nil {
+			t.Fatal("newGate returned nil")
+		}
+		t.Cleanup(func() { _ = closeGate(g) })
+		return g
+	}
+	t.Run("BudgetInRange", func(t *testing.T) { testBudgetInRange(t, build(t)) })
+	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, build(t), f) })
+	t.Run("CloseIdempotent", func(t *testing.T) { testClose(t, build(t), f) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, build(t)) })
+	t.Run("OptionalInterfaces", func(t *testing.T) { testOptional(t, build(t)) })
+	t.Run("Refresher", func(t *testing.T) { testRefresher(t, build(t)) })
+	if f.Set != nil {
+		t.Run("FollowsBackend", func(t *testing.T) { testFollows(t, build(t), f) })
+	}
+	if f.Failing != nil {
+		t.Run("FailingBackend", func(t *testing.T) {
+			g := f.Failing(t)
+			t.Cleanup(func() { _ = closeGate(g) })
+			testFailing(t, g, f)
+		})
+	}
+	if f.Hanging != nil {
+		t.Run("HangingBackend", func(t *testing.T) {
+			g := f.Hanging(t)
+			t.Cleanup(func() { _ = closeGate(g) })
+			testHanging(t, g, f)
+		})
+	}
+}
+
+func closeGate(g gate.Gate) error {
+	if c, ok := g.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// CheckAnswer reports what is wrong with one answer of Budget, or nil: a
+// value outside [0,1] without an error, or a FallbackError whose budget is
+// outside [0,1].
+func CheckAnswer(b float64, err error) error {
+	var fb *gate.FallbackError
+	switch {
+	case errors.As(err, &fb):
+		if !inRange(fb.Budget) {
+			return errors.New("fallback budget outside [0,1]")
+		}
+	case err == nil && !inRange(b):
+		return errors.New("budget outside [0,1]")
+	}
+	return nil
+}
+
+func inRange(b float64) bool { return !math.IsNaN(b) && b >= 0 && b <= 1 }
+
+// budget runs one query with a timeout and checks the answer.
+func budget(t testing.TB, g gate.Gate, timeout time.Duration) (float64, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	b, err := g.Budget(ctx)
+	if cerr := CheckAnswer(b, err); cerr != nil {
+		t.Errorf("Budget = %v, %v: %v", b, err, cerr)
+	}
+	return b, err
+}
+
+func testBudgetInRange(t *testing.T, g gate.Gate) {
+	for range 20 {
+		budget(t, g, 5*time.Second)
+	}
+}
+
+func testCancelled(t *testing.T, g gate.Gate, f Features) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start := time.Now()
+	b, err := g.Budget(ctx)
+	if el := time.Since(start); el > f.Prompt {
+		t.Errorf("Budget with a cancelled context took %v (want ≤ %v)", el, f.Prompt)
+	}
+	if cerr := CheckAnswer(b, err); cerr != nil {
+		t.Errorf("Budget with a cancelled context = %v, %v: %v", b, err, cerr)
+	}
+	if a, ok := g.(gate.Admitter); ok {
+		start = time.Now()
+		d, _ := a.Admit(ctx, testRequest())
+		if el := time.Since(start); el > f.Prompt {
+			t.Errorf("Admit with a cancelled context took %v (want ≤ %v)", el, f.Prompt)
+		}
+		checkDecision(t, d)
+	}
+}
+
+func testClose(t *testing.T, g gate.Gate, f Features) {
+	budget(t, g, 5*time.Second)
+	c, ok := g.(interface{ Close() error })
+	if !ok {
+		return // holds nothing
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("first Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v (Close must be idempotent)", err)
+	}
+	start := time.Now()
+	budget(t, g, f.Prompt) // no panic, an answer in range or an error
+	if el := time.Since(start); el > 2*f.Prompt {
+		t.Errorf("Budget after Close took %v", el)
+	}
+}
+
+func testConcurrent(t *testing.T, g gate.Gate) {
+	const workers, calls = 8, 25
+	adm, _ := g.(gate.Admitter)
+	desc, _ := g.(gate.Describer)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range calls {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				b, err := g.Budget(ctx)
+				if cerr := CheckAnswer(b, err); cerr != nil {
+					t.Errorf("concurrent Budget = %v, %v: %v", b, err, cerr)
+				}
+				if adm != nil {
+					if d, err := adm.Admit(ctx, testRequest()); err == nil {
+						checkDecision(t, d)
+					}
+				}
+				if desc != nil && w == 0 {
+					_ = desc.Describe()
+				}
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	// Close while queries run: no panic, no race, every answer valid.
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				b, err := g.Budget(ctx)
+				cancel()
+				if cerr := CheckAnswer(b, err); cerr != nil {
+					t.Errorf("Budget racing Close = %v, %v: %v", b, err, cerr)
+				}
+			}
+		}()
+	}
+	wg.Add(2)
+	for range 2 {
+		go func() {
+			defer wg.Done()
+			if err := closeGate(g); err != nil {
+				t.Errorf("Close racing queries: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func testOptional(t *testing.T, g gate.Gate) {
+	if d, ok := g.(gate.Describer); ok && d.Describe() == "" {
+		t.Error("Describe returned an empty string")
+	}
+	if p, ok := g.(gate.PolicyReporter); ok {
+		if _, err := gate.ParseFailurePolicy(string(p.FailurePolicy())); err != nil {
+			t.Errorf("FailurePolicy: %v", err)
+		}
+	}
+	if iv, ok := g.(gate.Intervaler); ok && iv.RefreshInterval() < 0 {
+		t.Errorf("RefreshInterval = %v, want ≥ 0", iv.RefreshInterval())
+	}
+	if a, ok := g.(gate.Admitter); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d, err := a.Admit(ctx, testRequest())
+		if err == nil {
+			checkDecision(t, d)
+		}
+	}
+}
+
+// testRefresher runs the gate under a Refresher, as the pipeline does.
+func testRefresher(t *testing.T, g gate.Gate) {
+	r := gate.NewRefresher(g, gate.RefresherConfig{Name: "gatetest", Interval: 10 * time.Millisecond})
+	c := gate.NewCredits(100, gate.RampConfig{})
+	r.Attach(c)
+	r.Start(context.Background())
+	time.Sleep(50 * time.Millisecond)
+	if b := r.Budget(); !inRange(b) {
+		t.Errorf("Refresher budget %v outside [0,1]", b)
+	}
+	if _, limit, _ := c.Snapshot(); limit < 0 || limit > 100 {
+		t.Errorf("credit limit %d outside [0,100]", limit)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("Refresher.Close: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("second Refresher.Close: %v", err)
+	}
+}
+
+func testFollows(t *testing.T, g gate.Gate, f Features) {
+	for _, level := range f.Levels {
+		f.Set(t, level)
+		var b float64
+		var err error
+		deadline := time.Now().Add(f.Settle)
+		for {
+			b, err = budget(t, g, 5*time.Second)
+			if err == nil && math.Abs(b-level) <= f.Tolerance {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("backend set to %v: budget %v, err %v after %v", level, b, err, f.Settle)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func testFailing(t *testing.T, g gate.Gate, f Features) {
+	start := time.Now()
+	b, err := budget(t, g, 5*time.Second)
+	if err == nil {
+		t.Errorf("Budget with an unreachable backend = %v and no error; a failure must be reported", b)
+	}
+	if el := time.Since(start); el > 5*time.Second+f.Prompt {
+		t.Errorf("Budget with an unreachable backend took %v", el)
+	}
+}
+
+func testHanging(t *testing.T, g gate.Gate, f Features) {
+	const timeout = 200 * time.Millisecond
+	start := time.Now()
+	b, err := budget(t, g, timeout)
+	if el := time.Since(start); el > timeout+f.Prompt {
+		t.Errorf("Budget with a hanging backend took %v, past its %v deadline", el, timeout)
+	}
+	if err == nil {
+		t.Errorf("Budget with a hanging backend = %v and no error", b)
+	}
+}
+
+func checkDecision(t testing.TB, d gate.Decision) {
+	t.Helper()
+	switch d.Verdict {
+	case gate.Admit, gate.Reject:
+	case gate.Defer:
+		if d.Delay < 0 {
+			t.Errorf("Defer with a negative delay %v", d.Delay)
+		}
+	default:
+		t.Errorf("unknown verdict %v", d.Verdict)
+	}
+}
+
+func testRequest() *message.Request {
+	return &message.Request{ID: "gatetest-1", Deadline: time.Now().Add(time.Minute)}
+}
