@@ -363,6 +363,9 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 		case dispatch.Success:
 			return Finish(d, &msg.Result{ID: d.Req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: d.Req.Metadata}), nil
 		case dispatch.Fatal:
+			if errors.Is(o.Err, dispatch.ErrInvalidEndpoint) {
+				return Fail(d, msg.CodeInvalidRequest, o.Err.Error()), nil
+			}
 			return Finish(d, failedResult(d.Req, o, fmt.Sprintf("gateway returned %d", o.StatusCode))), nil
 		case dispatch.DeadlineExceeded:
 			return Fail(d, msg.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
