@@ -4,11 +4,13 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/transports/redissortedset"
 )
 
 // registerMore registers the transports and gates beyond the embedded
 // defaults. Each adapter package is added here, explicitly.
 func registerMore(tr *transport.Registry, gr *gate.Registry) {
 	_ = tr
+	must(tr.Register(redissortedset.Name, redissortedset.Factory))
 	must(gr.Register(redisbudget.Type, redisbudget.Factory))
 }

@@ -1,0 +1,184 @@
+package redissortedset_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/config"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/simulator"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// go-redis' pool reaper and the HTTP transport's idle connections outlive a test briefly.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// fixture is a redis-server, a producer on it and a gateway simulator.
+type fixture struct {
+	t     *testing.T
+	redis *testenv.Redis
+	prod  *producer.Producer
+	sim   string
+}
+
+func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
+	t.Helper()
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p, err := producer.Dial(r.URL, producer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	f := &fixture{t: t, redis: r, prod: p}
+	if simCfg != (simulator.Config{}) || true {
+		s, err := simulator.New(simCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base, err := s.Start("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		f.sim = base
+	}
+	return f
+}
+
+// request builds a request due in ttl.
+func request(id, job string, ttl time.Duration, headers map[string]string) *msg.Request {
+	r := &msg.Request{ID: id, Deadline: time.Now().Add(ttl), Created: time.Now(),
+		Payload: json.RawMessage(`{"model":"m","prompt":"hi"}`), Headers: headers}
+	if job != "" {
+		r.Metadata = map[string]string{"job_id": job}
+	}
+	return r
+}
+
+func (f *fixture) transport(opts rss.Options) *rss.Transport {
+	f.t.Helper()
+	if opts.URL == "" {
+		opts.URL = f.redis.URL
+	}
+	tp, err := rss.New(opts, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return tp
+}
+
+// runApp runs a sluice deployment on queue → results with tp until the
+// returned stop is called (also at cleanup).
+func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency int) (stop func()) {
+	f.t.Helper()
+	cfg := &config.Config{
+		Transport:   rss.Name,
+		Concurrency: concurrency,
+		TransportConfig: config.TransportConfig{
+			ResultQueueName: results,
+			Queues:          []config.Queue{{QueueName: queue, IGWBaseURL: f.sim}},
+		},
+		MetricsPort:  -1,
+		HealthPort:   -1,
+		DrainTimeout: config.Duration(5 * time.Second),
+		RedisURL:     f.redis.URL,
+		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
+	}
+	a, err := app.New(cfg, app.Options{Transport: tp})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				f.t.Errorf("app: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			f.t.Error("app did not stop")
+		}
+	}
+	f.t.Cleanup(stop)
+	return stop
+}
+
+// collect reads n results from list (acking them) within d.
+func (f *fixture) collect(list string, n int, d time.Duration) map[string]*msg.Result {
+	f.t.Helper()
+	r := f.prod.Results(list, producer.ReaderOptions{Batch: 500, PollInterval: 20 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	out := map[string]*msg.Result{}
+	for len(out) < n {
+		ls, err := r.Next(ctx)
+		if err != nil {
+			f.t.Fatalf("collected %d of %d results: %v", len(out), n, err)
+		}
+		for _, l := range ls {
+			if l.Err != nil {
+				f.t.Fatalf("bad result %q: %v", l.Raw, l.Err)
+			}
+			if _, dup := out[l.Result.ID]; dup {
+				f.t.Errorf("second result for %s", l.Result.ID)
+			}
+			out[l.Result.ID] = l.Result
+		}
+		if err := r.Ack(ctx, ls...); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// expectNoMore checks that list stays empty for d.
+func (f *fixture) expectNoMore(list string, d time.Duration) {
+	f.t.Helper()
+	time.Sleep(d)
+	n, err := f.prod.Client().LLen(context.Background(), list).Result()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if n != 0 {
+		f.t.Errorf("%d unexpected extra result(s) in %s", n, list)
+	}
+}
+
+// depth returns the queue's depths.
+func (f *fixture) depth(queue string) string {
+	f.t.Helper()
+	d, err := rss.QueueDepth(context.Background(), f.prod.Client(), f.prod.Names(), queue)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return fmt.Sprintf("waiting=%d inflight=%d delayed=%d dead=%d", d.Waiting, d.InFlight, d.Delayed, d.DeadLettered)
+}
+
+func ids(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%04d", prefix, i)
+	}
+	return out
+}

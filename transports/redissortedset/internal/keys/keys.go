@@ -1,0 +1,409 @@
+// Package keys is the Redis key layout and the Lua scripts shared by the
+// sorted-set transport and its producer library. Keeping them in one place
+// is what lets a producer and a dispatcher built from different versions of
+// this module agree on where everything lives.
+//
+// Per request queue Q (a sorted set, score = deadline in Unix seconds):
+//
+//	Q                 waiting requests (member = message bytes)
+//	Q:leases          in-flight leases: token -> expiry (Unix ms, Redis clock)
+//	Q:leased          token -> "<score>|<deliveries>|<message>"
+//	Q:redeliveries    message -> deliveries so far (only for handed-back or reclaimed messages)
+//	Q:delayed         retries: "<score>|<message>" -> due time (Unix ms); name configurable
+//	Q:dead            dead-lettered messages (list)
+//	Q:seq             enqueue sequence (FIFO among equal deadlines)
+//	Q:job:<job>       waiting messages of a job enqueued by the producer (set)
+//	Q:notify          pub/sub channel: new work was enqueued
+//	Q:stats           counters (late_results, late_requeues, reclaimed, ...)
+//
+// Global, under the prefix P (default llm-d-async):
+//
+//	P:requests:<pool>         request queue of a pool (naming convention)
+//	P:results:<pool>:<tenant> result list of a pool and tenant
+//	P:queues                  set of the request queues in use (for `sluice queues`)
+//	P:cancelled               cancellations "job:<id>" / "req:<id>" -> expiry (Unix ms)
+//	P:cancel-epoch            incremented by every cancellation
+//	P:cancel                  pub/sub channel of cancellations
+//	P:jobq:<job>              request queues holding waiting messages of a job
+//	R:pending                 result leases of the durable result reader (R = result list)
+package keys
+
+import (
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix is the key prefix of the batch processor convention.
+const DefaultPrefix = "llm-d-async"
+
+// DefaultTenant is the tenant of ResultQueue when none is given.
+const DefaultTenant = "$batch"
+
+// QueuePlaceholder is replaced by the request queue's name in a delay-set
+// name template.
+const QueuePlaceholder = "{queue}"
+
+// Names derives key names from a prefix.
+type Names struct {
+	// Prefix is the global key prefix (DefaultPrefix when empty).
+	Prefix string
+	// DelayedTemplate names a queue's delay set; QueuePlaceholder stands for
+	// the queue (default "{queue}:delayed").
+	DelayedTemplate string
+}
+
+func (n Names) prefix() string {
+	if n.Prefix == "" {
+		return DefaultPrefix
+	}
+	return n.Prefix
+}
+
+// RequestQueue is the request queue of pool: P:requests:<pool>.
+func (n Names) RequestQueue(pool string) string { return n.prefix() + ":requests:" + pool }
+
+// ResultQueue is the result list of pool and tenant: P:results:<pool>:<tenant>
+// (tenant DefaultTenant when empty).
+func (n Names) ResultQueue(pool, tenant string) string {
+	if tenant == "" {
+		tenant = DefaultTenant
+	}
+	return n.prefix() + ":results:" + pool + ":" + tenant
+}
+
+// Registry is the set of request queues in use.
+func (n Names) Registry() string { return n.prefix() + ":queues" }
+
+// Cancelled is the sorted set of cancellations.
+func (n Names) Cancelled() string { return n.prefix() + ":cancelled" }
+
+// CancelEpoch is the counter bumped by every cancellation.
+func (n Names) CancelEpoch() string { return n.prefix() + ":cancel-epoch" }
+
+// CancelChannel is the pub/sub channel of cancellations.
+func (n Names) CancelChannel() string { return n.prefix() + ":cancel" }
+
+// JobQueues is the set of request queues holding waiting messages of job.
+func (n Names) JobQueues(job string) string { return n.prefix() + ":jobq:" + job }
+
+// Queue returns the keys of request queue name.
+func (n Names) Queue(name string) Queue {
+	tpl := n.DelayedTemplate
+	if tpl == "" {
+		tpl = QueuePlaceholder + ":delayed"
+	}
+	return Queue{
+		Name:         name,
+		Leases:       name + ":leases",
+		Leased:       name + ":leased",
+		Redeliveries: name + ":redeliveries",
+		Delayed:      strings.ReplaceAll(tpl, QueuePlaceholder, name),
+		Dead:         name + ":dead",
+		Seq:          name + ":seq",
+		JobPrefix:    name + ":job:",
+		Notify:       name + ":notify",
+		Stats:        name + ":stats",
+	}
+}
+
+// Queue holds the key names of one request queue.
+type Queue struct {
+	Name, Leases, Leased, Redeliveries, Delayed, Dead, Seq, JobPrefix, Notify, Stats string
+}
+
+// Pending is the lease set of the durable result reader of result list r.
+func Pending(r string) string { return r + ":pending" }
+
+// Cancellation entries in Names.Cancelled.
+const (
+	JobEntry     = "job:"
+	RequestEntry = "req:"
+)
+
+// UpstreamCancelKey is upstream's cancellation key of a request id; its value
+// is the request token.
+func UpstreamCancelKey(id string) string { return "request-cancel:" + id }
+
+// MemberTag opens a message written by the producer: {"_sluice":"<seq>/<job>",
+// followed by the flat request's members. The tag makes members with equal
+// deadlines sort in enqueue order and names the job index to clean up at
+// claim. Decoders ignore it as an unknown field.
+const MemberTag = `{"_sluice":"`
+
+// SeqWidth is the zero-padded width of the sequence in MemberTag.
+const SeqWidth = 20
+
+// Scripts. Every script reads the clock with TIME, so leases and due times
+// follow one clock (Redis') whatever the replicas' clocks say.
+
+// Claim promotes due retries, then claims up to n waiting requests into
+// leases.
+//
+//	KEYS: queue, leases, leased, redeliveries, delayed, cancel-epoch
+//	ARGV: n, lease ms, token prefix, job index prefix
+//	returns: {next delayed due ms or -1, cancel epoch, now ms,
+//	          token, score, deliveries, message, ...}
+var Claim = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 512)
+if #due > 0 then
+  local add = {}
+  for i = 1, #due do
+    local rec = due[i]
+    local p = string.find(rec, '|', 1, true)
+    add[#add + 1] = string.sub(rec, 1, p - 1)
+    add[#add + 1] = string.sub(rec, p + 1)
+  end
+  redis.call('ZADD', KEYS[1], unpack(add))
+  redis.call('ZREM', KEYS[5], unpack(due))
+end
+local out = {-1, redis.call('GET', KEYS[6]) or '0', now}
+local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
+if #popped > 0 then
+  local exp = now + tonumber(ARGV[2])
+  local redel = redis.call('EXISTS', KEYS[4]) == 1
+  local hset, zadd = {}, {}
+  for i = 1, #popped, 2 do
+    local m, s = popped[i], popped[i + 1]
+    local tok = ARGV[3] .. ((i + 1) / 2)
+    local d = 1
+    if redel then
+      local prev = redis.call('HGET', KEYS[4], m)
+      if prev then
+        d = tonumber(prev) + 1
+        redis.call('HDEL', KEYS[4], m)
+      end
+    end
+    if string.sub(m, 1, 12) == '{"_sluice":"' then
+      local job = string.match(m, '^{"_sluice":"%d+/([^"]+)"')
+      if job then redis.call('SREM', ARGV[4] .. job, m) end
+    end
+    hset[#hset + 1] = tok
+    hset[#hset + 1] = s .. '|' .. d .. '|' .. m
+    zadd[#zadd + 1] = exp
+    zadd[#zadd + 1] = tok
+    out[#out + 1] = tok
+    out[#out + 1] = s
+    out[#out + 1] = d
+    out[#out + 1] = m
+  end
+  redis.call('HSET', KEYS[3], unpack(hset))
+  redis.call('ZADD', KEYS[2], unpack(zadd))
+end
+local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if nxt[2] then out[1] = nxt[2] end
+return out
+`)
+
+// Settle is the fenced acknowledgement of many leases at once. Each item is
+// a quadruple (mode, token, result, dead): mode "r" writes result to the
+// result list, "d" pushes dead to the dead-letter list, "b" does both with
+// the leased message as dead; all remove the lease. An item whose token no
+// longer holds a lease (it expired and was reclaimed) writes nothing and is
+// counted as late.
+//
+//	KEYS: leases, leased, result list, dead list, stats
+//	returns: {status per item: 1 done, 0 late}
+var Settle = redis.NewScript(`
+local out, results, late = {}, {}, 0
+for i = 1, #ARGV, 4 do
+  local mode, tok = ARGV[i], ARGV[i + 1]
+  if redis.call('ZREM', KEYS[1], tok) == 1 then
+    local rec
+    if mode == 'b' then rec = redis.call('HGET', KEYS[2], tok) end
+    redis.call('HDEL', KEYS[2], tok)
+    if mode ~= 'd' then results[#results + 1] = ARGV[i + 2] end
+    if mode == 'd' then
+      redis.call('LPUSH', KEYS[4], ARGV[i + 3])
+    elseif mode == 'b' and rec then
+      local p1 = string.find(rec, '|', 1, true)
+      local p2 = string.find(rec, '|', p1 + 1, true)
+      redis.call('LPUSH', KEYS[4], string.sub(rec, p2 + 1))
+    end
+    out[#out + 1] = 1
+  else
+    late = late + 1
+    out[#out + 1] = 0
+  end
+end
+if #results > 0 then redis.call('LPUSH', KEYS[3], unpack(results)) end
+if late > 0 then redis.call('HINCRBY', KEYS[5], 'late_results', late) end
+return out
+`)
+
+// Requeue moves a leased message to the delay set, fenced by its token.
+//
+//	KEYS: leases, leased, delayed, stats
+//	ARGV: token, delay ms, score, message
+//	returns: 1, or 0 when the lease was lost
+var Requeue = redis.NewScript(`
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  redis.call('HINCRBY', KEYS[4], 'late_requeues', 1)
+  return 0
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[3] .. '|' .. ARGV[4])
+return 1
+`)
+
+// Release hands leased messages back to their queue at their original score:
+// the tokens in ARGV[2..] (mode "release", a nack: the delivery does not
+// count) or every expired lease, up to ARGV[2] of them (mode "reclaim": the
+// delivery counts).
+//
+//	KEYS: leases, leased, queue, redeliveries, stats
+//	ARGV: mode, tokens... | limit
+//	returns: number of messages handed back
+var Release = redis.NewScript(`
+local toks
+local reclaim = ARGV[1] == 'reclaim'
+if reclaim then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  toks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+else
+  toks = {}
+  for i = 2, #ARGV do toks[#toks + 1] = ARGV[i] end
+end
+local n = 0
+for i = 1, #toks do
+  local tok = toks[i]
+  if redis.call('ZREM', KEYS[1], tok) == 1 then
+    local rec = redis.call('HGET', KEYS[2], tok)
+    redis.call('HDEL', KEYS[2], tok)
+    if rec then
+      local p1 = string.find(rec, '|', 1, true)
+      local p2 = string.find(rec, '|', p1 + 1, true)
+      local s = string.sub(rec, 1, p1 - 1)
+      local d = tonumber(string.sub(rec, p1 + 1, p2 - 1))
+      local m = string.sub(rec, p2 + 1)
+      if not reclaim then d = d - 1 end
+      redis.call('ZADD', KEYS[3], s, m)
+      if d > 0 then redis.call('HSET', KEYS[4], m, d) end
+      n = n + 1
+    end
+  end
+end
+if reclaim and n > 0 then redis.call('HINCRBY', KEYS[5], 'reclaimed', n) end
+return n
+`)
+
+// Extend renews the leases of tokens that still hold one.
+//
+//	KEYS: leases
+//	ARGV: lease ms, tokens...
+//	returns: the tokens whose lease was lost
+var Extend = redis.NewScript(`
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local lost = {}
+for i = 2, #ARGV do
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', exp, ARGV[i]) == 0 and not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    lost[#lost + 1] = ARGV[i]
+  end
+end
+return lost
+`)
+
+// Enqueue adds requests to a queue in enqueue order. Each request is a
+// triple (score, job, body) where body is the flat request's JSON without
+// its opening brace; the member becomes MemberTag<seq>/<job>",<body>.
+// Requests with a job are indexed for cancellation until ttl after their
+// deadline.
+//
+//	KEYS: queue, seq, registry
+//	ARGV: job index prefix, jobq prefix, index ttl ms after deadline, now ms, triples...
+//	returns: the last sequence number
+var Enqueue = redis.NewScript(`
+local n = (#ARGV - 4) / 3
+if n < 1 then return 0 end
+local last = redis.call('INCRBY', KEYS[2], n)
+local first = last - n + 1
+local add = {}
+local jobs = {}
+for k = 0, n - 1 do
+  local s, job, body = ARGV[5 + 3 * k], ARGV[6 + 3 * k], ARGV[7 + 3 * k]
+  local m = '{"_sluice":"' .. string.format('%020d', first + k) .. '/' .. job .. '",' .. body
+  add[#add + 1] = s
+  add[#add + 1] = m
+  if job ~= '' then
+    redis.call('SADD', ARGV[1] .. job, m)
+    local ttl = math.floor(tonumber(s) * 1000 - tonumber(ARGV[4]) + tonumber(ARGV[3]))
+    if not jobs[job] or jobs[job] < ttl then jobs[job] = ttl end
+  end
+end
+redis.call('ZADD', KEYS[1], unpack(add))
+for job, ttl in pairs(jobs) do
+  if ttl < 1000 then ttl = 1000 end
+  for _, k in ipairs({ARGV[1] .. job, ARGV[2] .. job}) do
+    if k == ARGV[2] .. job then redis.call('SADD', k, KEYS[1]) end
+    local cur = redis.call('PTTL', k)
+    if cur < ttl then redis.call('PEXPIRE', k, ttl) end
+  end
+end
+return last
+`)
+
+// Cancel records a cancellation, announces it, and for a job moves its
+// waiting requests to the front of their queues (score 0), so that they are
+// answered CANCELLED at once instead of when their deadline comes up.
+//
+//	KEYS: cancelled, cancel-epoch
+//	ARGV: entry ("job:<id>" or "req:<id>"), ttl ms, channel, jobq key ("" for a request), ":job:<id>"
+//	returns: number of waiting requests moved to the front
+var Cancel = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('INCR', KEYS[2])
+local moved = 0
+if ARGV[4] ~= '' then
+  local qs = redis.call('SMEMBERS', ARGV[4])
+  for _, q in ipairs(qs) do
+    local idx = q .. ARGV[5]
+    local ms = redis.call('SMEMBERS', idx)
+    for _, m in ipairs(ms) do
+      if redis.call('ZADD', q, 'XX', 'CH', 0, m) == 1 then moved = moved + 1 end
+    end
+    redis.call('DEL', idx)
+    if #ms > 0 then redis.call('PUBLISH', q .. ':notify', '1') end
+  end
+  redis.call('DEL', ARGV[4])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+return moved
+`)
+
+// LeaseResults leases up to n results of a result list for a reader: first
+// results whose earlier lease expired, then new ones (RPOP: oldest first).
+//
+//	KEYS: result list, pending
+//	ARGV: n, lease ms
+//	returns: the leased results
+var LeaseResults = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[1])
+local exp = now + tonumber(ARGV[2])
+local out = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, n)
+if #out < n then
+  local fresh = redis.call('RPOP', KEYS[1], n - #out)
+  if fresh then
+    for i = 1, #fresh do out[#out + 1] = fresh[i] end
+  end
+end
+if #out > 0 then
+  local add = {}
+  for i = 1, #out do
+    add[#add + 1] = exp
+    add[#add + 1] = out[i]
+  end
+  redis.call('ZADD', KEYS[2], unpack(add))
+end
+return out
+`)

@@ -1,0 +1,342 @@
+// Package producer is the client side of sluice's Redis sorted-set
+// transport: enqueue requests (one, or many pipelined), cancel a job or a
+// request, and read results durably (each result is leased, and comes back
+// to another reader if the one holding it crashes before it acks).
+//
+// Requests are written in the flat form with a leading "_sluice" member that
+// keeps requests with equal deadlines in enqueue order and indexes them by
+// job (metadata.job_id), so cancelling a job costs O(requests of the job).
+// The messages stay readable by any consumer of the flat form.
+//
+//	p, err := producer.Dial(os.Getenv("REDIS_URL"), producer.Config{})
+//	q := p.Names().RequestQueue("pool-a")       // llm-d-async:requests:pool-a
+//	err = p.EnqueueMany(ctx, q, reqs)
+//	r := p.Results(p.Names().ResultQueue("pool-a", ""), producer.ReaderOptions{})
+//	leases, err := r.Next(ctx)                  // ... handle, then:
+//	err = r.Ack(ctx, leases...)
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	msg "github.com/sluice-io/sluice/core/message"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
+)
+
+// RequestQueueName is the request queue of pool under the default prefix.
+func RequestQueueName(pool string) string { return rss.RequestQueueName(pool) }
+
+// ResultQueueName is the result list of pool and tenant ("$batch" when
+// empty) under the default prefix.
+func ResultQueueName(pool, tenant string) string { return rss.ResultQueueName(pool, tenant) }
+
+// Names is the key layout under a prefix (see Config.Prefix).
+type Names = keys.Names
+
+// Config configures a Producer.
+type Config struct {
+	// Prefix is the key prefix (default llm-d-async); it must match the
+	// dispatcher's "prefix" option.
+	Prefix string
+	// JobIndexTTL is how long a job's index outlives the latest deadline of
+	// its requests (default 1h).
+	JobIndexTTL time.Duration
+	// CancelTTL is how long a cancellation is remembered (default 7 days, as upstream).
+	CancelTTL time.Duration
+	// ChunkSize is how many requests one enqueue script call carries (default 500).
+	ChunkSize int
+}
+
+func (c *Config) setDefaults() {
+	if c.JobIndexTTL <= 0 {
+		c.JobIndexTTL = time.Hour
+	}
+	if c.CancelTTL <= 0 {
+		c.CancelTTL = 7 * 24 * time.Hour
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = 500
+	}
+}
+
+// Producer enqueues requests, cancels them and reads results. It is safe
+// for concurrent use.
+type Producer struct {
+	client *redis.Client
+	own    bool
+	cfg    Config
+	names  keys.Names
+	load   sync.Once
+}
+
+// New returns a producer on client; Close leaves the client open.
+func New(client *redis.Client, cfg Config) *Producer {
+	cfg.setDefaults()
+	return &Producer{client: client, cfg: cfg, names: keys.Names{Prefix: cfg.Prefix}}
+}
+
+// Dial connects to the Redis URL (redis://, rediss://, with user:password@
+// for AUTH); Close closes the connection.
+func Dial(url string, cfg Config) (*Producer, error) {
+	ro, err := rss.RedisOptions(url, rss.Options{})
+	if err != nil {
+		return nil, err
+	}
+	p := New(redis.NewClient(ro), cfg)
+	p.own = true
+	return p, nil
+}
+
+// Names returns the key layout (request and result queue names).
+func (p *Producer) Names() Names { return p.names }
+
+// Client returns the Redis client.
+func (p *Producer) Client() *redis.Client { return p.client }
+
+// Close closes the connection if Dial opened it.
+func (p *Producer) Close() error {
+	if p.own {
+		return p.client.Close()
+	}
+	return nil
+}
+
+// Enqueue adds one request to queue.
+func (p *Producer) Enqueue(ctx context.Context, queue string, req *msg.Request) error {
+	return p.EnqueueMany(ctx, queue, []*msg.Request{req})
+}
+
+// EnqueueMany adds requests to queue in order, pipelined: one round trip
+// for up to ChunkSize×64 requests. Requests are validated first (an invalid
+// one fails the call before anything is written).
+func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*msg.Request) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	k := p.names.Queue(queue)
+	nowMS := time.Now().UnixMilli()
+	head := []any{k.JobPrefix, p.names.JobQueues(""), p.cfg.JobIndexTTL.Milliseconds(), nowMS}
+	var chunks [][]any
+	args := append([]any(nil), head...)
+	for _, r := range reqs {
+		b, err := msg.EncodeRequest(r)
+		if err != nil {
+			return err
+		}
+		args = append(args, rss.Score(r.Deadline), indexableJob(r.JobID()), string(b[1:]))
+		if (len(args)-len(head))/3 == p.cfg.ChunkSize {
+			chunks = append(chunks, args)
+			args = append([]any(nil), head...)
+		}
+	}
+	if len(args) > len(head) {
+		chunks = append(chunks, args)
+	}
+	if err := p.ensureLoaded(ctx); err != nil {
+		return err
+	}
+	ks := []string{queue, k.Seq, p.names.Registry()}
+	for len(chunks) > 0 {
+		n := min(len(chunks), 64)
+		err := p.runChunks(ctx, ks, k.Notify, chunks[:n])
+		if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+			if err = keys.Enqueue.Load(ctx, p.client).Err(); err == nil {
+				err = p.runChunks(ctx, ks, k.Notify, chunks[:n])
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("enqueue to %s: %w", queue, err)
+		}
+		chunks = chunks[n:]
+	}
+	return nil
+}
+
+func (p *Producer) runChunks(ctx context.Context, ks []string, notify string, chunks [][]any) error {
+	_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		pl.SAdd(ctx, ks[2], ks[0])
+		for _, c := range chunks {
+			keys.Enqueue.EvalSha(ctx, pl, ks, c...)
+		}
+		pl.Publish(ctx, notify, "1")
+		return nil
+	})
+	return err
+}
+
+func (p *Producer) ensureLoaded(ctx context.Context) error {
+	var err error
+	p.load.Do(func() { err = keys.Enqueue.Load(ctx, p.client).Err() })
+	if err != nil {
+		p.load = sync.Once{}
+		return fmt.Errorf("load enqueue script: %w", err)
+	}
+	return nil
+}
+
+// indexableJob returns job when it can be carried in the member's tag (no
+// quote, backslash or control character), "" otherwise: such a job is still
+// cancelled, but its waiting requests are answered when they come up
+// rather than at once.
+func indexableJob(job string) string {
+	for i := 0; i < len(job); i++ {
+		if c := job[i]; c == '"' || c == '\\' || c < 0x20 {
+			return ""
+		}
+	}
+	return job
+}
+
+// CancelJob cancels every request of job (metadata.job_id): requests still
+// waiting are moved to the front of their queues and answered CANCELLED at
+// once (for requests enqueued by this library; others when they come up),
+// requests in flight have their HTTP calls aborted and are answered
+// CANCELLED, requests waiting for a retry are answered CANCELLED when due.
+// It returns how many waiting requests were moved.
+func (p *Producer) CancelJob(ctx context.Context, job string) (int, error) {
+	if job == "" {
+		return 0, errors.New("cancel job: empty job id")
+	}
+	n, err := keys.Cancel.Run(ctx, p.client, []string{p.names.Cancelled(), p.names.CancelEpoch()},
+		keys.JobEntry+job, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), p.names.JobQueues(job), ":job:"+job).Int()
+	if err != nil {
+		return 0, fmt.Errorf("cancel job %s: %w", job, err)
+	}
+	return n, nil
+}
+
+// CancelRequest cancels one request by id: answered CANCELLED when it comes
+// up, or aborted if it is in flight.
+func (p *Producer) CancelRequest(ctx context.Context, id string) error {
+	if id == "" {
+		return errors.New("cancel request: empty id")
+	}
+	err := keys.Cancel.Run(ctx, p.client, []string{p.names.Cancelled(), p.names.CancelEpoch()},
+		keys.RequestEntry+id, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), "", "").Err()
+	if err != nil {
+		return fmt.Errorf("cancel request %s: %w", id, err)
+	}
+	return nil
+}
+
+// ReaderOptions configure a ResultReader.
+type ReaderOptions struct {
+	// Lease is how long a result handed out by Next stays reserved before it
+	// is handed out again (default 60s).
+	Lease time.Duration
+	// Batch is the most results one Next returns (default 100).
+	Batch int
+	// PollInterval is the longest wait between two looks at an empty list
+	// (default 500ms).
+	PollInterval time.Duration
+}
+
+// ResultReader reads a result list durably: Next leases results, Ack
+// removes them; a result not acked within the lease is handed out again.
+type ResultReader struct {
+	p       *Producer
+	list    string
+	pending string
+	o       ReaderOptions
+}
+
+// Results returns a durable reader of result list.
+func (p *Producer) Results(list string, o ReaderOptions) *ResultReader {
+	if o.Lease <= 0 {
+		o.Lease = time.Minute
+	}
+	if o.Batch <= 0 {
+		o.Batch = 100
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 500 * time.Millisecond
+	}
+	return &ResultReader{p: p, list: list, pending: keys.Pending(list), o: o}
+}
+
+// ResultLease is one leased result.
+type ResultLease struct {
+	// Raw is the result as written; Ack needs it.
+	Raw string
+	// Result is the decoded result (nil when Raw does not decode; see Err).
+	Result *msg.Result
+	// Err is why Raw did not decode.
+	Err error
+}
+
+// TryNext leases up to Batch results without waiting (none when the list is empty).
+func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
+	raw, err := keys.LeaseResults.Run(ctx, r.p.client, []string{r.list, r.pending}, r.o.Batch, r.o.Lease.Milliseconds()).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read results from %s: %w", r.list, err)
+	}
+	out := make([]ResultLease, len(raw))
+	for i, s := range raw {
+		out[i].Raw = s
+		out[i].Result, out[i].Err = msg.DecodeResult([]byte(s))
+	}
+	return out, nil
+}
+
+// Next waits until at least one result is available (or ctx ends) and
+// leases up to Batch of them.
+func (r *ResultReader) Next(ctx context.Context) ([]ResultLease, error) {
+	wait := 5 * time.Millisecond
+	for {
+		out, err := r.TryNext(ctx)
+		if err != nil || len(out) > 0 {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, r.o.PollInterval)
+	}
+}
+
+// Ack removes results for good.
+func (r *ResultReader) Ack(ctx context.Context, ls ...ResultLease) error {
+	if len(ls) == 0 {
+		return nil
+	}
+	members := make([]any, len(ls))
+	for i, l := range ls {
+		members[i] = l.Raw
+	}
+	if err := r.p.client.ZRem(ctx, r.pending, members...).Err(); err != nil {
+		return fmt.Errorf("ack %d result(s) of %s: %w", len(ls), r.list, err)
+	}
+	return nil
+}
+
+// Pending returns how many results are leased and not yet acked.
+func (r *ResultReader) Pending(ctx context.Context) (int64, error) {
+	n, err := r.p.client.ZCard(ctx, r.pending).Result()
+	if err != nil {
+		return 0, fmt.Errorf("pending results of %s: %w", r.list, err)
+	}
+	return n, nil
+}
+
+// Seq returns the last enqueue sequence number of queue (for tools).
+func (p *Producer) Seq(ctx context.Context, queue string) (int64, error) {
+	s, err := p.client.Get(ctx, p.names.Queue(queue).Seq).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(s, 10, 64)
+}

@@ -1,0 +1,169 @@
+package redissortedset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
+)
+
+// publisher writes results with the fenced settle script.
+type publisher struct {
+	t  *Transport
+	qs *queueState
+}
+
+var _ message.Publisher = (*publisher)(nil)
+
+// Publish writes each result to the list topic and drops its lease, in one
+// atomic step fenced by the lease token in the message's metadata. A result
+// whose lease was lost is discarded and counted (Stats.LateResults): the
+// request was reclaimed and another claim answers it. While Redis is
+// unreachable the write is retried with backoff for up to result_retry_ms;
+// the request stays leased meanwhile, so a final failure loses nothing: the
+// core nacks, or the lease expires and the request is run again.
+func (p *publisher) Publish(topic string, ms ...*message.Message) error {
+	for _, m := range ms {
+		token := m.Metadata.Get(MetaLease)
+		if token == "" {
+			return fmt.Errorf("publish result %s to %s: message has no lease token", m.UUID, topic)
+		}
+		if err := p.t.settleRetrying(p.qs, topic, 'r', token, m.Payload, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close does nothing: the transport owns the client.
+func (*publisher) Close() error { return nil }
+
+// settleRetrying settles one lease through the group-commit settler of
+// (qs, list), retrying while Redis fails, for up to result_retry_ms.
+func (t *Transport) settleRetrying(qs *queueState, list string, mode byte, token string, result, dead []byte) error {
+	s, err := t.settler(qs, list)
+	if err != nil {
+		return err
+	}
+	give := time.Now().Add(ms(t.opts.ResultRetryMS))
+	backoff := 50 * time.Millisecond
+	for {
+		ok, err := s.submit(settleItem{mode: mode, token: token, result: result, dead: dead})
+		if err == nil {
+			qs.settle(token)
+			if !ok {
+				t.lateResults.Add(1)
+				t.log.Warn("late result discarded: the lease expired and the request was handed to another claim", "queue", qs.k.Name)
+			}
+			return nil
+		}
+		if errors.Is(err, ErrClosed) || time.Now().Add(backoff).After(give) {
+			return fmt.Errorf("write result to %s: %w", list, err)
+		}
+		t.log.Warn("writing a result failed; retrying (the request stays leased)", "queue", qs.k.Name, "err", err, "backoff", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-t.closing:
+			return fmt.Errorf("write result to %s: %w", list, ErrClosed)
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// settleItem is one lease to settle; see keys.Settle for the modes.
+type settleItem struct {
+	mode         byte
+	token        string
+	result, dead []byte
+	done         chan settleOutcome
+}
+
+type settleOutcome struct {
+	ok  bool
+	err error
+}
+
+// settler batches the settles of concurrent handlers into one script call
+// (group commit): while one call runs, the next batch gathers.
+type settler struct {
+	t    *Transport
+	keys []string
+	ch   chan settleItem
+}
+
+// maxSettleBatch bounds one settle call.
+const maxSettleBatch = 256
+
+// settler returns the settler of (qs, list), starting it.
+func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
+	key := [2]string{qs.k.Name, list}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.batchers[key]; ok {
+		return s, nil
+	}
+	if t.closed {
+		return nil, ErrClosed
+	}
+	s := &settler{t: t, keys: []string{qs.k.Leases, qs.k.Leased, list, qs.k.Dead, qs.k.Stats}, ch: make(chan settleItem)}
+	t.batchers[key] = s
+	t.wg.Add(1)
+	go s.run()
+	return s, nil
+}
+
+func (s *settler) submit(it settleItem) (bool, error) {
+	it.done = make(chan settleOutcome, 1)
+	select {
+	case s.ch <- it:
+	case <-s.t.closing:
+		return false, ErrClosed
+	}
+	o := <-it.done
+	return o.ok, o.err
+}
+
+func (s *settler) run() {
+	defer s.t.wg.Done()
+	batch := make([]settleItem, 0, maxSettleBatch)
+	args := make([]any, 0, 4*maxSettleBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case it := <-s.ch:
+			batch = append(batch, it)
+		case <-s.t.closing:
+			return
+		}
+	gather:
+		for len(batch) < maxSettleBatch {
+			select {
+			case it := <-s.ch:
+				batch = append(batch, it)
+			default:
+				break gather
+			}
+		}
+		args = args[:0]
+		for _, it := range batch {
+			args = append(args, string(it.mode), it.token, it.result, it.dead)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := keys.Settle.Run(ctx, s.t.client, s.keys, args...).Int64Slice()
+		cancel()
+		if err == nil && len(st) != len(batch) {
+			err = fmt.Errorf("settle: %d statuses for %d items", len(st), len(batch))
+		}
+		for i, it := range batch {
+			if err != nil {
+				it.done <- settleOutcome{err: err}
+				continue
+			}
+			it.done <- settleOutcome{ok: st[i] == 1}
+		}
+	}
+}

@@ -1,0 +1,502 @@
+// Package redissortedset is sluice's Redis sorted-set transport, compatible
+// with the llm-d Async Processor's "redis-sortedset" queues and safe where
+// upstream is not: requests are claimed into leases instead of being popped,
+// so a crashed replica loses nothing.
+//
+// Requests wait in a sorted set scored by deadline (Unix seconds, millisecond
+// precision); among equal deadlines the producer library's requests come out
+// in enqueue order. A claim (one Lua script, one round trip) moves up to
+// "free credits" requests into leases; heartbeats renew the leases of
+// requests in flight; a reclaimer returns expired leases to the queue; a
+// request whose lease expired max_deliveries times is dead-lettered with an
+// INFERENCE_ERROR result. A result is written by one Lua script fenced by the
+// lease token: it writes the result and drops the lease, or, when the lease
+// was lost meanwhile, discards the result and counts it as late. Retries park
+// in a delay set scored by due time and return to the queue with their
+// original deadline as score. See docs/redis-sortedset.md for the key layout
+// and the reasoning behind the defaults.
+package redissortedset
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
+)
+
+// Name is the transport's registry name.
+const Name = "redis-sortedset"
+
+// DefaultPrefix is the default key prefix.
+const DefaultPrefix = keys.DefaultPrefix
+
+// DefaultTenant is the tenant of ResultQueueName when none is given.
+const DefaultTenant = keys.DefaultTenant
+
+// Metadata keys of a delivered message. The core copies a delivery's
+// metadata onto its result message, which is how the result publisher finds
+// the lease to fence the write with.
+const (
+	MetaLease      = "sluice_lease"
+	MetaScore      = "sluice_score"
+	MetaDeliveries = "sluice_deliveries"
+	MetaQueue      = "sluice_queue"
+)
+
+// RequestQueueName is the request queue of pool under the default prefix:
+// llm-d-async:requests:<pool>.
+func RequestQueueName(pool string) string { return keys.Names{}.RequestQueue(pool) }
+
+// ResultQueueName is the result list of pool and tenant under the default
+// prefix: llm-d-async:results:<pool>:<tenant>; tenant defaults to "$batch".
+func ResultQueueName(pool, tenant string) string { return keys.Names{}.ResultQueue(pool, tenant) }
+
+// ErrClosed is returned by operations on a closed transport.
+var ErrClosed = errors.New("redis-sortedset transport closed")
+
+// Factory builds the transport from its options; it does no I/O.
+func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
+	var o Options
+	if err := transport.DecodeOptions(options, &o); err != nil {
+		return nil, err
+	}
+	if o.URL == "" {
+		o.URL = env.RedisURL
+	}
+	return New(o, env.Logger)
+}
+
+// Stats are the transport's counters since it started.
+type Stats struct {
+	// Claimed counts requests claimed.
+	Claimed int64
+	// LateResults counts results discarded because their lease was lost
+	// (the request had been reclaimed and handed to another claim).
+	LateResults int64
+	// LateRequeues counts retries dropped for the same reason.
+	LateRequeues int64
+	// Reclaimed counts expired leases this replica returned to the queue.
+	Reclaimed int64
+	// LostLeases counts leases a heartbeat found gone.
+	LostLeases int64
+	// GaveUp counts requests dead-lettered after max_deliveries.
+	GaveUp int64
+}
+
+// Transport is the Redis sorted-set transport. It is safe for concurrent use.
+type Transport struct {
+	opts   Options
+	log    *slog.Logger
+	client *redis.Client
+	names  keys.Names
+	id     string
+	seq    atomic.Uint64
+
+	closing   chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup // loops, batchers and settle waiters
+
+	mu       sync.Mutex
+	queues   map[string]*queueState
+	batchers map[[2]string]*settler
+	closed   bool
+
+	cancels cancelCache
+
+	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
+}
+
+var (
+	_ transport.Transport        = (*Transport)(nil)
+	_ transport.Requeuer         = (*Transport)(nil)
+	_ transport.RequestPublisher = (*Transport)(nil)
+	_ transport.CancelChecker    = (*Transport)(nil)
+	_ transport.CancelWatcher    = (*Transport)(nil)
+	_ transport.DepthReporter    = (*Transport)(nil)
+	_ transport.DeadLetterer     = (*Transport)(nil)
+)
+
+// New builds the transport; it does no I/O until a subscriber runs.
+func New(o Options, log *slog.Logger) (*Transport, error) {
+	o.SetDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	ro, err := RedisOptions(o.URL, o)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	return &Transport{
+		opts:     o,
+		log:      log,
+		client:   redis.NewClient(ro),
+		names:    keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName},
+		id:       hex.EncodeToString(id[:]),
+		closing:  make(chan struct{}),
+		queues:   map[string]*queueState{},
+		batchers: map[[2]string]*settler{},
+	}, nil
+}
+
+// Client returns the transport's Redis client (for tests and tools).
+func (t *Transport) Client() *redis.Client { return t.client }
+
+// Stats returns the transport's counters.
+func (t *Transport) Stats() Stats {
+	return Stats{Claimed: t.claimed.Load(), LateResults: t.lateResults.Load(), LateRequeues: t.lateRequeues.Load(),
+		Reclaimed: t.reclaimed.Load(), LostLeases: t.lostLeases.Load(), GaveUp: t.gaveUp.Load()}
+}
+
+// queueState is what the transport holds for one request queue.
+type queueState struct {
+	k       keys.Queue
+	started bool
+
+	mu   sync.Mutex
+	held map[string]struct{} // tokens leased by this replica and not yet settled
+}
+
+// queue returns the state of request queue name, creating it.
+func (t *Transport) queue(name string) *queueState {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	qs, ok := t.queues[name]
+	if !ok {
+		qs = &queueState{k: t.names.Queue(name), held: map[string]struct{}{}}
+		t.queues[name] = qs
+	}
+	return qs
+}
+
+// hold records tokens as leased by this replica.
+func (qs *queueState) hold(tokens ...string) {
+	qs.mu.Lock()
+	for _, tok := range tokens {
+		qs.held[tok] = struct{}{}
+	}
+	qs.mu.Unlock()
+}
+
+// settle forgets token and reports whether it was still held.
+func (qs *queueState) settle(token string) bool {
+	qs.mu.Lock()
+	_, ok := qs.held[token]
+	delete(qs.held, token)
+	qs.mu.Unlock()
+	return ok
+}
+
+func (qs *queueState) tokens() []string {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	out := make([]string, 0, len(qs.held))
+	for tok := range qs.held {
+		out = append(out, tok)
+	}
+	return out
+}
+
+// startLoops starts the heartbeat and reclaim loops of qs once.
+func (t *Transport) startLoops(qs *queueState) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if qs.started {
+		return nil
+	}
+	qs.started = true
+	t.wg.Add(2)
+	go t.heartbeatLoop(qs)
+	go t.reclaimLoop(qs)
+	return nil
+}
+
+// every runs fn every d until the transport closes.
+func (t *Transport) every(d time.Duration, fn func(ctx context.Context)) {
+	defer t.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-t.closing
+		cancel()
+	}()
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.closing:
+			return
+		case <-tick.C:
+			fn(ctx)
+		}
+	}
+}
+
+func (t *Transport) heartbeatLoop(qs *queueState) {
+	t.every(ms(t.opts.HeartbeatMS), func(ctx context.Context) { t.heartbeat(ctx, qs) })
+}
+
+// heartbeat renews the leases this replica holds on qs.
+func (t *Transport) heartbeat(ctx context.Context, qs *queueState) {
+	toks := qs.tokens()
+	for len(toks) > 0 {
+		n := min(len(toks), 1000)
+		args := make([]any, 0, n+1)
+		args = append(args, t.opts.LeaseMS)
+		for _, tok := range toks[:n] {
+			args = append(args, tok)
+		}
+		toks = toks[n:]
+		cctx, cancel := context.WithTimeout(ctx, ms(t.opts.HeartbeatMS))
+		lost, err := keys.Extend.Run(cctx, t.client, []string{qs.k.Leases}, args...).StringSlice()
+		cancel()
+		if err != nil {
+			t.log.Warn("lease heartbeat failed", "queue", qs.k.Name, "err", err)
+			return
+		}
+		if len(lost) > 0 {
+			t.lostLeases.Add(int64(len(lost)))
+			t.log.Warn("leases lost (expired and reclaimed); their results will be discarded", "queue", qs.k.Name, "count", len(lost))
+		}
+	}
+}
+
+func (t *Transport) reclaimLoop(qs *queueState) {
+	t.every(ms(t.opts.ReclaimIntervalMS), func(ctx context.Context) {
+		t.reclaim(ctx, qs)
+		t.refreshCancels(ctx, "")
+	})
+}
+
+// reclaim returns the expired leases of qs to the queue.
+func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
+	const limit = 500
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := keys.Release.Run(cctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Name, qs.k.Redeliveries, qs.k.Stats}, "reclaim", limit).Int()
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				t.log.Warn("reclaiming expired leases failed", "queue", qs.k.Name, "err", err)
+			}
+			return
+		}
+		if n > 0 {
+			t.reclaimed.Add(int64(n))
+			t.log.Info("returned requests with expired leases to the queue", "queue", qs.k.Name, "count", n)
+			t.notify(ctx, qs)
+		}
+		if n < limit {
+			return
+		}
+	}
+}
+
+func (t *Transport) notify(ctx context.Context, qs *queueState) {
+	_ = t.client.Publish(ctx, qs.k.Notify, "1").Err()
+}
+
+// release hands tokens back to their queue at once (a nack).
+func (t *Transport) release(ctx context.Context, qs *queueState, tokens ...string) error {
+	if len(tokens) == 0 {
+		return nil
+	}
+	args := make([]any, 0, len(tokens)+1)
+	args = append(args, "release")
+	for _, tok := range tokens {
+		args = append(args, tok)
+	}
+	err := keys.Release.Run(ctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Name, qs.k.Redeliveries, qs.k.Stats}, args...).Err()
+	if err != nil {
+		return fmt.Errorf("hand back %d request(s) to %s: %w", len(tokens), qs.k.Name, err)
+	}
+	t.notify(ctx, qs)
+	return nil
+}
+
+// releaseRetrying hands tokens back, retrying briefly; on failure the leases
+// expire and the reclaimer returns the requests instead.
+func (t *Transport) releaseRetrying(qs *queueState, tokens ...string) {
+	backoff := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := t.release(ctx, qs, tokens...)
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 4 {
+			t.log.Warn("hand-back failed; the lease will expire and the request return to the queue", "queue", qs.k.Name, "err", err)
+			return
+		}
+		time.Sleep(backoff)
+		backoff *= 2
+	}
+}
+
+// Close stops the loops, hands back every request still leased by this
+// replica and closes the Redis client.
+func (t *Transport) Close() error {
+	var err error
+	t.closeOnce.Do(func() {
+		t.mu.Lock()
+		t.closed = true
+		qss := make([]*queueState, 0, len(t.queues))
+		for _, qs := range t.queues {
+			qss = append(qss, qs)
+		}
+		t.mu.Unlock()
+		close(t.closing)
+		t.wg.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, qs := range qss {
+			toks := qs.tokens()
+			for len(toks) > 0 {
+				n := min(len(toks), 1000)
+				if rerr := t.release(ctx, qs, toks[:n]...); rerr != nil {
+					err = errors.Join(err, rerr)
+					break
+				}
+				toks = toks[n:]
+			}
+		}
+		err = errors.Join(err, t.client.Close())
+	})
+	return err
+}
+
+// PublishRequest implements transport.RequestPublisher: payload is added to
+// queue q.Name with its deadline as score (0 when it does not decode, so its
+// INVALID_REQUEST answer comes at once).
+func (t *Transport) PublishRequest(ctx context.Context, q transport.Queue, payload []byte) error {
+	score := "0"
+	if r, err := msg.Decode(payload); err == nil {
+		score = Score(r.Deadline)
+	}
+	qs := t.queue(q.Name)
+	if _, err := t.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Do(ctx, "ZADD", q.Name, score, payload)
+		p.Publish(ctx, qs.k.Notify, "1")
+		return nil
+	}); err != nil {
+		return fmt.Errorf("publish request to %s: %w", q.Name, err)
+	}
+	return nil
+}
+
+// Score is the sorted-set score of a deadline: Unix seconds with millisecond
+// precision, written exactly ("1700000000.25").
+func Score(deadline time.Time) string {
+	msec := deadline.UnixMilli()
+	s := strconv.FormatInt(msec/1000, 10)
+	if r := msec % 1000; r != 0 {
+		frac := strconv.FormatInt(1000+r, 10)[1:]
+		for frac[len(frac)-1] == '0' {
+			frac = frac[:len(frac)-1]
+		}
+		s += "." + frac
+	}
+	return s
+}
+
+// Requeue implements transport.Requeuer: the delivery's lease is swapped for
+// an entry in the queue's delay set, due at due and scored, once back in the
+// queue, by the original deadline. A lost lease drops the retry (the
+// request was handed to another claim).
+func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.Message, payload []byte, due time.Time) error {
+	token := m.Metadata.Get(MetaLease)
+	if token == "" {
+		return fmt.Errorf("requeue %s: delivery has no lease", m.UUID)
+	}
+	qs := t.queue(q.Name)
+	score := m.Metadata.Get(MetaScore)
+	if score == "" {
+		score = "0"
+	}
+	delay := max(time.Until(due).Milliseconds(), 0)
+	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Delayed, qs.k.Stats}, token, delay, score, payload).Int()
+	if err != nil {
+		return fmt.Errorf("requeue to %s: %w", qs.k.Delayed, err)
+	}
+	qs.settle(token)
+	if n == 0 {
+		t.lateRequeues.Add(1)
+		t.log.Warn("retry dropped: the lease was lost and the request handed to another claim", "queue", q.Name)
+	}
+	return nil
+}
+
+// DeadLetter implements transport.DeadLetterer: the message goes to the
+// queue's dead-letter list, fenced by its lease.
+func (t *Transport) DeadLetter(_ context.Context, q transport.Queue, m *message.Message, reason string) error {
+	token := m.Metadata.Get(MetaLease)
+	if token == "" {
+		return fmt.Errorf("dead-letter %s: delivery has no lease", m.UUID)
+	}
+	qs := t.queue(q.Name)
+	t.log.Warn("dead-lettering a message", "queue", q.Name, "reason", reason)
+	return t.settleRetrying(qs, q.ResultName, 'd', token, nil, m.Payload)
+}
+
+// Depth implements transport.DepthReporter.
+func (t *Transport) Depth(ctx context.Context, q transport.Queue) (transport.Depth, error) {
+	return QueueDepth(ctx, t.client, t.names, q.Name)
+}
+
+// QueueDepth reports the depths of request queue name (shared with the CLI).
+func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name string) (transport.Depth, error) {
+	k := names.Queue(name)
+	var w, f, d *redis.IntCmd
+	var dl *redis.IntCmd
+	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		w = p.ZCard(ctx, k.Name)
+		f = p.ZCard(ctx, k.Leases)
+		d = p.ZCard(ctx, k.Delayed)
+		dl = p.LLen(ctx, k.Dead)
+		return nil
+	})
+	if err != nil {
+		return transport.Depth{Waiting: -1, InFlight: -1, Delayed: -1, DeadLettered: -1}, fmt.Errorf("depth of %s: %w", name, err)
+	}
+	return transport.Depth{Waiting: w.Val(), InFlight: f.Val(), Delayed: d.Val(), DeadLettered: dl.Val()}, nil
+}
+
+// Names returns the transport's key layout.
+func (t *Transport) Names() keys.Names { return t.names }
+
+// Subscriber implements transport.Transport.
+func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (message.Subscriber, error) {
+	if credits == nil {
+		return nil, fmt.Errorf("redis-sortedset subscriber %s: nil credits", q.Name)
+	}
+	return &subscriber{t: t, q: q, qs: t.queue(q.Name), credits: credits, done: make(chan struct{})}, nil
+}
+
+// Publisher implements transport.Transport: results are written by the
+// fenced settle script (result + lease removal in one step).
+func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
+	return &publisher{t: t, qs: t.queue(q.Name)}, nil
+}
