@@ -1,0 +1,57 @@
+package app
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/internal/testenv"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestMetricsAndHealthEndpoints(t *testing.T) {
+	_, url := newGateway(t)
+	mp, hp := testenv.FreePort(t), testenv.FreePort(t)
+	h := startApp(t, url, time.Second, func(c *config.Config) {
+		c.ListenHost, c.MetricsPort, c.HealthPort = "127.0.0.1", mp, hp
+	})
+	if err := h.mem.Enqueue(e2eQueue, request("m1", time.Now().Add(time.Minute), nil)); err != nil {
+		t.Fatal(err)
+	}
+	h.waitResults(1, 10*time.Second)
+	waitFor(t, func() bool { return h.app.Pipeline().Ready() }, 5*time.Second)
+	health := "http://" + h.app.Addr("health")
+	if code, body := get(t, health+"/healthz"); code != 200 || !strings.Contains(body, "ok") {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, _ := get(t, health+"/readyz"); code != 200 {
+		t.Errorf("/readyz: %d", code)
+	}
+	code, body := get(t, "http://"+h.app.Addr("metrics")+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	for _, want := range []string{
+		`llm_d_async_async_request_total{pool_name="e2e",queue_id="llm-d-async:requests:e2e",queue_name="llm-d-async:requests:e2e"} 1`,
+		`llm_d_async_async_successful_requests_total{pool_name="e2e"`,
+		`sluice_results_total{code="ok"`,
+		"llm_d_async_async_inference_latency_time_millis_bucket",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
