@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/app"
@@ -43,18 +44,16 @@ func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	f := &fixture{t: t, redis: r, prod: p}
-	if simCfg != (simulator.Config{}) || true {
-		s, err := simulator.New(simCfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		base, err := s.Start("127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-		f.sim = base
+	s, err := simulator.New(simCfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	base, err := s.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	f.sim = base
 	return f
 }
 
@@ -182,3 +181,5 @@ func ids(prefix string, n int) []string {
 	}
 	return out
 }
+
+func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
