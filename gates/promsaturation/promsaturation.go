@@ -1,0 +1,160 @@
+// Package promsaturation is the gate of type "prometheus-saturation": it
+// reads the flow-control saturation of an inference pool from Prometheus
+// (the endpoint picker exports it) and stays open while it is below a
+// threshold.
+//
+//	saturation = max over series of inference_extension_flow_control_pool_saturation{inference_pool="<pool>"[,namespace="<ns>"]}
+//	budget     = threshold − saturation   when saturation < threshold, else 0
+//
+// On a missing metric or a failed query the gate uses the fallback
+// saturation (default 0, so the budget is the threshold: it fails open, as
+// upstream does). Setting failure_policy instead hands failures to the
+// refresh loop's policy (open, closed, keep-last); setting both is an error.
+package promsaturation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/gates/internal/promquery"
+)
+
+// Type is the gate's registry name.
+const Type = "prometheus-saturation"
+
+// Metric is the saturation gauge the gate reads.
+const Metric = "inference_extension_flow_control_pool_saturation"
+
+// DefaultThreshold is the saturation at which the gate closes.
+const DefaultThreshold = 0.8
+
+// Config configures a Gate.
+type Config struct {
+	// Pool is the inference pool (required).
+	Pool string
+	// Namespace narrows the query to one namespace (optional).
+	Namespace string
+	// Threshold is where the gate closes, in (0,1] (default DefaultThreshold).
+	Threshold float64
+	// Fallback is the saturation assumed on failure; nil hands failures to
+	// the refresh loop's policy.
+	Fallback *float64
+}
+
+// Validate reports an unusable configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Pool == "" {
+		errs = append(errs, errors.New("inference_pool is required"))
+	}
+	if !(c.Threshold > 0 && c.Threshold <= 1) {
+		errs = append(errs, fmt.Errorf("threshold %v outside (0,1]", c.Threshold))
+	}
+	if c.Fallback != nil && !(*c.Fallback >= 0 && *c.Fallback <= 1) {
+		errs = append(errs, fmt.Errorf("fallback %v outside [0,1]", *c.Fallback))
+	}
+	return errors.Join(errs...)
+}
+
+// Gate is the saturation gate. It is safe for concurrent use.
+type Gate struct {
+	cfg    Config
+	query  string
+	client *promquery.Client
+}
+
+var (
+	_ gate.Gate           = (*Gate)(nil)
+	_ gate.Describer      = (*Gate)(nil)
+	_ gate.PolicyReporter = (*Gate)(nil)
+)
+
+// New returns the gate; it takes ownership of client (Close closes it).
+func New(cfg Config, client *promquery.Client) (*Gate, error) {
+	if err := cfg.Validate(); err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	q := promquery.Selector(Metric, "inference_pool", cfg.Pool, "namespace", cfg.Namespace)
+	return &Gate{cfg: cfg, query: q, client: client}, nil
+}
+
+// Factory builds the gate from gate_params: inference_pool (or pool),
+// namespace, threshold, fallback, prometheus_url, cache_ttl.
+func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
+	var cfg Config
+	var err error
+	if cfg.Pool, err = promquery.Pool(p); err != nil {
+		return nil, err
+	}
+	cfg.Namespace = p.String("namespace", "")
+	if cfg.Threshold, err = p.Float("threshold", DefaultThreshold); err != nil {
+		return nil, err
+	}
+	switch {
+	case p.Has("fallback") && p.Has(gate.ParamFailurePolicy):
+		return nil, errors.New("gate_params: set fallback or failure_policy, not both")
+	case p.Has("fallback"):
+		f, err := p.Float("fallback", 0)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Fallback = &f
+	case !p.Has(gate.ParamFailurePolicy):
+		zero := 0.0 // upstream's default: fail open at the threshold
+		cfg.Fallback = &zero
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	client, err := promquery.FromParams(p, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Unused(); err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return New(cfg, client)
+}
+
+// Budget queries the saturation and returns threshold − saturation.
+func (g *Gate) Budget(ctx context.Context) (float64, error) {
+	vals, err := g.client.Values(ctx, g.query)
+	if err == nil {
+		if sat, ok := promquery.Max(vals); ok {
+			return g.budget(sat), nil
+		}
+		err = fmt.Errorf("query %s: only NaN samples: %w", g.query, promquery.ErrNoData)
+	}
+	if g.cfg.Fallback != nil {
+		return 0, &gate.FallbackError{Budget: g.budget(*g.cfg.Fallback), Err: err}
+	}
+	return 0, err
+}
+
+func (g *Gate) budget(sat float64) float64 {
+	if math.IsNaN(sat) || sat >= g.cfg.Threshold {
+		return 0
+	}
+	return min(1, max(0, g.cfg.Threshold-math.Max(sat, 0)))
+}
+
+// Describe says when the gate closes.
+func (g *Gate) Describe() string {
+	s := fmt.Sprintf("when %s ≥ %g (budget = %g − saturation)", g.query, g.cfg.Threshold, g.cfg.Threshold)
+	if g.cfg.Fallback != nil {
+		s += fmt.Sprintf("; on a missing metric or failed query: saturation %g (budget %g)", *g.cfg.Fallback, g.budget(*g.cfg.Fallback))
+	}
+	return s
+}
+
+// FailurePolicy is open: with the default fallback a failure leaves the
+// gate open (at the threshold), as upstream.
+func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.FailOpen }
+
+// Close releases the Prometheus client; it is idempotent.
+func (g *Gate) Close() error { return g.client.Close() }
