@@ -78,7 +78,11 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
-	return New(o, env.Logger)
+	t, err := New(o, env.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // Stats are the transport's counters since it started.
