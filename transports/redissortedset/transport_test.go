@@ -313,8 +313,9 @@ func TestRetryWaitsInDelaySetWithOriginalScore(t *testing.T) {
 	defer s.close()
 	m := s.next(5 * time.Second)
 	score := m.Metadata.Get(rss.MetaScore)
-	if score != rss.Score(req.Deadline) {
-		t.Fatalf("score %s, want %s", score, rss.Score(req.Deadline))
+	want, _ := strconv.ParseFloat(rss.Score(req.Deadline), 64)
+	if got, err := strconv.ParseFloat(score, 64); err != nil || got != want {
+		t.Fatalf("score %s, want %v (the deadline at ms precision)", score, want)
 	}
 	payload, err := msg.WithRetryCount(m.Payload, 1)
 	if err != nil {
