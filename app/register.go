@@ -3,6 +3,8 @@ package app
 import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/gates/prombudget"
+	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/transports/redissortedset"
 )
@@ -13,4 +15,6 @@ func registerMore(tr *transport.Registry, gr *gate.Registry) {
 	_ = tr
 	must(tr.Register(redissortedset.Name, redissortedset.Factory))
 	must(gr.Register(redisbudget.Type, redisbudget.Factory))
+	must(gr.Register(promsaturation.Type, promsaturation.Factory))
+	must(gr.Register(prombudget.Type, prombudget.Factory))
 }
