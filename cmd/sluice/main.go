@@ -55,6 +55,7 @@ exponential backoff; everything else ends as an error result.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
+	root.AddCommand(redisCommands()...)
 	return root
 }
 
