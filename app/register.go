@@ -3,6 +3,7 @@ package app
 import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
@@ -17,4 +18,5 @@ func registerMore(tr *transport.Registry, gr *gate.Registry) {
 	must(gr.Register(redisbudget.Type, redisbudget.Factory))
 	must(gr.Register(promsaturation.Type, promsaturation.Factory))
 	must(gr.Register(prombudget.Type, prombudget.Factory))
+	must(gr.Register(composite.Type, composite.Factory))
 }
