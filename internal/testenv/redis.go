@@ -27,6 +27,8 @@ type Redis struct {
 	Password string
 	cmd      *exec.Cmd
 	dir      string
+	logf     *os.File
+	tmp      string // removed by Stop
 }
 
 // RedisOptions configure StartRedis.
@@ -65,14 +67,41 @@ func FreePort(t testing.TB) int {
 // StartRedis starts redis-server on 127.0.0.1 and stops it at the end of the test.
 func StartRedis(t testing.TB, o RedisOptions) *Redis {
 	t.Helper()
-	bin := LookPath(t, "redis-server", "redis-server")
+	LookPath(t, "redis-server", "redis-server")
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	r, err := StartRedisProcess(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// StartRedisProcess starts redis-server on 127.0.0.1 outside a test (for
+// benchmarks); the caller stops it with Stop. Without o.Dir it uses a new
+// temporary directory, removed by Stop.
+func StartRedisProcess(o RedisOptions) (*Redis, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found in PATH: install the Debian package \"redis-server\" (apt-get install -y redis-server)")
+	}
 	port := o.Port
 	if port == 0 {
-		port = FreePort(t)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("free port: %w", err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
 	}
-	dir := o.Dir
+	dir, tmp := o.Dir, ""
 	if dir == "" {
-		dir = t.TempDir()
+		if dir, err = os.MkdirTemp("", "redis-"); err != nil {
+			return nil, err
+		}
+		tmp = dir
 	}
 	args := []string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
 		"--save", "", "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning"}
@@ -87,23 +116,23 @@ func StartRedis(t testing.TB, o RedisOptions) *Redis {
 	cmd := exec.Command(bin, args...)
 	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
 	if err != nil {
-		t.Fatalf("redis log: %v", err)
+		return nil, fmt.Errorf("redis log: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
+		logf.Close()
+		return nil, fmt.Errorf("start redis-server: %w", err)
 	}
-	r := &Redis{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: o.Password, cmd: cmd, dir: dir}
+	r := &Redis{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Password: o.Password, cmd: cmd, dir: dir, logf: logf, tmp: tmp}
 	r.URL = "redis://" + r.Addr + "/0"
 	if o.Password != "" {
 		r.URL = "redis://:" + o.Password + "@" + r.Addr + "/0"
 	}
-	t.Cleanup(func() { r.Stop(); logf.Close() })
 	if err := waitRedis(r.Addr, o.Password, 10*time.Second); err != nil {
 		r.Stop()
-		t.Fatalf("redis-server on %s did not come up: %v", r.Addr, err)
+		return nil, fmt.Errorf("redis-server on %s did not come up: %w", r.Addr, err)
 	}
-	return r
+	return r, nil
 }
 
 // Dir is the server's data directory.
@@ -117,6 +146,12 @@ func (r *Redis) Stop() {
 	_ = r.cmd.Process.Kill()
 	_ = r.cmd.Wait()
 	r.cmd = nil
+	if r.logf != nil {
+		r.logf.Close()
+	}
+	if r.tmp != "" {
+		_ = os.RemoveAll(r.tmp)
+	}
 }
 
 // waitRedis polls until the server answers PING.
