@@ -38,6 +38,10 @@ type options struct {
 func scenarios() []scenario {
 	return []scenario{
 		{"core", runCore},
+		{"redis-sortedset", runRedisSortedSet},
+		{"gate-reaction", runGateReaction},
+		{"no-herd", runNoHerd},
+		{"concurrency", runConcurrency},
 	}
 }
 
