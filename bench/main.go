@@ -39,9 +39,6 @@ func scenarios() []scenario {
 	return []scenario{
 		{"core", runCore},
 		{"redis-sortedset", runRedisSortedSet},
-		{"gate-reaction", runGateReaction},
-		{"no-herd", runNoHerd},
-		{"concurrency", runConcurrency},
 	}
 }
 
