@@ -72,7 +72,24 @@ func (l *legacyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.gcpTopicsFile, "pubsub.topics-config-file", "", "legacy: subscriptions config file (JSON array of queues)")
 	fs.StringVar(&l.gcpIGWBaseURL, "pubsub.igw-base-url", "", "legacy: gateway base URL for Pub/Sub")
 	fs.StringVar(&l.gcpRequestPath, "pubsub.request-path-url", config.DefaultRequestPath, "legacy: request path for Pub/Sub")
+	// Accepted, but kept out of --help; legacyHelp lists them.
+	fs.VisitAll(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Usage, "legacy: ") {
+			_ = fs.MarkHidden(f.Name)
+		}
+	})
 }
+
+// legacyHelp is the part of serve's help about the hidden legacy flags.
+const legacyHelp = `
+Upstream's legacy flags are accepted and mapped onto the same configuration
+(hidden from the list below; see the README): --message-queue-impl, the
+--redis.ss.* family (queues-config-file, queues-config, result-queue-name,
+request-queue-name, igw-base-url, request-path-url, poll-interval-ms,
+batch-size, gate-type, gate-params), the --redis.* pub/sub family
+(request-queue-name, result-queue-name, retry-queue-name, igw-base-url,
+request-path-url) and the --pubsub.* family (project-id,
+request-subscriber-id, result-topic-id, topics-config-file, igw-base-url).`
 
 // apply maps the legacy flags that were set onto cfg.
 func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {

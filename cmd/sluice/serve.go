@@ -151,7 +151,8 @@ in flight finish within --drain-timeout, and hand the rest back to the queue.
 
 Configuration comes from --config (a JSON file), then --transport-config-file
 or --transport-config (the queues and the transport's options), then flags.
-The Redis URL comes from --redis.url, --redis.url-file or $REDIS_URL.`,
+The Redis URL comes from --redis.url, --redis.url-file or $REDIS_URL.
+` + legacyHelp,
 		Example: `  sluice serve --config sluice.json
   sluice serve --transport redis-sortedset --transport-config-file queues.json
   REDIS_URL=redis://redis:6379 sluice serve --message-queue-impl=redis-sortedset \
