@@ -39,6 +39,9 @@ func scenarios() []scenario {
 	return []scenario{
 		{"core", runCore},
 		{"redis-sortedset", runRedisSortedSet},
+		{"gate-reaction", runGateReaction},
+		{"no-herd", runNoHerd},
+		{"concurrency", runConcurrency},
 	}
 }
 

@@ -1,0 +1,419 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/transports/memory"
+)
+
+// The gate scenarios run sluice in-process (memory transport, redis gate on a
+// real redis-server, gateway simulator on loopback) and watch the gateway:
+// a counting wrapper around the simulator's handler records every arrival
+// and the concurrency the gateway sees.
+
+// benchRedis is a redis-server started for a scenario, stopped by its PID.
+type benchRedis struct {
+	addr string
+	cmd  *exec.Cmd
+	dir  string
+}
+
+func startRedis() (*benchRedis, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, errors.New("redis-server not found: install the Debian package redis-server")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir, err := os.MkdirTemp("", "sluice-bench-redis-")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
+		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start redis-server: %w", err)
+	}
+	r := &benchRedis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir}
+	c := redis.NewClient(&redis.Options{Addr: r.addr})
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if c.Ping(context.Background()).Err() == nil {
+			return r, nil
+		}
+		if time.Now().After(deadline) {
+			r.stop()
+			return nil, errors.New("redis-server did not answer PING")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (r *benchRedis) stop() {
+	_ = r.cmd.Process.Kill()
+	_ = r.cmd.Wait()
+	os.RemoveAll(r.dir)
+}
+
+// gateway is the simulator behind a wrapper that records arrivals.
+type gateway struct {
+	sim      *simulator.Server
+	srv      *http.Server
+	url      string
+	start    time.Time
+	arrivals atomic.Int64
+	lastNano atomic.Int64 // last arrival, ns since start
+	inflight atomic.Int64
+	maxIn    atomic.Int64
+	conns    atomic.Int64 // connections accepted
+}
+
+func startGateway(cfg simulator.Config) (*gateway, error) {
+	sim, err := simulator.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	g := &gateway{sim: sim, url: "http://" + ln.Addr().String(), start: time.Now()}
+	inner := sim.Handler()
+	g.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.arrivals.Add(1)
+		g.lastNano.Store(int64(time.Since(g.start)))
+		n := g.inflight.Add(1)
+		for m := g.maxIn.Load(); n > m && !g.maxIn.CompareAndSwap(m, n); m = g.maxIn.Load() {
+		}
+		inner.ServeHTTP(w, r)
+		g.inflight.Add(-1)
+	})}
+	g.srv.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			g.conns.Add(1)
+		}
+	}
+	go func() { _ = g.srv.Serve(ln) }()
+	return g, nil
+}
+
+func (g *gateway) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = g.srv.Shutdown(ctx)
+	_ = g.sim.Close()
+}
+
+// gateRun is sluice with the redis gate over a memory backlog.
+type gateRun struct {
+	app  *app.App
+	mem  *memory.Transport
+	stop context.CancelFunc
+	errc chan error
+}
+
+const benchQueue, benchResults = "llm-d-async:requests:bench", "llm-d-async:results:bench:$batch"
+
+func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, requests int) (*gateRun, error) {
+	mem := memory.New(memory.Options{})
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: maxConc, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(time.Second),
+		TransportConfig: config.TransportConfig{ResultQueueName: benchResults, Queues: []config.Queue{{
+			QueueName: benchQueue, IGWBaseURL: gwURL, GateType: redisbudget.Type,
+			GateParams: map[string]json.RawMessage{"address": json.RawMessage(strconv.Quote(redisAddr))},
+		}}},
+	}
+	a, err := app.New(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(time.Hour).Unix()
+	for i := range requests {
+		b := fmt.Appendf(nil, `{"id":"b%d","deadline":%d,"payload":{"model":"m","prompt":"hi","max_tokens":8}}`, i, deadline)
+		if err := mem.Enqueue(benchQueue, b); err != nil {
+			return nil, err
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	r := &gateRun{app: a, mem: mem, stop: stop, errc: make(chan error, 1)}
+	go func() { r.errc <- a.Run(runCtx) }()
+	return r, nil
+}
+
+func (r *gateRun) shutdown() error {
+	r.stop()
+	return <-r.errc
+}
+
+func setBudget(ctx context.Context, c *redis.Client, b string) error {
+	return c.Set(ctx, redisbudget.DefaultBudgetKey, b, 0).Err()
+}
+
+// runGateReaction: under load, the Redis budget key goes from 1 to 0;
+// stop_ms is the time from the SET to the last request the gateway received.
+func runGateReaction(ctx context.Context, o options) (figures, error) {
+	rs, err := startRedis()
+	if err != nil {
+		return nil, err
+	}
+	defer rs.stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rc.Close()
+	var stops, after []float64
+	for range o.runs {
+		if err := setBudget(ctx, rc, "1"); err != nil {
+			return nil, err
+		}
+		gw, err := startGateway(simulator.Config{Latency: simulator.Fixed(20 * time.Millisecond), Capacity: 1000})
+		if err != nil {
+			return nil, err
+		}
+		run, err := startGateRun(ctx, gw.url, rs.addr, 256, 100_000)
+		if err != nil {
+			gw.close()
+			return nil, err
+		}
+		time.Sleep(time.Second) // under load: ~256 in flight, ~10k requests/s
+		before := gw.arrivals.Load()
+		t0 := time.Since(gw.start)
+		if err := setBudget(ctx, rc, "0"); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Second)
+		last := time.Duration(gw.lastNano.Load())
+		stops = append(stops, float64(max(0, last-t0))/float64(time.Millisecond))
+		after = append(after, float64(gw.arrivals.Load()-before))
+		if before == 0 {
+			return nil, errors.New("no request dispatched before the gate closed")
+		}
+		err = run.shutdown()
+		gw.close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return figures{"stop_ms": median(stops), "dispatched_after_close": median(after), "refresh_ms": float64(redisbudget.DefaultRefreshInterval.Milliseconds())}, nil
+}
+
+// runNoHerd: the budget goes from 0 to 1 over a deep backlog; the gateway
+// must never see more requests at once than the limit (max_concurrency).
+func runNoHerd(ctx context.Context, o options) (figures, error) {
+	rs, err := startRedis()
+	if err != nil {
+		return nil, err
+	}
+	defer rs.stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rc.Close()
+	const limit = 1000
+	var maxes, ramps []float64
+	for range o.runs {
+		if err := setBudget(ctx, rc, "0"); err != nil {
+			return nil, err
+		}
+		gw, err := startGateway(simulator.Config{Latency: simulator.Fixed(500 * time.Millisecond), Capacity: 10_000})
+		if err != nil {
+			return nil, err
+		}
+		run, err := startGateRun(ctx, gw.url, rs.addr, limit, 20_000)
+		if err != nil {
+			gw.close()
+			return nil, err
+		}
+		time.Sleep(500 * time.Millisecond)
+		if n := gw.arrivals.Load(); n != 0 {
+			run.shutdown()
+			gw.close()
+			return nil, fmt.Errorf("%d requests dispatched while the budget was 0", n)
+		}
+		t0 := time.Now()
+		if err := setBudget(ctx, rc, "1"); err != nil {
+			return nil, err
+		}
+		var ramp time.Duration
+		for end := t0.Add(2 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if ramp == 0 && gw.inflight.Load() >= limit {
+				ramp = time.Since(t0)
+			}
+		}
+		maxes = append(maxes, float64(gw.maxIn.Load()))
+		ramps = append(ramps, float64(ramp)/float64(time.Millisecond))
+		err = run.shutdown()
+		gw.close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return figures{"max_inflight": median(maxes), "limit": limit, "ramp_to_limit_ms": median(ramps)}, nil
+}
+
+// childEnv marks the process that runs the concurrency scenario alone, so
+// that its peak RSS is its own.
+const childEnv = "SLUICE_BENCH_CONCURRENCY_CHILD"
+
+// runConcurrency: a gateway with 1 s latency, a budget allowing 5,000 in
+// flight (max_concurrency 10,000 × Redis budget 0.5), 60,000 requests.
+// throughput is results per second from start to the last result; rss_mb
+// is the peak resident set (VmHWM) of a process that runs only this
+// scenario (sluice and the simulator together).
+func runConcurrency(ctx context.Context, o options) (figures, error) {
+	if os.Getenv(childEnv) == "" {
+		return runChild(ctx, "concurrency")
+	}
+	rs, err := startRedis()
+	if err != nil {
+		return nil, err
+	}
+	defer rs.stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rc.Close()
+	if err := setBudget(ctx, rc, "0.5"); err != nil {
+		return nil, err
+	}
+	const requests, maxConc = 60_000, 10_000
+	gw, err := startGateway(simulator.Config{Latency: simulator.Fixed(time.Second), Capacity: maxConc})
+	if err != nil {
+		return nil, err
+	}
+	defer gw.close()
+	run, err := startGateRun(ctx, gw.url, rs.addr, maxConc, requests)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if dir := os.Getenv("SLUICE_BENCH_PROFILE"); dir != "" {
+		stopProfile, err := profile(dir)
+		if err != nil {
+			return nil, err
+		}
+		defer stopProfile()
+	}
+	trace := os.Getenv("SLUICE_BENCH_TRACE") != ""
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		n, more := run.mem.ResultCount(benchResults)
+		if n >= requests {
+			break
+		}
+		select {
+		case <-more:
+		case <-tick.C:
+			if trace {
+				inflight, limit, _ := run.app.Pipeline().Credits(benchQueue).Snapshot()
+				fmt.Fprintf(os.Stderr, "t=%.0fs results=%d gateway_inflight=%d credits_inflight=%d limit=%d arrivals=%d conns=%d\n",
+					time.Since(start).Seconds(), n, gw.inflight.Load(), inflight, limit, gw.arrivals.Load(), gw.conns.Load())
+			}
+		case <-ctx.Done():
+			run.shutdown()
+			return nil, ctx.Err()
+		}
+	}
+	el := time.Since(start)
+	failed := 0
+	for _, b := range run.mem.Results(benchResults) {
+		if !strings.Contains(string(b), `"status_code":200`) {
+			failed++
+		}
+	}
+	if err := run.shutdown(); err != nil {
+		return nil, err
+	}
+	return figures{
+		"requests": requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
+		"max_inflight": float64(gw.maxIn.Load()), "failed": float64(failed), "rss_mb": rssMB(),
+	}, nil
+}
+
+// profile writes a CPU profile of the scenario and, 8 s in, a heap profile
+// into dir (set SLUICE_BENCH_PROFILE=dir).
+func profile(dir string) (func(), error) {
+	cpu, err := os.Create(filepath.Join(dir, "concurrency.cpu.pprof"))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		cpu.Close()
+		return nil, err
+	}
+	heapTimer := time.AfterFunc(8*time.Second, func() {
+		if f, err := os.Create(filepath.Join(dir, "concurrency.heap.pprof")); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(f, 0)
+			f.Close()
+		}
+		if f, err := os.Create(filepath.Join(dir, "concurrency.goroutine.txt")); err == nil {
+			_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+			f.Close()
+		}
+	})
+	return func() {
+		heapTimer.Stop()
+		pprof.StopCPUProfile()
+		cpu.Close()
+	}, nil
+}
+
+// runChild runs one scenario in a fresh process of this program and parses
+// its BENCH line.
+func runChild(ctx context.Context, name string) (figures, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe, "-only", name, "-runs", "1")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s in a child process (%s): %w", name, strings.TrimSpace(string(out)), err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 || fields[0] != "BENCH" || fields[1] != name {
+			continue
+		}
+		f := figures{}
+		for _, kv := range fields[2:] {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s", name, kv)
+			}
+			f[k] = x
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("%s: no BENCH line in the child's output", name)
+}
+
