@@ -416,4 +416,3 @@ func runChild(ctx context.Context, name string) (figures, error) {
 	}
 	return nil, fmt.Errorf("%s: no BENCH line in the child's output", name)
 }
-
