@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -355,6 +356,8 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 // profile writes a CPU profile of the scenario and, 8 s in, a heap profile
 // into dir (set SLUICE_BENCH_PROFILE=dir).
 func profile(dir string) (func(), error) {
+	runtime.SetMutexProfileFraction(10)
+	runtime.SetBlockProfileRate(int(time.Millisecond))
 	cpu, err := os.Create(filepath.Join(dir, "concurrency.cpu.pprof"))
 	if err != nil {
 		return nil, err
@@ -367,6 +370,12 @@ func profile(dir string) (func(), error) {
 		if f, err := os.Create(filepath.Join(dir, "concurrency.heap.pprof")); err == nil {
 			_ = pprof.Lookup("heap").WriteTo(f, 0)
 			f.Close()
+		}
+		for _, name := range []string{"mutex", "block"} {
+			if f, err := os.Create(filepath.Join(dir, "concurrency."+name+".pprof")); err == nil {
+				_ = pprof.Lookup(name).WriteTo(f, 0)
+				f.Close()
+			}
 		}
 		if f, err := os.Create(filepath.Join(dir, "concurrency.goroutine.txt")); err == nil {
 			_ = pprof.Lookup("goroutine").WriteTo(f, 1)
