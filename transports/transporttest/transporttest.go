@@ -226,10 +226,13 @@ func testDeliverAndAck(t *testing.T, h Harness) {
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("extra delivery after all were acked: %s", m.Payload)
 	}
+	c.close(t)
 	waitCredits(t, c.credits, 0)
 }
 
-// waitCredits waits until the credits in use come down to n.
+// waitCredits waits until the credits in use come down to n. A subscriber
+// may hold credits while it waits for new messages, so the suite checks
+// after closing it.
 func waitCredits(t testing.TB, c *gate.Credits, n int) {
 	t.Helper()
 	deadline := time.Now().Add(wait)
@@ -269,6 +272,7 @@ func testCredits(t *testing.T, h Harness) {
 	for range 2 {
 		c.mustNext(t, wait, "the rest").Ack()
 	}
+	c.close(t)
 	waitCredits(t, c.credits, 0)
 }
 
@@ -322,6 +326,7 @@ func testNack(t *testing.T, h Harness) {
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("delivered again after ack: %s", m.Payload)
 	}
+	c.close(t)
 	waitCredits(t, c.credits, 0)
 }
 
