@@ -220,7 +220,12 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 			return nil, err
 		}
 	}
-	return figures{"stop_ms": median(stops), "dispatched_after_close": median(after), "refresh_ms": float64(redisbudget.DefaultRefreshInterval.Milliseconds())}, nil
+	worst := 0.0
+	for _, v := range stops {
+		worst = max(worst, v)
+	}
+	return figures{"stop_ms": median(stops), "stop_ms_max": worst, "dispatched_after_close": median(after),
+		"refresh_ms": float64(redisbudget.DefaultRefreshInterval.Milliseconds())}, nil
 }
 
 // runNoHerd: the budget goes from 0 to 1 over a deep backlog; the gateway
