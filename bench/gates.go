@@ -107,6 +107,10 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 	g := &gateway{sim: sim, url: "http://" + ln.Addr().String(), start: time.Now()}
 	inner := sim.Handler()
 	g.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == gatewayStatsPath {
+			_ = json.NewEncoder(w).Encode(gatewayStats{Arrivals: g.arrivals.Load(), MaxIn: g.maxIn.Load(), Conns: g.conns.Load()})
+			return
+		}
 		g.arrivals.Add(1)
 		g.lastNano.Store(int64(time.Since(g.start)))
 		n := g.inflight.Add(1)
@@ -288,7 +292,8 @@ const childEnv = "SLUICE_BENCH_CONCURRENCY_CHILD"
 // flight (max_concurrency 10,000 × Redis budget 0.5), 60,000 requests.
 // throughput is results per second from start to the last result; rss_mb
 // is the peak resident set (VmHWM) of a process that runs only this
-// scenario (sluice and the simulator together).
+// scenario: sluice with its memory queue of 60,000 requests; the gateway
+// simulator runs in a process of its own, as a real gateway would.
 func runConcurrency(ctx context.Context, o options) (figures, error) {
 	if os.Getenv(childEnv) == "" {
 		return runChild(ctx, "concurrency")
@@ -304,11 +309,11 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	const requests, maxConc = 60_000, 10_000
-	gw, err := startGateway(simulator.Config{Latency: simulator.Fixed(time.Second), Capacity: maxConc})
+	gw, err := startGatewayProcess(ctx, time.Second, maxConc)
 	if err != nil {
 		return nil, err
 	}
-	defer gw.close()
+	defer gw.stop()
 	run, err := startGateRun(ctx, gw.url, rs.addr, maxConc, requests)
 	if err != nil {
 		return nil, err
@@ -322,10 +327,19 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 		defer stopProfile()
 	}
 	trace := os.Getenv("SLUICE_BENCH_TRACE") != ""
+	// steady: the result rate once the first 5,000 connections are open
+	// (from the 10,000th result to the 50,000th).
+	var t10k, t50k time.Duration
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		n, more := run.mem.ResultCount(benchResults)
+		if t10k == 0 && n >= 10_000 {
+			t10k = time.Since(start)
+		}
+		if t50k == 0 && n >= 50_000 {
+			t50k = time.Since(start)
+		}
 		if n >= requests {
 			break
 		}
@@ -334,8 +348,12 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 		case <-tick.C:
 			if trace {
 				inflight, limit, _ := run.app.Pipeline().Credits(benchQueue).Snapshot()
-				fmt.Fprintf(os.Stderr, "t=%.0fs results=%d gateway_inflight=%d credits_inflight=%d limit=%d arrivals=%d conns=%d\n",
-					time.Since(start).Seconds(), n, gw.inflight.Load(), inflight, limit, gw.arrivals.Load(), gw.conns.Load())
+				st, _ := gw.stats()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				fmt.Fprintf(os.Stderr, "t=%.0fs results=%d credits_inflight=%d limit=%d arrivals=%d conns=%d goroutines=%d rss_mb=%.0f heap_inuse_mb=%.0f stack_mb=%.0f\n",
+					time.Since(start).Seconds(), n, inflight, limit, st.Arrivals, st.Conns, runtime.NumGoroutine(), rssMB(),
+					float64(ms.HeapInuse)/(1<<20), float64(ms.StackInuse)/(1<<20))
 			}
 		case <-ctx.Done():
 			run.shutdown()
@@ -352,9 +370,14 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 	if err := run.shutdown(); err != nil {
 		return nil, err
 	}
+	st, err := gw.stats()
+	if err != nil {
+		return nil, fmt.Errorf("gateway stats: %w", err)
+	}
 	return figures{
 		"requests": requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
-		"max_inflight": float64(gw.maxIn.Load()), "failed": float64(failed), "rss_mb": rssMB(),
+		"steady_throughput": 40_000 / (t50k - t10k).Seconds(),
+		"max_inflight":      float64(st.MaxIn), "failed": float64(failed), "rss_mb": rssMB(),
 	}, nil
 }
 

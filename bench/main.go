@@ -46,6 +46,13 @@ func scenarios() []scenario {
 }
 
 func main() {
+	if spec := os.Getenv(gatewayChildEnv); spec != "" {
+		if err := runGatewayChild(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench gateway:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	only := flag.String("only", "", "comma-separated scenarios to run (default all)")
 	runs := flag.Int("runs", 3, "repetitions per scenario where it repeats (median reported)")
 	timeout := flag.Duration("timeout", 30*time.Minute, "give up after this long")
