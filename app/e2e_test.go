@@ -22,7 +22,9 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		// started by an init function of opencensus, which the Pub/Sub client imports
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
 }
 
 // gateway is a scripted test gateway. Per request id it can fail the first

@@ -189,6 +189,29 @@ func (p *Pipeline) deadLetter(ctx context.Context, d *mw.Delivery, reason string
 	return nil
 }
 
+// settler publishes a delivery's result itself and then settles the
+// delivery through transport.Ack / transport.Nack, so transports that use
+// settle hooks learn the outcome without a goroutine per message. The router
+// still acks (or nacks, on error) afterwards, which is idempotent.
+func settler(pub message.Publisher, topic string) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := next(m)
+			if err == nil && len(out) > 0 {
+				if perr := pub.Publish(topic, out...); perr != nil {
+					err = fmt.Errorf("publish result: %w", perr)
+				}
+			}
+			if err != nil {
+				transport.Nack(m)
+				return nil, err
+			}
+			transport.Ack(m)
+			return nil, nil
+		}
+	}
+}
+
 // track counts running handlers so the shutdown can wait for hand-backs.
 func (p *Pipeline) track(next message.HandlerFunc) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
@@ -236,12 +259,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			return fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
 		}
 		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, pub, mw.Dispatch(p.cfg.Dispatcher))
+		settle := settler(pub, q.spec.ResultName)
 		var checker transport.CancelChecker
 		if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
 			checker = c
 		}
 		h.AddMiddleware(
 			p.track,
+			settle,
 			mw.Recover(q.mq, work, p.deadLetter, log),
 			mw.Metrics(q.mq),
 			mw.Decode(p.deadLetter, log),
