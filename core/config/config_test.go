@@ -9,8 +9,8 @@ import (
 
 func known() Known {
 	return Known{
-		Transport: func(s string) bool { return s == "memory" || s == "redis-sortedset" },
-		Gate:      func(s string) bool { return s == "constant" || s == "redis" },
+		Transport:  func(s string) bool { return s == "memory" || s == "redis-sortedset" },
+		Gate:       func(s string) bool { return s == "constant" || s == "redis" },
 		Transports: []string{"memory", "redis-sortedset"}, Gates: []string{"constant", "redis"},
 	}
 }
