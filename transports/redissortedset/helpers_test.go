@@ -24,6 +24,8 @@ func TestMain(m *testing.M) {
 		// go-redis' pool reaper and the HTTP transport's idle connections outlive a test briefly.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		// app registers gcp-pubsub, whose client library starts OpenCensus' worker at init.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	)
 }
 

@@ -193,6 +193,29 @@ func (c *consumer) mustNext(t testing.TB, d time.Duration, what string) *message
 	return m
 }
 
+// answer ends a delivery as the core does: it publishes a result carrying
+// the delivery's metadata (a transport may fence the write with it) through
+// the transport's publisher, then acks.
+func answer(t testing.TB, tp transport.Transport, q transport.Queue, m *message.Message) {
+	t.Helper()
+	pub, err := tp.Publisher(q)
+	if err != nil {
+		t.Fatalf("Publisher: %v", err)
+	}
+	r, err := msg.Decode(m.Payload)
+	if err != nil {
+		t.Fatalf("delivered payload does not decode: %v", err)
+	}
+	res := &msg.Result{ID: r.ID, StatusCode: 200, Payload: `{"ok":true}`, Metadata: r.Metadata}
+	out := message.NewMessage(m.UUID, res.Marshal())
+	out.Metadata = m.Metadata
+	if err := pub.Publish(q.ResultName, out); err != nil {
+		t.Fatalf("publish the result of %s: %v", r.ID, err)
+	}
+	_ = pub.Close()
+	m.Ack()
+}
+
 func newTransport(t testing.TB, h Harness) transport.Transport {
 	t.Helper()
 	tp := h.New(t)
@@ -221,7 +244,7 @@ func testDeliverAndAck(t *testing.T, h Harness) {
 			t.Fatalf("unexpected or duplicate delivery %q", id)
 		}
 		delete(want, id)
-		m.Ack()
+		answer(t, tp, q, m)
 	}
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("extra delivery after all were acked: %s", m.Payload)
@@ -264,13 +287,13 @@ func testCredits(t *testing.T, h Harness) {
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("a delivery beyond the %d credits: %s", limit, m.Payload)
 	}
-	held[0].Ack()
+	answer(t, tp, q, held[0])
 	held = append(held[1:], c.mustNext(t, wait, "after one ack freed a credit"))
 	for _, m := range held {
-		m.Ack()
+		answer(t, tp, q, m)
 	}
 	for range 2 {
-		c.mustNext(t, wait, "the rest").Ack()
+		answer(t, tp, q, c.mustNext(t, wait, "the rest"))
 	}
 	c.close(t)
 	waitCredits(t, c.credits, 0)
@@ -306,7 +329,7 @@ func testOrdering(t *testing.T, h Harness) {
 		if got := idOf(t, m.Payload); got != want[i] {
 			t.Fatalf("delivery %d: got %s, want %s (order %v)", i, got, want[i], want)
 		}
-		m.Ack()
+		answer(t, tp, q, m)
 	}
 }
 
@@ -322,7 +345,7 @@ func testNack(t *testing.T, h Harness) {
 	if got := idOf(t, again.Payload); got != "n1" {
 		t.Fatalf("redelivered %s, want n1", got)
 	}
-	again.Ack()
+	answer(t, tp, q, again)
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("delivered again after ack: %s", m.Payload)
 	}
@@ -362,7 +385,7 @@ func testRequeue(t *testing.T, h Harness) {
 	if r.ID != "d1" || r.RetryCount != 1 {
 		t.Fatalf("re-queued request: id %s retry %d, want d1 retry 1", r.ID, r.RetryCount)
 	}
-	again.Ack()
+	answer(t, tp, q, again)
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("old bytes delivered again after Requeue: %s", m.Payload)
 	}
@@ -371,19 +394,14 @@ func testRequeue(t *testing.T, h Harness) {
 func testResults(t *testing.T, h Harness) {
 	tp := newTransport(t, h)
 	q := h.Queue(t)
-	pub, err := tp.Publisher(q)
-	if err != nil {
-		t.Fatalf("Publisher: %v", err)
-	}
+	c := subscribe(t, h, tp, q, 8)
+	defer c.close(t)
 	const n = 5
 	for i := range n {
-		res := &msg.Result{ID: fmt.Sprintf("res%d", i), StatusCode: 200, Payload: `{"ok":true}`, Metadata: map[string]string{"i": fmt.Sprint(i)}}
-		if err := pub.Publish(q.ResultName, message.NewMessage(res.ID, res.Marshal())); err != nil {
-			t.Fatalf("Publish result: %v", err)
-		}
+		h.Publish(t, q, Request(fmt.Sprintf("res%d", i), time.Hour))
 	}
-	if err := pub.Close(); err != nil {
-		t.Fatalf("result publisher Close: %v", err)
+	for range n {
+		answer(t, tp, q, c.mustNext(t, wait, "requests to answer"))
 	}
 	got := h.Results(t, q, n, wait)
 	if len(got) != n {
@@ -395,23 +413,19 @@ func testResults(t *testing.T, h Harness) {
 		if err != nil {
 			t.Fatalf("result does not decode: %v: %s", err, b)
 		}
+		if seen[r.ID] {
+			t.Fatalf("result %s written twice", r.ID)
+		}
 		seen[r.ID] = true
+		if r.Metadata["job_id"] != "job-1" {
+			t.Fatalf("result %s lost the request's metadata: %v", r.ID, r.Metadata)
+		}
 	}
 	for i := range n {
 		if id := fmt.Sprintf("res%d", i); !seen[id] {
 			t.Fatalf("result %s missing (got %d)", id, len(got))
 		}
 	}
-	// The transport still works after a publisher was closed (shared clients).
-	pub2, err := tp.Publisher(q)
-	if err != nil {
-		t.Fatalf("second Publisher: %v", err)
-	}
-	res := &msg.Result{ID: "after-close", Payload: "{}"}
-	if err := pub2.Publish(q.ResultName, message.NewMessage(res.ID, res.Marshal())); err != nil {
-		t.Fatalf("Publish after another publisher closed: %v", err)
-	}
-	_ = pub2.Close()
 }
 
 func testReopen(t *testing.T, h Harness) {
@@ -434,7 +448,7 @@ func testReopen(t *testing.T, h Harness) {
 	for len(seen) < 2 {
 		m := c2.mustNext(t, wait, fmt.Sprintf("after reopen (seen %v, the un-acked one was %s)", seen, heldID))
 		seen[idOf(t, m.Payload)] = true
-		m.Ack()
+		answer(t, tp2, q, m)
 	}
 }
 
@@ -462,6 +476,10 @@ func testConcurrent(t *testing.T, h Harness) {
 	perConsumer := [2]int{}
 	var wg sync.WaitGroup
 	for i, c := range []*consumer{a, b} {
+		tpc := tp
+		if i == 1 {
+			tpc = tpB
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -479,7 +497,7 @@ func testConcurrent(t *testing.T, h Harness) {
 				counts[r.ID]++
 				perConsumer[i]++
 				mu.Unlock()
-				m.Ack()
+				answer(t, tpc, q, m)
 			}
 		}()
 	}
@@ -515,5 +533,5 @@ func testPublishRequest(t *testing.T, h Harness) {
 	if got := idOf(t, m.Payload); got != "p1" {
 		t.Fatalf("got %s, want p1", got)
 	}
-	m.Ack()
+	answer(t, tp, q, m)
 }

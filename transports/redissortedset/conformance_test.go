@@ -1,0 +1,74 @@
+package redissortedset_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/transporttest"
+)
+
+func TestConformance(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	o, err := redis.ParseURL(r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(o)
+	t.Cleanup(func() { _ = rc.Close() })
+	var seq atomic.Int64
+	transporttest.Run(t, transporttest.Harness{
+		Features: transporttest.Features{
+			Ordering:            transporttest.ByDeadline,
+			AtLeastOnce:         true,
+			DelayedRequeue:      true,
+			Results:             true,
+			Reopen:              true,
+			ConcurrentConsumers: true,
+		},
+		New: func(t testing.TB) transport.Transport {
+			tp, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tp
+		},
+		Queue: func(testing.TB) transport.Queue {
+			n := seq.Add(1)
+			return transport.Queue{ID: fmt.Sprint("q", n), Name: fmt.Sprint("llm-d-async:requests:pool-", n), ResultName: fmt.Sprint("llm-d-async:results:pool-", n, ":$batch")}
+		},
+		Publish: func(t testing.TB, q transport.Queue, payload []byte) {
+			req, err := msg.Decode(payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			score := float64(req.Deadline.UnixMilli()) / 1000
+			if err := rc.ZAdd(context.Background(), q.Name, redis.Z{Score: score, Member: payload}).Err(); err != nil {
+				t.Fatalf("ZADD %s: %v", q.Name, err)
+			}
+		},
+		Results: func(t testing.TB, q transport.Queue, n int, timeout time.Duration) [][]byte {
+			var out [][]byte
+			deadline := time.Now().Add(timeout)
+			for len(out) < n && time.Now().Before(deadline) {
+				v, err := rc.BRPop(context.Background(), time.Second, q.ResultName).Result()
+				if err == redis.Nil {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("BRPOP: %v", err)
+				}
+				out = append(out, []byte(v[1]))
+			}
+			return out
+		},
+	})
+}
