@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,51 +15,98 @@ import (
 // PubSubEmulatorPath is where google-cloud-cli installs the Pub/Sub emulator.
 const PubSubEmulatorPath = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator"
 
+// PubSubEmulator is a Pub/Sub emulator process.
+type PubSubEmulator struct {
+	// Addr is host:port on 127.0.0.1.
+	Addr string
+	stop func()
+}
+
 // StartPubSubEmulator starts the Pub/Sub emulator of google-cloud-cli on a
 // free 127.0.0.1 port, waits until it accepts connections, and kills it (by
 // its PID) at the end of the test. It returns host:port; it sets no
-// environment variable (pass it to the client, e.g. as PUBSUB_EMULATOR_HOST
-// through the transport's emulator_host option).
+// environment variable (pass it to the client, e.g. through the
+// transport's emulator_host option).
 func StartPubSubEmulator(t testing.TB) string {
 	t.Helper()
+	e, err := StartPubSubEmulatorProcess()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Stop)
+	return e.Addr
+}
+
+// StartPubSubEmulatorProcess is StartPubSubEmulator outside tests (for
+// bench); the caller stops it.
+func StartPubSubEmulatorProcess() (*PubSubEmulator, error) {
 	bin := PubSubEmulatorPath
 	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("Pub/Sub emulator not found at %s: install the Debian package %q (apt-get install -y google-cloud-cli-pubsub-emulator); .ci/run does this", bin, "google-cloud-cli-pubsub-emulator")
+		return nil, fmt.Errorf("Pub/Sub emulator not found at %s: install the Debian package \"google-cloud-cli-pubsub-emulator\" (apt-get install -y google-cloud-cli-pubsub-emulator); .ci/run does this", bin)
 	}
-	LookPath(t, "java", "default-jre-headless")
-	port := FreePort(t)
-	dir := t.TempDir()
+	if _, err := exec.LookPath("java"); err != nil {
+		return nil, errors.New("java not found in PATH (the Pub/Sub emulator needs it): install the Debian package \"default-jre-headless\" (apt-get install -y default-jre-headless)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("free port: %w", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir, err := os.MkdirTemp("", "pubsub-emulator-")
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(bin, "--host=127.0.0.1", "--port="+strconv.Itoa(port))
 	cmd.Dir = dir
 	logf, err := os.Create(filepath.Join(dir, "pubsub-emulator.log"))
 	if err != nil {
-		t.Fatalf("emulator log: %v", err)
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("emulator log: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the Pub/Sub emulator: %v", err)
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	stop := func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
 		logf.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start the Pub/Sub emulator: %w", err)
 	}
-	t.Cleanup(stop)
+	e := &PubSubEmulator{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stopped := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		logf.Close()
+		os.RemoveAll(dir)
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		c, err := net.DialTimeout("tcp", e.Addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return addr
+			e.stop = stopped
+			return e, nil
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(logf.Name())
+			stopped()
+			return nil, fmt.Errorf("Pub/Sub emulator exited early:\n%s", log)
+		default:
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("Pub/Sub emulator on %s did not come up within 60s: %v\n%s", addr, err, log)
-		}
-		if cmd.ProcessState != nil {
-			t.Fatalf("Pub/Sub emulator exited early: %s", fmt.Sprint(cmd.ProcessState))
+			stopped()
+			return nil, fmt.Errorf("Pub/Sub emulator on %s did not come up within 60s: %v\n%s", e.Addr, err, log)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop kills the emulator (by its PID) and waits for it; safe to call twice.
+func (e *PubSubEmulator) Stop() {
+	if e.stop != nil {
+		e.stop()
+		e.stop = nil
 	}
 }

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/transports/gcppubsub"
+	"github.com/sluice-io/sluice/transports/redispubsub"
+	"github.com/sluice-io/sluice/transports/redisstream"
+)
+
+// transportScenarios are the throughput scenarios of the redis-pubsub,
+// redis-stream and gcp-pubsub transports: a default deployment (concurrency
+// 64, constant gate), a 0-ms simulated gateway, real servers.
+func transportScenarios() []scenario {
+	return []scenario{
+		{"redis-pubsub", runRedisPubSub},
+		{"redis-stream", runRedisStream},
+		{"gcp-pubsub", runGCPPubSub},
+	}
+}
+
+// benchPayload is request i, due in an hour.
+func benchPayload(i int, deadline time.Time) []byte {
+	return fmt.Appendf(nil, `{"id":"b-%d","created":%d,"deadline":%d,"payload":{"model":"m","prompt":"What is 2+2?","max_tokens":16},"metadata":{"job_id":"bench","request_index":"%d"}}`,
+		i, time.Now().Unix(), deadline.Unix(), i)
+}
+
+// transportRun is one deployment measured: produce is called once sluice is
+// ready (the clock starts then); done reports how many results arrived.
+type transportRun struct {
+	transport string
+	options   string
+	redisURL  string
+	queue     string
+	results   string
+	n         int
+	produce   func(ctx context.Context) error
+	done      func(ctx context.Context) (int64, error)
+}
+
+func (r transportRun) measure(ctx context.Context) (float64, error) {
+	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	if err != nil {
+		return 0, err
+	}
+	gw, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer sim.Close()
+	tc, err := config.ParseQueues([]byte(r.options), "bench")
+	if err != nil {
+		return 0, err
+	}
+	tc.Queues = []config.Queue{{QueueName: r.queue, IGWBaseURL: gw}}
+	tc.ResultQueueName = r.results
+	cfg := &config.Config{Transport: r.transport, TransportConfig: tc, MetricsPort: -1, HealthPort: -1, RedisURL: r.redisURL}
+	a, err := app.New(cfg, app.Options{})
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(rctx) }()
+	for !a.Pipeline().Ready() {
+		select {
+		case err := <-runErr:
+			return 0, fmt.Errorf("sluice stopped: %w", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	start := time.Now()
+	if err := r.produce(ctx); err != nil {
+		return 0, fmt.Errorf("produce: %w", err)
+	}
+	limit := time.After(5 * time.Minute)
+	for {
+		got, err := r.done(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if got >= int64(r.n) {
+			break
+		}
+		select {
+		case <-limit:
+			return 0, fmt.Errorf("only %d of %d results after 5m", got, r.n)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cancel()
+	if err := <-runErr; err != nil {
+		return 0, err
+	}
+	return float64(r.n) / elapsed.Seconds(), nil
+}
+
+func redisClient(url string) (*redis.Client, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClient(o), nil
+}
+
+// runRedisPubSub: 20k requests PUBLISHed once sluice is subscribed; results LPUSHed to a list.
+func runRedisPubSub(ctx context.Context, o options) (figures, error) {
+	const n = 20_000
+	srv, err := testenv.StartRedisProcess(testenv.RedisOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	c, err := redisClient(srv.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	dl := time.Now().Add(time.Hour)
+	var rates []float64
+	for range o.runs {
+		if err := c.FlushDB(ctx).Err(); err != nil {
+			return nil, err
+		}
+		run := transportRun{transport: redispubsub.Name, options: `{"result_mode":"list"}`, redisURL: srv.URL,
+			queue: "request-queue", results: "result-list", n: n,
+			produce: func(ctx context.Context) error {
+				for c.PubSubNumSub(ctx, "request-queue").Val()["request-queue"] == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				for i := 0; i < n; i += 500 {
+					pipe := c.Pipeline()
+					for j := i; j < min(i+500, n); j++ {
+						pipe.Publish(ctx, "request-queue", benchPayload(j, dl))
+					}
+					if _, err := pipe.Exec(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "result-list").Result() },
+		}
+		rate, err := run.measure(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, rate)
+	}
+	return figures{"requests": n, "throughput": median(rates)}, nil
+}
+
+// runRedisStream: 20k requests XADDed once sluice reads the stream; results LPUSHed to a list.
+func runRedisStream(ctx context.Context, o options) (figures, error) {
+	const n = 20_000
+	srv, err := testenv.StartRedisProcess(testenv.RedisOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	c, err := redisClient(srv.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	dl := time.Now().Add(time.Hour)
+	var rates []float64
+	for range o.runs {
+		if err := c.FlushDB(ctx).Err(); err != nil {
+			return nil, err
+		}
+		run := transportRun{transport: redisstream.Name, options: `{}`, redisURL: srv.URL,
+			queue: "requests", results: "results", n: n,
+			produce: func(ctx context.Context) error {
+				for i := 0; i < n; i += 500 {
+					pipe := c.Pipeline()
+					for j := i; j < min(i+500, n); j++ {
+						pipe.XAdd(ctx, &redis.XAddArgs{Stream: "requests", Values: []any{"_watermill_message_uuid", strconv.Itoa(j), "payload", benchPayload(j, dl)}})
+					}
+					if _, err := pipe.Exec(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "results").Result() },
+		}
+		rate, err := run.measure(ctx)
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, rate)
+	}
+	return figures{"requests": n, "throughput": median(rates)}, nil
+}
+
+// runGCPPubSub: 5k requests published to the emulator's request topic;
+// results counted on a subscription of the result topic.
+func runGCPPubSub(ctx context.Context, o options) (figures, error) {
+	const n = 5_000
+	const project = "sluice-bench"
+	emu, err := testenv.StartPubSubEmulatorProcess()
+	if err != nil {
+		return nil, err
+	}
+	defer emu.Stop()
+	c, err := pubsub.NewClient(ctx, project, option.WithEndpoint(emu.Addr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	dl := time.Now().Add(time.Hour)
+	var rates []float64
+	for run := range o.runs {
+		suffix := strconv.Itoa(run)
+		name := func(kind, id string) string { return "projects/" + project + "/" + kind + "/" + id + "-" + suffix }
+		for _, id := range []string{"requests", "results"} {
+			if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: name("topics", id)}); err != nil {
+				return nil, err
+			}
+			if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+				Name: name("subscriptions", id+"-sub"), Topic: name("topics", id), AckDeadlineSeconds: 60}); err != nil {
+				return nil, err
+			}
+		}
+		var got atomic.Int64
+		rctx, stopResults := context.WithCancel(ctx)
+		resultsDone := make(chan error, 1)
+		go func() {
+			resultsDone <- c.Subscriber(name("subscriptions", "results-sub")).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
+				m.Ack()
+				got.Add(1)
+			})
+		}()
+		opts, _ := json.Marshal(gcppubsub.Options{ProjectID: project, EmulatorHost: emu.Addr})
+		tr := transportRun{transport: gcppubsub.Name, options: string(opts), queue: "requests-sub-" + suffix, results: "results-" + suffix, n: n,
+			produce: func(ctx context.Context) error {
+				p := c.Publisher(name("topics", "requests"))
+				defer p.Stop()
+				res := make([]*pubsub.PublishResult, n)
+				for i := range n {
+					res[i] = p.Publish(ctx, &pubsub.Message{Data: benchPayload(i, dl)})
+				}
+				for _, r := range res {
+					if _, err := r.Get(ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			done: func(context.Context) (int64, error) { return got.Load(), nil },
+		}
+		rate, err := tr.measure(ctx)
+		stopResults()
+		<-resultsDone
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, rate)
+	}
+	return figures{"requests": n, "throughput": median(rates)}, nil
+}
