@@ -53,3 +53,27 @@ func runCore(ctx context.Context, o options) (figures, error) {
 		"rss_mb":              rssMB(),
 	}, nil
 }
+
+// runMemory is the memory transport's line among the per-transport
+// scenarios: requests through a 0-ms simulator on loopback, 64 in flight.
+func runMemory(ctx context.Context, o options) (figures, error) {
+	const n = 50_000
+	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	if err != nil {
+		return nil, err
+	}
+	url, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Close()
+	var rates []float64
+	for range o.runs {
+		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, GatewayURL: url})
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, r.PerSecond)
+	}
+	return figures{"requests": n, "throughput": median(rates), "rss_mb": rssMB()}, nil
+}

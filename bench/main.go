@@ -36,13 +36,17 @@ type options struct {
 // scenarios lists every scenario, in the order `make bench` runs them.
 // Add a scenario by adding a line here (explicit registration).
 func scenarios() []scenario {
-	return []scenario{
+	all := []scenario{
 		{"core", runCore},
+		{"memory", runMemory},
 		{"redis-sortedset", runRedisSortedSet},
-		{"gate-reaction", runGateReaction},
-		{"no-herd", runNoHerd},
-		{"concurrency", runConcurrency},
 	}
+	all = append(all, transportScenarios()...)
+	return append(all,
+		scenario{"gate-reaction", runGateReaction},
+		scenario{"no-herd", runNoHerd},
+		scenario{"concurrency", runConcurrency},
+	)
 }
 
 func main() {
