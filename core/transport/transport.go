@@ -15,7 +15,10 @@
 // Credits: a Subscriber returned by Subscriber(q, credits) must hand out a
 // message only while it holds a credit for it (Credits.Acquire before it
 // claims, at most as many messages as granted), and must call
-// credits.Release(1) once the message is acked or nacked. This is how a gate's
+// credits.Release(1) once the message is acked or nacked. The core settles
+// every delivery through transport.Ack / transport.Nack, so a transport can
+// learn the outcome from a hook (OnSettle) instead of a goroutine per message
+// waiting on the Acked and Nacked channels. This is how a gate's
 // budget bounds the requests in flight: Watermill's router starts a goroutine
 // per delivered message and has no limit of its own.
 //

@@ -379,10 +379,9 @@ func (s *subscriber) deliver(ctx context.Context, topic string, out chan<- *mess
 		}
 		for i, it := range items {
 			m := message.NewMessage(strconv.FormatUint(it.seq, 10), it.payload)
+			transport.OnSettle(m, s.settleFunc(topic, it))
 			select {
 			case out <- m:
-				s.wg.Add(1)
-				go s.await(ctx, topic, m, it)
 			case <-ctx.Done():
 				// Not delivered: hand back this one and the rest.
 				for _, rest := range items[i:] {
@@ -415,20 +414,21 @@ func (s *subscriber) deliver(ctx context.Context, topic string, out chan<- *mess
 	}
 }
 
-// await waits for the delivery's ack or nack and settles it. It outlives the
-// subscription on purpose: a message in flight at shutdown is settled (acked
-// after its result, or nacked and handed back) by the core later.
-func (s *subscriber) await(_ context.Context, topic string, m *message.Message, it *item) {
-	defer s.wg.Done()
-	select {
-	case <-m.Acked():
-		s.t.mu.Lock()
-		delete(s.t.q(topic).inflight, it.seq)
-		s.t.mu.Unlock()
-	case <-m.Nacked():
-		s.handBack(topic, it)
+// settleFunc settles a delivery when the core acks or nacks it (through
+// transport.Ack / transport.Nack): no goroutine waits per message. It may run
+// after the subscription ended: a message in flight at shutdown is settled
+// (acked after its result, or nacked and handed back) by the core later.
+func (s *subscriber) settleFunc(topic string, it *item) func(acked bool) {
+	return func(acked bool) {
+		if acked {
+			s.t.mu.Lock()
+			delete(s.t.q(topic).inflight, it.seq)
+			s.t.mu.Unlock()
+		} else {
+			s.handBack(topic, it)
+		}
+		s.credits.Release(1)
 	}
-	s.credits.Release(1)
 }
 
 // handBack returns an un-acked item to the ready heap at its old position.
@@ -446,7 +446,7 @@ func (s *subscriber) handBack(topic string, it *item) {
 }
 
 // Close stops delivering; messages already delivered are still settled when
-// acked or nacked. It waits for the delivery loops, not for those messages.
+// acked or nacked (through transport.Ack / transport.Nack).
 func (s *subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -456,11 +456,9 @@ func (s *subscriber) Close() error {
 	s.closed = true
 	close(s.done)
 	s.mu.Unlock()
+	s.wg.Wait()
 	return nil
 }
-
-// Wait blocks until every delivered message was settled; for tests.
-func (s *subscriber) Wait() { s.wg.Wait() }
 
 // Compile-time check that the subscriber is a Watermill subscriber.
 var _ message.Subscriber = (*subscriber)(nil)

@@ -185,10 +185,9 @@ func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message, w
 			m := message.NewMessage(c.token, []byte(c.member))
 			m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
 				MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
+			transport.OnSettle(m, s.settleFunc(m, c.token))
 			select {
 			case out <- m:
-				t.wg.Add(1)
-				go s.await(m, c.token)
 			case <-ctx.Done():
 				var rest []string
 				for _, r := range res.items[i:] {
@@ -237,26 +236,27 @@ func (s *subscriber) sleep(ctx context.Context, timer *time.Timer, wake <-chan s
 	}
 }
 
-// await settles a delivered message when the core acks or nacks it. It
-// outlives the subscription on purpose: requests in flight at shutdown are
-// settled by the core later. An ack finds the lease already settled by the
-// result publisher, Requeue or DeadLetter; a nack hands the request back.
-func (s *subscriber) await(m *message.Message, token string) {
-	defer s.t.wg.Done()
-	select {
-	case <-m.Acked():
+// settleFunc settles a delivered message when the core acks or nacks it
+// (through transport.Ack / transport.Nack; no goroutine waits per message).
+// It may run after the subscription ended: requests in flight at shutdown
+// are settled by the core later. An ack finds the lease already settled by
+// the result publisher, Requeue or DeadLetter; a nack hands the request back.
+// After Close it does nothing: Close hands back what is still held.
+func (s *subscriber) settleFunc(m *message.Message, token string) func(acked bool) {
+	return func(acked bool) {
+		select {
+		case <-s.t.closing:
+			return
+		default:
+		}
 		if s.qs.settle(token) {
-			s.t.log.Error("a request was acked without a result, retry or dead letter; handing it back", "queue", s.q.Name, "uuid", m.UUID)
+			if acked {
+				s.t.log.Error("a request was acked without a result, retry or dead letter; handing it back", "queue", s.q.Name, "uuid", m.UUID)
+			}
 			s.t.releaseRetrying(s.qs, token)
 		}
-	case <-m.Nacked():
-		if s.qs.settle(token) {
-			s.t.releaseRetrying(s.qs, token)
-		}
-	case <-s.t.closing:
-		return // Close hands back what is still held
+		s.credits.Release(1)
 	}
-	s.credits.Release(1)
 }
 
 // giveUp answers a request claimed more than max_deliveries times with an

@@ -81,7 +81,7 @@ func (s *sub) answer(m *message.Message) {
 	if err := pub.Publish(s.q.ResultName, out); err != nil {
 		s.t.Fatal(err)
 	}
-	m.Ack()
+	transport.Ack(m)
 }
 
 func (s *sub) close() {
@@ -326,7 +326,7 @@ func TestRetryWaitsInDelaySetWithOriginalScore(t *testing.T) {
 	if err := tp.Requeue(ctx, q, m, payload, start.Add(delay)); err != nil {
 		t.Fatal(err)
 	}
-	m.Ack()
+	transport.Ack(m)
 	if d := f.depth(q.Name); d != "waiting=0 inflight=0 delayed=1 dead=0" {
 		t.Fatalf("depth %s", d)
 	}

@@ -213,7 +213,7 @@ func answer(t testing.TB, tp transport.Transport, q transport.Queue, m *message.
 		t.Fatalf("publish the result of %s: %v", r.ID, err)
 	}
 	_ = pub.Close()
-	m.Ack()
+	transport.Ack(m)
 }
 
 func newTransport(t testing.TB, h Harness) transport.Transport {
@@ -340,7 +340,7 @@ func testNack(t *testing.T, h Harness) {
 	defer c.close(t)
 	h.Publish(t, q, Request("n1", time.Hour))
 	m := c.mustNext(t, wait, "first delivery")
-	m.Nack()
+	transport.Nack(m)
 	again := c.mustNext(t, wait, "redelivery after nack")
 	if got := idOf(t, again.Payload); got != "n1" {
 		t.Fatalf("redelivered %s, want n1", got)
@@ -373,7 +373,7 @@ func testRequeue(t *testing.T, h Harness) {
 	if err := rq.Requeue(context.Background(), q, m, next, due); err != nil {
 		t.Fatalf("Requeue: %v", err)
 	}
-	m.Ack()
+	transport.Ack(m)
 	again := c.mustNext(t, wait, "the re-queued request")
 	if early := time.Until(due); early > 50*time.Millisecond {
 		t.Fatalf("re-queued request delivered %s before its due time", early)
@@ -440,7 +440,7 @@ func testReopen(t *testing.T, h Harness) {
 	if err := tp1.Close(); err != nil {
 		t.Fatalf("Close with a message in flight: %v", err)
 	}
-	held.Nack() // the core nacks what it could not finish; after Close it must not be lost either
+	transport.Nack(held) // the core nacks what it could not finish; after Close it must not be lost either
 	tp2 := newTransport(t, h)
 	c2 := subscribe(t, h, tp2, q, 8)
 	defer c2.close(t)
