@@ -3,7 +3,7 @@ GO      ?= go
 PKGS    := ./...
 BENCHTIME ?= 1x
 
-.PHONY: run test test-short bench lint fmt vet build fuzz
+.PHONY: run test test-short bench lint fmt vet build fuzz proto
 
 ## run: the embedded demo (memory queue, gateway simulator, constant gate); no server needed
 run:
@@ -39,3 +39,13 @@ lint: vet
 ## fuzz: run the decoder fuzzer for a minute
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/message
+
+## proto: regenerate plugins/proto/*.pb.go from gate.proto (needs protoc, e.g. Debian
+## protobuf-compiler, and the two generators at the versions the committed code was made with)
+proto:
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I plugins/proto \
+		--go_out=plugins/proto --go_opt=paths=source_relative \
+		--go-grpc_out=plugins/proto --go-grpc_opt=paths=source_relative \
+		plugins/proto/gate.proto

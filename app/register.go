@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redissortedset"
@@ -25,4 +26,5 @@ func registerMore(tr *transport.Registry, gr *gate.Registry) {
 	must(gr.Register(promsaturation.Type, promsaturation.Factory))
 	must(gr.Register(prombudget.Type, prombudget.Factory))
 	must(gr.Register(composite.Type, composite.Factory))
+	must(gr.Register(host.Type, host.Factory))
 }
