@@ -3,7 +3,7 @@
 //
 // The factory validates only the host's own parameters and starts nothing, so
 // that building and closing a gate to check a config costs no process. The
-// plugin process starts at the first Budget (or Admit, or Start); the
+// plugin process starts at the first Budget (or Admit, Describe or Start); the
 // forwarded gate_params are then sent to the plugin's Configure, and a
 // configuration error fails the gate for good (every Budget returns it; the
 // plugin is not restarted, since restarting cannot fix a config).
@@ -43,6 +43,9 @@ import (
 
 // Type is the gate's registry name.
 const Type = "plugin"
+
+// describeWait bounds how long Describe waits for the plugin to start.
+const describeWait = 2 * time.Second
 
 // ErrClosed is returned by queries on a closed gate.
 var ErrClosed = errors.New("plugin gate closed")
@@ -167,8 +170,13 @@ func (g *AdmitGate) Admit(ctx context.Context, req *message.Request) (gate.Decis
 	return d, nil
 }
 
-// Describe names the plugin and, once it has started, adds its own description.
+// Describe names the plugin and adds its own description. The Refresher asks
+// before the first Budget, so Describe starts the plugin when none runs yet,
+// waiting at most describeWait; when that fails it names the binary only.
 func (g *Gate) Describe() string {
+	ctx, cancel := context.WithTimeout(context.Background(), min(g.cfg.StartTimeout, describeWait))
+	defer cancel()
+	_, _ = g.conn(ctx)
 	g.mu.Lock()
 	desc := g.desc
 	g.mu.Unlock()
