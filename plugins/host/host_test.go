@@ -21,8 +21,9 @@ import (
 	"github.com/sluice-io/sluice/plugins/host"
 )
 
-// pluginBin is the example plugin, built once by TestMain.
-var pluginBin string
+// pluginBin is the example plugin and testBin the misbehaving one
+// (testdata/testplugin), built once by TestMain.
+var pluginBin, testBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sluice-gateplugin-")
@@ -31,12 +32,15 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	pluginBin = filepath.Join(dir, "gateplugin")
-	build := exec.Command("go", "build", "-o", pluginBin, "github.com/sluice-io/sluice/examples/gate-plugin")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build the example plugin:", err)
-		_ = os.RemoveAll(dir)
-		os.Exit(1)
+	testBin = filepath.Join(dir, "testplugin")
+	for bin, pkg := range map[string]string{pluginBin: "github.com/sluice-io/sluice/examples/gate-plugin", testBin: "./testdata/testplugin"} {
+		build := exec.Command("go", "build", "-o", bin, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
+			_ = os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
@@ -94,6 +98,9 @@ func TestConformance(t *testing.T) {
 				},
 				Failing: func(t testing.TB) gate.Gate {
 					return newGate(t, map[string]string{"file": filepath.Join(t.TempDir(), "missing"), "admit": admit})
+				},
+				Hanging: func(t testing.TB) gate.Gate {
+					return newGate(t, map[string]string{"path": testBin, "args": "hang", "admit": admit})
 				},
 			})
 		})
@@ -305,5 +312,63 @@ func TestCloseKillsProcess(t *testing.T) {
 	// The process is gone (reaped by go-plugin, so signal 0 fails).
 	if err := syscall.Kill(pid, 0); err == nil {
 		t.Errorf("plugin process %d still exists after Close", pid)
+	}
+}
+
+// A plugin that runs past the caller's deadline fails that query only: the
+// deadline crosses the boundary, and the process is not restarted.
+func TestHangingPluginKeepsRunning(t *testing.T) {
+	g := newGate(t, map[string]string{"path": testBin, "args": `["hang"]`, "admit": "true"})
+	if err := g.(*host.AdmitGate).Start(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	pid := g.(*host.AdmitGate).PID()
+	for range 3 {
+		c, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		start := time.Now()
+		_, err := g.Budget(c)
+		_, aerr := g.(gate.Admitter).Admit(c, &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute)})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(fmt.Sprint(err), "DeadlineExceeded") {
+			t.Errorf("Budget = %v, want a deadline error", err)
+		}
+		if aerr == nil {
+			t.Error("hanging Admit returned no error")
+		}
+		if el := time.Since(start); el > time.Second {
+			t.Errorf("hanging queries took %v", el)
+		}
+	}
+	if np := g.(*host.AdmitGate).PID(); np != pid {
+		t.Errorf("PID %d → %d: a slow plugin was restarted", pid, np)
+	}
+}
+
+// A plugin that keeps dying is restarted with a doubling backoff.
+func TestCrashLoopBackoff(t *testing.T) {
+	g := host.New(host.Config{Path: testBin, Args: []string{"exit"}, RestartBackoff: 40 * time.Millisecond, RestartBackoffMax: 160 * time.Millisecond})
+	defer g.Close()
+	var starts []time.Time
+	deadline := time.Now().Add(10 * time.Second)
+	for len(starts) < 5 && time.Now().Before(deadline) {
+		before := g.PID()
+		_, err := g.Budget(ctx(t))
+		if err == nil {
+			t.Fatal("Budget of a dying plugin succeeded")
+		}
+		if !strings.Contains(err.Error(), "next start in") && before == 0 {
+			starts = append(starts, time.Now()) // this query started a process
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(starts) < 5 {
+		t.Fatalf("%d starts in 10s", len(starts))
+	}
+	// Gaps follow the backoff: 40, 80, 160, 160 ms (plus start-up time).
+	for i, want := range []time.Duration{40, 80, 160, 160} {
+		gap := starts[i+1].Sub(starts[i])
+		if gap < want*time.Millisecond {
+			t.Errorf("restart %d came %v after the previous, want ≥ %v", i+1, gap, want*time.Millisecond)
+		}
 	}
 }
