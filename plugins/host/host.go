@@ -92,16 +92,24 @@ func Factory(p gate.Params, _ gate.Env) (gate.Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := New(cfg)
+	g, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Admit {
 		return &AdmitGate{Gate: g}, nil
 	}
 	return g, nil
 }
 
-// New returns a gate for cfg (defaults applied); it starts nothing.
-func New(cfg Config) *Gate {
+// New returns a gate for cfg (defaults applied, then validated); it starts
+// nothing. cfg.Admit is recorded (the plugin must then implement Admit), but
+// only an AdmitGate wrapping the result asks the plugin per request.
+func New(cfg Config) (*Gate, error) {
 	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	name := filepath.Base(cfg.Path)
 	return &Gate{
 		cfg:  cfg,
@@ -111,7 +119,7 @@ func New(cfg Config) *Gate {
 			Level:  hclog.Info,
 			Output: os.Stderr,
 		}),
-	}
+	}, nil
 }
 
 // Start starts the plugin now unless it runs already, waiting at most until

@@ -281,9 +281,12 @@ func TestCrashAndRestart(t *testing.T) {
 
 // A missing binary is a start failure, retried with backoff (not permanent).
 func TestMissingBinary(t *testing.T) {
-	g := host.New(host.Config{Path: filepath.Join(t.TempDir(), "nope"), RestartBackoff: time.Hour, RestartBackoffMax: time.Hour})
+	g, err := host.New(host.Config{Path: filepath.Join(t.TempDir(), "nope"), RestartBackoff: time.Hour, RestartBackoffMax: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer g.Close()
-	_, err := g.Budget(ctx(t))
+	_, err = g.Budget(ctx(t))
 	if err == nil || !strings.Contains(err.Error(), "start plugin") {
 		t.Fatalf("Budget = %v, want a start error", err)
 	}
@@ -348,7 +351,10 @@ func TestHangingPluginKeepsRunning(t *testing.T) {
 
 // A plugin that keeps dying is restarted with a doubling backoff.
 func TestCrashLoopBackoff(t *testing.T) {
-	g := host.New(host.Config{Path: testBin, Args: []string{"exit"}, RestartBackoff: 40 * time.Millisecond, RestartBackoffMax: 160 * time.Millisecond})
+	g, err := host.New(host.Config{Path: testBin, Args: []string{"exit"}, RestartBackoff: 40 * time.Millisecond, RestartBackoffMax: 160 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer g.Close()
 	var starts []time.Time
 	deadline := time.Now().Add(10 * time.Second)
