@@ -118,6 +118,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		DeadlineHeader:   cfg.Dispatch.DeadlineHeader,
 		TimeoutHeader:    cfg.Dispatch.TimeoutHeader,
 		MaxResponseBytes: cfg.Dispatch.MaxResponseBytes,
+		Protocol:         cfg.Dispatch.Protocol,
 		TLS: dispatch.TLSConfig{CACert: cfg.TLS.CACert, Cert: cfg.TLS.Cert, Key: cfg.TLS.Key,
 			InsecureSkipVerify: cfg.TLS.InsecureSkipVerify},
 	})

@@ -119,6 +119,8 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 		inner.ServeHTTP(w, r)
 		g.inflight.Add(-1)
 	})}
+	g.srv.Protocols = simulator.ServerProtocols()
+	g.srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: simulator.MaxConcurrentStreams}
 	g.srv.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
 			g.conns.Add(1)
@@ -145,7 +147,7 @@ type gateRun struct {
 
 const benchQueue, benchResults = "llm-d-async:requests:bench", "llm-d-async:results:bench:$batch"
 
-func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, requests int) (*gateRun, error) {
+func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, requests int, mutate ...func(*config.Config)) (*gateRun, error) {
 	mem := memory.New(memory.Options{})
 	cfg := &config.Config{
 		Transport: memory.Name, Concurrency: maxConc, MetricsPort: -1, HealthPort: -1,
@@ -154,6 +156,9 @@ func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, request
 			QueueName: benchQueue, IGWBaseURL: gwURL, GateType: redisbudget.Type,
 			GateParams: map[string]json.RawMessage{"address": json.RawMessage(strconv.Quote(redisAddr))},
 		}}},
+	}
+	for _, m := range mutate {
+		m(cfg)
 	}
 	a, err := app.New(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
 	if err != nil {
@@ -295,8 +300,18 @@ const childEnv = "SLUICE_BENCH_CONCURRENCY_CHILD"
 // scenario: sluice with its memory queue of 60,000 requests; the gateway
 // simulator runs in a process of its own, as a real gateway would.
 func runConcurrency(ctx context.Context, o options) (figures, error) {
+	return concurrency(ctx, "concurrency", "http1")
+}
+
+// runConcurrencyH2C is the same with --gateway-protocol h2c: HTTP/2 with
+// prior knowledge, so 5,000 requests share a few connections.
+func runConcurrencyH2C(ctx context.Context, o options) (figures, error) {
+	return concurrency(ctx, "concurrency-h2c", "h2c")
+}
+
+func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if os.Getenv(childEnv) == "" {
-		return runChild(ctx, "concurrency")
+		return runChild(ctx, name)
 	}
 	rs, err := startRedis()
 	if err != nil {
@@ -314,7 +329,7 @@ func runConcurrency(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer gw.stop()
-	run, err := startGateRun(ctx, gw.url, rs.addr, maxConc, requests)
+	run, err := startGateRun(ctx, gw.url, rs.addr, maxConc, requests, func(c *config.Config) { c.Dispatch.Protocol = protocol })
 	if err != nil {
 		return nil, err
 	}

@@ -46,6 +46,7 @@ func scenarios() []scenario {
 		scenario{"gate-reaction", runGateReaction},
 		scenario{"no-herd", runNoHerd},
 		scenario{"concurrency", runConcurrency},
+		scenario{"concurrency-h2c", runConcurrencyH2C},
 	)
 }
 

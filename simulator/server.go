@@ -61,6 +61,19 @@ const (
 
 var routeNames = [numRoutes]string{PathCompletions, PathChatCompletions, PathMetrics, PathHealthz, "other"}
 
+// MaxConcurrentStreams is how many HTTP/2 requests one connection may carry
+// at once (gateways such as Envoy allow far more than Go's default of 250).
+const MaxConcurrentStreams = 4096
+
+// ServerProtocols are the protocols the simulator accepts on its plain
+// listener: HTTP/1.1 and HTTP/2 with prior knowledge (h2c).
+func ServerProtocols() *http.Protocols {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &p
+}
+
 // Stats is a snapshot of what a Server has seen. Request, outcome and
 // deadline counts cover the completion routes only.
 type Stats struct {
@@ -178,6 +191,8 @@ func (s *Server) Start(addr string) (string, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		BaseContext:       func(net.Listener) context.Context { return base },
+		Protocols:         ServerProtocols(),
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: MaxConcurrentStreams},
 	}
 	s.cancel = cancel
 	s.serveDone = make(chan struct{})

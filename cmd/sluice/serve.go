@@ -37,6 +37,7 @@ type serveFlags struct {
 	retryMaxAttempts    int
 	deadlineHeader      string
 	timeoutHeader       string
+	gatewayProtocol     string
 	logLevel, logFormat string
 	legacy              legacyFlags
 }
@@ -65,6 +66,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.retryMaxAttempts, "retry-max-attempts", 0, "give up after this many attempts (default 0: retry until the deadline)")
 	fs.StringVar(&f.deadlineHeader, "deadline-header", "", "header carrying the deadline in Unix ms (default x-request-deadline; \"off\" disables)")
 	fs.StringVar(&f.timeoutHeader, "timeout-header", "", "header carrying the remaining ms (default x-envoy-upstream-rq-timeout-ms; \"off\" disables)")
+	fs.StringVar(&f.gatewayProtocol, "gateway-protocol", "", "http1 (default) or h2c: HTTP/2 with prior knowledge to http:// gateways that accept it (Envoy does), many requests per connection")
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	fs.StringVar(&f.logFormat, "log-format", "", "text or json (default text)")
 	f.legacy.register(fs)
@@ -121,6 +123,7 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("retry-max-attempts", func() { cfg.Retry.MaxAttempts = f.retryMaxAttempts })
 	set("deadline-header", func() { cfg.Dispatch.DeadlineHeader = f.deadlineHeader })
 	set("timeout-header", func() { cfg.Dispatch.TimeoutHeader = f.timeoutHeader })
+	set("gateway-protocol", func() { cfg.Dispatch.Protocol = f.gatewayProtocol })
 	set("log-level", func() { cfg.Log.Level = f.logLevel })
 	set("log-format", func() { cfg.Log.Format = f.logFormat })
 	set("redis.url", func() { cfg.RedisURL = f.redisURL })

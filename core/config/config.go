@@ -177,6 +177,9 @@ type Dispatch struct {
 	TimeoutHeader string `json:"timeout_header,omitempty"`
 	// MaxResponseBytes caps a response body (default 64 MiB).
 	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
+	// Protocol is how http:// gateways are spoken to: "http1" (default) or
+	// "h2c" (HTTP/2 with prior knowledge, for gateways that accept it).
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Prometheus is the Prometheus server gates query.
@@ -236,6 +239,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Log.Level == "" {
 		c.Log.Level = "info"
+	}
+	if c.Dispatch.Protocol == "" {
+		c.Dispatch.Protocol = "http1"
 	}
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
@@ -340,6 +346,9 @@ func (c *Config) Validate(k Known) error {
 				add(f.where, "%v", err)
 			}
 		}
+	}
+	if p := c.Dispatch.Protocol; p != "http1" && p != "h2c" {
+		add("dispatch.protocol", "%q: want http1 or h2c", p)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

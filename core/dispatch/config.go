@@ -50,7 +50,19 @@ type Config struct {
 	// MaxResponseBytes caps the response body read. A bigger body makes the
 	// call Fatal with ErrResponseTooLarge. Default 64 MiB.
 	MaxResponseBytes int64
+	// Protocol is how http:// gateways are spoken to: ProtocolHTTP1 (the
+	// default: one connection per request in flight) or ProtocolH2C (HTTP/2
+	// with prior knowledge, for gateways that accept it, such as Envoy: many
+	// requests share a few connections). https gateways negotiate HTTP/2 or
+	// HTTP/1.1 through ALPN either way.
+	Protocol string
 }
+
+// Gateway protocols for Config.Protocol.
+const (
+	ProtocolHTTP1 = "http1"
+	ProtocolH2C   = "h2c"
+)
 
 // TLSConfig names the PEM files used for https gateways. All fields are optional.
 type TLSConfig struct {
@@ -81,6 +93,9 @@ func (c *Config) SetDefaults() {
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
+	if c.Protocol == "" {
+		c.Protocol = ProtocolHTTP1
+	}
 }
 
 // Validate reports the first invalid field. It does not read the TLS files;
@@ -97,6 +112,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dispatch: max response bytes %d is negative", c.MaxResponseBytes)
 	case (c.TLS.Cert == "") != (c.TLS.Key == ""):
 		return errors.New("dispatch: tls cert and key must be set together")
+	case c.Protocol != ProtocolHTTP1 && c.Protocol != ProtocolH2C:
+		return fmt.Errorf("dispatch: protocol %q: want %q or %q", c.Protocol, ProtocolHTTP1, ProtocolH2C)
 	}
 	if err := validHeaderSetting("deadline header", c.DeadlineHeader); err != nil {
 		return err

@@ -67,11 +67,12 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("dispatch: %w", err)
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}
-	// HTTP/1.1 for http gateways (no h2c); HTTP/2 is offered to https gateways
-	// through ALPN.
+	// http gateways: HTTP/1.1, or HTTP/2 with prior knowledge (h2c) when
+	// configured; https gateways: HTTP/2 offered through ALPN.
 	var protocols http.Protocols
-	protocols.SetHTTP1(true)
+	protocols.SetHTTP1(cfg.Protocol == ProtocolHTTP1)
 	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(cfg.Protocol == ProtocolH2C)
 	rt := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		DialContext:         dialer.DialContext,

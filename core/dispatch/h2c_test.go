@@ -1,0 +1,66 @@
+package dispatch
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/message"
+)
+
+// With Protocol h2c, an http:// gateway is spoken to over HTTP/2 with prior
+// knowledge, and many calls share one connection.
+func TestH2CSharesConnections(t *testing.T) {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	var conns atomic.Int64
+	srv := &http.Server{
+		Protocols: &p,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.ProtoMajor != 2 {
+				http.Error(w, "want HTTP/2", http.StatusHTTPVersionNotSupported)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+			_, _ = w.Write([]byte(`{}`))
+		}),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	c, err := New(Config{Protocol: ProtocolH2C})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	target := Target{BaseURL: "http://" + ln.Addr().String()}
+	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	done := make(chan Outcome, 20)
+	for range 20 {
+		go func() { done <- c.Do(context.Background(), target, req) }()
+	}
+	for range 20 {
+		if o := <-done; o.Class != Success {
+			t.Fatalf("outcome %v %d %v", o.Class, o.StatusCode, o.Err)
+		}
+	}
+	if conns.Load() > 2 {
+		t.Errorf("%d connections for 20 concurrent h2c calls", conns.Load())
+	}
+	if _, err := New(Config{Protocol: "spdy"}); err == nil {
+		t.Error("unknown protocol accepted")
+	}
+}
