@@ -22,6 +22,7 @@ func TestSetDefaults(t *testing.T) {
 		DeadlineHeader:   "x-request-deadline",
 		TimeoutHeader:    "x-envoy-upstream-rq-timeout-ms",
 		MaxResponseBytes: 64 << 20,
+		Protocol:         ProtocolHTTP1,
 	}
 	if c != want {
 		t.Fatalf("defaults = %+v, want %+v", c, want)
@@ -29,7 +30,7 @@ func TestSetDefaults(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
-	kept := Config{MaxConns: 3, RequestTimeout: time.Second, DeadlineHeader: "off", TimeoutHeader: "-", MaxResponseBytes: 10}
+	kept := Config{MaxConns: 3, RequestTimeout: time.Second, DeadlineHeader: "off", TimeoutHeader: "-", MaxResponseBytes: 10, Protocol: ProtocolH2C}
 	c = kept
 	c.SetDefaults()
 	if c != kept {

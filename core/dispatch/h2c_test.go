@@ -48,6 +48,11 @@ func TestH2CSharesConnections(t *testing.T) {
 	defer c.Close()
 	target := Target{BaseURL: "http://" + ln.Addr().String()}
 	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	// One call first: until the server's SETTINGS arrive, the client cannot
+	// know how many streams a connection may carry and dials more.
+	if o := c.Do(context.Background(), target, req); o.Class != Success {
+		t.Fatalf("first call: %v %d %v", o.Class, o.StatusCode, o.Err)
+	}
 	done := make(chan Outcome, 20)
 	for range 20 {
 		go func() { done <- c.Do(context.Background(), target, req) }()
