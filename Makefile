@@ -34,7 +34,7 @@ vet:
 
 lint: vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || (gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); exit 1)
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
 ## fuzz: run the decoder fuzzer for a minute
 fuzz:

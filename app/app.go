@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,15 +71,14 @@ type Options struct {
 
 // App is one assembled deployment.
 type App struct {
-	cfg      *config.Config
-	log      *slog.Logger
-	pipe     *pipeline.Pipeline
-	client   *dispatch.Client
-	reg      *prometheus.Registry
-	servers  []*http.Server
-	addrs    map[string]string
-	gates    []*gate.Refresher
-	closeAll sync.Once
+	cfg     *config.Config
+	log     *slog.Logger
+	pipe    *pipeline.Pipeline
+	client  *dispatch.Client
+	reg     *prometheus.Registry
+	servers []*http.Server
+	addrs   map[string]string
+	gates   []*gate.Refresher
 }
 
 // New validates cfg (already defaulted or not) and builds the deployment.

@@ -110,11 +110,11 @@ func checkEncodeRoundTrip(t *testing.T, req *Request) {
 	}
 	want := *req
 	want.Kind, want.RetryCount, want.Token = "", 0, ""
-	const halfMilli = 500 * time.Microsecond
-	if d := got.Deadline.Sub(req.Deadline); d > halfMilli || d < -halfMilli {
+	const roundingSlack = 500 * time.Microsecond
+	if d := got.Deadline.Sub(req.Deadline); d > roundingSlack || d < -roundingSlack {
 		t.Fatalf("deadline %v came back as %v", req.Deadline, got.Deadline)
 	}
-	if d := got.Created.Sub(req.Created); d > halfMilli || d < -halfMilli {
+	if d := got.Created.Sub(req.Created); d > roundingSlack || d < -roundingSlack {
 		t.Fatalf("created %v came back as %v", req.Created, got.Created)
 	}
 	want.Deadline, want.Created = got.Deadline, got.Created

@@ -59,12 +59,6 @@ func (c *cancelCache) add(entry string) bool {
 	return true
 }
 
-func (c *cancelCache) watcher() func(transport.Cancellation) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.fn
-}
-
 // parseEntry turns "job:<id>" / "req:<id>" into a Cancellation.
 func parseEntry(e string) (transport.Cancellation, bool) {
 	switch {
@@ -96,7 +90,7 @@ func (t *Transport) refreshCancels(ctx context.Context, epoch string) {
 		epoch = e
 	}
 	now := time.Now().UnixMilli()
-	entries, err := t.client.ZRangeByScore(ctx, t.names.Cancelled(), &redis.ZRangeBy{Min: strconv.FormatInt(now, 10), Max: "+inf"}).Result()
+	entries, err := t.client.ZRangeArgs(ctx, redis.ZRangeArgs{Key: t.names.Cancelled(), ByScore: true, Start: strconv.FormatInt(now, 10), Stop: "+inf"}).Result()
 	if err != nil {
 		t.log.Warn("reading cancellations failed", "err", err)
 		return
