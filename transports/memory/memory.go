@@ -311,7 +311,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if s.closed {
 		return nil, ErrClosed
 	}
-	out := make(chan *message.Message)
+	out := make(chan *message.Message, s.t.opts.BatchSize)
 	ctx, cancel := context.WithCancel(ctx)
 	s.wg.Add(2)
 	go func() {
