@@ -359,10 +359,15 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	// steady: the result rate once the first 5,000 connections are open
 	// (from the 10,000th result to the 50,000th).
 	var t10k, t50k time.Duration
+	lastWave := 0
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		n, more := run.mem.ResultCount(benchResults)
+		if trace && n/5000 > lastWave {
+			lastWave = n / 5000
+			fmt.Fprintf(os.Stderr, "wave %d done at %.3fs\n", lastWave, time.Since(start).Seconds())
+		}
 		if t10k == 0 && n >= 10_000 {
 			t10k = time.Since(start)
 		}

@@ -62,8 +62,9 @@ const (
 var routeNames = [numRoutes]string{PathCompletions, PathChatCompletions, PathMetrics, PathHealthz, "other"}
 
 // MaxConcurrentStreams is how many HTTP/2 requests one connection may carry
-// at once (gateways such as Envoy allow far more than Go's default of 250).
-const MaxConcurrentStreams = 4096
+// at once: Go's default, which spreads thousands of requests in flight over
+// several connections (and so over several read loops on each side).
+const MaxConcurrentStreams = 250
 
 // ServerProtocols are the protocols the simulator accepts on its plain
 // listener: HTTP/1.1 and HTTP/2 with prior knowledge (h2c).
