@@ -134,6 +134,12 @@ func New(cfg *config.Config, o Options) (*App, error) {
 		}
 	}
 
+	if ec, ok := tp.(transport.EventCounter); ok {
+		if err := reg.Register(metrics.NewEventsCollector(cfg.Transport, ec.Events)); err != nil {
+			return nil, a.fail(tp, fmt.Errorf("metrics: %w", err))
+		}
+	}
+
 	// One gate (and one refresh loop) per distinct gate definition.
 	byDef := map[string]*gate.Refresher{}
 	var queues []pipeline.Queue

@@ -216,3 +216,11 @@ type NopCloserPublisher struct{ message.Publisher }
 
 // Close does nothing.
 func (NopCloserPublisher) Close() error { return nil }
+
+// EventCounter is implemented by transports that count what they observe
+// beyond the core's metrics (late results discarded, requests nobody heard,
+// leases reclaimed, ...). The counts are cumulative; the names are
+// snake_case. They are exported as sluice_transport_events_total{event}.
+type EventCounter interface {
+	Events() map[string]int64
+}

@@ -422,3 +422,13 @@ func (t *Transport) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Events implements transport.EventCounter.
+func (t *Transport) Events() map[string]int64 {
+	s := t.Stats()
+	return map[string]int64{"received": s.Received, "delivered": s.Delivered, "handed_back": s.HandedBack,
+		"interruptions": s.Interruptions, "requests_unheard": s.RequestsUnheard, "results_unheard": s.ResultsUnheard,
+		"retries_held": s.RetriesHeld}
+}
+
+var _ transport.EventCounter = (*Transport)(nil)

@@ -504,3 +504,12 @@ func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (messag
 func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
 	return &publisher{t: t, qs: t.queue(q.Name)}, nil
 }
+
+// Events implements transport.EventCounter.
+func (t *Transport) Events() map[string]int64 {
+	s := t.Stats()
+	return map[string]int64{"claimed": s.Claimed, "late_results": s.LateResults, "late_requeues": s.LateRequeues,
+		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp}
+}
+
+var _ transport.EventCounter = (*Transport)(nil)

@@ -555,3 +555,11 @@ func (t *Transport) handBack(d *delivery) error {
 	}
 	return nil
 }
+
+// Events implements transport.EventCounter.
+func (t *Transport) Events() map[string]int64 {
+	s := t.Stats()
+	return map[string]int64{"delivered": s.Delivered, "reclaimed": s.Reclaimed, "stale": s.Stale, "handed_back": s.HandedBack}
+}
+
+var _ transport.EventCounter = (*Transport)(nil)
