@@ -179,7 +179,7 @@ func TestRetryWaitsForASubscriber(t *testing.T) {
 	defer sub2.Close()
 	select {
 	case m := <-ch:
-		m.Ack()
+		transport.Ack(m)
 	case <-time.After(5 * time.Second):
 		t.Fatal("the kept retry was not published once a subscriber came")
 	}

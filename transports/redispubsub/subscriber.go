@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 // claimBatch is the most credits asked for at once.
@@ -75,6 +76,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
+	// The reader has a context of its own: on the way out it keeps reading
+	// until Redis confirms the UNSUBSCRIBE, so what Redis sent before that is
+	// buffered (or handed to the retry set), not dropped with the connection.
+	readCtx, stopRead := context.WithCancel(context.Background())
+	readDone := make(chan struct{})
 	out := make(chan *message.Message)
 	s.loops.Add(3)
 	go func() {
@@ -83,15 +89,25 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		case <-ctx.Done():
 		case <-s.done:
 		}
+		uctx, ucancel := context.WithTimeout(context.Background(), unsubscribeDrain)
+		if err := ps.Unsubscribe(uctx, topic); err == nil {
+			select {
+			case <-readDone:
+			case <-uctx.Done():
+			}
+		}
+		ucancel()
+		stopRead()
 		cancel()
-		_ = ps.Close() // unblocks the reader
+		_ = ps.Close() // unblocks the reader if it still waits
 		s.mu.Lock()
 		s.space.Broadcast()
 		s.mu.Unlock()
 	}()
 	go func() {
 		defer s.loops.Done()
-		s.read(ctx, ps)
+		defer close(readDone)
+		s.read(readCtx, ps)
 	}()
 	go func() {
 		defer s.loops.Done()
@@ -109,13 +125,23 @@ func (s *subscriber) signal() {
 	}
 }
 
+// unsubscribeDrain bounds the wait for Redis to confirm an UNSUBSCRIBE.
+const unsubscribeDrain = 2 * time.Second
+
 // read moves messages from the subscription into the buffer; a full buffer
-// stops it (backpressure to Redis).
+// stops it (backpressure to Redis). It returns when Redis confirms the
+// UNSUBSCRIBE sent on the way out, or when ctx ends.
 func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
 	for {
-		m, err := ps.ReceiveMessage(ctx)
+		reply, err := ps.Receive(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				return
+			}
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
 				return
 			}
 			s.t.stats.interruptions.Add(1)
@@ -127,6 +153,18 @@ func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
 			}
 			continue
 		}
+		var m *redis.Message
+		switch r := reply.(type) {
+		case *redis.Message:
+			m = r
+		case *redis.Subscription:
+			if r.Kind == "unsubscribe" {
+				return
+			}
+			continue
+		default:
+			continue
+		}
 		s.t.stats.received.Add(1)
 		payload := []byte(m.Payload)
 		s.mu.Lock()
@@ -136,7 +174,7 @@ func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
 		if s.closed || ctx.Err() != nil {
 			s.mu.Unlock()
 			s.park([][]byte{payload}, "subscriber closing")
-			return
+			continue
 		}
 		s.buf = append(s.buf, payload)
 		s.mu.Unlock()
@@ -199,10 +237,10 @@ func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message) {
 			s.mu.Lock()
 			s.inflight[m] = p
 			s.mu.Unlock()
+			transport.OnSettle(m, s.settleFunc(m))
 			select {
 			case out <- m:
 				s.t.stats.delivered.Add(1)
-				go s.await(m)
 			case <-ctx.Done():
 				s.mu.Lock()
 				delete(s.inflight, m)
@@ -215,29 +253,27 @@ func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message) {
 	}
 }
 
-// await settles one delivery: an ack forgets it, a nack hands it back (to
-// the buffer, or to the retry set once the subscriber is closed).
-func (s *subscriber) await(m *message.Message) {
-	defer s.credits.Release(1)
-	var nacked bool
-	select {
-	case <-m.Acked():
-	case <-m.Nacked():
-		nacked = true
+// settleFunc settles one delivery when the core acks or nacks it (through
+// transport.Ack / transport.Nack; no goroutine waits per message): an ack
+// forgets it, a nack hands it back (to the buffer, or to the retry set once
+// the subscriber is closed).
+func (s *subscriber) settleFunc(m *message.Message) func(acked bool) {
+	return func(acked bool) {
+		defer s.credits.Release(1)
+		s.mu.Lock()
+		p, mine := s.inflight[m]
+		delete(s.inflight, m)
+		closed := s.closed
+		s.mu.Unlock()
+		if acked || !mine {
+			return // acked, or already handed back by Transport.Close
+		}
+		if closed {
+			s.park([][]byte{p}, "nacked after close")
+			return
+		}
+		s.putBack([][]byte{p})
 	}
-	s.mu.Lock()
-	p, mine := s.inflight[m]
-	delete(s.inflight, m)
-	closed := s.closed
-	s.mu.Unlock()
-	if !nacked || !mine {
-		return // acked, or already handed back by Transport.Close
-	}
-	if closed {
-		s.park([][]byte{p}, "nacked after close")
-		return
-	}
-	s.putBack([][]byte{p})
 }
 
 // park hands payloads to the retry set, due now; a failure is logged with
