@@ -177,7 +177,7 @@ func TestLongRequestNotClaimedTwice(t *testing.T) {
 	if err := pub.Publish(q.ResultName, out); err != nil {
 		t.Fatal(err)
 	}
-	m.Ack()
+	transport.Ack(m)
 	if n := rc.LLen(context.Background(), q.ResultName).Val(); n != 1 {
 		t.Fatalf("%d results, want 1", n)
 	}
@@ -220,9 +220,12 @@ func TestTakeOverAndFence(t *testing.T) {
 	if err := pub.Publish(q.ResultName, out); err != nil {
 		t.Fatal(err)
 	}
-	m.Ack()
 	if st := dead.Stats(); st.Stale != 1 {
 		t.Fatalf("dead consumer stats %+v: want its late write refused", st)
+	}
+	transport.Ack(m)
+	if st := dead.Stats(); st.Stale != 2 {
+		t.Fatalf("dead consumer stats %+v: want its late ack refused too", st)
 	}
 	if n := rc.LLen(context.Background(), q.ResultName).Val(); n != 0 {
 		t.Fatalf("%d results written by a consumer that lost the entry", n)
@@ -230,7 +233,7 @@ func TestTakeOverAndFence(t *testing.T) {
 	if st := alive.Stats(); st.Reclaimed != 1 {
 		t.Fatalf("alive stats %+v: want 1 reclaimed", st)
 	}
-	m2.Ack()
+	transport.Ack(m2)
 	cd.close()
 }
 
@@ -255,7 +258,7 @@ func TestWindowedReads(t *testing.T) {
 		held = append(held, m)
 	}
 	for _, m := range held {
-		m.Ack()
+		transport.Ack(m)
 	}
 }
 
@@ -276,7 +279,7 @@ func TestDeadLetter(t *testing.T) {
 	if err := tp.DeadLetter(context.Background(), q, m, "no id"); err != nil {
 		t.Fatal(err)
 	}
-	m.Ack()
+	transport.Ack(m)
 	d, err := tp.Depth(context.Background(), q)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 // subscriber reads one stream through the consumer group in windows sized
@@ -138,10 +139,10 @@ func (s *subscriber) read(ctx context.Context, out chan<- *message.Message) {
 		s.credits.Release(granted - len(entries))
 		for i, e := range entries {
 			d := s.delivery(e)
+			transport.OnSettle(d.msg, func(acked bool) { s.settle(d, acked) })
 			select {
 			case out <- d.msg:
 				t.delivered.Add(1)
-				go s.await(d)
 			case <-ctx.Done():
 				// Still pending for us: hand back what was read but not delivered.
 				for _, rest := range entries[i:] {
@@ -241,17 +242,14 @@ func (s *subscriber) drop(d *delivery) bool {
 	return s.t.forget(d)
 }
 
-// await settles one delivery. An ack after a fenced write (result, retry,
-// dead letter) has nothing left to do; a bare ack acks the entry (fenced);
-// a nack re-appends it at the tail, at once available to every consumer.
-func (s *subscriber) await(d *delivery) {
+// settle settles one delivery when the core acks or nacks it (through
+// transport.Ack / transport.Nack; no goroutine waits per message). An ack
+// after a fenced write (result, retry, dead letter) has nothing left to do;
+// a bare ack acks the entry (fenced); a nack re-appends it at the tail, at
+// once available to every consumer.
+func (s *subscriber) settle(d *delivery, acked bool) {
 	defer s.credits.Release(1)
-	var nacked bool
-	select {
-	case <-d.msg.Acked():
-	case <-d.msg.Nacked():
-		nacked = true
-	}
+	nacked := !acked
 	if !s.drop(d) {
 		return // handed back by Transport.Close
 	}
