@@ -20,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
@@ -67,6 +69,9 @@ type Options struct {
 	// Dispatcher, when set, replaces the HTTP client (benchmarks of the
 	// framework's own overhead, tests).
 	Dispatcher mw.Dispatcher
+	// TracerProvider, when set, is used instead of the one the config's
+	// tracing section would build.
+	TracerProvider trace.TracerProvider
 }
 
 // App is one assembled deployment.
@@ -79,6 +84,7 @@ type App struct {
 	servers []*http.Server
 	addrs   map[string]string
 	gates   []*gate.Refresher
+	tracing *sdktrace.TracerProvider // owned: shut down at the end of Run
 }
 
 // New validates cfg (already defaulted or not) and builds the deployment.
@@ -195,14 +201,23 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if o.Dispatcher != nil {
 		d = o.Dispatcher
 	}
+	tracer := o.TracerProvider
+	if tracer == nil && cfg.Tracing.OTLPEndpoint != "" {
+		a.tracing, err = newTracerProvider(cfg.Tracing)
+		if err != nil {
+			return nil, a.fail(tp, err)
+		}
+		tracer = a.tracing
+	}
 	a.pipe, err = pipeline.New(pipeline.Config{
-		Transport:    tp,
-		Dispatcher:   d,
-		Queues:       queues,
-		Retry:        mw.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts},
-		DrainTimeout: cfg.DrainTimeout.D(),
-		Metrics:      m,
-		Logger:       o.Logger,
+		Transport:      tp,
+		Dispatcher:     d,
+		Queues:         queues,
+		Retry:          mw.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts},
+		DrainTimeout:   cfg.DrainTimeout.D(),
+		Metrics:        m,
+		Logger:         o.Logger,
+		TracerProvider: tracer,
 	})
 	if err != nil {
 		return nil, a.fail(tp, err)
@@ -213,6 +228,9 @@ func New(cfg *config.Config, o Options) (*App, error) {
 func (a *App) fail(tp transport.Transport, err error) error {
 	for _, g := range a.gates {
 		_ = g.Close()
+	}
+	if a.tracing != nil {
+		_ = a.tracing.Shutdown(context.Background())
 	}
 	_ = tp.Close()
 	a.client.Close()
@@ -249,6 +267,11 @@ func (a *App) Run(ctx context.Context) error {
 	err := a.pipe.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if a.tracing != nil {
+		if terr := a.tracing.Shutdown(sctx); terr != nil {
+			a.log.Warn("flushing traces", "err", terr)
+		}
+	}
 	for _, s := range a.servers {
 		_ = s.Shutdown(sctx)
 	}

@@ -122,7 +122,17 @@ func startApp(t *testing.T, gwURL string, drain time.Duration, mutate func(*conf
 	if mutate != nil {
 		mutate(cfg)
 	}
-	a, err := New(cfg, Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	return startAppWith(t, cfg, Options{Transport: mem})
+}
+
+// startAppWith runs an app of cfg and o (o.Transport must be a memory transport).
+func startAppWith(t *testing.T, cfg *config.Config, o Options) *harness {
+	t.Helper()
+	mem := o.Transport.(*memory.Transport)
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	a, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,8 @@ type serveFlags struct {
 	deadlineHeader      string
 	timeoutHeader       string
 	gatewayProtocol     string
+	otlpEndpoint        string
+	traceSampleRatio    float64
 	logLevel, logFormat string
 	legacy              legacyFlags
 }
@@ -67,6 +69,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.deadlineHeader, "deadline-header", "", "header carrying the deadline in Unix ms (default x-request-deadline; \"off\" disables)")
 	fs.StringVar(&f.timeoutHeader, "timeout-header", "", "header carrying the remaining ms (default x-envoy-upstream-rq-timeout-ms; \"off\" disables)")
 	fs.StringVar(&f.gatewayProtocol, "gateway-protocol", "", "http1 (default) or h2c: HTTP/2 with prior knowledge to http:// gateways that accept it (Envoy does), many requests per connection")
+	fs.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector (OTLP/HTTP), e.g. http://otel-collector:4318; enables tracing")
+	fs.Float64Var(&f.traceSampleRatio, "trace-sample-ratio", 0, "share of requests traced when the producer sent no sampled traceparent (default 0.01)")
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	fs.StringVar(&f.logFormat, "log-format", "", "text or json (default text)")
 	f.legacy.register(fs)
@@ -124,6 +128,8 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("deadline-header", func() { cfg.Dispatch.DeadlineHeader = f.deadlineHeader })
 	set("timeout-header", func() { cfg.Dispatch.TimeoutHeader = f.timeoutHeader })
 	set("gateway-protocol", func() { cfg.Dispatch.Protocol = f.gatewayProtocol })
+	set("otlp-endpoint", func() { cfg.Tracing.OTLPEndpoint = f.otlpEndpoint })
+	set("trace-sample-ratio", func() { cfg.Tracing.SampleRatio = f.traceSampleRatio })
 	set("log-level", func() { cfg.Log.Level = f.logLevel })
 	set("log-format", func() { cfg.Log.Format = f.logFormat })
 	set("redis.url", func() { cfg.RedisURL = f.redisURL })

@@ -78,6 +78,21 @@ type Config struct {
 	RedisURL string `json:"redis_url,omitempty"`
 	// Log configures the structured logs.
 	Log Log `json:"log"`
+	// Tracing configures OpenTelemetry tracing (off unless an endpoint is set).
+	Tracing Tracing `json:"tracing"`
+}
+
+// Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
+type Tracing struct {
+	// OTLPEndpoint is the collector's URL, e.g. http://otel-collector:4318
+	// (empty: tracing off).
+	OTLPEndpoint string `json:"otlp_endpoint,omitempty"`
+	// SampleRatio is the share of requests traced when the producer sent no
+	// sampled trace context (default 0.01); a producer's sampled traceparent
+	// is always followed.
+	SampleRatio float64 `json:"sample_ratio,omitempty"`
+	// ServiceName is the service.name resource attribute (default "sluice").
+	ServiceName string `json:"service_name,omitempty"`
 }
 
 // TransportConfig is the transport config object of upstream: the queues,
@@ -240,6 +255,12 @@ func (c *Config) SetDefaults() {
 	if c.Log.Level == "" {
 		c.Log.Level = "info"
 	}
+	if c.Tracing.SampleRatio == 0 {
+		c.Tracing.SampleRatio = 0.01
+	}
+	if c.Tracing.ServiceName == "" {
+		c.Tracing.ServiceName = "sluice"
+	}
 	if c.Dispatch.Protocol == "" {
 		c.Dispatch.Protocol = "http1"
 	}
@@ -345,6 +366,14 @@ func (c *Config) Validate(k Known) error {
 			if _, err := os.Stat(f.path); err != nil {
 				add(f.where, "%v", err)
 			}
+		}
+	}
+	if c.Tracing.SampleRatio < 0 || c.Tracing.SampleRatio > 1 {
+		add("tracing.sample_ratio", "must be in [0,1], got %v", c.Tracing.SampleRatio)
+	}
+	if e := c.Tracing.OTLPEndpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("tracing.otlp_endpoint", "%q is not an http(s) URL", e)
 		}
 	}
 	if p := c.Dispatch.Protocol; p != "http1" && p != "h2c" {

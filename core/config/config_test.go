@@ -134,3 +134,18 @@ func TestDurationForms(t *testing.T) {
 		t.Errorf("bad duration: %v", err)
 	}
 }
+
+func TestTracingConfig(t *testing.T) {
+	c := &Config{Tracing: Tracing{OTLPEndpoint: "collector:4318", SampleRatio: 2},
+		TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "q", IGWBaseURL: "http://gw"}}}}
+	c.SetDefaults()
+	err := c.Validate(known())
+	if err == nil || !strings.Contains(err.Error(), "tracing.sample_ratio") || !strings.Contains(err.Error(), "tracing.otlp_endpoint") {
+		t.Fatalf("bad tracing config accepted: %v", err)
+	}
+	ok := &Config{TransportConfig: c.TransportConfig}
+	ok.SetDefaults()
+	if ok.Tracing.SampleRatio != 0.01 || ok.Tracing.ServiceName != "sluice" || ok.Tracing.OTLPEndpoint != "" {
+		t.Errorf("tracing defaults %+v", ok.Tracing)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
@@ -58,6 +59,9 @@ type Config struct {
 	// Metrics receives the metrics (required).
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
+	// TracerProvider, when set, traces every request (a span per delivery,
+	// W3C trace context to the gateway); nil: no tracing, no cost.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -264,17 +268,23 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
 			checker = c
 		}
-		h.AddMiddleware(
+		chain := []message.HandlerMiddleware{
 			p.track,
 			settle,
 			mw.Recover(q.mq, work, p.deadLetter, log),
 			mw.Metrics(q.mq),
 			mw.Decode(p.deadLetter, log),
+		}
+		if p.cfg.TracerProvider != nil {
+			chain = append(chain, mw.Trace(p.cfg.TracerProvider))
+		}
+		chain = append(chain,
 			mw.Deadline(),
 			mw.Cancel(checker, p.inflight, log),
 			mw.Admission(p.requeue, time.Second, log),
 			mw.Retry(p.cfg.Retry, p.requeue),
 		)
+		h.AddMiddleware(chain...)
 	}
 
 	if cw, ok := p.cfg.Transport.(transport.CancelWatcher); ok {
