@@ -48,6 +48,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -153,13 +154,21 @@ type Transport struct {
 	publishers map[string]*pubsub.Publisher
 	topics     map[string]string // subscription → request topic
 	receives   sync.WaitGroup
+
+	receiveErrors atomic.Int64 // Receive calls that ended with an error
 }
 
 var (
 	_ transport.Transport    = (*Transport)(nil)
 	_ transport.Requeuer     = (*Transport)(nil)
 	_ transport.DeadLetterer = (*Transport)(nil)
+	_ transport.EventCounter = (*Transport)(nil)
 )
+
+// Events implements transport.EventCounter.
+func (t *Transport) Events() map[string]int64 {
+	return map[string]int64{"receive_errors": t.receiveErrors.Load()}
+}
 
 // New builds the transport; it connects when first used.
 func New(o Options, env transport.Env) (*Transport, error) {

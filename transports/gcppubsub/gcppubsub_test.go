@@ -293,3 +293,43 @@ func TestAckOnlyAfterResult(t *testing.T) {
 		t.Fatalf("%d results, want 1", len(got))
 	}
 }
+
+// A subscription that does not exist yet is retried, loudly (counted), and
+// requests flow once it is created.
+func TestMissingSubscriptionIsRetried(t *testing.T) {
+	srv := pstest.NewServer()
+	t.Cleanup(func() { _ = srv.Close() })
+	f := newFixture(t, srv.Addr)
+	topic := f.topic(t, "late-requests")
+	q := transport.Queue{ID: "late", Name: "late-sub", ResultName: "late-results"}
+	tp, err := gcppubsub.New(gcppubsub.Options{ProjectID: project, EmulatorHost: srv.Addr}, transport.Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	credits := gate.NewCredits(4, gate.RampConfig{})
+	credits.SetBudget(1)
+	sub, _ := tp.Subscriber(q, credits)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, q.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for tp.Events()["receive_errors"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("receiving from a missing subscription was not reported")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	f.subscription(t, q.Name, topic)
+	f.publish(t, topic, transporttest.Request("late1", time.Hour), nil)
+	select {
+	case m := <-ch:
+		transport.Ack(m)
+	case <-time.After(15 * time.Second):
+		t.Fatal("no delivery after the subscription was created")
+	}
+}

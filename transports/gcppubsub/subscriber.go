@@ -83,9 +83,23 @@ func (s *subscriber) Subscribe(ctx context.Context, subscription string) (<-chan
 	go func() {
 		defer t.receives.Done()
 		defer cancel()
-		err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) { s.handle(rctx, out, pm) })
-		if err != nil && rctx.Err() == nil {
-			t.log.Error("receiving stopped", "subscription", subscription, "err", err)
+		// Receive ends on a permanent error too (a subscription that does not
+		// exist yet, lost permissions): keep trying, loudly, rather than sit
+		// silently with no work (sluice_transport_events_total{event="receive_errors"}).
+		backoff := time.Second
+		for {
+			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) { s.handle(rctx, out, pm) })
+			if rctx.Err() != nil {
+				return
+			}
+			t.receiveErrors.Add(1)
+			t.log.Error("receiving stopped; trying again", "subscription", subscription, "err", err, "retry_in", backoff.String())
+			select {
+			case <-rctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 30*time.Second)
 		}
 	}()
 	return out, nil
