@@ -43,7 +43,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
 
 // Name is the transport's registry name.
@@ -432,3 +434,12 @@ func (t *Transport) Events() map[string]int64 {
 }
 
 var _ transport.EventCounter = (*Transport)(nil)
+
+// Cancelled implements transport.CancelChecker with upstream's per-request
+// cancel keys (request-cancel:<id> = the request's token), checked before
+// dispatch. Requests without a token cost no round trip.
+func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *msg.Request) (bool, error) {
+	return upstream.Cancelled(ctx, t.client, req)
+}
+
+var _ transport.CancelChecker = (*Transport)(nil)

@@ -2,7 +2,6 @@ package redissortedset
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -130,17 +130,7 @@ func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *msg.R
 			return true, nil
 		}
 	}
-	if req.Token == "" {
-		return false, nil
-	}
-	v, err := t.client.Get(ctx, keys.UpstreamCancelKey(req.ID)).Result()
-	if redisNil(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("check %s: %w", keys.UpstreamCancelKey(req.ID), err)
-	}
-	return v == req.Token, nil
+	return upstream.Cancelled(ctx, t.client, req)
 }
 
 // WatchCancellations implements transport.CancelWatcher: it reports the

@@ -121,10 +121,6 @@ const (
 	RequestEntry = "req:"
 )
 
-// UpstreamCancelKey is upstream's cancellation key of a request id; its value
-// is the request token.
-func UpstreamCancelKey(id string) string { return "request-cancel:" + id }
-
 // MemberTag opens a message written by the producer: {"_sluice":"<seq>/<job>",
 // followed by the flat request's members. The tag makes members with equal
 // deadlines sort in enqueue order and names the job index to clean up at

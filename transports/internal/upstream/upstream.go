@@ -1,0 +1,34 @@
+// Package upstream holds what the Redis transports share with upstream
+// llm-d-async's producer: its per-request cancellation keys.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	msg "github.com/sluice-io/sluice/core/message"
+)
+
+// CancelKey is upstream's cancellation key of a request id; a producer
+// cancels a request by setting it to the request's token.
+func CancelKey(id string) string { return "request-cancel:" + id }
+
+// Cancelled reports whether upstream's producer cancelled req: its cancel
+// key holds req's token. Requests without a token (the flat form) cost no
+// round trip.
+func Cancelled(ctx context.Context, c redis.Cmdable, req *msg.Request) (bool, error) {
+	if req.Token == "" {
+		return false, nil
+	}
+	v, err := c.Get(ctx, CancelKey(req.ID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("check %s: %w", CancelKey(req.ID), err)
+	}
+	return v == req.Token, nil
+}
