@@ -7,7 +7,6 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -150,19 +149,13 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	byDef := map[string]*gate.Refresher{}
 	var queues []pipeline.Queue
 	for i, q := range cfg.TransportConfig.Queues {
-		def, err := json.Marshal(struct {
-			T string
-			P map[string]json.RawMessage
-		}{q.GateType, q.GateParams})
+		params, err := gate.ParseParams(q.GateParams)
 		if err != nil {
-			return nil, a.fail(tp, fmt.Errorf("queues[%d].gate_params: %w", i, err))
+			return nil, a.fail(tp, fmt.Errorf("queues[%d]: %w", i, err))
 		}
-		r, ok := byDef[string(def)]
+		def := q.GateType + "\x00" + params.Canonical()
+		r, ok := byDef[def]
 		if !ok {
-			params, err := gate.ParseParams(q.GateParams)
-			if err != nil {
-				return nil, a.fail(tp, fmt.Errorf("queues[%d]: %w", i, err))
-			}
 			g, err := o.Gates.New(q.GateType, params, gate.Env{
 				PrometheusURL: cfg.Prometheus.URL, PrometheusCacheTTL: cfg.Prometheus.CacheTTL.D(),
 				RedisURL: cfg.RedisURL, MaxConcurrency: q.MaxConcurrency,
@@ -186,7 +179,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 					}
 				},
 			})
-			byDef[string(def)] = r
+			byDef[def] = r
 			a.gates = append(a.gates, r)
 		}
 		queues = append(queues, pipeline.Queue{

@@ -1,14 +1,18 @@
 package app
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/memory"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -54,4 +58,28 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+}
+
+// Queues with the same gate definition share one gate and one refresh loop,
+// however the parameters were written.
+func TestGateSharedByEqualDefinitions(t *testing.T) {
+	cfg := &config.Config{
+		MetricsPort: -1, HealthPort: -1,
+		TransportConfig: config.TransportConfig{ResultQueueName: "r", Queues: []config.Queue{
+			{QueueName: "a", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`"0.5"`)}},
+			{QueueName: "b", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.5`)}},
+			{QueueName: "c", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.25`)}},
+		}},
+	}
+	a, err := New(cfg, Options{Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(a.gates); n != 2 {
+		t.Errorf("%d gates for two distinct definitions", n)
+	}
+	for _, g := range a.gates {
+		_ = g.Close()
+	}
+	a.client.Close()
 }

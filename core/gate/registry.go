@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -141,6 +142,28 @@ func ParseParams(obj map[string]json.RawMessage) (Params, error) {
 		}
 	}
 	return p, nil
+}
+
+// Canonical returns the parameters in one string that is the same for equal
+// parameters however they were written ("100" and 100 read alike), so that
+// queues with the same gate definition can share one gate.
+func (p Params) Canonical() string {
+	var b strings.Builder
+	for _, k := range p.Keys() {
+		b.WriteString(strconv.Quote(k))
+		b.WriteByte('=')
+		if v, ok := p.vals[k]; ok {
+			b.WriteString(strconv.Quote(v))
+		} else {
+			var compact bytes.Buffer
+			if err := json.Compact(&compact, p.raw[k]); err != nil {
+				compact.Write(p.raw[k])
+			}
+			b.Write(compact.Bytes())
+		}
+		b.WriteByte(';')
+	}
+	return b.String()
 }
 
 // Keys lists every key, sorted.
