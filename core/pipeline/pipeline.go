@@ -123,7 +123,7 @@ type Pipeline struct {
 	inflight *mw.Inflight
 	delay    *delayQueue
 	ready    atomic.Bool
-	handlers sync.WaitGroup
+	handlers running
 }
 
 type queueRun struct {
@@ -219,8 +219,8 @@ func settler(pub message.Publisher, topic string) message.HandlerMiddleware {
 // track counts running handlers so the shutdown can wait for hand-backs.
 func (p *Pipeline) track(next message.HandlerFunc) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
-		p.handlers.Add(1)
-		defer p.handlers.Done()
+		p.handlers.add(1)
+		defer p.handlers.add(-1)
 		return next(m)
 	}
 }
@@ -322,7 +322,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	stopWork(mw.ErrShutdown)
 	<-gaugesDone
 	var result error
-	if !waitTimeout(&p.handlers, p.cfg.HandBackTimeout) {
+	if !p.handlers.waitZero(p.cfg.HandBackTimeout) {
 		result = errors.New("requests still running after the hand-back timeout")
 	}
 	if err := <-runErr; err != nil && result == nil && drained {
@@ -381,13 +381,44 @@ func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
 	}
 }
 
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return true
-	case <-time.After(d):
-		return false
+// running counts handlers in flight. Unlike a WaitGroup, it may be
+// incremented while someone waits for zero (a handler the router starts
+// late during shutdown), which the drain needs.
+type running struct {
+	mu      sync.Mutex
+	n       int
+	changed chan struct{} // closed and replaced at every change to zero
+}
+
+func (r *running) add(d int) {
+	r.mu.Lock()
+	r.n += d
+	if r.n == 0 && r.changed != nil {
+		close(r.changed)
+		r.changed = nil
+	}
+	r.mu.Unlock()
+}
+
+// waitZero waits up to d for no handler to be running.
+func (r *running) waitZero(d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		if r.n == 0 {
+			r.mu.Unlock()
+			return true
+		}
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return false
+		}
 	}
 }
