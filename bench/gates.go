@@ -117,8 +117,8 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 		n := g.inflight.Add(1)
 		for m := g.maxIn.Load(); n > m && !g.maxIn.CompareAndSwap(m, n); m = g.maxIn.Load() {
 		}
+		defer g.inflight.Add(-1) // the simulator aborts (panics) a request cut short
 		inner.ServeHTTP(w, r)
-		g.inflight.Add(-1)
 	})}
 	g.srv.Protocols = simulator.ServerProtocols()
 	g.srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: simulator.MaxConcurrentStreams}

@@ -83,7 +83,9 @@ func (s *Server) completion(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if p.latency > 0 && !sleep(r.Context(), p.latency) {
 		s.aborted.Add(1)
-		return
+		// Returning would send an empty 200 if the connection is still open
+		// (the server closing, not the client leaving): abort instead.
+		panic(http.ErrAbortHandler)
 	}
 	if deadlineMS > 0 && time.Now().UnixMilli() > deadlineMS {
 		s.pastDeadline.Add(1)
