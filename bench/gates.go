@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -34,54 +35,9 @@ import (
 // a counting wrapper around the simulator's handler records every arrival
 // and the concurrency the gateway sees.
 
-// benchRedis is a redis-server started for a scenario, stopped by its PID.
-type benchRedis struct {
-	addr string
-	cmd  *exec.Cmd
-	dir  string
-}
-
-func startRedis() (*benchRedis, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, errors.New("redis-server not found: install the Debian package redis-server")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	dir, err := os.MkdirTemp("", "sluice-bench-redis-")
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
-		"--save", "", "--appendonly", "no", "--protected-mode", "no", "--loglevel", "warning")
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	r := &benchRedis{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir}
-	c := redis.NewClient(&redis.Options{Addr: r.addr})
-	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c.Ping(context.Background()).Err() == nil {
-			return r, nil
-		}
-		if time.Now().After(deadline) {
-			r.stop()
-			return nil, errors.New("redis-server did not answer PING")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (r *benchRedis) stop() {
-	_ = r.cmd.Process.Kill()
-	_ = r.cmd.Wait()
-	os.RemoveAll(r.dir)
-}
+// startRedis starts a redis-server for a scenario (stopped by its PID, and
+// killed with the benchmark if the benchmark dies first).
+func startRedis() (*testenv.Redis, error) { return testenv.StartRedisProcess(testenv.RedisOptions{}) }
 
 // gateway is the simulator behind a wrapper that records arrivals.
 type gateway struct {
@@ -194,8 +150,8 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rs.stop()
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rs.Stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	var stops, after, closed []float64
 	for range o.runs {
@@ -206,7 +162,7 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := startGateRun(ctx, gw.url, rs.addr, 256, 100_000)
+		run, err := startGateRun(ctx, gw.url, rs.Addr, 256, 100_000)
 		if err != nil {
 			gw.close()
 			return nil, err
@@ -258,8 +214,8 @@ func runNoHerd(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rs.stop()
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rs.Stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	const limit = 1000
 	var maxes, ramps []float64
@@ -271,7 +227,7 @@ func runNoHerd(ctx context.Context, o options) (figures, error) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := startGateRun(ctx, gw.url, rs.addr, limit, 20_000)
+		run, err := startGateRun(ctx, gw.url, rs.Addr, limit, 20_000)
 		if err != nil {
 			gw.close()
 			return nil, err
@@ -331,8 +287,8 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rs.stop()
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr})
+	defer rs.Stop()
+	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
 	if err := setBudget(ctx, rc, "0.5"); err != nil {
 		return nil, err
@@ -343,7 +299,7 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 		return nil, err
 	}
 	defer gw.stop()
-	run, err := startGateRun(ctx, gw.url, rs.addr, maxConc, requests, func(c *config.Config) { c.Dispatch.Protocol = protocol })
+	run, err := startGateRun(ctx, gw.url, rs.Addr, maxConc, requests, func(c *config.Config) { c.Dispatch.Protocol = protocol })
 	if err != nil {
 		return nil, err
 	}

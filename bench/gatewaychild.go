@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/simulator"
 )
 
@@ -68,6 +69,7 @@ func startGatewayProcess(ctx context.Context, latency time.Duration, capacity in
 	}
 	cmd := exec.CommandContext(ctx, exe)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d", gatewayChildEnv, latency.Milliseconds(), capacity))
+	testenv.DieWithParent(cmd)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -78,6 +78,7 @@ func StartPrometheusWith(t testing.TB, o PrometheusOptions) *Prometheus {
 		"--storage.tsdb.retention.time=1h",
 		"--log.level=warn",
 	)
+	DieWithParent(cmd)
 	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
 	if err != nil {
 		t.Fatalf("prometheus log: %v", err)

@@ -114,6 +114,7 @@ func StartRedisProcess(o RedisOptions) (*Redis, error) {
 		args = append(args, "--requirepass", o.Password)
 	}
 	cmd := exec.Command(bin, args...)
+	DieWithParent(cmd)
 	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
 	if err != nil {
 		return nil, fmt.Errorf("redis log: %w", err)
