@@ -59,6 +59,7 @@ func StartPubSubEmulatorProcess() (*PubSubEmulator, error) {
 	}
 	cmd := exec.Command(bin, "--host=127.0.0.1", "--port="+strconv.Itoa(port))
 	cmd.Dir = dir
+	DieWithParent(cmd) // the script execs java, which keeps the death signal
 	logf, err := os.Create(filepath.Join(dir, "pubsub-emulator.log"))
 	if err != nil {
 		os.RemoveAll(dir)
