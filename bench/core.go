@@ -23,15 +23,11 @@ func (okDispatcher) Do(context.Context, dispatch.Target, *msg.Request) dispatch.
 func runCore(ctx context.Context, o options) (figures, error) {
 	const n = 100_000
 	var stubRate, stubAllocs, httpRate, httpAllocs []float64
-	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	url, stop, err := zeroLatencyGateway()
 	if err != nil {
 		return nil, err
 	}
-	url, err := sim.Start("127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer sim.Close()
+	defer stop()
 	for range o.runs {
 		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, Dispatcher: okDispatcher{}})
 		if err != nil {
@@ -58,15 +54,11 @@ func runCore(ctx context.Context, o options) (figures, error) {
 // scenarios: requests through a 0-ms simulator on loopback, 64 in flight.
 func runMemory(ctx context.Context, o options) (figures, error) {
 	const n = 50_000
-	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	url, stop, err := zeroLatencyGateway()
 	if err != nil {
 		return nil, err
 	}
-	url, err := sim.Start("127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer sim.Close()
+	defer stop()
 	var rates []float64
 	for range o.runs {
 		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, GatewayURL: url})
@@ -76,4 +68,16 @@ func runMemory(ctx context.Context, o options) (figures, error) {
 		rates = append(rates, r.PerSecond)
 	}
 	return figures{"requests": n, "throughput": median(rates), "rss_mb": rssMB()}, nil
+}
+
+// zeroLatencyGateway starts a 0-ms simulator on loopback for 64 in flight.
+func zeroLatencyGateway() (url string, stop func(), err error) {
+	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	if err != nil {
+		return "", nil, err
+	}
+	if url, err = sim.Start("127.0.0.1:0"); err != nil {
+		return "", nil, err
+	}
+	return url, func() { _ = sim.Close() }, nil
 }

@@ -125,54 +125,43 @@ func redisClient(url string) (*redis.Client, error) {
 
 // runRedisPubSub: 20k requests PUBLISHed once sluice is subscribed; results LPUSHed to a list.
 func runRedisPubSub(ctx context.Context, o options) (figures, error) {
-	const n = 20_000
-	srv, err := testenv.StartRedisProcess(testenv.RedisOptions{})
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Stop()
-	c, err := redisClient(srv.URL)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	dl := time.Now().Add(time.Hour)
-	var rates []float64
-	for range o.runs {
-		if err := c.FlushDB(ctx).Err(); err != nil {
-			return nil, err
-		}
-		run := transportRun{transport: redispubsub.Name, options: `{"result_mode":"list"}`, redisURL: srv.URL,
-			queue: "request-queue", results: "result-list", n: n,
+	return redisScenario(ctx, o, func(c *redis.Client, url string, dl time.Time) transportRun {
+		return transportRun{transport: redispubsub.Name, options: `{"result_mode":"list"}`, redisURL: url,
+			queue: "request-queue", results: "result-list", n: redisScenarioRequests,
 			produce: func(ctx context.Context) error {
 				for c.PubSubNumSub(ctx, "request-queue").Val()["request-queue"] == 0 {
 					time.Sleep(time.Millisecond)
 				}
-				for i := 0; i < n; i += 500 {
-					pipe := c.Pipeline()
-					for j := i; j < min(i+500, n); j++ {
-						pipe.Publish(ctx, "request-queue", benchPayload(j, dl))
-					}
-					if _, err := pipe.Exec(ctx); err != nil {
-						return err
-					}
-				}
-				return nil
+				return pipelined(ctx, c, redisScenarioRequests, func(pipe redis.Pipeliner, j int) {
+					pipe.Publish(ctx, "request-queue", benchPayload(j, dl))
+				})
 			},
 			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "result-list").Result() },
 		}
-		rate, err := run.measure(ctx)
-		if err != nil {
-			return nil, err
-		}
-		rates = append(rates, rate)
-	}
-	return figures{"requests": n, "throughput": median(rates)}, nil
+	})
 }
 
 // runRedisStream: 20k requests XADDed once sluice reads the stream; results LPUSHed to a list.
 func runRedisStream(ctx context.Context, o options) (figures, error) {
-	const n = 20_000
+	return redisScenario(ctx, o, func(c *redis.Client, url string, dl time.Time) transportRun {
+		return transportRun{transport: redisstream.Name, options: `{}`, redisURL: url,
+			queue: "requests", results: "results", n: redisScenarioRequests,
+			produce: func(ctx context.Context) error {
+				return pipelined(ctx, c, redisScenarioRequests, func(pipe redis.Pipeliner, j int) {
+					pipe.XAdd(ctx, &redis.XAddArgs{Stream: "requests", Values: []any{"_watermill_message_uuid", strconv.Itoa(j), "payload", benchPayload(j, dl)}})
+				})
+			},
+			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "results").Result() },
+		}
+	})
+}
+
+// redisScenarioRequests is how many requests a Redis transport scenario sends.
+const redisScenarioRequests = 20_000
+
+// redisScenario starts a redis-server and measures the run that newRun
+// describes o.runs times, on an emptied database each time.
+func redisScenario(ctx context.Context, o options, newRun func(c *redis.Client, url string, deadline time.Time) transportRun) (figures, error) {
 	srv, err := testenv.StartRedisProcess(testenv.RedisOptions{})
 	if err != nil {
 		return nil, err
@@ -183,27 +172,11 @@ func runRedisStream(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer c.Close()
-	dl := time.Now().Add(time.Hour)
+	run := newRun(c, srv.URL, time.Now().Add(time.Hour))
 	var rates []float64
 	for range o.runs {
 		if err := c.FlushDB(ctx).Err(); err != nil {
 			return nil, err
-		}
-		run := transportRun{transport: redisstream.Name, options: `{}`, redisURL: srv.URL,
-			queue: "requests", results: "results", n: n,
-			produce: func(ctx context.Context) error {
-				for i := 0; i < n; i += 500 {
-					pipe := c.Pipeline()
-					for j := i; j < min(i+500, n); j++ {
-						pipe.XAdd(ctx, &redis.XAddArgs{Stream: "requests", Values: []any{"_watermill_message_uuid", strconv.Itoa(j), "payload", benchPayload(j, dl)}})
-					}
-					if _, err := pipe.Exec(ctx); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
-			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "results").Result() },
 		}
 		rate, err := run.measure(ctx)
 		if err != nil {
@@ -211,7 +184,21 @@ func runRedisStream(ctx context.Context, o options) (figures, error) {
 		}
 		rates = append(rates, rate)
 	}
-	return figures{"requests": n, "throughput": median(rates)}, nil
+	return figures{"requests": float64(run.n), "throughput": median(rates)}, nil
+}
+
+// pipelined sends n commands, 500 per round trip; add queues command j.
+func pipelined(ctx context.Context, c *redis.Client, n int, add func(pipe redis.Pipeliner, j int)) error {
+	for i := 0; i < n; i += 500 {
+		pipe := c.Pipeline()
+		for j := i; j < min(i+500, n); j++ {
+			add(pipe, j)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // runGCPPubSub: 5k requests published to the emulator's request topic;

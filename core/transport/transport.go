@@ -224,3 +224,17 @@ func (NopCloserPublisher) Close() error { return nil }
 type EventCounter interface {
 	Events() map[string]int64
 }
+
+// Build is the body of most factories: it decodes options strictly into a
+// fresh O (see DecodeOptions) and calls build with them.
+func Build[O any, T Transport](options json.RawMessage, env Env, build func(O, Env) (T, error)) (Transport, error) {
+	var o O
+	if err := DecodeOptions(options, &o); err != nil {
+		return nil, err
+	}
+	t, err := build(o, env)
+	if err != nil {
+		return nil, err // not t: a typed nil would not compare equal to nil
+	}
+	return t, nil
+}

@@ -130,11 +130,7 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
-	var o Options
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	return New(o, env)
+	return transport.Build(options, env, New)
 }
 
 // ErrClosed is returned by operations on a closed transport.

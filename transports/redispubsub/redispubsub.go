@@ -122,11 +122,7 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
-	var o Options
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	return New(o, env)
+	return transport.Build(options, env, New)
 }
 
 // ErrNoSubscriber is returned by PublishRequest when no subscriber heard the
