@@ -83,7 +83,7 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 			g.conns.Add(1)
 		}
 	}
-	go func() { _ = g.srv.Serve(ln) }()
+	go func() { _ = g.srv.Serve(simulator.BufferReads(ln)) }()
 	return g, nil
 }
 
@@ -303,7 +303,7 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuSeconds()
 	if dir := os.Getenv("SLUICE_BENCH_PROFILE"); dir != "" {
 		stopProfile, err := profile(dir)
 		if err != nil {
@@ -316,7 +316,11 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	// (from the 10,000th result to the 50,000th).
 	var t10k, t50k time.Duration
 	lastWave := 0
-	tick := time.NewTicker(time.Second)
+	every := time.Second
+	if trace {
+		every = 100 * time.Millisecond
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		n, more := run.mem.ResultCount(benchResults)
@@ -341,7 +345,8 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 				st, _ := gw.stats()
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
-				fmt.Fprintf(os.Stderr, "t=%.0fs results=%d credits_inflight=%d limit=%d arrivals=%d conns=%d goroutines=%d rss_mb=%.0f heap_inuse_mb=%.0f stack_mb=%.0f\n",
+				fmt.Fprintf(os.Stderr, "cpu=%.2f gwcpu=%.2f minflt=%d ", cpuSeconds()-cpu0, gw.cpu(), minorFaults())
+				fmt.Fprintf(os.Stderr, "t=%.1fs results=%d credits_inflight=%d limit=%d arrivals=%d conns=%d goroutines=%d rss_mb=%.0f heap_inuse_mb=%.0f stack_mb=%.0f\n",
 					time.Since(start).Seconds(), n, inflight, limit, st.Arrivals, st.Conns, runtime.NumGoroutine(), rssMB(),
 					float64(ms.HeapInuse)/(1<<20), float64(ms.StackInuse)/(1<<20))
 			}
@@ -351,6 +356,7 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 		}
 	}
 	el := time.Since(start)
+	cpu := cpuSeconds() - cpu0
 	failed := 0
 	for _, b := range run.mem.Results(benchResults) {
 		if !strings.Contains(string(b), `"status_code":200`) {
@@ -364,8 +370,11 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway stats: %w", err)
 	}
+	gwCPU := gw.stop()
 	return figures{
-		"requests": requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
+		"cpu_us_per_request":         cpu / requests * 1e6,
+		"gateway_cpu_us_per_request": gwCPU / requests * 1e6,
+		"requests":                   requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
 		"steady_throughput": 40_000 / (t50k - t10k).Seconds(),
 		"max_inflight":      float64(st.MaxIn), "failed": float64(failed), "rss_mb": rssMB(),
 	}, nil
@@ -383,6 +392,11 @@ func profile(dir string) (func(), error) {
 	if err := pprof.StartCPUProfile(cpu); err != nil {
 		cpu.Close()
 		return nil, err
+	}
+	if v := os.Getenv("SLUICE_BENCH_PROFILE_CPU_SECONDS"); v != "" {
+		if d, err := time.ParseDuration(v + "s"); err == nil {
+			time.AfterFunc(d, pprof.StopCPUProfile)
+		}
 	}
 	heapTimer := time.AfterFunc(8*time.Second, func() {
 		if f, err := os.Create(filepath.Join(dir, "concurrency.heap.pprof")); err == nil {

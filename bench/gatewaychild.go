@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -50,6 +52,17 @@ func runGatewayChild(spec string) error {
 		return err
 	}
 	defer g.close()
+	if dir := os.Getenv("SLUICE_BENCH_PROFILE"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, "gateway.cpu.pprof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	fmt.Println("LISTEN", g.url)
 	_, _ = io.Copy(io.Discard, os.Stdin) // the parent closes stdin to stop us
 	return nil
@@ -102,7 +115,11 @@ func (g *gatewayProcess) stats() (gatewayStats, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
-func (g *gatewayProcess) stop() {
+// stop ends the child and returns the CPU seconds (user+system) it used.
+func (g *gatewayProcess) stop() float64 {
+	if g.cmd.ProcessState != nil {
+		return processCPU(g.cmd.ProcessState)
+	}
 	_ = g.stdin.Close()
 	done := make(chan struct{})
 	go func() { _ = g.cmd.Wait(); close(done) }()
@@ -112,4 +129,28 @@ func (g *gatewayProcess) stop() {
 		_ = g.cmd.Process.Kill()
 		<-done
 	}
+	return processCPU(g.cmd.ProcessState)
+}
+
+func processCPU(ps *os.ProcessState) float64 {
+	if ps == nil {
+		return 0
+	}
+	return (ps.UserTime() + ps.SystemTime()).Seconds()
+}
+
+// cpu reads the child's CPU seconds so far from /proc (trace output only).
+func (g *gatewayProcess) cpu() float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", g.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100
 }

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -149,6 +150,28 @@ func median(xs []float64) float64 {
 }
 
 // rssMB returns the process's peak resident set (VmHWM) in MiB, or 0.
+// cpuSeconds is the user+system CPU time this process has used so far.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return tvSeconds(ru.Utime) + tvSeconds(ru.Stime)
+}
+
+// minorFaults is how many minor page faults this process has taken so far.
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
+}
+
+func tvSeconds(t syscall.Timeval) float64 {
+	return float64(t.Sec) + float64(t.Usec)/1e6
+}
+
 func rssMB() float64 {
 	data, err := os.ReadFile("/proc/self/status")
 	if err != nil {

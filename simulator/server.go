@@ -200,7 +200,7 @@ func (s *Server) Start(addr string) (string, error) {
 	s.started = true
 	go func(srv *http.Server, done chan<- struct{}) {
 		defer close(done)
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(BufferReads(ln)); !errors.Is(err, http.ErrServerClosed) {
 			s.mu.Lock()
 			s.serveErr = fmt.Errorf("simulator: serve: %w", err)
 			s.mu.Unlock()

@@ -62,13 +62,30 @@ func Decode(b []byte) (*Request, error) {
 
 // decode is Decode, also reporting whether the message was an envelope.
 //
-// The common case costs a single json.Unmarshal into messageWire. That pass
+// The common case is scanMessage's single pass without reflection; what it
+// does not take costs a json.Unmarshal into messageWire. That pass
 // fails on anything unusual (a type error anywhere, even in a field the
 // form ignores), and the message then goes through decodeSlow, which
 // decodes field by field to name what is wrong and recover the id. The slow
 // path alone defines what is accepted: the fast path only ever accepts what
 // the slow path accepts, with the same result (FuzzDecode checks this).
 func decode(b []byte) (*Request, bool, error) {
+	if req, env, ok := scanMessage(b); ok {
+		return req, env, nil
+	}
+	if req, env, ok := decodeJSON(b); ok {
+		return req, env, nil
+	}
+	req, env, derr := decodeSlow(b)
+	if derr != nil {
+		return nil, env, derr
+	}
+	return req, env, nil
+}
+
+// decodeJSON is the encoding/json pass of decode; ok is false when it
+// fails or the request it finds is refused.
+func decodeJSON(b []byte) (req *Request, env, ok bool) {
 	var w messageWire
 	if json.Unmarshal(b, &w) == nil {
 		env := w.Data != nil && (w.RequestKind != nil || w.Internal != nil)
@@ -80,14 +97,10 @@ func decode(b []byte) (*Request, bool, error) {
 			}
 		}
 		if req, derr := build(src, env, kind, w.Internal); derr == nil {
-			return req, env, nil
+			return req, env, true
 		}
 	}
-	req, env, derr := decodeSlow(b)
-	if derr != nil {
-		return nil, env, derr
-	}
-	return req, env, nil
+	return nil, false, false
 }
 
 // build checks the decoded fields and makes the Request. The envelope's

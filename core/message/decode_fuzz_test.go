@@ -32,6 +32,12 @@ func FuzzDecode(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if sreq, senv, ok := scanMessage(b); ok {
+			jreq, jenv, jok := decodeJSON(b)
+			if !jok || !reflect.DeepEqual(sreq, jreq) || senv != jenv {
+				t.Fatalf("scanMessage gave %+v (envelope %v), the encoding/json pass %+v (envelope %v, ok %v)", sreq, senv, jreq, jenv, jok)
+			}
+		}
 		req, env, err := decode(b)
 		slow, slowEnv, slowErr := decodeSlow(b)
 		if err != nil {
