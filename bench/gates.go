@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluice-io/sluice/core/metrics"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -41,15 +42,18 @@ func startRedis() (*testenv.Redis, error) { return testenv.StartRedisProcess(tes
 
 // gateway is the simulator behind a wrapper that records arrivals.
 type gateway struct {
-	sim      *simulator.Server
-	srv      *http.Server
-	url      string
-	start    time.Time
-	arrivals atomic.Int64
-	lastNano atomic.Int64 // last arrival, ns since start
-	inflight atomic.Int64
-	maxIn    atomic.Int64
-	conns    atomic.Int64 // connections accepted
+	sim       *simulator.Server
+	srv       *http.Server
+	url       string
+	start     time.Time
+	arrivals  atomic.Int64
+	lastNano  atomic.Int64 // last arrival, ns since start
+	inflight  atomic.Int64
+	maxIn     atomic.Int64
+	conns     atomic.Int64 // connections accepted
+	warmupCPU float64      // CPU seconds spent warming up (set before serving)
+	servedNs  atomic.Int64 // summed time in the handler
+	served    atomic.Int64
 }
 
 func startGateway(cfg simulator.Config) (*gateway, error) {
@@ -65,7 +69,11 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 	inner := sim.Handler()
 	g.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == gatewayStatsPath {
-			_ = json.NewEncoder(w).Encode(gatewayStats{Arrivals: g.arrivals.Load(), MaxIn: g.maxIn.Load(), Conns: g.conns.Load()})
+			st := gatewayStats{Arrivals: g.arrivals.Load(), MaxIn: g.maxIn.Load(), Conns: g.conns.Load(), WarmupCPU: g.warmupCPU}
+			if n := g.served.Load(); n > 0 {
+				st.HandlerMs = float64(g.servedNs.Load()) / float64(n) / 1e6
+			}
+			_ = json.NewEncoder(w).Encode(st)
 			return
 		}
 		g.arrivals.Add(1)
@@ -74,7 +82,10 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 		for m := g.maxIn.Load(); n > m && !g.maxIn.CompareAndSwap(m, n); m = g.maxIn.Load() {
 		}
 		defer g.inflight.Add(-1) // the simulator aborts (panics) a request cut short
+		t0 := time.Now()
 		inner.ServeHTTP(w, r)
+		g.servedNs.Add(int64(time.Since(t0)))
+		g.served.Add(1)
 	})}
 	g.srv.Protocols = simulator.ServerProtocols()
 	g.srv.HTTP2 = &http.HTTP2Config{MaxConcurrentStreams: simulator.MaxConcurrentStreams}
@@ -98,6 +109,7 @@ func (g *gateway) close() {
 type gateRun struct {
 	app  *app.App
 	mem  *memory.Transport
+	reg  *prometheus.Registry
 	stop context.CancelFunc
 	errc chan error
 }
@@ -117,7 +129,8 @@ func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, request
 	for _, m := range mutate {
 		m(cfg)
 	}
-	a, err := app.New(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	reg := prometheus.NewRegistry()
+	a, err := app.New(cfg, app.Options{Transport: mem, Registry: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -129,7 +142,7 @@ func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, request
 		}
 	}
 	runCtx, stop := context.WithCancel(ctx)
-	r := &gateRun{app: a, mem: mem, stop: stop, errc: make(chan error, 1)}
+	r := &gateRun{app: a, mem: mem, reg: reg, stop: stop, errc: make(chan error, 1)}
 	go func() { r.errc <- a.Run(runCtx) }()
 	return r, nil
 }
@@ -294,7 +307,7 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 		return nil, err
 	}
 	const requests, maxConc = 60_000, 10_000
-	gw, err := startGatewayProcess(ctx, time.Second, maxConc)
+	gw, err := startGatewayProcess(ctx, time.Second, maxConc, gatewayWarmup(), protocol)
 	if err != nil {
 		return nil, err
 	}
@@ -363,6 +376,7 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 			failed++
 		}
 	}
+	callMs := histogramMean(run.reg, metrics.Upstream+"inference_latency_time_millis")
 	if err := run.shutdown(); err != nil {
 		return nil, err
 	}
@@ -370,13 +384,15 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway stats: %w", err)
 	}
-	gwCPU := gw.stop()
+	gwCPU := gw.stop() - st.WarmupCPU
 	return figures{
 		"cpu_us_per_request":         cpu / requests * 1e6,
 		"gateway_cpu_us_per_request": gwCPU / requests * 1e6,
 		"requests":                   requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
-		"steady_throughput": 40_000 / (t50k - t10k).Seconds(),
-		"max_inflight":      float64(st.MaxIn), "failed": float64(failed), "rss_mb": rssMB(),
+		"steady_throughput":       40_000 / (t50k - t10k).Seconds(),
+		"max_inflight":            float64(st.MaxIn),
+		"call_ms_mean":            callMs,
+		"gateway_handler_ms_mean": st.HandlerMs, "failed": float64(failed), "rss_mb": rssMB(),
 	}, nil
 }
 
@@ -456,4 +472,38 @@ func runChild(ctx context.Context, name string) (figures, error) {
 		return f, nil
 	}
 	return nil, fmt.Errorf("%s: no BENCH line in the child's output", name)
+}
+
+// histogramMean is the mean of the histogram family name in reg (summed
+// over its label sets); 0 when it has no observations.
+func histogramMean(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetHistogram().GetSampleSum()
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
+// gatewayWarmup is how many requests warm the concurrency scenario's gateway
+// up before the run: 5,000 unless SLUICE_BENCH_GATEWAY_WARMUP says otherwise
+// (0: a cold gateway).
+func gatewayWarmup() int {
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_GATEWAY_WARMUP")); err == nil && v >= 0 {
+		return v
+	}
+	return 5000
 }

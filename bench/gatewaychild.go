@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,8 +21,8 @@ import (
 )
 
 // gatewayChildEnv runs this program as a gateway simulator only (value:
-// "latency_ms,capacity"), so that a scenario can measure sluice's process
-// alone: a real gateway is another process too.
+// "latency_ms,capacity[,warmup_requests,protocol]"), so that a scenario can
+// measure sluice's process alone: a real gateway is another process too.
 const gatewayChildEnv = "SLUICE_BENCH_GATEWAY_CHILD"
 
 // gatewayStatsPath serves the child gateway's counters as JSON.
@@ -31,19 +32,23 @@ type gatewayStats struct {
 	Arrivals int64 `json:"arrivals"`
 	MaxIn    int64 `json:"max_inflight"`
 	Conns    int64 `json:"conns"`
+	// HandlerMs is the mean time a request spent in the gateway's handler.
+	HandlerMs float64 `json:"handler_ms"`
+	// WarmupCPU is the CPU seconds the child spent warming up.
+	WarmupCPU float64 `json:"warmup_cpu"`
 }
 
 // runGatewayChild serves the simulator until standard input closes.
 func runGatewayChild(spec string) error {
-	lat, capacity, ok := strings.Cut(spec, ",")
-	if !ok {
-		return fmt.Errorf("%s=%q: want latency_ms,capacity", gatewayChildEnv, spec)
+	f := strings.Split(spec, ",")
+	if len(f) != 2 && len(f) != 4 {
+		return fmt.Errorf("%s=%q: want latency_ms,capacity[,warmup_requests,protocol]", gatewayChildEnv, spec)
 	}
-	ms, err := strconv.Atoi(lat)
+	ms, err := strconv.Atoi(f[0])
 	if err != nil {
 		return err
 	}
-	c, err := strconv.Atoi(capacity)
+	c, err := strconv.Atoi(f[1])
 	if err != nil {
 		return err
 	}
@@ -63,6 +68,16 @@ func runGatewayChild(spec string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if len(f) == 4 {
+		n, err := strconv.Atoi(f[2])
+		if err != nil {
+			return err
+		}
+		if err := g.warmUp(n, f[3]); err != nil {
+			return fmt.Errorf("gateway warm-up: %w", err)
+		}
+		g.warmupCPU = cpuSeconds()
+	}
 	fmt.Println("LISTEN", g.url)
 	_, _ = io.Copy(io.Discard, os.Stdin) // the parent closes stdin to stop us
 	return nil
@@ -75,13 +90,23 @@ type gatewayProcess struct {
 	stdin io.WriteCloser
 }
 
-func startGatewayProcess(ctx context.Context, latency time.Duration, capacity int) (*gatewayProcess, error) {
+// startGatewayProcess starts a gateway child. With warmup > 0 the child
+// first serves that many concurrent requests (200 ms each, over protocol)
+// from a client of its own and only then reports ready, its counters reset:
+// the gateway a deployment talks to is a long-running, warm process, while a
+// fresh child would spend the first wave faulting in memory (stacks, buffers)
+// on the CPU the measured process needs.
+func startGatewayProcess(ctx context.Context, latency time.Duration, capacity, warmup int, protocol string) (*gatewayProcess, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d", gatewayChildEnv, latency.Milliseconds(), capacity))
+	spec := fmt.Sprintf("%d,%d", latency.Milliseconds(), capacity)
+	if warmup > 0 {
+		spec += fmt.Sprintf(",%d,%s", warmup, protocol)
+	}
+	cmd.Env = append(os.Environ(), gatewayChildEnv+"="+spec)
 	testenv.DieWithParent(cmd)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -153,4 +178,59 @@ func (g *gatewayProcess) cpu() float64 {
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100
+}
+
+// warmUp sends n concurrent requests of 200 ms to the gateway over protocol
+// ("http1" or "h2c") and waits for them, then resets the counters.
+func (g *gateway) warmUp(n int, protocol string) error {
+	var rt http.RoundTripper
+	switch protocol {
+	case "http1":
+		tr := &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		rt = tr
+	case "h2c":
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		tr := &http.Transport{Protocols: &p, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		rt = tr
+	default:
+		return fmt.Errorf("protocol %q", protocol)
+	}
+	client := &http.Client{Transport: rt, Timeout: time.Minute}
+	body := []byte(`{"model":"m","prompt":"warm-up","max_tokens":1}`)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			req, err := http.NewRequest(http.MethodPost, g.url+"/v1/completions", bytes.NewReader(body))
+			if err != nil {
+				errs <- err
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(simulator.HeaderLatencyMS, "200")
+			resp, err := client.Do(req)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range n {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	g.arrivals.Store(0)
+	g.maxIn.Store(0)
+	g.conns.Store(0)
+	g.servedNs.Store(0)
+	g.served.Store(0)
+	return first
 }

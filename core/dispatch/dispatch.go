@@ -16,10 +16,8 @@ package dispatch
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"golang.org/x/net/http2"
 	"io"
 	"net"
 	"net/http"
@@ -37,8 +35,8 @@ const (
 	tcpKeepAlive        = 30 * time.Second
 	tlsHandshakeTimeout = 10 * time.Second
 	idleConnTimeout     = 90 * time.Second
-	h2cReadIdleTimeout  = 30 * time.Second
-	h2cPingTimeout      = 15 * time.Second
+	h2ReadIdleTimeout   = 30 * time.Second
+	h2PingTimeout       = 15 * time.Second
 	// poolBufferSize is the initial size of the buffers that read bodies of
 	// unknown length; buffers grown past maxPooledBuffer are not kept.
 	poolBufferSize  = 32 << 10
@@ -51,9 +49,8 @@ const (
 type Client struct {
 	cfg            Config
 	rt             *http.Transport
-	h2c            *http2.Transport // http:// gateways with ProtocolH2C; nil otherwise
-	deadlineHeader string           // canonical; "" when disabled
-	timeoutHeader  string           // canonical; "" when disabled
+	deadlineHeader string // canonical; "" when disabled
+	timeoutHeader  string // canonical; "" when disabled
 	targets        cowMap[Target, *preparedTarget]
 	names          cowMap[string, string] // header name → canonical name
 	bufs           sync.Pool              // *[]byte for bodies of unknown length
@@ -78,9 +75,21 @@ func New(cfg Config) (*Client, error) {
 	protocols.SetHTTP1(cfg.Protocol == ProtocolHTTP1)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(cfg.Protocol == ProtocolH2C)
+	dial := dialer.DialContext
+	if cfg.Protocol == ProtocolH2C {
+		// Many requests share each HTTP/2 connection; gather their frames
+		// into fewer writes (see coalescingConn).
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newCoalescingConn(c), nil
+		}
+	}
 	rt := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         dialer.DialContext,
+		DialContext:         dial,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: tlsHandshakeTimeout,
 		MaxIdleConns:        0, // no global cap; MaxIdleConnsPerHost bounds each gateway
@@ -92,11 +101,13 @@ func New(cfg Config) (*Client, error) {
 		// compressing on a local network only costs CPU.
 		DisableCompression: true,
 		Protocols:          &protocols,
+		// An HTTP/2 connection whose peer went silent is found by a ping
+		// instead of by each call's deadline.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: h2ReadIdleTimeout, PingTimeout: h2PingTimeout},
 	}
 	c := &Client{
 		cfg:            cfg,
 		rt:             rt,
-		h2c:            newH2C(cfg, dialer),
 		deadlineHeader: headerName(cfg.DeadlineHeader),
 		timeoutHeader:  headerName(cfg.TimeoutHeader),
 		targets:        cowMap[Target, *preparedTarget]{max: maxCachedTargets},
@@ -113,36 +124,6 @@ func New(cfg Config) (*Client, error) {
 // and the client stays usable (new connections are dialled as needed).
 func (c *Client) Close() {
 	c.rt.CloseIdleConnections()
-	if c.h2c != nil {
-		c.h2c.CloseIdleConnections()
-	}
-}
-
-// newH2C returns the transport for http:// gateways spoken to with HTTP/2
-// prior knowledge, or nil when cfg.Protocol is not ProtocolH2C.
-//
-// net/http's Transport can speak h2c too, but it dials a TCP connection for
-// every request that finds the open ones full and then throws away all but
-// one of them: 5,000 requests starting together cost hundreds of wasted
-// dials on both ends. golang.org/x/net/http2 coalesces dials per host, so a
-// burst opens ceil(burst / MaxConcurrentStreams) connections, no more.
-// Proxies are not used for h2c (prior knowledge goes straight to the host).
-func newH2C(cfg Config, d *net.Dialer) *http2.Transport {
-	if cfg.Protocol != ProtocolH2C {
-		return nil
-	}
-	return &http2.Transport{
-		AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			return d.DialContext(ctx, network, addr)
-		},
-		DisableCompression: true,
-		IdleConnTimeout:    idleConnTimeout,
-		// A connection whose peer went silent is found by a ping instead of
-		// waiting for each call's deadline.
-		ReadIdleTimeout: h2cReadIdleTimeout,
-		PingTimeout:     h2cPingTimeout,
-	}
 }
 
 // RefusedHeaders returns how many message headers the client has refused to
@@ -217,12 +198,7 @@ func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome
 	h, refused := c.headers(pt, req, dl, effective, now)
 	hreq := c.newRequest(callCtx, ep, h, req.Payload)
 
-	var resp *http.Response
-	if c.h2c != nil && pt.http {
-		resp, err = c.h2c.RoundTrip(hreq)
-	} else {
-		resp, err = c.rt.RoundTrip(hreq)
-	}
+	resp, err := c.rt.RoundTrip(hreq)
 	if err != nil {
 		out := c.failure(ctx, callCtx, dl, ep, err)
 		out.Refused = refused
@@ -312,6 +288,10 @@ func (c *Client) newRequest(ctx context.Context, ep *endpoint, h http.Header, pa
 		// io.NopCloser over a *bytes.Reader is recognised by net/http as an
 		// in-memory body: headers and body go out in one write.
 		r.Body = io.NopCloser(bytes.NewReader(payload))
+		// A request the gateway refused unprocessed (HTTP/2 REFUSED_STREAM,
+		// a GOAWAY, a keep-alive connection closed as it was reused) can
+		// then be sent again with its body.
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload)), nil }
 	}
 	return r.WithContext(ctx)
 }

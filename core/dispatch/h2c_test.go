@@ -69,3 +69,62 @@ func TestH2CSharesConnections(t *testing.T) {
 		t.Error("unknown protocol accepted")
 	}
 }
+
+// h2cServer serves handler over h2c on a loopback port with a limit of
+// streams per connection, and counts the connections it accepts.
+func h2cServer(t *testing.T, streams int, handler http.HandlerFunc) (string, *atomic.Int64) {
+	t.Helper()
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	conns := new(atomic.Int64)
+	srv := &http.Server{
+		Protocols: &p,
+		HTTP2:     &http.HTTP2Config{MaxConcurrentStreams: streams},
+		Handler:   handler,
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String(), conns
+}
+
+// A cold burst against a server with fewer streams per connection than
+// the client assumes before the server's SETTINGS arrive (100) gets
+// REFUSED_STREAM for the excess; those calls are sent again (the request
+// carries GetBody) and all succeed.
+//
+// net/http dials a connection for every call that finds the open ones
+// full and keeps one of them; the count is logged, not asserted (300 calls
+// at 20 streams per connection open several hundred here).
+func TestH2CBurstSucceeds(t *testing.T) {
+	const burst, streams = 300, 20
+	url, conns := h2cServer(t, streams, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond)
+		_, _ = w.Write([]byte(`{}`))
+	})
+	c, err := New(Config{Protocol: ProtocolH2C})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	target := Target{BaseURL: url}
+	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	done := make(chan Outcome, burst)
+	for range burst {
+		go func() { done <- c.Do(context.Background(), target, req) }()
+	}
+	for range burst {
+		if o := <-done; o.Class != Success {
+			t.Fatalf("outcome %v %d %v", o.Class, o.StatusCode, o.Err)
+		}
+	}
+	t.Logf("%d connections for a burst of %d calls at %d streams per connection", conns.Load(), burst, streams)
+}

@@ -57,7 +57,6 @@ type preparedTarget struct {
 	def       *endpoint
 	objective string
 	endpoints cowMap[string, *endpoint]
-	http      bool // plain http:// (not TLS)
 }
 
 func prepareTarget(t Target) (*preparedTarget, error) {
@@ -85,7 +84,6 @@ func prepareTarget(t Target) (*preparedTarget, error) {
 		base:      base,
 		def:       def,
 		objective: t.InferenceObjective,
-		http:      base.Scheme == "http",
 		endpoints: cowMap[string, *endpoint]{max: maxCachedEndpoints},
 	}, nil
 }
