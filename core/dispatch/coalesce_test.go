@@ -94,3 +94,25 @@ func TestCoalescingConnStickyError(t *testing.T) {
 	}
 	_ = c.Close()
 }
+
+// Close does not wait for a peer that stopped reading: the writer stuck in
+// a write is unblocked by closing the socket.
+func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
+	a, b := net.Pipe() // synchronous: a write blocks until the other end reads
+	defer b.Close()
+	c := newCoalescingConn(a)
+	if _, err := c.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the writer is now blocked in the pipe
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close waited for a peer that does not read")
+	}
+}
