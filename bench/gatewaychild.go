@@ -36,6 +36,8 @@ type gatewayStats struct {
 	HandlerMs float64 `json:"handler_ms"`
 	// WarmupCPU is the CPU seconds the child spent warming up.
 	WarmupCPU float64 `json:"warmup_cpu"`
+	// FirstUnixNano is when the first request (after the warm-up) arrived.
+	FirstUnixNano int64 `json:"first_unix_nano"`
 }
 
 // runGatewayChild serves the simulator until standard input closes.
@@ -228,6 +230,7 @@ func (g *gateway) warmUp(n int, protocol string) error {
 		}
 	}
 	g.arrivals.Store(0)
+	g.firstUnixNano.Store(0)
 	g.maxIn.Store(0)
 	g.conns.Store(0)
 	g.servedNs.Store(0)
