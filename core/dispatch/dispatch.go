@@ -35,7 +35,7 @@ const (
 	tcpKeepAlive        = 30 * time.Second
 	tlsHandshakeTimeout = 10 * time.Second
 	idleConnTimeout     = 90 * time.Second
-	h2ReadIdleTimeout   = 30 * time.Second
+	h2SendPingTimeout   = 30 * time.Second
 	h2PingTimeout       = 15 * time.Second
 	// poolBufferSize is the initial size of the buffers that read bodies of
 	// unknown length; buffers grown past maxPooledBuffer are not kept.
@@ -103,7 +103,7 @@ func New(cfg Config) (*Client, error) {
 		Protocols:          &protocols,
 		// An HTTP/2 connection whose peer went silent is found by a ping
 		// instead of by each call's deadline.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: h2ReadIdleTimeout, PingTimeout: h2PingTimeout},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: h2SendPingTimeout, PingTimeout: h2PingTimeout},
 	}
 	c := &Client{
 		cfg:            cfg,
@@ -122,9 +122,7 @@ func New(cfg Config) (*Client, error) {
 
 // Close closes the idle connections. Calls in flight are not interrupted,
 // and the client stays usable (new connections are dialled as needed).
-func (c *Client) Close() {
-	c.rt.CloseIdleConnections()
-}
+func (c *Client) Close() { c.rt.CloseIdleConnections() }
 
 // RefusedHeaders returns how many message headers the client has refused to
 // forward since it was created.
