@@ -131,28 +131,19 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.Baseline, err = p.Float("baseline", DefaultBaseline); err != nil {
 		return nil, err
 	}
-	if p.Has("fallback") {
-		if p.Has(gate.ParamFailurePolicy) {
-			return nil, errors.New("gate_params: set fallback or failure_policy, not both")
-		}
-		f, err := p.Float("fallback", 0)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Fallback = &f
+	if cfg.Fallback, err = promquery.Fallback(p, nil); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client, err := promquery.FromParams(p, env)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Unused(); err != nil {
-		_ = client.Close()
-		return nil, err
-	}
-	return New(cfg, client)
+	return promquery.Finish(p, env, func(c *promquery.Client) (gate.Gate, error) {
+		g, err := New(cfg, c)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	})
 }
 
 // Budget returns D − baseline for the first query that answers.

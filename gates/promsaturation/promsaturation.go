@@ -94,31 +94,20 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.Threshold, err = p.Float("threshold", DefaultThreshold); err != nil {
 		return nil, err
 	}
-	switch {
-	case p.Has("fallback") && p.Has(gate.ParamFailurePolicy):
-		return nil, errors.New("gate_params: set fallback or failure_policy, not both")
-	case p.Has("fallback"):
-		f, err := p.Float("fallback", 0)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Fallback = &f
-	case !p.Has(gate.ParamFailurePolicy):
-		zero := 0.0 // upstream's default: fail open at the threshold
-		cfg.Fallback = &zero
+	zero := 0.0 // upstream's default: fail open at the threshold
+	if cfg.Fallback, err = promquery.Fallback(p, &zero); err != nil {
+		return nil, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	client, err := promquery.FromParams(p, env)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Unused(); err != nil {
-		_ = client.Close()
-		return nil, err
-	}
-	return New(cfg, client)
+	return promquery.Finish(p, env, func(c *promquery.Client) (gate.Gate, error) {
+		g, err := New(cfg, c)
+		if err != nil {
+			return nil, err
+		}
+		return g, nil
+	})
 }
 
 // Budget queries the saturation and returns threshold − saturation.

@@ -38,3 +38,37 @@ func Pool(p gate.Params) (string, error) {
 	}
 	return "", errors.New("gate_params.inference_pool is required")
 }
+
+// Fallback reads gate_params.fallback: the value a gate assumes for its
+// query when the query fails. It excludes failure_policy; def applies when
+// neither is set.
+func Fallback(p gate.Params, def *float64) (*float64, error) {
+	switch {
+	case p.Has("fallback") && p.Has(gate.ParamFailurePolicy):
+		return nil, errors.New("gate_params: set fallback or failure_policy, not both")
+	case p.Has("fallback"):
+		f, err := p.Float("fallback", 0)
+		if err != nil {
+			return nil, err
+		}
+		return &f, nil
+	case p.Has(gate.ParamFailurePolicy):
+		return nil, nil
+	}
+	return def, nil
+}
+
+// Finish ends a Prometheus gate's factory once its own parameters are read
+// and checked: it makes the client (FromParams), refuses parameters nobody
+// read, and hands the client to build, which owns it from then on.
+func Finish(p gate.Params, env gate.Env, build func(*Client) (gate.Gate, error)) (gate.Gate, error) {
+	client, err := FromParams(p, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Unused(); err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	return build(client)
+}
