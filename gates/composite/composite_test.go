@@ -2,7 +2,6 @@ package composite_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"strconv"
@@ -55,19 +54,7 @@ func registry(t testing.TB) *gate.Registry {
 
 func build(t testing.TB, params string) (gate.Gate, error) {
 	t.Helper()
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(params), &obj); err != nil {
-		t.Fatal(err)
-	}
-	p, err := gate.ParseParams(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := registry(t).New(composite.Type, p, gate.Env{})
-	if err == nil {
-		t.Cleanup(func() { _ = g.(interface{ Close() error }).Close() })
-	}
-	return g, err
+	return gatetest.Build(t, registry(t), composite.Type, params, gate.Env{})
 }
 
 func mustBuild(t testing.TB, params string) gate.Gate {

@@ -17,6 +17,7 @@ package gatetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"sync"
@@ -342,4 +343,27 @@ func checkDecision(t testing.TB, d gate.Decision) {
 
 func testRequest() *message.Request {
 	return &message.Request{ID: "gatetest-1", Deadline: time.Now().Add(time.Minute)}
+}
+
+// Build builds a gate the way sluice does from a queue's configuration:
+// params is the JSON object of gate_params, parsed by gate.ParseParams and
+// passed with env to the factory registered as typ in r. The gate is closed
+// when the test ends. Params that are not a JSON object fail the test; the
+// factory's error is returned.
+func Build(t testing.TB, r *gate.Registry, typ, params string, env gate.Env) (gate.Gate, error) {
+	t.Helper()
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(params), &obj); err != nil {
+		t.Fatalf("gate_params %s: %v", params, err)
+	}
+	p, err := gate.ParseParams(obj)
+	if err != nil {
+		t.Fatalf("gate_params %s: %v", params, err)
+	}
+	g, err := r.New(typ, p, env)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = closeGate(g) })
+	return g, nil
 }

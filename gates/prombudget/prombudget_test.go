@@ -2,7 +2,6 @@ package prombudget_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -33,19 +32,7 @@ func build(t testing.TB, params string, env gate.Env) (gate.Gate, error) {
 	if err := r.Register(prombudget.Type, prombudget.Factory); err != nil {
 		t.Fatal(err)
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(params), &obj); err != nil {
-		t.Fatal(err)
-	}
-	p, err := gate.ParseParams(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := r.New(prombudget.Type, p, env)
-	if err == nil {
-		t.Cleanup(func() { _ = g.(interface{ Close() error }).Close() })
-	}
-	return g, err
+	return gatetest.Build(t, r, prombudget.Type, params, env)
 }
 
 func mustBuild(t testing.TB, params string) gate.Gate {

@@ -2,7 +2,6 @@ package promsaturation_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"strconv"
@@ -29,19 +28,7 @@ func build(t testing.TB, params string, env gate.Env) (gate.Gate, error) {
 	if err := r.Register(promsaturation.Type, promsaturation.Factory); err != nil {
 		t.Fatal(err)
 	}
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(params), &obj); err != nil {
-		t.Fatal(err)
-	}
-	p, err := gate.ParseParams(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := r.New(promsaturation.Type, p, env)
-	if err == nil {
-		t.Cleanup(func() { _ = g.(interface{ Close() error }).Close() })
-	}
-	return g, err
+	return gatetest.Build(t, r, promsaturation.Type, params, env)
 }
 
 func mustBuild(t testing.TB, params string) gate.Gate {

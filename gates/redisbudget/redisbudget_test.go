@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"math/big"
 	"net"
@@ -43,19 +42,7 @@ func registry(t testing.TB) *gate.Registry {
 // build builds a gate from JSON gate_params through the registry, as app does.
 func build(t testing.TB, params string, env gate.Env) (gate.Gate, error) {
 	t.Helper()
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(params), &obj); err != nil {
-		t.Fatal(err)
-	}
-	p, err := gate.ParseParams(obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := registry(t).New(redisbudget.Type, p, env)
-	if err == nil {
-		t.Cleanup(func() { _ = g.(interface{ Close() error }).Close() })
-	}
-	return g, err
+	return gatetest.Build(t, registry(t), redisbudget.Type, params, env)
 }
 
 func mustBuild(t testing.TB, params string) gate.Gate {
