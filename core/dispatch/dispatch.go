@@ -35,6 +35,7 @@ const (
 	tcpKeepAlive        = 30 * time.Second
 	tlsHandshakeTimeout = 10 * time.Second
 	idleConnTimeout     = 90 * time.Second
+	http1BufferSize     = 2 << 10
 	h2SendPingTimeout   = 30 * time.Second
 	h2PingTimeout       = 15 * time.Second
 	// poolBufferSize is the initial size of the buffers that read bodies of
@@ -101,6 +102,13 @@ func New(cfg Config) (*Client, error) {
 		// compressing on a local network only costs CPU.
 		DisableCompression: true,
 		Protocols:          &protocols,
+		// HTTP/1.1 keeps a connection, with a read and a write buffer, per
+		// call in flight: at 5,000 in flight net/http's 4 KiB each cost
+		// ~100 MB of resident memory with the GC's headroom. Request and
+		// response headers fit in 2 KiB, a small request goes out in one
+		// write, and bodies larger than the buffer bypass it.
+		ReadBufferSize:  http1BufferSize,
+		WriteBufferSize: http1BufferSize,
 		// An HTTP/2 connection whose peer went silent is found by a ping
 		// instead of by each call's deadline.
 		HTTP2: &http.HTTP2Config{SendPingTimeout: h2SendPingTimeout, PingTimeout: h2PingTimeout},
