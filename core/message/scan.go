@@ -17,8 +17,8 @@ import (
 // defines what is accepted. When it accepts, the result is the one that path
 // gives (FuzzDecode checks it on every input).
 //
-// Valid JSON is checked first (json.Valid, which neither allocates nor
-// recurses), so the walk below only has to find where values end.
+// Valid JSON is checked first (json.Valid: a state machine over the bytes,
+// no reflection), so the walk below only has to find where values end.
 func scanMessage(b []byte) (req *Request, env, ok bool) {
 	if !json.Valid(b) {
 		return nil, false, false
@@ -95,7 +95,7 @@ func scanMessage(b []byte) (req *Request, env, ok bool) {
 
 // Bits of the members scanMessage has seen; flat fields use their index.
 const (
-	fieldData = iota + 9
+	fieldData = iota + len(flatNames)
 	fieldKind
 	fieldInternal
 )
