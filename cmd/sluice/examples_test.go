@@ -79,9 +79,7 @@ type exampleServer struct {
 
 func redisServer(t *testing.T, produce func(c *redis.Client, queue string, payload []byte) error) (exampleServer, string) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	o, _ := redis.ParseURL(r.URL)
-	c := redis.NewClient(o)
-	t.Cleanup(func() { _ = c.Close() })
+	c := testenv.RedisClient(t, r.URL)
 	return exampleServer{
 		options: map[string]any{},
 		produce: func(t *testing.T, queue string, payload []byte) {

@@ -66,13 +66,6 @@ func mustBuild(t testing.TB, params string) gate.Gate {
 	return g
 }
 
-func budget(t testing.TB, g gate.Gate) (float64, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return g.Budget(ctx)
-}
-
 func redisSpec(addr, extra string) string {
 	return `{"gate_type":"redis","gate_params":{"address":"` + addr + `"` + extra + `}}`
 }
@@ -95,7 +88,7 @@ func TestMinimum(t *testing.T) {
 	for _, tt := range tests {
 		_ = mr.Set(redisbudget.DefaultBudgetKey, tt.redis)
 		fp.Set(sat, tt.sat)
-		b, err := budget(t, g)
+		b, err := gatetest.Query(t, g)
 		if err != nil || math.Abs(b-tt.want) > 1e-9 {
 			t.Errorf("redis %s, saturation %v: Budget = %v, %v; want %v", tt.redis, tt.sat, b, err, tt.want)
 		}
@@ -118,7 +111,7 @@ func TestInnerPolicies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := mustBuild(t, `{"gates":[`+redisSpec(down, tt.extra)+`,`+constSpec(0.6)+`]}`)
-			_, err := budget(t, g)
+			_, err := gatetest.Query(t, g)
 			var fb *gate.FallbackError
 			if !errors.As(err, &fb) {
 				t.Fatalf("error %v, want a FallbackError", err)
@@ -135,11 +128,11 @@ func TestInnerPolicies(t *testing.T) {
 		mr := miniredis.RunT(t)
 		_ = mr.Set(redisbudget.DefaultBudgetKey, "0.35")
 		g := mustBuild(t, `{"gates":[`+redisSpec(mr.Addr(), `,"failure_policy":"keep-last"`)+`,`+constSpec(0.6)+`]}`)
-		if b, err := budget(t, g); err != nil || b != 0.35 {
+		if b, err := gatetest.Query(t, g); err != nil || b != 0.35 {
 			t.Fatalf("Budget = %v, %v", b, err)
 		}
 		mr.Close()
-		_, err := budget(t, g)
+		_, err := gatetest.Query(t, g)
 		var fb *gate.FallbackError
 		if !errors.As(err, &fb) || fb.Budget != 0.35 {
 			t.Fatalf("after the outage: %v, want fallback 0.35", err)
@@ -178,7 +171,7 @@ func TestIntervalDescribeNested(t *testing.T) {
 	if iv := gate.IntervalOf(g); iv != 30*time.Millisecond {
 		t.Errorf("interval %v, want the shortest inner one, 30ms", iv)
 	}
-	if b, err := budget(t, g); err != nil || b != 0.2 {
+	if b, err := gatetest.Query(t, g); err != nil || b != 0.2 {
 		t.Errorf("nested Budget = %v, %v; want 0.2", b, err)
 	}
 	d := g.(gate.Describer).Describe()

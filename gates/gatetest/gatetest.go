@@ -367,3 +367,12 @@ func Build(t testing.TB, r *gate.Registry, typ, params string, env gate.Env) (ga
 	t.Cleanup(func() { _ = closeGate(g) })
 	return g, nil
 }
+
+// Query asks g for its budget once, bounded by 5 s, and returns the answer
+// as it is.
+func Query(t testing.TB, g gate.Gate) (float64, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return g.Budget(ctx)
+}

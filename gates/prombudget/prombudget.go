@@ -137,13 +137,7 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return promquery.Finish(p, env, func(c *promquery.Client) (gate.Gate, error) {
-		g, err := New(cfg, c)
-		if err != nil {
-			return nil, err
-		}
-		return g, nil
-	})
+	return promquery.Finish(p, env, func(c *promquery.Client) (*Gate, error) { return New(cfg, c) })
 }
 
 // Budget returns D − baseline for the first query that answers.

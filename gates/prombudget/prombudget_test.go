@@ -1,7 +1,6 @@
 package prombudget_test
 
 import (
-	"context"
 	"errors"
 	"math"
 	"net/http"
@@ -42,13 +41,6 @@ func mustBuild(t testing.TB, params string) gate.Gate {
 		t.Fatalf("build %s: %v", params, err)
 	}
 	return g
-}
-
-func budget(t testing.TB, g gate.Gate) (float64, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return g.Budget(ctx)
 }
 
 func TestQueries(t *testing.T) {
@@ -104,7 +96,7 @@ func TestFormula(t *testing.T) {
 			if tt.params != "" {
 				params += "," + tt.params
 			}
-			b, err := budget(t, mustBuild(t, params+"}"))
+			b, err := gatetest.Query(t, mustBuild(t, params+"}"))
 			var fb *gate.FallbackError
 			if errors.As(err, &fb) != tt.fallback {
 				t.Fatalf("err %v: fallback %v", err, tt.fallback)
@@ -131,7 +123,7 @@ func TestFormula(t *testing.T) {
 func TestPrometheusError(t *testing.T) {
 	fp := fakeprom.Start(t)
 	fp.Fail(http.StatusInternalServerError)
-	b, err := budget(t, mustBuild(t, `{"inference_pool":"p","prometheus_url":"`+fp.URL()+`"}`))
+	b, err := gatetest.Query(t, mustBuild(t, `{"inference_pool":"p","prometheus_url":"`+fp.URL()+`"}`))
 	if err == nil || errors.Is(err, promquery.ErrNoData) {
 		t.Fatalf("Budget = %v, %v; want a query error", b, err)
 	}

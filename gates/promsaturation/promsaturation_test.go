@@ -40,13 +40,6 @@ func mustBuild(t testing.TB, params string) gate.Gate {
 	return g
 }
 
-func budget(t testing.TB, g gate.Gate) (float64, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return g.Budget(ctx)
-}
-
 func TestFormula(t *testing.T) {
 	fp := fakeprom.Start(t)
 	tests := []struct {
@@ -77,7 +70,7 @@ func TestFormula(t *testing.T) {
 				params += "," + tt.params
 			}
 			g := mustBuild(t, params+"}")
-			b, err := budget(t, g)
+			b, err := gatetest.Query(t, g)
 			var fb *gate.FallbackError
 			isFb := errors.As(err, &fb)
 			switch {
@@ -133,7 +126,7 @@ func TestNamespaceAndDescribe(t *testing.T) {
 	fp := fakeprom.Start(t)
 	fp.Set(`inference_extension_flow_control_pool_saturation{inference_pool="p",namespace="team-a"}`, 0.1)
 	g := mustBuild(t, `{"inference_pool":"p","namespace":"team-a","threshold":0.5,"prometheus_url":"`+fp.URL()+`"}`)
-	if b, err := budget(t, g); err != nil || math.Abs(b-0.4) > 1e-9 {
+	if b, err := gatetest.Query(t, g); err != nil || math.Abs(b-0.4) > 1e-9 {
 		t.Fatalf("Budget = %v, %v; want 0.4", b, err)
 	}
 	d := g.(gate.Describer).Describe()
@@ -149,7 +142,7 @@ func TestCache(t *testing.T) {
 	fp.Set(query, 0.2)
 	g := mustBuild(t, `{"inference_pool":"p","prometheus_url":"`+fp.URL()+`","cache_ttl":"1h"}`)
 	for range 10 {
-		if _, err := budget(t, g); err != nil {
+		if _, err := gatetest.Query(t, g); err != nil {
 			t.Fatal(err)
 		}
 	}

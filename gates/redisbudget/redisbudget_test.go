@@ -54,13 +54,6 @@ func mustBuild(t testing.TB, params string) gate.Gate {
 	return g
 }
 
-func query(t testing.TB, g gate.Gate) (float64, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	return g.Budget(ctx)
-}
-
 func TestBudgetValues(t *testing.T) {
 	mr := miniredis.RunT(t)
 	g := mustBuild(t, `{"address":"`+mr.Addr()+`"}`)
@@ -87,7 +80,7 @@ func TestBudgetValues(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			b, err := query(t, g)
+			b, err := gatetest.Query(t, g)
 			if err != nil || b != tt.want {
 				t.Fatalf("Budget = %v, %v; want %v", b, err, tt.want)
 			}
@@ -275,7 +268,7 @@ func TestRealRedisAuth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := query(t, g)
+			b, err := gatetest.Query(t, g)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("Budget = %v, %v; want an error containing %q", b, err, tt.wantErr)
@@ -313,13 +306,13 @@ func TestTLS(t *testing.T) {
 		`{"address":"` + mr.Addr() + `","tls":"true","tls_ca_cert":"` + caFile + `"}`,
 		`{"address":"` + mr.Addr() + `","tls":true,"tls_insecure_skip_verify":true}`,
 	} {
-		b, err := query(t, mustBuild(t, params))
+		b, err := gatetest.Query(t, mustBuild(t, params))
 		if err != nil || b != 0.7 {
 			t.Errorf("%s: Budget = %v, %v; want 0.7", params, b, err)
 		}
 	}
 	// Without the CA the certificate is refused.
-	if b, err := query(t, mustBuild(t, `{"address":"rediss://`+mr.Addr()+`"}`)); err == nil {
+	if b, err := gatetest.Query(t, mustBuild(t, `{"address":"rediss://`+mr.Addr()+`"}`)); err == nil {
 		t.Errorf("untrusted certificate accepted (budget %v)", b)
 	}
 }

@@ -22,20 +22,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newClient(t testing.TB, url string) *redis.Client {
-	t.Helper()
-	o, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(o)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	var seq atomic.Int64
 	transporttest.Run(t, transporttest.Harness{
 		Features: transporttest.Features{
@@ -143,7 +132,7 @@ func TestObservableLosses(t *testing.T) {
 // retry set until a subscriber comes.
 func TestRetryWaitsForASubscriber(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	opts := redispubsub.Options{URL: r.URL, RetryQueueName: "retries", RetryPollIntervalMS: 10}
 	tp, err := redispubsub.New(opts, transport.Env{})
 	if err != nil {

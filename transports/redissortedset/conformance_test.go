@@ -18,12 +18,7 @@ import (
 
 func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	o, err := redis.ParseURL(r.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := redis.NewClient(o)
-	t.Cleanup(func() { _ = rc.Close() })
+	rc := testenv.RedisClient(t, r.URL)
 	var seq atomic.Int64
 	transporttest.Run(t, transporttest.Harness{
 		Features: transporttest.Features{

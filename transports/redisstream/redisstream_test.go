@@ -23,17 +23,6 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newClient(t testing.TB, url string) *redis.Client {
-	t.Helper()
-	o, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(o)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
-}
-
 func newTransport(t testing.TB, o redisstream.Options) *redisstream.Transport {
 	t.Helper()
 	tp, err := redisstream.New(o, transport.Env{})
@@ -52,7 +41,7 @@ func xadd(t testing.TB, rc *redis.Client, stream string, payload []byte) {
 
 func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	var seq atomic.Int64
 	transporttest.Run(t, transporttest.Harness{
 		Features: transporttest.Features{
@@ -151,7 +140,7 @@ func next(ch <-chan *message.Message, d time.Duration) *message.Message {
 // claim idle time stays with its consumer; another consumer never gets it.
 func TestLongRequestNotClaimedTwice(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	o := redisstream.Options{URL: r.URL, ClaimIdleMS: 300, HeartbeatMS: 50, BlockMS: 50}
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	a := newTransport(t, o)
@@ -194,7 +183,7 @@ func TestLongRequestNotClaimedTwice(t *testing.T) {
 // claim idle time, and the dead consumer's late result is refused.
 func TestTakeOverAndFence(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	// "Dead" consumer: heartbeat far slower than the claim idle time of the others.
 	dead := newTransport(t, redisstream.Options{URL: r.URL, Consumer: "dead", ClaimIdleMS: 600000, HeartbeatMS: 300000, BlockMS: 50})
@@ -240,7 +229,7 @@ func TestTakeOverAndFence(t *testing.T) {
 // TestWindowedReads: with a slow handler, throughput is not one per latency.
 func TestWindowedReads(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	tp := newTransport(t, redisstream.Options{URL: r.URL, BlockMS: 50})
 	defer tp.Close()
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
@@ -265,7 +254,7 @@ func TestWindowedReads(t *testing.T) {
 // TestDeadLetter moves an entry to <stream>:dead with its reason.
 func TestDeadLetter(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := newClient(t, r.URL)
+	rc := testenv.RedisClient(t, r.URL)
 	tp := newTransport(t, redisstream.Options{URL: r.URL, BlockMS: 50})
 	defer tp.Close()
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}

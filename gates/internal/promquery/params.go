@@ -61,7 +61,7 @@ func Fallback(p gate.Params, def *float64) (*float64, error) {
 // Finish ends a Prometheus gate's factory once its own parameters are read
 // and checked: it makes the client (FromParams), refuses parameters nobody
 // read, and hands the client to build, which owns it from then on.
-func Finish(p gate.Params, env gate.Env, build func(*Client) (gate.Gate, error)) (gate.Gate, error) {
+func Finish[G gate.Gate](p gate.Params, env gate.Env, build func(*Client) (G, error)) (gate.Gate, error) {
 	client, err := FromParams(p, env)
 	if err != nil {
 		return nil, err
@@ -70,5 +70,9 @@ func Finish(p gate.Params, env gate.Env, build func(*Client) (gate.Gate, error))
 		_ = client.Close()
 		return nil, err
 	}
-	return build(client)
+	g, err := build(client)
+	if err != nil {
+		return nil, err // not g: a nil *Gate would make a non-nil gate.Gate
+	}
+	return g, nil
 }
