@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -55,7 +56,11 @@ type gateway struct {
 	warmupCPU     float64      // CPU seconds spent warming up (set before serving)
 	servedNs      atomic.Int64 // summed time in the handler
 	served        atomic.Int64
+	arrivalLog    []atomic.Int64 // arrival times (Unix ns) of the first len(arrivalLog) requests
 }
+
+// arrivalLogSize bounds the arrivals a gateway records for waveStats.
+const arrivalLogSize = 100_000
 
 func startGateway(cfg simulator.Config) (*gateway, error) {
 	sim, err := simulator.New(cfg)
@@ -66,7 +71,7 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &gateway{sim: sim, url: "http://" + ln.Addr().String(), start: time.Now()}
+	g := &gateway{sim: sim, url: "http://" + ln.Addr().String(), start: time.Now(), arrivalLog: make([]atomic.Int64, arrivalLogSize)}
 	inner := sim.Handler()
 	g.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == gatewayStatsPath {
@@ -75,10 +80,17 @@ func startGateway(cfg simulator.Config) (*gateway, error) {
 			if n := g.served.Load(); n > 0 {
 				st.HandlerMs = float64(g.servedNs.Load()) / float64(n) / 1e6
 			}
+			if w, err := strconv.Atoi(r.URL.Query().Get("wave")); err == nil && w > 0 {
+				st.Waves = g.waveStats(w)
+			}
 			_ = json.NewEncoder(w).Encode(st)
 			return
 		}
-		if g.arrivals.Add(1) == 1 {
+		arrival := g.arrivals.Add(1)
+		if arrival <= int64(len(g.arrivalLog)) {
+			g.arrivalLog[arrival-1].Store(time.Now().UnixNano())
+		}
+		if arrival == 1 {
 			g.firstUnixNano.Store(time.Now().UnixNano())
 		}
 		g.lastNano.Store(int64(time.Since(g.start)))
@@ -285,20 +297,21 @@ const childEnv = "SLUICE_BENCH_CONCURRENCY_CHILD"
 // throughput is results per second from start to the last result; rss_mb
 // is the peak resident set (VmHWM) of a process that runs only this
 // scenario: sluice with its memory queue of 60,000 requests; the gateway
-// simulator runs in a process of its own, as a real gateway would.
+// simulator runs in a process of its own, as a real gateway would. The
+// scenario runs -runs times, each in a fresh process; figures are medians.
 func runConcurrency(ctx context.Context, o options) (figures, error) {
-	return concurrency(ctx, "concurrency", "http1")
+	return concurrency(ctx, o, "concurrency", "http1")
 }
 
 // runConcurrencyH2C is the same with --gateway-protocol h2c: HTTP/2 with
 // prior knowledge, so 5,000 requests share a few connections.
 func runConcurrencyH2C(ctx context.Context, o options) (figures, error) {
-	return concurrency(ctx, "concurrency-h2c", "h2c")
+	return concurrency(ctx, o, "concurrency-h2c", "h2c")
 }
 
-func concurrency(ctx context.Context, name, protocol string) (figures, error) {
+func concurrency(ctx context.Context, o options, name, protocol string) (figures, error) {
 	if os.Getenv(childEnv) == "" {
-		return runChild(ctx, name)
+		return repeatChild(ctx, o.runs, name)
 	}
 	rs, err := startRedis()
 	if err != nil {
@@ -384,12 +397,17 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 	if err := run.shutdown(); err != nil {
 		return nil, err
 	}
-	st, err := gw.stats()
+	st, err := gw.statsQuery("?wave=5000")
 	if err != nil {
 		return nil, fmt.Errorf("gateway stats: %w", err)
 	}
 	gwCPU := gw.stop() - st.WarmupCPU
-	return figures{
+	var waves figures
+	if w := st.Waves; w != nil {
+		waves = figures{"first_wave_ms": w.FirstSpreadMs, "last_wave_ms": w.LastSpreadMs,
+			"wave_head_cycle_ms": w.HeadCycleMs, "wave_tail_cycle_ms": w.TailCycleMs}
+	}
+	return merge(waves, figures{
 		"cpu_us_per_request":         cpu / requests * 1e6,
 		"gateway_cpu_us_per_request": gwCPU / requests * 1e6,
 		"requests":                   requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
@@ -398,7 +416,19 @@ func concurrency(ctx context.Context, name, protocol string) (figures, error) {
 		"call_ms_mean":            callMs,
 		"gateway_handler_ms_mean": st.HandlerMs,
 		"first_dispatch_ms":       float64(st.FirstUnixNano-start.UnixNano()) / 1e6, "failed": float64(failed), "rss_mb": rssMB(),
-	}, nil
+	}), nil
+}
+
+// merge returns the union of a and b (b wins on a shared key).
+func merge(a, b figures) figures {
+	out := figures{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
 }
 
 // profile writes a CPU profile of the scenario and, 8 s in, a heap profile
@@ -440,6 +470,36 @@ func profile(dir string) (func(), error) {
 		pprof.StopCPUProfile()
 		cpu.Close()
 	}, nil
+}
+
+// repeatChild runs scenario name runs times, each in a fresh process, and
+// reports the median of every figure, with the lowest and highest
+// throughput (throughput_min, throughput_max) and the highest peak RSS
+// (rss_mb_max). Each run prints its own figures to standard error.
+func repeatChild(ctx context.Context, runs int, name string) (figures, error) {
+	all := map[string][]float64{}
+	for i := range runs {
+		f, err := runChild(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(os.Stderr, "run %d/%d: %s\n", i+1, runs, strings.TrimPrefix(format(name, f), "BENCH "))
+		for k, v := range f {
+			all[k] = append(all[k], v)
+		}
+	}
+	out := figures{}
+	for k, vs := range all {
+		switch k {
+		case "throughput":
+			out["throughput_min"] = slices.Min(vs)
+			out["throughput_max"] = slices.Max(vs)
+		case "rss_mb":
+			out["rss_mb_max"] = slices.Max(vs)
+		}
+		out[k] = median(vs)
+	}
+	return out, nil
 }
 
 // runChild runs one scenario in a fresh process of this program and parses
@@ -511,4 +571,29 @@ func gatewayWarmup() int {
 		return v
 	}
 	return 5000
+}
+
+// waveStats splits the recorded arrivals, in time order, into waves of size
+// requests: with a fixed gateway latency and size requests in flight, the
+// k-th wave is the k-th round of calls.
+func (g *gateway) waveStats(size int) *waveStats {
+	n := min(int(g.arrivals.Load()), len(g.arrivalLog))
+	waves := n / size
+	if waves < 2 {
+		return nil
+	}
+	ts := make([]int64, n)
+	for i := range ts {
+		ts[i] = g.arrivalLog[i].Load()
+	}
+	slices.Sort(ts)
+	ms := func(d int64) float64 { return float64(d) / 1e6 }
+	first := func(k int) int64 { return ts[k*size] }
+	last := func(k int) int64 { return ts[k*size+size-1] }
+	return &waveStats{
+		FirstSpreadMs: ms(last(0) - first(0)),
+		LastSpreadMs:  ms(last(waves-1) - first(waves-1)),
+		HeadCycleMs:   ms(first(waves-1)-first(0)) / float64(waves-1),
+		TailCycleMs:   ms(last(waves-1)-last(0)) / float64(waves-1),
+	}
 }

@@ -38,6 +38,22 @@ type gatewayStats struct {
 	WarmupCPU float64 `json:"warmup_cpu"`
 	// FirstUnixNano is when the first request (after the warm-up) arrived.
 	FirstUnixNano int64 `json:"first_unix_nano"`
+	// Waves describes the rounds of calls (when asked with ?wave=size).
+	Waves *waveStats `json:"waves,omitempty"`
+}
+
+// waveStats describes the rounds ("waves") of a fixed-latency run, from
+// the times requests arrived at the gateway. The first wave is dispatched
+// as fast as sluice can; each later wave is the previous one's results
+// turned into new calls. Its first arrival moves by HeadCycleMs per round
+// and its last by TailCycleMs: the difference is how fast the wave spreads
+// out, and the end of the run is roughly the last wave's last arrival plus
+// one gateway latency.
+type waveStats struct {
+	FirstSpreadMs float64 `json:"first_spread_ms"` // first to last arrival of wave 1
+	LastSpreadMs  float64 `json:"last_spread_ms"`  // the same for the last complete wave
+	HeadCycleMs   float64 `json:"head_cycle_ms"`   // mean time between the waves' first arrivals
+	TailCycleMs   float64 `json:"tail_cycle_ms"`   // mean time between the waves' last arrivals
 }
 
 // runGatewayChild serves the simulator until standard input closes.
@@ -132,9 +148,12 @@ func startGatewayProcess(ctx context.Context, latency time.Duration, capacity, w
 	return &gatewayProcess{url: url, cmd: cmd, stdin: stdin}, nil
 }
 
-func (g *gatewayProcess) stats() (gatewayStats, error) {
+func (g *gatewayProcess) stats() (gatewayStats, error) { return g.statsQuery("") }
+
+// statsQuery is stats with a query string ("?wave=5000").
+func (g *gatewayProcess) statsQuery(q string) (gatewayStats, error) {
 	var s gatewayStats
-	resp, err := http.Get(g.url + gatewayStatsPath)
+	resp, err := http.Get(g.url + gatewayStatsPath + q)
 	if err != nil {
 		return s, err
 	}
@@ -233,6 +252,9 @@ func (g *gateway) warmUp(n int, protocol string) error {
 	g.firstUnixNano.Store(0)
 	g.maxIn.Store(0)
 	g.conns.Store(0)
+	for i := range g.arrivalLog {
+		g.arrivalLog[i].Store(0)
+	}
 	g.servedNs.Store(0)
 	g.served.Store(0)
 	return first
