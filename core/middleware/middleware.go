@@ -136,7 +136,11 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 }
 
 // Deadline answers DEADLINE_EXCEEDED for a request whose deadline passed
-// before dispatch, and bounds the rest of the work by the deadline.
+// before dispatch. It adds no context of its own: the steps that can block
+// are bounded by the deadline where they run (the HTTP call by
+// dispatch.Client.Do, which also tells a deadline from a timeout; the
+// cancellation check and the admission hook by boundedByDeadline), which
+// saves a timer and a context per request.
 func Deadline() message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
@@ -144,12 +148,14 @@ func Deadline() message.HandlerMiddleware {
 			if d.Req.Expired(time.Now()) {
 				return Fail(d, msg.CodeDeadlineExceeded, "deadline passed before dispatch"), nil
 			}
-			ctx, cancel := context.WithDeadline(d.Ctx, d.Req.Deadline)
-			defer cancel()
-			d.Ctx = ctx
 			return next(m)
 		}
 	}
+}
+
+// boundedByDeadline returns d's context bounded by the request's deadline.
+func boundedByDeadline(d *Delivery) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(d.Ctx, d.Req.Deadline)
 }
 
 // Cancel answers CANCELLED for a request the transport says was cancelled
@@ -160,7 +166,9 @@ func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logge
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
 			if checker != nil {
-				cancelled, err := checker.Cancelled(d.Ctx, d.Queue.Queue, d.Req)
+				ctx, cancel := boundedByDeadline(d)
+				cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
+				cancel()
 				if err != nil {
 					// The check is best effort: dispatching a request that was
 					// cancelled wastes capacity, dropping one loses it.
@@ -195,7 +203,9 @@ func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) messa
 			if a == nil {
 				return next(m)
 			}
-			dec, err := a.Admit(d.Ctx, d.Req)
+			ctx, cancel := boundedByDeadline(d)
+			dec, err := a.Admit(ctx, d.Req)
+			cancel()
 			mq := d.Queue.Metrics
 			if err != nil {
 				mq.Decision("error").Inc()
