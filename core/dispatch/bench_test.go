@@ -39,14 +39,27 @@ func BenchmarkDo(b *testing.B) {
 	benchDo(b, srv.URL)
 }
 
+// BenchmarkDoH2C is BenchmarkDo over HTTP/2 with prior knowledge.
+func BenchmarkDoH2C(b *testing.B) {
+	srv := newH2CServer(b, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(benchResponse)))
+		_, _ = io.WriteString(w, benchResponse)
+	})
+	benchDoProto(b, srv.URL, ProtocolH2C)
+}
+
 // BenchmarkDoRawServer calls a minimal hand-written HTTP/1.1 server that
 // allocates almost nothing, so allocs/op is the client's cost.
 func BenchmarkDoRawServer(b *testing.B) {
 	benchDo(b, rawServer(b))
 }
 
-func benchDo(b *testing.B, url string) {
-	c := newClient(b, Config{})
+func benchDo(b *testing.B, url string) { benchDoProto(b, url, ProtocolHTTP1) }
+
+func benchDoProto(b *testing.B, url, protocol string) {
+	c := newClient(b, Config{Protocol: protocol})
 	target := Target{BaseURL: url, InferenceObjective: "batch"}
 	req := benchRequest()
 	b.Run("serial", func(b *testing.B) {

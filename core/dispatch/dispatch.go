@@ -54,7 +54,10 @@ type Client struct {
 	timeoutHeader  string // canonical; "" when disabled
 	targets        cowMap[Target, *preparedTarget]
 	names          cowMap[string, string] // header name → canonical name
-	bufs           sync.Pool              // *[]byte for bodies of unknown length
+	lowerNames     cowMap[string, string] // canonical name → lower case (HTTP/2 only)
+	http1Names     *wireNames
+	http2Names     *wireNames
+	bufs           sync.Pool // *[]byte for bodies of unknown length
 	refused        atomic.Uint64
 }
 
@@ -120,7 +123,10 @@ func New(cfg Config) (*Client, error) {
 		timeoutHeader:  headerName(cfg.TimeoutHeader),
 		targets:        cowMap[Target, *preparedTarget]{max: maxCachedTargets},
 		names:          cowMap[string, string]{max: maxCachedNames},
+		lowerNames:     cowMap[string, string]{max: maxCachedNames},
 	}
+	c.http1Names = newWireNames(c.deadlineHeader, c.timeoutHeader, false)
+	c.http2Names = newWireNames(c.deadlineHeader, c.timeoutHeader, true)
 	c.bufs.New = func() any {
 		b := make([]byte, 0, poolBufferSize)
 		return &b
@@ -151,6 +157,10 @@ func (c *Client) target(t Target) (*preparedTarget, error) {
 	pt, err := prepareTarget(t)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: %w", err)
+	}
+	pt.names = c.http1Names
+	if c.cfg.Protocol == ProtocolH2C && pt.base.Scheme == "http" {
+		pt.names = c.http2Names
 	}
 	return c.targets.store(t, pt), nil
 }
@@ -230,6 +240,7 @@ func (c *Client) headers(pt *preparedTarget, req *message.Request, dl, effective
 		vals = append(vals, v)
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
+	names := pt.names
 	refused := 0
 	for k, v := range req.Headers {
 		ck, ok := c.allowHeader(k, v)
@@ -237,20 +248,23 @@ func (c *Client) headers(pt *preparedTarget, req *message.Request, dl, effective
 			refused++
 			continue
 		}
+		if names.lower {
+			ck = c.lower(ck)
+		}
 		set(ck, v)
 	}
 	if refused > 0 {
 		c.refused.Add(uint64(refused))
 	}
-	set(headerContentType, contentTypeJSON)
+	set(names.contentType, contentTypeJSON)
 	if pt.objective != "" {
-		if _, ok := h[headerObjective]; !ok {
-			set(headerObjective, pt.objective)
+		if _, ok := h[names.objective]; !ok {
+			set(names.objective, pt.objective)
 		}
 	}
 	if uid := req.Metadata["userid"]; uid != "" && validValue(uid) {
-		if _, ok := h[headerFairness]; !ok {
-			set(headerFairness, uid)
+		if _, ok := h[names.fairness]; !ok {
+			set(names.fairness, uid)
 		}
 	}
 	// Both numbers are formatted into one buffer and converted to one string.
@@ -267,10 +281,10 @@ func (c *Client) headers(pt *preparedTarget, req *message.Request, dl, effective
 	if len(buf) > 0 {
 		s := string(buf)
 		if useDL {
-			set(c.deadlineHeader, s[:split])
+			set(names.deadline, s[:split])
 		}
 		if c.timeoutHeader != "" {
-			set(c.timeoutHeader, s[split:])
+			set(names.timeout, s[split:])
 		}
 	}
 	return h, refused

@@ -94,12 +94,43 @@ func TestPayloadForwarded(t *testing.T) {
 	}
 }
 
-func TestHeaders(t *testing.T) {
-	got := make(chan *http.Request, 1)
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		got <- r
+// newH2CServer is newServer speaking HTTP/2 with prior knowledge (and HTTP/1.1).
+func newH2CServer(t testing.TB, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	srv.Config.Protocols = &p
+	srv.Start()
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
 	})
-	c := newClient(t, Config{})
+	return srv
+}
+
+// The same headers reach the gateway over HTTP/1.1 and over h2c, where the
+// client writes its own header names in lower case.
+func TestHeaders(t *testing.T) {
+	for _, proto := range []string{ProtocolHTTP1, ProtocolH2C} {
+		t.Run(proto, func(t *testing.T) { testHeaders(t, proto) })
+	}
+}
+
+func testHeaders(t *testing.T, proto string) {
+	got := make(chan *http.Request, 1)
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		if wantMajor := map[string]int{ProtocolHTTP1: 1, ProtocolH2C: 2}[proto]; r.ProtoMajor != wantMajor {
+			t.Errorf("request over %s, want HTTP/%d", r.Proto, wantMajor)
+		}
+		got <- r
+	}
+	srv := newServer(t, handler)
+	if proto == ProtocolH2C {
+		srv = newH2CServer(t, handler)
+	}
+	c := newClient(t, Config{Protocol: proto})
 	target := Target{BaseURL: srv.URL, InferenceObjective: "batch-low"}
 
 	t.Run("forwarded and refused", func(t *testing.T) {

@@ -15,6 +15,37 @@ const (
 	contentTypeJSON     = "application/json"
 )
 
+// wireNames are the names Do writes its own headers under. Over HTTP/1.1
+// they are canonical, as net/http writes them. Where a request is sure to go
+// out over HTTP/2 (h2c to an http gateway) they are lower case: HTTP/2 sends
+// names in lower case, and net/http's encoder would otherwise lower-case (and
+// allocate) every name that is not one of its common ones on every request.
+// The bytes on the wire are the same either way.
+type wireNames struct {
+	lower                                               bool
+	contentType, objective, fairness, deadline, timeout string
+}
+
+func newWireNames(deadline, timeout string, lower bool) *wireNames {
+	n := &wireNames{lower: lower, contentType: headerContentType, objective: headerObjective,
+		fairness: headerFairness, deadline: deadline, timeout: timeout}
+	if lower {
+		for _, p := range []*string{&n.contentType, &n.objective, &n.fairness, &n.deadline, &n.timeout} {
+			*p = strings.ToLower(*p)
+		}
+	}
+	return n
+}
+
+// lower returns a canonical header name in lower case, cached.
+func (c *Client) lower(canonical string) string {
+	if l, ok := c.lowerNames.load(canonical); ok {
+		return l
+	}
+	// The name may be the message's own string: keep a copy, not the message.
+	return c.lowerNames.store(strings.Clone(canonical), strings.ToLower(canonical))
+}
+
 // refusedHeader reports whether a message may not set the header with this
 // canonical name: hop-by-hop and framing headers, proxy credentials, the
 // content type (always application/json) and the content coding (the result

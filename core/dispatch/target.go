@@ -57,6 +57,7 @@ type preparedTarget struct {
 	def       *endpoint
 	objective string
 	endpoints cowMap[string, *endpoint]
+	names     *wireNames // set by Client.target
 }
 
 func prepareTarget(t Target) (*preparedTarget, error) {
