@@ -402,12 +402,7 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 		return nil, fmt.Errorf("gateway stats: %w", err)
 	}
 	gwCPU := gw.stop() - st.WarmupCPU
-	var waves figures
-	if w := st.Waves; w != nil {
-		waves = figures{"first_wave_ms": w.FirstSpreadMs, "last_wave_ms": w.LastSpreadMs,
-			"wave_head_cycle_ms": w.HeadCycleMs, "wave_tail_cycle_ms": w.TailCycleMs}
-	}
-	return merge(waves, figures{
+	f := figures{
 		"cpu_us_per_request":         cpu / requests * 1e6,
 		"gateway_cpu_us_per_request": gwCPU / requests * 1e6,
 		"requests":                   requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
@@ -416,19 +411,12 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 		"call_ms_mean":            callMs,
 		"gateway_handler_ms_mean": st.HandlerMs,
 		"first_dispatch_ms":       float64(st.FirstUnixNano-start.UnixNano()) / 1e6, "failed": float64(failed), "rss_mb": rssMB(),
-	}), nil
-}
-
-// merge returns the union of a and b (b wins on a shared key).
-func merge(a, b figures) figures {
-	out := figures{}
-	for k, v := range a {
-		out[k] = v
 	}
-	for k, v := range b {
-		out[k] = v
+	if w := st.Waves; w != nil {
+		f["first_wave_ms"], f["last_wave_ms"] = w.FirstSpreadMs, w.LastSpreadMs
+		f["wave_head_cycle_ms"], f["wave_tail_cycle_ms"] = w.HeadCycleMs, w.TailCycleMs
 	}
-	return out
+	return f, nil
 }
 
 // profile writes a CPU profile of the scenario and, 8 s in, a heap profile

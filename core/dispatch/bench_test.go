@@ -30,24 +30,21 @@ func benchRequest() *message.Request {
 // server's allocations (same process); see BenchmarkDoRawServer for the
 // client's alone.
 func BenchmarkDo(b *testing.B) {
-	srv := newServer(b, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(benchResponse)))
-		_, _ = io.WriteString(w, benchResponse)
-	})
-	benchDo(b, srv.URL)
+	benchDo(b, newServer(b, benchHandler).URL)
 }
 
 // BenchmarkDoH2C is BenchmarkDo over HTTP/2 with prior knowledge.
 func BenchmarkDoH2C(b *testing.B) {
-	srv := newH2CServer(b, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(benchResponse)))
-		_, _ = io.WriteString(w, benchResponse)
-	})
-	benchDoProto(b, srv.URL, ProtocolH2C)
+	url, _ := h2cServer(b, 0, benchHandler)
+	benchDoProto(b, url, ProtocolH2C)
+}
+
+// benchHandler reads the request and answers benchResponse.
+func benchHandler(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(benchResponse)))
+	_, _ = io.WriteString(w, benchResponse)
 }
 
 // BenchmarkDoRawServer calls a minimal hand-written HTTP/1.1 server that

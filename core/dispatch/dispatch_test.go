@@ -94,22 +94,6 @@ func TestPayloadForwarded(t *testing.T) {
 	}
 }
 
-// newH2CServer is newServer speaking HTTP/2 with prior knowledge (and HTTP/1.1).
-func newH2CServer(t testing.TB, h http.HandlerFunc) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewUnstartedServer(h)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	srv.Config.Protocols = &p
-	srv.Start()
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	return srv
-}
-
 // The same headers reach the gateway over HTTP/1.1 and over h2c, where the
 // client writes its own header names in lower case.
 func TestHeaders(t *testing.T) {
@@ -126,12 +110,16 @@ func testHeaders(t *testing.T, proto string) {
 		}
 		got <- r
 	}
-	srv := newServer(t, handler)
+	var url, addr string
 	if proto == ProtocolH2C {
-		srv = newH2CServer(t, handler)
+		url, _ = h2cServer(t, 0, handler)
+		addr = strings.TrimPrefix(url, "http://")
+	} else {
+		srv := newServer(t, handler)
+		url, addr = srv.URL, srv.Listener.Addr().String()
 	}
 	c := newClient(t, Config{Protocol: proto})
-	target := Target{BaseURL: srv.URL, InferenceObjective: "batch-low"}
+	target := Target{BaseURL: url, InferenceObjective: "batch-low"}
 
 	t.Run("forwarded and refused", func(t *testing.T) {
 		req := newRequest(time.Minute)
@@ -193,7 +181,7 @@ func testHeaders(t *testing.T, proto string) {
 				t.Errorf("refused header %s reached the server: %q", k, vs)
 			}
 		}
-		if r.Host != srv.Listener.Addr().String() || len(r.TransferEncoding) != 0 || r.ContentLength != int64(len(req.Payload)) {
+		if r.Host != addr || len(r.TransferEncoding) != 0 || r.ContentLength != int64(len(req.Payload)) {
 			t.Errorf("host %q, transfer encoding %v, content length %d", r.Host, r.TransferEncoding, r.ContentLength)
 		}
 		if v := r.Header.Get("X-Request-Deadline"); v != strconv.FormatInt(req.Deadline.UnixMilli(), 10) {
@@ -226,7 +214,7 @@ func testHeaders(t *testing.T, proto string) {
 	t.Run("no objective no userid", func(t *testing.T) {
 		req := newRequest(time.Minute)
 		req.Metadata = map[string]string{"job_id": "j"}
-		if out := c.Do(t.Context(), Target{BaseURL: srv.URL}, req); out.Class != Success {
+		if out := c.Do(t.Context(), Target{BaseURL: url}, req); out.Class != Success {
 			t.Fatalf("outcome: %+v", out)
 		}
 		r := <-got

@@ -14,39 +14,21 @@ import (
 // With Protocol h2c, an http:// gateway is spoken to over HTTP/2 with prior
 // knowledge, and many calls share one connection.
 func TestH2CSharesConnections(t *testing.T) {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	var conns atomic.Int64
-	srv := &http.Server{
-		Protocols: &p,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ProtoMajor != 2 {
-				http.Error(w, "want HTTP/2", http.StatusHTTPVersionNotSupported)
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-			_, _ = w.Write([]byte(`{}`))
-		}),
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
-				conns.Add(1)
-			}
-		},
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	url, conns := h2cServer(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			http.Error(w, "want HTTP/2", http.StatusHTTPVersionNotSupported)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+		_, _ = w.Write([]byte(`{}`))
+	})
 
 	c, err := New(Config{Protocol: ProtocolH2C})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	target := Target{BaseURL: "http://" + ln.Addr().String()}
+	target := Target{BaseURL: url}
 	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
 	// One call first: until the server's SETTINGS arrive, the client cannot
 	// know how many streams a connection may carry and dials more.
@@ -70,9 +52,10 @@ func TestH2CSharesConnections(t *testing.T) {
 	}
 }
 
-// h2cServer serves handler over h2c on a loopback port with a limit of
-// streams per connection, and counts the connections it accepts.
-func h2cServer(t *testing.T, streams int, handler http.HandlerFunc) (string, *atomic.Int64) {
+// h2cServer serves handler over h2c (HTTP/2 with prior knowledge only) on a
+// loopback port with a limit of streams per connection (0: Go's default),
+// and counts the connections it accepts.
+func h2cServer(t testing.TB, streams int, handler http.HandlerFunc) (string, *atomic.Int64) {
 	t.Helper()
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
