@@ -23,11 +23,7 @@ func TestH2CSharesConnections(t *testing.T) {
 		_, _ = w.Write([]byte(`{}`))
 	})
 
-	c, err := New(Config{Protocol: ProtocolH2C})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, Config{Protocol: ProtocolH2C})
 	target := Target{BaseURL: url}
 	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
 	// One call first: until the server's SETTINGS arrive, the client cannot
@@ -35,15 +31,7 @@ func TestH2CSharesConnections(t *testing.T) {
 	if o := c.Do(context.Background(), target, req); o.Class != Success {
 		t.Fatalf("first call: %v %d %v", o.Class, o.StatusCode, o.Err)
 	}
-	done := make(chan Outcome, 20)
-	for range 20 {
-		go func() { done <- c.Do(context.Background(), target, req) }()
-	}
-	for range 20 {
-		if o := <-done; o.Class != Success {
-			t.Fatalf("outcome %v %d %v", o.Class, o.StatusCode, o.Err)
-		}
-	}
+	doConcurrently(t, c, target, req, 20)
 	if conns.Load() > 2 {
 		t.Errorf("%d connections for 20 concurrent h2c calls", conns.Load())
 	}
@@ -93,21 +81,23 @@ func TestH2CBurstSucceeds(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		_, _ = w.Write([]byte(`{}`))
 	})
-	c, err := New(Config{Protocol: ProtocolH2C})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := newClient(t, Config{Protocol: ProtocolH2C})
 	target := Target{BaseURL: url}
 	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
-	done := make(chan Outcome, burst)
-	for range burst {
+	doConcurrently(t, c, target, req, burst)
+	t.Logf("%d connections for a burst of %d calls at %d streams per connection", conns.Load(), burst, streams)
+}
+
+// doConcurrently makes n calls at once and fails the test unless all succeed.
+func doConcurrently(t *testing.T, c *Client, target Target, req *message.Request, n int) {
+	t.Helper()
+	done := make(chan Outcome, n)
+	for range n {
 		go func() { done <- c.Do(context.Background(), target, req) }()
 	}
-	for range burst {
+	for range n {
 		if o := <-done; o.Class != Success {
 			t.Fatalf("outcome %v %d %v", o.Class, o.StatusCode, o.Err)
 		}
 	}
-	t.Logf("%d connections for a burst of %d calls at %d streams per connection", conns.Load(), burst, streams)
 }

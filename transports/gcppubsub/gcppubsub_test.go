@@ -238,21 +238,7 @@ func TestAckOnlyAfterResult(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	f := newFixture(t, srv.Addr)
 	q := f.queue(t)
-	tp, err := gcppubsub.New(gcppubsub.Options{ProjectID: project, EmulatorHost: srv.Addr}, transport.Env{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tp.Close()
-	credits := gate.NewCredits(4, gate.RampConfig{})
-	credits.SetBudget(1)
-	sub, _ := tp.Subscriber(q, credits)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, q.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	tp, ch := subscribe(t, srv.Addr, q)
 	f.publish(t, "projects/"+project+"/topics/requests-"+strings.TrimPrefix(q.Name, "requests-sub-"), transporttest.Request("a1", time.Hour), map[string]string{"tenant": "t7"})
 	var m *message.Message
 	select {
@@ -302,21 +288,7 @@ func TestMissingSubscriptionIsRetried(t *testing.T) {
 	f := newFixture(t, srv.Addr)
 	topic := f.topic(t, "late-requests")
 	q := transport.Queue{ID: "late", Name: "late-sub", ResultName: "late-results"}
-	tp, err := gcppubsub.New(gcppubsub.Options{ProjectID: project, EmulatorHost: srv.Addr}, transport.Env{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tp.Close()
-	credits := gate.NewCredits(4, gate.RampConfig{})
-	credits.SetBudget(1)
-	sub, _ := tp.Subscriber(q, credits)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, q.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	tp, ch := subscribe(t, srv.Addr, q)
 	deadline := time.Now().Add(10 * time.Second)
 	for tp.Events()["receive_errors"] == 0 {
 		if time.Now().After(deadline) {
@@ -332,4 +304,29 @@ func TestMissingSubscriptionIsRetried(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("no delivery after the subscription was created")
 	}
+}
+
+// subscribe starts a transport on the emulator at addr and subscribes to q
+// with 4 credits; everything is closed when the test ends.
+func subscribe(t *testing.T, addr string, q transport.Queue) (*gcppubsub.Transport, <-chan *message.Message) {
+	t.Helper()
+	tp, err := gcppubsub.New(gcppubsub.Options{ProjectID: project, EmulatorHost: addr}, transport.Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Close() })
+	credits := gate.NewCredits(4, gate.RampConfig{})
+	credits.SetBudget(1)
+	sub, err := tp.Subscriber(q, credits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch, err := sub.Subscribe(ctx, q.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return tp, ch
 }
