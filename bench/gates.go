@@ -310,8 +310,11 @@ func runConcurrencyH2C(ctx context.Context, o options) (figures, error) {
 }
 
 func concurrency(ctx context.Context, o options, name, protocol string) (figures, error) {
-	if os.Getenv(childEnv) == "" {
+	switch os.Getenv(childEnv) {
+	case "":
 		return repeatChild(ctx, o.runs, name)
+	case childBaseline:
+		return concurrencyBaseline(ctx, protocol)
 	}
 	rs, err := startRedis()
 	if err != nil {
@@ -323,7 +326,8 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 	if err := setBudget(ctx, rc, "0.5"); err != nil {
 		return nil, err
 	}
-	const requests, maxConc = 60_000, 10_000
+	// max_concurrency × budget 0.5 = concurrencyInFlight.
+	const requests, maxConc = concurrencyRequests, 2 * concurrencyInFlight
 	gw, err := startGatewayProcess(ctx, time.Second, maxConc, gatewayWarmup(), protocol)
 	if err != nil {
 		return nil, err
@@ -461,16 +465,38 @@ func profile(dir string) (func(), error) {
 }
 
 // repeatChild runs scenario name runs times, each in a fresh process, and
-// reports the median of every figure, with the lowest and highest
-// throughput (throughput_min, throughput_max) and the highest peak RSS
-// (rss_mb_max). Each run prints its own figures to standard error.
+// after (or, every other time, before) each run the baseline in another
+// fresh process, so that both see the same noise. It reports the median of
+// every figure, with the lowest and highest throughput (throughput_min,
+// throughput_max), the highest peak RSS (rss_mb_max), the baseline's
+// figures prefixed with baseline_ (its throughput as baseline), and ratio:
+// the median over the runs of throughput / baseline. Each run prints its own
+// figures to standard error.
 func repeatChild(ctx context.Context, runs int, name string) (figures, error) {
 	all := map[string][]float64{}
 	for i := range runs {
-		f, err := runChild(ctx, name)
-		if err != nil {
-			return nil, err
+		order := []string{"1", childBaseline}
+		if i%2 == 1 {
+			slices.Reverse(order)
 		}
+		got := map[string]figures{}
+		for _, mode := range order {
+			f, err := runChild(ctx, name, mode)
+			if err != nil {
+				return nil, err
+			}
+			got[mode] = f
+		}
+		f, b := got["1"], got[childBaseline]
+		for k, v := range b {
+			if k == "throughput" {
+				k = "baseline"
+			} else {
+				k = "baseline_" + k
+			}
+			f[k] = v
+		}
+		f["ratio"] = f["throughput"] / f["baseline"]
 		fmt.Fprintf(os.Stderr, "run %d/%d: %s\n", i+1, runs, strings.TrimPrefix(format(name, f), "BENCH "))
 		for k, v := range f {
 			all[k] = append(all[k], v)
@@ -490,15 +516,15 @@ func repeatChild(ctx context.Context, runs int, name string) (figures, error) {
 	return out, nil
 }
 
-// runChild runs one scenario in a fresh process of this program and parses
-// its BENCH line.
-func runChild(ctx context.Context, name string) (figures, error) {
+// runChild runs one scenario in a fresh process of this program, with
+// childEnv set to mode, and parses its BENCH line.
+func runChild(ctx context.Context, name, mode string) (figures, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, exe, "-only", name, "-runs", "1")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -509,6 +535,9 @@ func runChild(ctx context.Context, name string) (figures, error) {
 		fields := strings.Fields(sc.Text())
 		if len(fields) < 2 || fields[0] != "BENCH" || fields[1] != name {
 			continue
+		}
+		if len(fields) > 2 && strings.HasPrefix(fields[2], "error=") {
+			return nil, fmt.Errorf("%s in a child process: %s", name, strings.Join(fields[2:], " "))
 		}
 		f := figures{}
 		for _, kv := range fields[2:] {

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The concurrency scenarios' shape: requests in all, inFlight at once.
+const (
+	concurrencyRequests = 60_000
+	concurrencyInFlight = 5_000
+)
+
+// childBaseline is the value of childEnv under which the child process runs
+// the concurrency baseline instead of sluice.
+const childBaseline = "baseline"
+
+// concurrencyBaseline is the concurrency scenario without sluice: 5,000
+// goroutines each POST a request, read the answer and POST the next, until
+// 60,000 are done, through a plain net/http Transport speaking protocol
+// ("h2c": HTTP/2 with prior knowledge; "http1") to the same kind of gateway
+// child, warmed up the same way. No queue, no gate, no result writing: what
+// this machine lets a client built on net/http do with that gateway on the
+// same cores, so that sluice's throughput can be read as a ratio to it.
+func concurrencyBaseline(ctx context.Context, protocol string) (figures, error) {
+	gw, err := startGatewayProcess(ctx, time.Second, 2*concurrencyInFlight, gatewayWarmup(), protocol)
+	if err != nil {
+		return nil, err
+	}
+	defer gw.stop()
+	var p http.Protocols
+	switch protocol {
+	case "h2c":
+		p.SetUnencryptedHTTP2(true)
+	case "http1":
+		p.SetHTTP1(true)
+	default:
+		return nil, fmt.Errorf("baseline: protocol %q", protocol)
+	}
+	tr := &http.Transport{Protocols: &p, DisableCompression: true, MaxIdleConnsPerHost: concurrencyInFlight}
+	defer tr.CloseIdleConnections()
+	url := gw.url + "/v1/completions"
+	// The same body and headers sluice sends in the scenario.
+	body := []byte(`{"model":"m","prompt":"hi","max_tokens":8}`)
+	deadline := strconv.FormatInt(time.Now().Add(10*time.Minute).UnixMilli(), 10)
+
+	var next, failed atomic.Int64
+	var once sync.Once
+	var firstErr error
+	call := func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header["Content-Type"] = []string{"application/json"}
+		req.Header["X-Request-Deadline"] = []string{deadline}
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return err
+	}
+	start, cpu0 := time.Now(), cpuSeconds()
+	var wg sync.WaitGroup
+	for range concurrencyInFlight {
+		wg.Go(func() {
+			for next.Add(1) <= concurrencyRequests && ctx.Err() == nil {
+				if err := call(); err != nil {
+					failed.Add(1)
+					once.Do(func() { firstErr = err })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el, cpu := time.Since(start), cpuSeconds()-cpu0
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if n := failed.Load(); n > 0 {
+		return nil, fmt.Errorf("baseline: %d of %d calls failed, the first: %v", n, concurrencyRequests, firstErr)
+	}
+	st, err := gw.statsQuery("?wave=" + strconv.Itoa(concurrencyInFlight))
+	if err != nil {
+		return nil, fmt.Errorf("gateway stats: %w", err)
+	}
+	f := figures{
+		"throughput":                 concurrencyRequests / el.Seconds(),
+		"cpu_us_per_request":         cpu / concurrencyRequests * 1e6,
+		"gateway_cpu_us_per_request": (gw.stop() - st.WarmupCPU) / concurrencyRequests * 1e6,
+	}
+	if w := st.Waves; w != nil {
+		f["first_wave_ms"], f["last_wave_ms"] = w.FirstSpreadMs, w.LastSpreadMs
+	}
+	return f, nil
+}
