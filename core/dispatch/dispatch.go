@@ -50,8 +50,9 @@ const (
 type Client struct {
 	cfg            Config
 	rt             *http.Transport
-	deadlineHeader string // canonical; "" when disabled
-	timeoutHeader  string // canonical; "" when disabled
+	h2c            *h2cTransport // http gateways under ProtocolH2C; nil otherwise
+	deadlineHeader string        // canonical; "" when disabled
+	timeoutHeader  string        // canonical; "" when disabled
 	targets        cowMap[Target, *preparedTarget]
 	names          cowMap[string, string] // header name → canonical name
 	lowerNames     cowMap[string, string] // canonical name → lower case (HTTP/2 only)
@@ -73,27 +74,15 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("dispatch: %w", err)
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}
-	// http gateways: HTTP/1.1, or HTTP/2 with prior knowledge (h2c) when
-	// configured; https gateways: HTTP/2 offered through ALPN.
+	// http gateways: HTTP/1.1 through net/http, or HTTP/2 with prior
+	// knowledge (h2c) through sluice's own client (h2c.go) when configured;
+	// https gateways: HTTP/2 offered through ALPN.
 	var protocols http.Protocols
 	protocols.SetHTTP1(cfg.Protocol == ProtocolHTTP1)
 	protocols.SetHTTP2(true)
-	protocols.SetUnencryptedHTTP2(cfg.Protocol == ProtocolH2C)
-	dial := dialer.DialContext
-	if cfg.Protocol == ProtocolH2C {
-		// Many requests share each HTTP/2 connection; gather their frames
-		// into fewer writes (see coalescingConn).
-		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dialer.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return newCoalescingConn(c), nil
-		}
-	}
 	rt := &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         dial,
+		DialContext:         dialer.DialContext,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: tlsHandshakeTimeout,
 		MaxIdleConns:        0, // no global cap; MaxIdleConnsPerHost bounds each gateway
@@ -125,6 +114,9 @@ func New(cfg Config) (*Client, error) {
 		names:          cowMap[string, string]{max: maxCachedNames},
 		lowerNames:     cowMap[string, string]{max: maxCachedNames},
 	}
+	if cfg.Protocol == ProtocolH2C {
+		c.h2c = newH2CTransport(dialer.DialContext, cfg.MaxConnsPerHost)
+	}
 	c.http1Names = newWireNames(c.deadlineHeader, c.timeoutHeader, false)
 	c.http2Names = newWireNames(c.deadlineHeader, c.timeoutHeader, true)
 	c.bufs.New = func() any {
@@ -136,7 +128,12 @@ func New(cfg Config) (*Client, error) {
 
 // Close closes the idle connections. Calls in flight are not interrupted,
 // and the client stays usable (new connections are dialled as needed).
-func (c *Client) Close() { c.rt.CloseIdleConnections() }
+func (c *Client) Close() {
+	c.rt.CloseIdleConnections()
+	if c.h2c != nil {
+		c.h2c.closeIdle()
+	}
+}
 
 // RefusedHeaders returns how many message headers the client has refused to
 // forward since it was created.
@@ -212,9 +209,12 @@ func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome
 	defer cancel()
 
 	h, refused := c.headers(pt, req, dl, effective, now)
-	hreq := c.newRequest(callCtx, ep, h, req.Payload)
-
-	resp, err := c.rt.RoundTrip(hreq)
+	var resp *http.Response
+	if c.h2c != nil && ep.u.Scheme == "http" {
+		resp, err = c.h2c.post(callCtx, ep, h, req.Payload)
+	} else {
+		resp, err = c.rt.RoundTrip(c.newRequest(callCtx, ep, h, req.Payload))
+	}
 	if err != nil {
 		out := c.failure(ctx, callCtx, dl, ep, err)
 		out.Refused = refused

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -47,8 +48,10 @@ const (
 
 // endpoint is one fully joined request URL, shared read-only by all calls.
 type endpoint struct {
-	u *url.URL
-	s string // u.String(), for error messages
+	u    *url.URL
+	s    string // u.String(), for error messages
+	addr string // host:port to dial
+	path string // u.RequestURI(): the path and query sent
 }
 
 // preparedTarget is a parsed Target.
@@ -137,7 +140,14 @@ func joinURL(base *url.URL, p string) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &endpoint{u: u, s: u.Redacted()}, nil
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return &endpoint{u: u, s: u.Redacted(), addr: net.JoinHostPort(u.Hostname(), port), path: u.RequestURI()}, nil
 }
 
 // cowMap is a bounded copy-on-write map: reads are lock-free and do not
