@@ -30,16 +30,34 @@ func newClient(t testing.TB, cfg Config) *Client {
 	return c
 }
 
-// newServer starts a loopback server closed (with its connections) when the
-// test ends.
+// newServer starts a loopback server, speaking HTTP/1.1 and h2c, closed
+// (with its connections) when the test ends.
 func newServer(t testing.TB, h http.HandlerFunc) *httptest.Server {
 	t.Helper()
-	srv := httptest.NewServer(h)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.Protocols = bothServerProtocols()
+	srv.Start()
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
 	return srv
+}
+
+// bothServerProtocols are HTTP/1.1 and h2c.
+func bothServerProtocols() *http.Protocols {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &p
+}
+
+// bothProtocols runs test over HTTP/1.1 (net/http's client) and over h2c
+// (sluice's own HTTP/2 client).
+func bothProtocols(t *testing.T, test func(t *testing.T, proto string)) {
+	for _, proto := range []string{ProtocolHTTP1, ProtocolH2C} {
+		t.Run(proto, func(t *testing.T) { test(t, proto) })
+	}
 }
 
 func newRequest(deadlineIn time.Duration) *message.Request {
@@ -50,7 +68,9 @@ func newRequest(deadlineIn time.Duration) *message.Request {
 	}
 }
 
-func TestPayloadForwarded(t *testing.T) {
+func TestPayloadForwarded(t *testing.T) { bothProtocols(t, testPayloadForwarded) }
+
+func testPayloadForwarded(t *testing.T, proto string) {
 	type seen struct {
 		body   []byte
 		length int64
@@ -63,7 +83,7 @@ func TestPayloadForwarded(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		got <- seen{b, r.ContentLength, r.TransferEncoding, r.Method, r.Header.Values("Content-Type")}
 	})
-	c := newClient(t, Config{})
+	c := newClient(t, Config{Protocol: proto})
 
 	big := make([]byte, 1<<20)
 	for i := range big {
@@ -362,7 +382,9 @@ func TestDeadlineHeaders(t *testing.T) {
 	})
 }
 
-func TestClassifyStatus(t *testing.T) {
+func TestClassifyStatus(t *testing.T) { bothProtocols(t, testClassifyStatus) }
+
+func testClassifyStatus(t *testing.T, proto string) {
 	date := time.Now().Add(30 * time.Second).UTC().Format(http.TimeFormat)
 	tests := []struct {
 		status        int
@@ -385,7 +407,7 @@ func TestClassifyStatus(t *testing.T) {
 		{status: 503, header: map[string]string{"Retry-After": "120"}, class: Retryable, retryAfterMin: 2 * time.Minute, retryAfterMax: 2 * time.Minute},
 		{status: 504, class: Retryable},
 	}
-	c := newClient(t, Config{})
+	c := newClient(t, Config{Protocol: proto})
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
 			body := fmt.Sprintf(`{"status":%d}`, tt.status)
@@ -465,7 +487,9 @@ func slowHandler(release <-chan struct{}) http.HandlerFunc {
 	}
 }
 
-func TestNoResponse(t *testing.T) {
+func TestNoResponse(t *testing.T) { bothProtocols(t, testNoResponse) }
+
+func testNoResponse(t *testing.T, proto string) {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
 	shutdown := errors.New("shutting down")
@@ -478,12 +502,13 @@ func TestNoResponse(t *testing.T) {
 		ctx      func(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc)
 		class    Class
 		is       error
+		http1    bool // the handler hijacks the connection, which HTTP/2 cannot
 	}{
 		{name: "connection refused", class: Retryable, is: nil},
-		{name: "connection reset", handler: hijackClose(true, ""), class: Retryable},
-		{name: "eof", handler: hijackClose(false, ""), class: Retryable},
-		{name: "truncated body", handler: hijackClose(false, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial"), class: Retryable, is: io.ErrUnexpectedEOF},
-		{name: "truncated headers", handler: hijackClose(false, "HTTP/1.1 200 OK\r\nContent-"), class: Retryable},
+		{name: "connection reset", handler: hijackClose(true, ""), class: Retryable, http1: true},
+		{name: "eof", handler: hijackClose(false, ""), class: Retryable, http1: true},
+		{name: "truncated body", handler: hijackClose(false, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"partial"), class: Retryable, is: io.ErrUnexpectedEOF, http1: true},
+		{name: "truncated headers", handler: hijackClose(false, "HTTP/1.1 200 OK\r\nContent-"), class: Retryable, http1: true},
 		{
 			name: "slower than the request deadline", handler: slowHandler(release),
 			deadline: 200 * time.Millisecond, class: DeadlineExceeded, is: ErrRequestDeadline,
@@ -517,6 +542,9 @@ func TestNoResponse(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
+		if tt.http1 && proto != ProtocolHTTP1 {
+			continue
+		}
 		t.Run(tt.name, func(t *testing.T) {
 			var target Target
 			if tt.handler == nil {
@@ -524,7 +552,9 @@ func TestNoResponse(t *testing.T) {
 			} else {
 				target.BaseURL = newServer(t, tt.handler).URL
 			}
-			c := newClient(t, tt.cfg)
+			cfg := tt.cfg
+			cfg.Protocol = proto
+			c := newClient(t, cfg)
 			deadline := tt.deadline
 			if deadline == 0 {
 				deadline = time.Hour
@@ -554,10 +584,12 @@ func TestNoResponse(t *testing.T) {
 	}
 }
 
-func TestNotSent(t *testing.T) {
+func TestNotSent(t *testing.T) { bothProtocols(t, testNotSent) }
+
+func testNotSent(t *testing.T, proto string) {
 	var hits atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
-	c := newClient(t, Config{})
+	c := newClient(t, Config{Protocol: proto})
 	target := Target{BaseURL: srv.URL}
 
 	out := c.Do(t.Context(), target, newRequest(-time.Second))
@@ -585,7 +617,9 @@ func TestNotSent(t *testing.T) {
 	}
 }
 
-func TestBodyCap(t *testing.T) {
+func TestBodyCap(t *testing.T) { bothProtocols(t, testBodyCap) }
+
+func testBodyCap(t *testing.T, proto string) {
 	const limit = 1024
 	tests := []struct {
 		name    string
@@ -602,7 +636,7 @@ func TestBodyCap(t *testing.T) {
 		{"over cap on error status", 4 * limit, false, 503, Fatal},
 		{"empty chunked", 0, true, 200, Success},
 	}
-	c := newClient(t, Config{MaxResponseBytes: limit})
+	c := newClient(t, Config{MaxResponseBytes: limit, Protocol: proto})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			body := bytes.Repeat([]byte("x"), tt.size)
@@ -639,7 +673,9 @@ func TestBodyCap(t *testing.T) {
 
 // TestConnectionReuse checks that bodies are drained and closed: every
 // outcome kind that carries a response leaves the connection reusable.
-func TestConnectionReuse(t *testing.T) {
+func TestConnectionReuse(t *testing.T) { bothProtocols(t, testConnectionReuse) }
+
+func testConnectionReuse(t *testing.T, proto string) {
 	var conns atomic.Int32
 	var n atomic.Int32
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -657,6 +693,7 @@ func TestConnectionReuse(t *testing.T) {
 			_, _ = io.WriteString(w, "chunk-2")
 		}
 	}))
+	srv.Config.Protocols = bothServerProtocols()
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
@@ -664,9 +701,11 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	c := newClient(t, Config{})
-	for range 40 {
-		c.Do(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute))
+	c := newClient(t, Config{Protocol: proto})
+	for i := range 40 {
+		if out := c.Do(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute)); out.StatusCode == 0 {
+			t.Fatalf("call %d: no response: %v", i, out.Err)
+		}
 	}
 	if got := conns.Load(); got != 1 {
 		t.Fatalf("40 sequential calls used %d connections, want 1", got)
@@ -674,13 +713,15 @@ func TestConnectionReuse(t *testing.T) {
 }
 
 // TestBodyOwned checks that bodies read through the pooled buffer are copies.
-func TestBodyOwned(t *testing.T) {
+func TestBodyOwned(t *testing.T) { bothProtocols(t, testBodyOwned) }
+
+func testBodyOwned(t *testing.T, proto string) {
 	var n atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = fmt.Fprintf(w, "response-%d", n.Add(1))
 		http.NewResponseController(w).Flush() // chunked: length unknown
 	})
-	c := newClient(t, Config{})
+	c := newClient(t, Config{Protocol: proto})
 	var bodies [][]byte
 	for range 5 {
 		bodies = append(bodies, c.Do(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute)).Body)
@@ -692,12 +733,14 @@ func TestBodyOwned(t *testing.T) {
 	}
 }
 
-func TestConcurrent(t *testing.T) {
+func TestConcurrent(t *testing.T) { bothProtocols(t, testConcurrent) }
+
+func testConcurrent(t *testing.T, proto string) {
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		_, _ = w.Write(b)
 	})
-	c := newClient(t, Config{MaxConns: 8})
+	c := newClient(t, Config{MaxConns: 8, Protocol: proto})
 	target := Target{BaseURL: srv.URL}
 	errs := make(chan error, 16)
 	for g := range 16 {
