@@ -37,9 +37,9 @@ import (
 // none has room, up to Config.MaxConnsPerHost); a request the server did not
 // process (REFUSED_STREAM, or a stream above a GOAWAY's last stream ID) is
 // sent again on another connection; a cancelled call resets its stream;
-// flow control both ways; a connection silent for h2SendPingTimeout while
-// calls are open is pinged and dropped if the ping is not answered within
-// h2PingTimeout; idle connections close after idleConnTimeout.
+// flow control both ways; a connection silent for 30 s while calls are open
+// is pinged and dropped if the ping is not answered within 15 s; idle
+// connections close after 90 s.
 // Not supported: proxies (h2c goes straight to the gateway), server push
 // (disabled in our SETTINGS), request trailers.
 
@@ -70,6 +70,9 @@ const (
 // errH2CUnprocessed marks a request the server did not process: it may be sent again.
 var errH2CUnprocessed = errors.New("h2c: the gateway did not process the request")
 
+// errH2CPingLost fails the calls of a connection whose ping went unanswered.
+var errH2CPingLost = errors.New("h2c: the gateway did not answer a ping")
+
 // errH2CClosed is returned for calls on a closed transport.
 var errH2CClosed = errors.New("h2c: client closed")
 
@@ -78,6 +81,10 @@ var errH2CClosed = errors.New("h2c: client closed")
 type h2cTransport struct {
 	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	maxConns int // per address; 0: no cap
+	// Connection health: ping after pingAfter of silence while calls are
+	// open, drop the connection pingTimeout after an unanswered ping, close
+	// it after idleTimeout without calls; checked every tick.
+	pingAfter, pingTimeout, idleTimeout, tick time.Duration
 
 	mu     sync.Mutex
 	pools  map[string]*h2cPool
@@ -85,7 +92,8 @@ type h2cTransport struct {
 }
 
 func newH2CTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int) *h2cTransport {
-	return &h2cTransport{dial: dial, maxConns: maxConns, pools: map[string]*h2cPool{}}
+	return &h2cTransport{dial: dial, maxConns: maxConns, pools: map[string]*h2cPool{},
+		pingAfter: h2SendPingTimeout, pingTimeout: h2PingTimeout, idleTimeout: idleConnTimeout, tick: h2cHealthTick}
 }
 
 // post sends payload to ep with the headers h (names in lower case, none of
@@ -728,11 +736,12 @@ func (cc *h2cConn) consumed(cs *h2cStream, n int32) error {
 	})
 }
 
-// health closes the connection when it has been idle for idleConnTimeout,
-// and pings it when calls are open and it has been silent for
-// h2SendPingTimeout; an unanswered ping closes it after h2PingTimeout.
+// health closes the connection when it has been idle for idleTimeout, and
+// pings it when calls are open and it has been silent for pingAfter; an
+// unanswered ping closes it after pingTimeout.
 func (cc *h2cConn) health() {
-	t := time.NewTicker(h2cHealthTick)
+	tr := cc.pool.t
+	t := time.NewTicker(tr.tick)
 	defer t.Stop()
 	for {
 		select {
@@ -740,9 +749,9 @@ func (cc *h2cConn) health() {
 			return
 		case now := <-t.C:
 			cc.mu.Lock()
-			idle := cc.active == 0 && now.Sub(cc.idleSince) >= idleConnTimeout
-			silent := now.Sub(time.Unix(0, cc.lastRead.Load())) >= h2SendPingTimeout
-			pingLost := !cc.pingSent.IsZero() && now.Sub(cc.pingSent) >= h2PingTimeout
+			idle := cc.active == 0 && now.Sub(cc.idleSince) >= tr.idleTimeout
+			silent := now.Sub(time.Unix(0, cc.lastRead.Load())) >= tr.pingAfter
+			pingLost := !cc.pingSent.IsZero() && now.Sub(cc.pingSent) >= tr.pingTimeout
 			ping := cc.active > 0 && silent && cc.pingSent.IsZero()
 			if ping {
 				cc.pingSent = now
@@ -752,7 +761,7 @@ func (cc *h2cConn) health() {
 			case idle:
 				cc.closeIfIdle()
 			case pingLost:
-				cc.close(fmt.Errorf("no answer to a ping within %s", h2PingTimeout))
+				cc.close(fmt.Errorf("%w within %s", errH2CPingLost, tr.pingTimeout))
 			case ping:
 				_ = cc.write(func() error { return cc.fr.WritePing(false, [8]byte{'s', 'l', 'u', 'i', 'c', 'e'}) })
 			}
