@@ -28,9 +28,9 @@ import (
 // thousands of one-second calls in flight on a small host its CPU and its
 // goroutines' stacks were the largest cost of a request (docs/benchmarks.md).
 // Here a call costs no goroutine: the caller writes its frames under the
-// connection's write lock (the last writer waiting flushes, so concurrent
-// calls share a system call) and one read loop per connection hands each
-// stream its answer.
+// connection's write lock into a coalescingConn (whose writer sends what
+// many calls wrote in one system call) and one read loop per connection
+// hands each stream its answer.
 //
 // Semantics kept from net/http: streams beyond the server's
 // SETTINGS_MAX_CONCURRENT_STREAMS go to another connection (dialled when
@@ -61,8 +61,6 @@ const (
 	// h2cRetries bounds how often a request the server did not process is
 	// sent again.
 	h2cRetries = 3
-	// h2cWriteBuffer is the size of a connection's write buffer.
-	h2cWriteBuffer = 64 << 10
 	// h2cHealthTick is how often a connection checks for silence and idleness.
 	h2cHealthTick = time.Second
 )
@@ -258,8 +256,11 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		windowGrew:  make(chan struct{}),
 		closed:      make(chan struct{}),
 	}
-	cc.bw = bufio.NewWriterSize(nc, h2cWriteBuffer)
-	cc.fr = http2.NewFramer(cc.bw, bufio.NewReaderSize(nc, 16<<10))
+	// Frames are written to a coalescingConn: each Write (one frame) is a
+	// copy into its buffer, and its writer sends them in batches.
+	wc := newCoalescingConn(nc)
+	cc.nc = wc
+	cc.fr = http2.NewFramer(wc, bufio.NewReaderSize(nc, 16<<10))
 	cc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	cc.fr.MaxHeaderListSize = h2cMaxHeaderList
 	cc.henc = hpack.NewEncoder(&cc.hbuf)
@@ -270,7 +271,7 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 	}
 	_ = nc.SetDeadline(deadline)
 	err = func() error {
-		if _, err := cc.bw.WriteString(http2.ClientPreface); err != nil {
+		if _, err := io.WriteString(wc, http2.ClientPreface); err != nil {
 			return err
 		}
 		if err := cc.fr.WriteSettings(
@@ -281,9 +282,6 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 			return err
 		}
 		if err := cc.fr.WriteWindowUpdate(0, h2cConnWindow-65535); err != nil {
-			return err
-		}
-		if err := cc.bw.Flush(); err != nil {
 			return err
 		}
 		f, err := cc.fr.ReadFrame()
@@ -297,13 +295,10 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		if err := cc.applySettings(sf); err != nil {
 			return err
 		}
-		if err := cc.fr.WriteSettingsAck(); err != nil {
-			return err
-		}
-		return cc.bw.Flush()
+		return cc.fr.WriteSettingsAck()
 	}()
 	if err != nil {
-		_ = nc.Close()
+		_ = wc.Close()
 		return nil, fmt.Errorf("h2c handshake with %s: %w", p.addr, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
@@ -319,14 +314,12 @@ type h2cConn struct {
 	pool *h2cPool
 	nc   net.Conn
 
-	// Writing: frames are written under wmu; the framer, the write buffer
-	// and the HPACK encoder belong to whoever holds it.
-	wmu     sync.Mutex
-	writers atomic.Int32 // writers holding or waiting for wmu; the last flushes
-	bw      *bufio.Writer
-	fr      *http2.Framer // its reading side is the read loop's alone
-	henc    *hpack.Encoder
-	hbuf    bytes.Buffer
+	// Writing: frames are written under wmu; the framer's writing side and
+	// the HPACK encoder belong to whoever holds it.
+	wmu  sync.Mutex
+	fr   *http2.Framer // its reading side is the read loop's alone
+	henc *hpack.Encoder
+	hbuf bytes.Buffer
 
 	lastRead atomic.Int64 // Unix ns of the last frame read
 
@@ -419,16 +412,11 @@ func (cc *h2cConn) close(err error) {
 	})
 }
 
-// write runs fn (which writes frames) under the write lock; the last writer
-// waiting flushes, so that frames written by concurrent calls leave in one
-// system call. A write error fails the connection.
+// write runs fn (which writes frames) under the write lock. A write error
+// fails the connection.
 func (cc *h2cConn) write(fn func() error) error {
-	cc.writers.Add(1)
 	cc.wmu.Lock()
 	err := fn()
-	if cc.writers.Add(-1) == 0 && err == nil {
-		err = cc.bw.Flush()
-	}
 	cc.wmu.Unlock()
 	if err != nil {
 		cc.close(err)
@@ -441,6 +429,7 @@ func (cc *h2cConn) write(fn func() error) error {
 func (cc *h2cConn) roundTrip(ctx context.Context, ep *endpoint, h http.Header, payload []byte) (*http.Response, error) {
 	cs := &h2cStream{cc: cc, resp: make(chan struct{}), notify: make(chan struct{}, 1)}
 	var sent bool
+	rest := payload
 	err := cc.write(func() error {
 		cc.mu.Lock()
 		if cc.err != nil || cc.goingAway {
@@ -454,7 +443,14 @@ func (cc *h2cConn) roundTrip(ctx context.Context, ep *endpoint, h http.Header, p
 		maxFrame := int(cc.peerMaxRead)
 		cc.mu.Unlock()
 		sent = true
-		return cc.writeHeaders(cs.id, ep, h, len(payload), maxFrame)
+		if err := cc.writeHeaders(cs.id, ep, h, len(payload), maxFrame); err != nil {
+			return err
+		}
+		// As much of the body as the windows allow (usually all of it)
+		// goes with the headers.
+		var err error
+		rest, err = cc.writeData(cs, rest)
+		return err
 	})
 	if !sent {
 		cc.unreserve()
@@ -464,8 +460,8 @@ func (cc *h2cConn) roundTrip(ctx context.Context, ep *endpoint, h http.Header, p
 		cs.end()
 		return nil, err
 	}
-	if len(payload) > 0 {
-		if err := cc.writeBody(ctx, cs, payload); err != nil {
+	if len(rest) > 0 {
+		if err := cc.writeBody(ctx, cs, rest); err != nil {
 			cs.reset(http2.ErrCodeCancel)
 			return nil, err
 		}
@@ -534,35 +530,49 @@ func (cc *h2cConn) writeHeaders(id uint32, ep *endpoint, h http.Header, bodyLen,
 	return nil
 }
 
-// writeBody writes payload in DATA frames as the send windows allow,
-// waiting (without the write lock) when they are used up.
+// writeData writes as much of payload in DATA frames as the send windows
+// allow and returns the rest. Caller holds wmu.
+func (cc *h2cConn) writeData(cs *h2cStream, payload []byte) ([]byte, error) {
+	for len(payload) > 0 {
+		cc.mu.Lock()
+		if cc.err != nil {
+			err := cc.err
+			cc.mu.Unlock()
+			return payload, err
+		}
+		n := min(int32(len(payload)), cc.sendWindow, cs.sendWindow, int32(cc.peerMaxRead))
+		if n <= 0 {
+			cc.mu.Unlock()
+			return payload, nil
+		}
+		cc.sendWindow -= n
+		cs.sendWindow -= n
+		cc.mu.Unlock()
+		chunk := payload[:n]
+		payload = payload[n:]
+		if err := cc.fr.WriteData(cs.id, len(payload) == 0, chunk); err != nil {
+			return payload, err
+		}
+	}
+	return nil, nil
+}
+
+// writeBody writes the rest of a body as the send windows grow, waiting
+// for them without the write lock.
 func (cc *h2cConn) writeBody(ctx context.Context, cs *h2cStream, payload []byte) error {
 	for len(payload) > 0 {
-		var waitFor chan struct{}
+		cc.mu.Lock()
+		waitFor := cc.windowGrew
+		cc.mu.Unlock()
 		err := cc.write(func() error {
-			cc.mu.Lock()
-			if cc.err != nil {
-				err := cc.err
-				cc.mu.Unlock()
-				return err
-			}
-			n := min(int32(len(payload)), cc.sendWindow, cs.sendWindow, int32(cc.peerMaxRead))
-			if n <= 0 {
-				waitFor = cc.windowGrew
-				cc.mu.Unlock()
-				return nil
-			}
-			cc.sendWindow -= n
-			cs.sendWindow -= n
-			cc.mu.Unlock()
-			chunk := payload[:n]
-			payload = payload[n:]
-			return cc.fr.WriteData(cs.id, len(payload) == 0, chunk)
+			var err error
+			payload, err = cc.writeData(cs, payload)
+			return err
 		})
 		if err != nil {
 			return err
 		}
-		if waitFor != nil {
+		if len(payload) > 0 {
 			select {
 			case <-waitFor:
 			case <-cs.resp: // answered (or reset) before the body was sent

@@ -1,0 +1,118 @@
+package dispatch
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Writes from many goroutines arrive whole and in the order each writer
+// made them; Close sends what is still waiting.
+func TestCoalescingConnKeepsWrites(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan []byte, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCoalescingConn(raw)
+	const writers, each = 8, 500
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				rec := fmt.Appendf(nil, "<%d:%d>", w, i)
+				if n, err := c.Write(rec); n != len(rec) || err != nil {
+					t.Errorf("write: %d %v", n, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := <-got
+	next := make([]int, writers)
+	for len(b) > 0 {
+		end := bytes.IndexByte(b, '>')
+		if b[0] != '<' || end < 0 {
+			t.Fatalf("torn record at %q", b[:min(len(b), 20)])
+		}
+		var w, i int
+		if _, err := fmt.Sscanf(string(b[:end+1]), "<%d:%d>", &w, &i); err != nil {
+			t.Fatalf("record %q: %v", b[:end+1], err)
+		}
+		if i != next[w] {
+			t.Fatalf("writer %d: record %d after %d", w, i, next[w]-1)
+		}
+		next[w]++
+		b = b[end+1:]
+	}
+	for w, n := range next {
+		if n != each {
+			t.Errorf("writer %d: %d records arrived, want %d", w, n, each)
+		}
+	}
+	if _, err := c.Write([]byte("x")); err == nil {
+		t.Error("write after Close succeeded")
+	}
+}
+
+// Once the socket fails, writes fail instead of piling up.
+func TestCoalescingConnStickyError(t *testing.T) {
+	a, b := net.Pipe()
+	c := newCoalescingConn(a)
+	_ = b.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := c.Write([]byte("frame")); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writes kept succeeding after the peer closed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = c.Close()
+}
+
+// Close does not wait for a peer that stopped reading: the writer stuck in
+// a write is unblocked by closing the socket.
+func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
+	a, b := net.Pipe() // synchronous: a write blocks until the other end reads
+	defer b.Close()
+	c := newCoalescingConn(a)
+	if _, err := c.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the writer is now blocked in the pipe
+	done := make(chan error, 1)
+	go func() { done <- c.Close() }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close waited for a peer that does not read")
+	}
+}
