@@ -71,9 +71,6 @@ var errH2CUnprocessed = errors.New("h2c: the gateway did not process the request
 // errH2CPingLost fails the calls of a connection whose ping went unanswered.
 var errH2CPingLost = errors.New("h2c: the gateway did not answer a ping")
 
-// errH2CClosed is returned for calls on a closed transport.
-var errH2CClosed = errors.New("h2c: client closed")
-
 // h2cTransport posts requests over HTTP/2 with prior knowledge. It keeps a
 // pool of connections per gateway address.
 type h2cTransport struct {
@@ -84,9 +81,8 @@ type h2cTransport struct {
 	// it after idleTimeout without calls; checked every tick.
 	pingAfter, pingTimeout, idleTimeout, tick time.Duration
 
-	mu     sync.Mutex
-	pools  map[string]*h2cPool
-	closed bool
+	mu    sync.Mutex
+	pools map[string]*h2cPool
 }
 
 func newH2CTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error), maxConns int) *h2cTransport {
@@ -98,10 +94,7 @@ func newH2CTransport(dial func(ctx context.Context, network, addr string) (net.C
 // them hop-by-hop: Client.headers builds them so) and returns the response
 // once its headers have arrived. The response body must be closed.
 func (t *h2cTransport) post(ctx context.Context, ep *endpoint, h http.Header, payload []byte) (*http.Response, error) {
-	p, err := t.pool(ep.addr)
-	if err != nil {
-		return nil, err
-	}
+	p := t.pool(ep.addr)
 	for attempt := 0; ; attempt++ {
 		cc, err := p.get(ctx)
 		if err != nil {
@@ -115,18 +108,15 @@ func (t *h2cTransport) post(ctx context.Context, ep *endpoint, h http.Header, pa
 	}
 }
 
-func (t *h2cTransport) pool(addr string) (*h2cPool, error) {
+func (t *h2cTransport) pool(addr string) *h2cPool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, errH2CClosed
-	}
 	p := t.pools[addr]
 	if p == nil {
 		p = &h2cPool{t: t, addr: addr, wake: make(chan struct{}), maxStreams: h2cDefaultMaxStreams}
 		t.pools[addr] = p
 	}
-	return p, nil
+	return p
 }
 
 // closeIdle closes the connections that carry no call.
@@ -351,7 +341,10 @@ func (cc *h2cConn) maxStreamsNow() int {
 func (cc *h2cConn) reserve() bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	if cc.err != nil || cc.goingAway || cc.active >= cc.maxStreams || cc.nextID > h2cMaxStreamID {
+	if cc.nextID > h2cMaxStreamID {
+		cc.goingAway = true // closed once its last stream ends
+	}
+	if cc.err != nil || cc.goingAway || cc.active >= cc.maxStreams {
 		return false
 	}
 	cc.active++
