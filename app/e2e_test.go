@@ -34,11 +34,17 @@ type gateway struct {
 	mu       sync.Mutex
 	arrivals map[string][]time.Time
 	headers  map[string]http.Header
+	protos   map[string]int // HTTP major version each request came over
 }
 
 func newGateway(t *testing.T) (*gateway, string) {
-	g := &gateway{arrivals: map[string][]time.Time{}, headers: map[string]http.Header{}}
-	srv := httptest.NewServer(http.HandlerFunc(g.serve))
+	g := &gateway{arrivals: map[string][]time.Time{}, headers: map[string]http.Header{}, protos: map[string]int{}}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(g.serve))
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true) // for dispatch.protocol h2c
+	srv.Config.Protocols = &p
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return g, srv.URL
 }
@@ -55,6 +61,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 	g.mu.Lock()
 	g.arrivals[p.ID] = append(g.arrivals[p.ID], time.Now())
 	g.headers[p.ID] = r.Header.Clone()
+	g.protos[p.ID] = r.ProtoMajor
 	n := len(g.arrivals[p.ID])
 	g.mu.Unlock()
 	if p.SleepMS > 0 {
@@ -188,9 +195,16 @@ func (h *harness) waitResults(n int, within time.Duration) map[string]*message.R
 	return out
 }
 
+// TestEndToEnd runs over HTTP/1.1 and over h2c (sluice's own HTTP/2 client).
 func TestEndToEnd(t *testing.T) {
+	for _, proto := range []string{"http1", "h2c"} {
+		t.Run(proto, func(t *testing.T) { testEndToEnd(t, proto) })
+	}
+}
+
+func testEndToEnd(t *testing.T, proto string) {
 	gw, url := newGateway(t)
-	h := startApp(t, url, 5*time.Second, nil)
+	h := startApp(t, url, 5*time.Second, func(c *config.Config) { c.Dispatch.Protocol = proto })
 	now := time.Now()
 	far := now.Add(time.Minute)
 	enqueue := func(b []byte) {
@@ -245,6 +259,9 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if dl := h.mem.DeadLetters(e2eQueue); len(dl) != 1 {
 		t.Errorf("dead letters: %d, want 1", len(dl))
+	}
+	if want := map[string]int{"http1": 1, "h2c": 2}[proto]; gw.protos["ok"] != want {
+		t.Errorf("request came over HTTP/%d, want HTTP/%d", gw.protos["ok"], want)
 	}
 	// Deadline propagated as headers.
 	hd := gw.headers["ok"]
