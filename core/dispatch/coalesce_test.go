@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// Writes from many goroutines arrive whole and in the order each writer
-// made them; Close sends what is still waiting.
+// Writes from many goroutines, each flushing now and then, arrive whole
+// and in the order each writer made them; Close sends what is still
+// waiting.
 func TestCoalescingConnKeepsWrites(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -42,6 +43,12 @@ func TestCoalescingConnKeepsWrites(t *testing.T) {
 				if n, err := c.Write(rec); n != len(rec) || err != nil {
 					t.Errorf("write: %d %v", n, err)
 					return
+				}
+				if i%3 == 0 {
+					if err := c.Flush(); err != nil {
+						t.Errorf("flush: %v", err)
+						return
+					}
 				}
 			}
 		})
@@ -77,7 +84,7 @@ func TestCoalescingConnKeepsWrites(t *testing.T) {
 	}
 }
 
-// Once the socket fails, writes fail instead of piling up.
+// Once the socket fails, flushes and writes fail instead of piling up.
 func TestCoalescingConnStickyError(t *testing.T) {
 	a, b := net.Pipe()
 	c := newCoalescingConn(a)
@@ -85,6 +92,12 @@ func TestCoalescingConnStickyError(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, err := c.Write([]byte("frame")); err != nil {
+			break
+		}
+		if err := c.Flush(); err != nil {
+			if _, err := c.Write([]byte("more")); err == nil {
+				t.Fatal("write after a failed flush succeeded")
+			}
 			break
 		}
 		if time.Now().After(deadline) {
@@ -96,7 +109,7 @@ func TestCoalescingConnStickyError(t *testing.T) {
 }
 
 // Close does not wait for a peer that stopped reading: the writer stuck in
-// a write is unblocked by closing the socket.
+// a write is unblocked by the write deadline Close sets.
 func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
 	a, b := net.Pipe() // synchronous: a write blocks until the other end reads
 	defer b.Close()
@@ -104,10 +117,11 @@ func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
 	if _, err := c.Write([]byte("first")); err != nil {
 		t.Fatal(err)
 	}
+	go func() { _ = c.Flush() }()
+	time.Sleep(20 * time.Millisecond) // the flush is now blocked in the pipe
 	if _, err := c.Write([]byte("second")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond) // the writer is now blocked in the pipe
 	done := make(chan error, 1)
 	go func() { done <- c.Close() }()
 	select {

@@ -28,9 +28,10 @@ import (
 // thousands of one-second calls in flight on a small host its CPU and its
 // goroutines' stacks were the largest cost of a request (docs/benchmarks.md).
 // Here a call costs no goroutine: the caller writes its frames under the
-// connection's write lock into a coalescingConn (whose writer sends what
-// many calls wrote in one system call) and one read loop per connection
-// hands each stream its answer.
+// connection's write lock into a coalescingConn and then flushes it (sending
+// in one system call what other calls wrote meanwhile, or leaving its frames
+// to the call already writing), and one read loop per connection hands each
+// stream its answer.
 //
 // Semantics kept from net/http: streams beyond the server's
 // SETTINGS_MAX_CONCURRENT_STREAMS go to another connection (dialled when
@@ -247,9 +248,9 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		closed:      make(chan struct{}),
 	}
 	// Frames are written to a coalescingConn: each Write (one frame) is a
-	// copy into its buffer, and its writer sends them in batches.
+	// copy into its buffer; write flushes it.
 	wc := newCoalescingConn(nc)
-	cc.nc = wc
+	cc.nc, cc.wc = wc, wc
 	cc.fr = http2.NewFramer(wc, bufio.NewReaderSize(nc, 16<<10))
 	cc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	cc.fr.MaxHeaderListSize = h2cMaxHeaderList
@@ -274,6 +275,9 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		if err := cc.fr.WriteWindowUpdate(0, h2cConnWindow-65535); err != nil {
 			return err
 		}
+		if err := wc.Flush(); err != nil {
+			return err
+		}
 		f, err := cc.fr.ReadFrame()
 		if err != nil {
 			return err
@@ -285,7 +289,10 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		if err := cc.applySettings(sf); err != nil {
 			return err
 		}
-		return cc.fr.WriteSettingsAck()
+		if err := cc.fr.WriteSettingsAck(); err != nil {
+			return err
+		}
+		return wc.Flush()
 	}()
 	if err != nil {
 		_ = wc.Close()
@@ -303,6 +310,7 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 type h2cConn struct {
 	pool *h2cPool
 	nc   net.Conn
+	wc   *coalescingConn // nc, for writing
 
 	// Writing: frames are written under wmu; the framer's writing side and
 	// the HPACK encoder belong to whoever holds it.
@@ -405,12 +413,15 @@ func (cc *h2cConn) close(err error) {
 	})
 }
 
-// write runs fn (which writes frames) under the write lock. A write error
-// fails the connection.
+// write runs fn (which writes frames) under the write lock, then flushes
+// (see coalescingConn). A write error fails the connection.
 func (cc *h2cConn) write(fn func() error) error {
 	cc.wmu.Lock()
 	err := fn()
 	cc.wmu.Unlock()
+	if err == nil {
+		err = cc.wc.Flush()
+	}
 	if err != nil {
 		cc.close(err)
 	}
