@@ -28,10 +28,13 @@ const HeaderOff = "off"
 type Config struct {
 	// MaxConns is the number of idle keep-alive connections kept per gateway
 	// host (http.Transport.MaxIdleConnsPerHost); size it to the concurrency of
-	// the queues sharing a gateway. Default 64.
+	// the queues sharing a gateway. Default 64. It does not apply to h2c,
+	// whose connections each carry as many calls as the gateway allows and
+	// close after 90 s without one.
 	MaxConns int
 	// MaxConnsPerHost caps the connections (idle, active and dialing) to one
-	// gateway host; a call waits for a free connection when the cap is reached.
+	// gateway host; a call waits for a free connection (with h2c: a free
+	// stream on one) when the cap is reached.
 	// 0, the default, means no cap: concurrency is enforced by the pipeline's
 	// credits, and a cap here would only add a hidden queue.
 	MaxConnsPerHost int
