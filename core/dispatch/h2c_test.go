@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -205,5 +208,34 @@ func doConcurrently(t *testing.T, c *Client, target Target, req *message.Request
 		if o := <-done; o.Class != Success {
 			t.Fatalf("outcome %v %d %v", o.Class, o.StatusCode, o.Err)
 		}
+	}
+}
+
+// A body larger than the gateway's receive windows goes out as they open;
+// a header block larger than a frame goes out in CONTINUATION frames;
+// informational answers are skipped and trailers end the body.
+func TestH2CLargeRequestsAndAnswerShapes(t *testing.T) {
+	body := bytes.Repeat([]byte("abcdefgh"), (5<<20)/8) // 5 MiB: several windows' worth
+	big := strings.Repeat("v", 40<<10)                  // beyond one 16 KiB frame
+	url, _ := h2cServer(t, 0, func(w http.ResponseWriter, r *http.Request) {
+		got, err := io.ReadAll(r.Body)
+		if err != nil || !bytes.Equal(got, body) || r.Header.Get("X-Big") != big {
+			http.Error(w, fmt.Sprintf("got %d body bytes, X-Big of %d: %v", len(got), len(r.Header.Get("X-Big")), err), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte(`{"ok":true}`))
+		w.Header().Set("X-Checksum", "abc")
+	})
+	c := newClient(t, Config{Protocol: ProtocolH2C})
+	req := newRequest(time.Minute)
+	req.Payload = body
+	req.Headers = map[string]string{"X-Big": big}
+	out := c.Do(t.Context(), Target{BaseURL: url}, req)
+	if out.Class != Success || string(out.Body) != `{"ok":true}` {
+		t.Fatalf("%v %d %q %v", out.Class, out.StatusCode, out.Body, out.Err)
 	}
 }
