@@ -57,8 +57,12 @@ const (
 	// 100 as well).
 	h2cDefaultMaxStreams = 100
 	// h2cMaxStreamID: a connection stops taking streams near the end of the
-	// stream ID space and a new one is dialled.
-	h2cMaxStreamID = 1<<31 - 1 - 2
+	// stream ID space (leaving room for the streams already reserved: at
+	// most h2cMaxStreams) and a new one is dialled.
+	h2cMaxStreamID = 1<<31 - 1 - 2*h2cMaxStreams
+	// h2cMaxStreams caps the streams one connection carries at once,
+	// whatever the gateway allows.
+	h2cMaxStreams = 1 << 20
 	// h2cRetries bounds how often a request the server did not process is
 	// sent again.
 	h2cRetries = 3
@@ -178,10 +182,15 @@ func (p *h2cPool) get(ctx context.Context) (*h2cConn, error) {
 				return nil, err
 			}
 			p.conns = append(p.conns, cc)
-			if cc.maxStreamsNow() > 0 {
-				p.maxStreams = cc.maxStreamsNow()
-			}
 			p.wakeLocked()
+			n := cc.maxStreamsNow()
+			if n == 0 {
+				// Allowed by the protocol (the gateway may raise it later),
+				// but dialling more would not help this call.
+				p.mu.Unlock()
+				return nil, fmt.Errorf("h2c: %s allows no streams (SETTINGS_MAX_CONCURRENT_STREAMS 0)", p.addr)
+			}
+			p.maxStreams = n
 			continue
 		}
 		wake := p.wake
@@ -695,7 +704,7 @@ func (cc *h2cConn) applySettings(f *http2.SettingsFrame) error {
 		switch s.ID {
 		case http2.SettingMaxConcurrentStreams:
 			cc.mu.Lock()
-			cc.maxStreams = int(min(s.Val, 1<<20))
+			cc.maxStreams = int(min(s.Val, h2cMaxStreams))
 			cc.mu.Unlock()
 		case http2.SettingInitialWindowSize:
 			cc.mu.Lock()
