@@ -83,19 +83,27 @@ func benchDoProto(b *testing.B, url, protocol string) {
 // rawServer serves every request with benchResponse and returns its URL.
 func rawServer(tb testing.TB) string {
 	tb.Helper()
+	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(benchResponse)) + "\r\n\r\n" + benchResponse)
+	return "http://" + serveLoopback(tb, func(conn net.Conn, _ int) { serveRaw(conn, resp) })
+}
+
+// serveLoopback listens on a loopback port and runs serve for each
+// connection accepted (n counts them from 0). When the test ends it stops
+// listening, closes the connections and waits for serve to return.
+func serveLoopback(tb testing.TB, serve func(conn net.Conn, n int)) string {
+	tb.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-		strconv.Itoa(len(benchResponse)) + "\r\n\r\n" + benchResponse)
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
 		conns []net.Conn
 	)
 	wg.Go(func() {
-		for {
+		for n := 0; ; n++ {
 			conn, err := l.Accept()
 			if err != nil {
 				return
@@ -103,7 +111,7 @@ func rawServer(tb testing.TB) string {
 			mu.Lock()
 			conns = append(conns, conn)
 			mu.Unlock()
-			wg.Go(func() { serveRaw(conn, resp) })
+			wg.Go(func() { serve(conn, n) })
 		}
 	})
 	tb.Cleanup(func() {
@@ -115,7 +123,7 @@ func rawServer(tb testing.TB) string {
 		mu.Unlock()
 		wg.Wait()
 	})
-	return "http://" + l.Addr().String()
+	return l.Addr().String()
 }
 
 func serveRaw(conn net.Conn, resp []byte) {

@@ -246,7 +246,6 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 	}
 	cc := &h2cConn{
 		pool:        p,
-		nc:          nc,
 		streams:     map[uint32]*h2cStream{},
 		nextID:      1,
 		maxStreams:  h2cDefaultMaxStreams,
@@ -259,7 +258,7 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 	// Frames are written to a coalescingConn: each Write (one frame) is a
 	// copy into its buffer; write flushes it.
 	wc := newCoalescingConn(nc)
-	cc.nc, cc.wc = wc, wc
+	cc.wc = wc
 	cc.fr = http2.NewFramer(wc, bufio.NewReaderSize(nc, 16<<10))
 	cc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	cc.fr.MaxHeaderListSize = h2cMaxHeaderList
@@ -318,8 +317,7 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 // h2cConn is one HTTP/2 connection.
 type h2cConn struct {
 	pool *h2cPool
-	nc   net.Conn
-	wc   *coalescingConn // nc, for writing
+	wc   *coalescingConn // the socket
 
 	// Writing: frames are written under wmu; the framer's writing side and
 	// the HPACK encoder belong to whoever holds it.
@@ -414,7 +412,7 @@ func (cc *h2cConn) close(err error) {
 		cc.windowGrew = make(chan struct{})
 		cc.mu.Unlock()
 		close(cc.closed)
-		_ = cc.nc.Close()
+		_ = cc.wc.Close()
 		for _, cs := range streams {
 			cs.fail(fmt.Errorf("h2c connection to %s: %w", cc.pool.addr, err), true)
 		}
@@ -493,7 +491,7 @@ func (cc *h2cConn) roundTrip(ctx context.Context, ep *endpoint, h http.Header, p
 		return nil, err
 	}
 	return &http.Response{
-		Status:        strconv.Itoa(cs.status) + " " + http.StatusText(cs.status),
+		// Status (the text) is left empty: Client.response reads StatusCode.
 		StatusCode:    cs.status,
 		Proto:         "HTTP/2.0",
 		ProtoMajor:    2,

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,53 +29,31 @@ type rawConn struct {
 // The connection is closed when serve returns.
 func scriptedServer(t *testing.T, serve func(c *rawConn, n int)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		_ = ln.Close()
-		mu.Lock()
-		for _, nc := range conns {
-			_ = nc.Close()
+	return "http://" + serveLoopback(t, func(nc net.Conn, n int) {
+		defer nc.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(nc, preface); err != nil || string(preface) != http2.ClientPreface {
+			t.Errorf("preface %q: %v", preface, err)
+			return
 		}
-		mu.Unlock()
-		wg.Wait()
+		c := &rawConn{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
+		c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		c.henc = hpack.NewEncoder(&c.hbuf)
+		if err := c.fr.WriteSettings(); err != nil {
+			return
+		}
+		serve(c, n)
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for n := 0; ; n++ {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer nc.Close()
-				preface := make([]byte, len(http2.ClientPreface))
-				if _, err := io.ReadFull(nc, preface); err != nil || string(preface) != http2.ClientPreface {
-					t.Errorf("preface %q: %v", preface, err)
-					return
-				}
-				c := &rawConn{t: t, nc: nc, fr: http2.NewFramer(nc, nc)}
-				c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-				c.henc = hpack.NewEncoder(&c.hbuf)
-				if err := c.fr.WriteSettings(); err != nil {
-					return
-				}
-				serve(c, n)
-			}()
+}
+
+// drain reads and ignores frames (acknowledging nothing) until the client
+// closes the connection.
+func (c *rawConn) drain() {
+	for {
+		if _, err := c.fr.ReadFrame(); err != nil {
+			return
 		}
-	}()
-	return "http://" + ln.Addr().String()
+	}
 }
 
 // readRequest reads frames until a request has arrived whole and returns
@@ -163,13 +140,7 @@ func TestH2CGoAway(t *testing.T) {
 			_ = c.fr.WriteGoAway(first, http2.ErrCodeNo, nil)
 			time.Sleep(50 * time.Millisecond)
 			c.respond(first, 200, "first")
-			// Keep the connection until the client closes it (it has
-			// nothing left on it).
-			for {
-				if _, err := c.fr.ReadFrame(); err != nil {
-					return
-				}
-			}
+			c.drain() // until the client closes it: it has nothing left on it
 		}
 		for {
 			id, _ := c.readRequest()
@@ -233,12 +204,7 @@ func TestH2CConnectionLost(t *testing.T) {
 func TestH2CPingTimeout(t *testing.T) {
 	url := scriptedServer(t, func(c *rawConn, _ int) {
 		c.readRequest()
-		// Answer nothing, acknowledge no ping, until the client hangs up.
-		for {
-			if _, err := c.fr.ReadFrame(); err != nil {
-				return
-			}
-		}
+		c.drain() // answer nothing, acknowledge no ping
 	})
 	c := newClient(t, Config{Protocol: ProtocolH2C})
 	c.h2c.pingAfter, c.h2c.pingTimeout, c.h2c.tick = 100*time.Millisecond, 200*time.Millisecond, 20*time.Millisecond
