@@ -492,7 +492,7 @@ func (cc *h2cConn) roundTrip(ctx context.Context, ep *endpoint, h http.Header, p
 	}
 	return &http.Response{
 		// Status (the text) is left empty: Client.response reads StatusCode.
-		StatusCode:    cs.status,
+		StatusCode:    status,
 		Proto:         "HTTP/2.0",
 		ProtoMajor:    2,
 		Header:        cs.header,
