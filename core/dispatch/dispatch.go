@@ -11,6 +11,10 @@
 // Do is on the per-message path: targets and endpoint URLs are parsed once
 // and cached, headers are built without per-header allocations, and redirects
 // are not followed (the transport is used directly, without http.Client).
+//
+// HTTP/1.1 and https gateways go through net/http's Transport; http gateways
+// under ProtocolH2C through sluice's own HTTP/2 client (h2c.go), which costs
+// no goroutine per call and gathers concurrent calls' frames into few writes.
 package dispatch
 
 import (
