@@ -157,7 +157,43 @@ func TestH2CCancelResetsStream(t *testing.T) {
 
 // Closing the client closes its idle connections.
 func TestH2CCloseIdle(t *testing.T) {
-	var open atomic.Int32
+	url, open := h2cServerOpenConns(t)
+	c, err := New(Config{Protocol: ProtocolH2C})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := c.Do(t.Context(), Target{BaseURL: url}, newRequest(time.Minute)); out.Class != Success {
+		t.Fatalf("%v %v", out.Class, out.Err)
+	}
+	if open.Load() != 1 {
+		t.Fatalf("%d connections open", open.Load())
+	}
+	c.Close()
+	waitFor(t, "the connection to close", func() bool { return open.Load() == 0 })
+}
+
+// A connection without calls for the idle timeout is closed.
+func TestH2CIdleTimeout(t *testing.T) {
+	url, open := h2cServerOpenConns(t)
+	c := newClient(t, Config{Protocol: ProtocolH2C})
+	c.h2c.idleTimeout, c.h2c.tick = 150*time.Millisecond, 20*time.Millisecond
+	if out := c.Do(t.Context(), Target{BaseURL: url}, newRequest(time.Minute)); out.Class != Success {
+		t.Fatalf("%v %v", out.Class, out.Err)
+	}
+	if open.Load() != 1 {
+		t.Fatalf("%d connections open after the call", open.Load())
+	}
+	waitFor(t, "the idle connection to close", func() bool { return open.Load() == 0 })
+	if out := c.Do(t.Context(), Target{BaseURL: url}, newRequest(time.Minute)); out.Class != Success {
+		t.Fatalf("call after the idle close: %v %v", out.Class, out.Err)
+	}
+}
+
+// h2cServerOpenConns serves empty answers over h2c and counts the
+// connections open at the moment.
+func h2cServerOpenConns(t *testing.T) (string, *atomic.Int32) {
+	t.Helper()
+	open := new(atomic.Int32)
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
@@ -172,18 +208,7 @@ func TestH2CCloseIdle(t *testing.T) {
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
-	c, err := New(Config{Protocol: ProtocolH2C})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out := c.Do(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute)); out.Class != Success {
-		t.Fatalf("%v %v", out.Class, out.Err)
-	}
-	if open.Load() != 1 {
-		t.Fatalf("%d connections open", open.Load())
-	}
-	c.Close()
-	waitFor(t, "the connection to close", func() bool { return open.Load() == 0 })
+	return srv.URL, open
 }
 
 // waitFor polls cond for up to 5 s.
