@@ -73,6 +73,10 @@ const (
 // errH2CUnprocessed marks a request the server did not process: it may be sent again.
 var errH2CUnprocessed = errors.New("h2c: the gateway did not process the request")
 
+// errH2CNotSpoken is the handshake error with a gateway that answered the
+// HTTP/2 preface in HTTP/1.1.
+var errH2CNotSpoken = errors.New("the gateway answered in HTTP/1.1: it does not accept HTTP/2 with prior knowledge (set dispatch.protocol to http1)")
+
 // errH2CPingLost fails the calls of a connection whose ping went unanswered.
 var errH2CPingLost = errors.New("h2c: the gateway did not answer a ping")
 
@@ -259,7 +263,8 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 	// copy into its buffer; write flushes it.
 	wc := newCoalescingConn(nc)
 	cc.wc = wc
-	cc.fr = http2.NewFramer(wc, bufio.NewReaderSize(nc, 16<<10))
+	br := bufio.NewReaderSize(nc, 16<<10)
+	cc.fr = http2.NewFramer(wc, br)
 	cc.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	cc.fr.MaxHeaderListSize = h2cMaxHeaderList
 	cc.henc = hpack.NewEncoder(&cc.hbuf)
@@ -285,6 +290,11 @@ func (p *h2cPool) dialConn(ctx context.Context) (*h2cConn, error) {
 		}
 		if err := wc.Flush(); err != nil {
 			return err
+		}
+		// A gateway that does not speak HTTP/2 with prior knowledge answers
+		// the preface with an HTTP/1.1 error: say so plainly.
+		if b, err := br.Peek(len("HTTP/1.")); err == nil && string(b) == "HTTP/1." {
+			return errH2CNotSpoken
 		}
 		f, err := cc.fr.ReadFrame()
 		if err != nil {

@@ -211,6 +211,18 @@ func h2cServerOpenConns(t *testing.T) (string, *atomic.Int32) {
 	return srv.URL, open
 }
 
+// A gateway that speaks only HTTP/1.1 fails the call with an error that
+// says so (and how to fix it), not with a framing error.
+func TestH2CGatewayWithoutH2C(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(srv.Close)
+	c := newClient(t, Config{Protocol: ProtocolH2C})
+	out := c.Do(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute))
+	if out.Class != Retryable || !errors.Is(out.Err, errH2CNotSpoken) || !strings.Contains(out.Err.Error(), "http1") {
+		t.Fatalf("%v %v, want Retryable naming dispatch.protocol http1", out.Class, out.Err)
+	}
+}
+
 // waitFor polls cond for up to 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
