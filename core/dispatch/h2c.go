@@ -871,8 +871,9 @@ func (cs *h2cStream) gotHeaders(f *http2.MetaHeadersFrame) {
 func (cs *h2cStream) gotData(data []byte, end bool) bool {
 	cs.mu.Lock()
 	if cs.err != nil || !cs.gotResp {
+		early := cs.err == nil // DATA before any response headers
 		cs.mu.Unlock()
-		if !cs.gotResp && cs.err == nil {
+		if early {
 			cs.fail(errors.New("h2c: DATA before the response headers"), false)
 		}
 		return false
@@ -880,10 +881,7 @@ func (cs *h2cStream) gotData(data []byte, end bool) bool {
 	cs.buf = append(cs.buf, data...)
 	cs.eof = cs.eof || end
 	cs.mu.Unlock()
-	select {
-	case cs.notify <- struct{}{}:
-	default:
-	}
+	cs.wake()
 	if end {
 		cs.end()
 	}
@@ -905,16 +903,21 @@ func (cs *h2cStream) fail(err error, connGone bool) {
 	}
 	unread := cs.dropBuffer()
 	cs.mu.Unlock()
-	select {
-	case cs.notify <- struct{}{}:
-	default:
-	}
+	cs.wake()
 	if connGone {
 		cs.release()
 		return
 	}
 	_ = cs.cc.consumed(nil, unread)
 	cs.end()
+}
+
+// wake tells a reader waiting in h2cBody.Read to look again.
+func (cs *h2cStream) wake() {
+	select {
+	case cs.notify <- struct{}{}:
+	default:
+	}
 }
 
 // reset cancels the stream: RST_STREAM to the server (unless the server
