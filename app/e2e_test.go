@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -40,10 +41,7 @@ type gateway struct {
 func newGateway(t *testing.T) (*gateway, string) {
 	g := &gateway{arrivals: map[string][]time.Time{}, headers: map[string]http.Header{}, protos: map[string]int{}}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(g.serve))
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true) // for dispatch.protocol h2c
-	srv.Config.Protocols = &p
+	srv.Config.Protocols = simulator.ServerProtocols() // HTTP/1.1 and h2c
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return g, srv.URL

@@ -1,15 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-io/sluice/simulator"
 )
 
 // The concurrency scenarios' shape: requests in all, inFlight at once.
@@ -35,49 +35,28 @@ func concurrencyBaseline(ctx context.Context, protocol string) (figures, error) 
 		return nil, err
 	}
 	defer gw.stop()
-	var p http.Protocols
-	switch protocol {
-	case "h2c":
-		p.SetUnencryptedHTTP2(true)
-	case "http1":
-		p.SetHTTP1(true)
-	default:
-		return nil, fmt.Errorf("baseline: protocol %q", protocol)
+	tr, err := clientTransport(protocol, concurrencyInFlight)
+	if err != nil {
+		return nil, fmt.Errorf("baseline: %w", err)
 	}
-	tr := &http.Transport{Protocols: &p, DisableCompression: true, MaxIdleConnsPerHost: concurrencyInFlight}
 	defer tr.CloseIdleConnections()
-	url := gw.url + "/v1/completions"
+	url := gw.url + simulator.PathCompletions
 	// The same body and headers sluice sends in the scenario.
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":8}`)
-	deadline := strconv.FormatInt(time.Now().Add(10*time.Minute).UnixMilli(), 10)
+	header := http.Header{
+		"Content-Type":           {"application/json"},
+		simulator.HeaderDeadline: {strconv.FormatInt(time.Now().Add(10*time.Minute).UnixMilli(), 10)},
+	}
 
 	var next, failed atomic.Int64
 	var once sync.Once
 	var firstErr error
-	call := func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header["Content-Type"] = []string{"application/json"}
-		req.Header["X-Request-Deadline"] = []string{deadline}
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return err
-	}
 	start, cpu0 := time.Now(), cpuSeconds()
 	var wg sync.WaitGroup
 	for range concurrencyInFlight {
 		wg.Go(func() {
 			for next.Add(1) <= concurrencyRequests && ctx.Err() == nil {
-				if err := call(); err != nil {
+				if err := post(ctx, tr, url, body, header); err != nil {
 					failed.Add(1)
 					once.Do(func() { firstErr = err })
 				}

@@ -204,43 +204,18 @@ func (g *gatewayProcess) cpu() float64 {
 // warmUp sends n concurrent requests of 200 ms to the gateway over protocol
 // ("http1" or "h2c") and waits for them, then resets the counters.
 func (g *gateway) warmUp(n int, protocol string) error {
-	var rt http.RoundTripper
-	switch protocol {
-	case "http1":
-		tr := &http.Transport{MaxIdleConnsPerHost: n, DisableCompression: true}
-		defer tr.CloseIdleConnections()
-		rt = tr
-	case "h2c":
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		tr := &http.Transport{Protocols: &p, DisableCompression: true}
-		defer tr.CloseIdleConnections()
-		rt = tr
-	default:
-		return fmt.Errorf("protocol %q", protocol)
+	tr, err := clientTransport(protocol, n)
+	if err != nil {
+		return err
 	}
-	client := &http.Client{Transport: rt, Timeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	body := []byte(`{"model":"m","prompt":"warm-up","max_tokens":1}`)
+	header := http.Header{"Content-Type": {"application/json"}, simulator.HeaderLatencyMS: {"200"}}
 	errs := make(chan error, n)
 	for range n {
-		go func() {
-			req, err := http.NewRequest(http.MethodPost, g.url+"/v1/completions", bytes.NewReader(body))
-			if err != nil {
-				errs <- err
-				return
-			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(simulator.HeaderLatencyMS, "200")
-			resp, err := client.Do(req)
-			if err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-			}
-			errs <- err
-		}()
+		go func() { errs <- post(ctx, tr, g.url+simulator.PathCompletions, body, header) }()
 	}
 	var first error
 	for range n {
@@ -258,4 +233,42 @@ func (g *gateway) warmUp(n int, protocol string) error {
 	g.servedNs.Store(0)
 	g.served.Store(0)
 	return first
+}
+
+// clientTransport is a plain net/http Transport speaking protocol to a
+// gateway child: "http1", or "h2c" (HTTP/2 with prior knowledge). It keeps
+// up to maxIdle idle HTTP/1.1 connections.
+func clientTransport(protocol string, maxIdle int) (*http.Transport, error) {
+	var p http.Protocols
+	switch protocol {
+	case "http1":
+		p.SetHTTP1(true)
+	case "h2c":
+		p.SetUnencryptedHTTP2(true)
+	default:
+		return nil, fmt.Errorf("protocol %q", protocol)
+	}
+	return &http.Transport{Protocols: &p, DisableCompression: true, MaxIdleConnsPerHost: maxIdle}, nil
+}
+
+// post POSTs body to url with header (shared, read-only) and reads the
+// answer to its end; an answer other than 200 is an error.
+func post(ctx context.Context, rt http.RoundTripper, url string, body []byte, header http.Header) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header = header
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }

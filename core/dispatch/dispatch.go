@@ -160,7 +160,8 @@ func (c *Client) target(t Target) (*preparedTarget, error) {
 		return nil, fmt.Errorf("dispatch: %w", err)
 	}
 	pt.names = c.http1Names
-	if c.cfg.Protocol == ProtocolH2C && pt.base.Scheme == "http" {
+	if c.h2c != nil && pt.base.Scheme == "http" {
+		pt.h2c = true
 		pt.names = c.http2Names
 	}
 	return c.targets.store(t, pt), nil
@@ -214,7 +215,7 @@ func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome
 
 	h, refused := c.headers(pt, req, dl, effective, now)
 	var resp *http.Response
-	if c.h2c != nil && ep.u.Scheme == "http" {
+	if pt.h2c {
 		resp, err = c.h2c.post(callCtx, ep, h, req.Payload)
 	} else {
 		resp, err = c.rt.RoundTrip(c.newRequest(callCtx, ep, h, req.Payload))

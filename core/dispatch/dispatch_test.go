@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/simulator"
 )
 
 // newClient returns a client closed when the test ends.
@@ -35,21 +36,13 @@ func newClient(t testing.TB, cfg Config) *Client {
 func newServer(t testing.TB, h http.HandlerFunc) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
-	srv.Config.Protocols = bothServerProtocols()
+	srv.Config.Protocols = simulator.ServerProtocols()
 	srv.Start()
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
 	return srv
-}
-
-// bothServerProtocols are HTTP/1.1 and h2c.
-func bothServerProtocols() *http.Protocols {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	return &p
 }
 
 // bothProtocols runs test over HTTP/1.1 (net/http's client) and over h2c
@@ -693,7 +686,7 @@ func testConnectionReuse(t *testing.T, proto string) {
 			_, _ = io.WriteString(w, "chunk-2")
 		}
 	}))
-	srv.Config.Protocols = bothServerProtocols()
+	srv.Config.Protocols = simulator.ServerProtocols()
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)

@@ -16,11 +16,10 @@ const (
 )
 
 // wireNames are the names Do writes its own headers under. Over HTTP/1.1
-// they are canonical, as net/http writes them. Where a request is sure to go
-// out over HTTP/2 (h2c to an http gateway) they are lower case: HTTP/2 sends
-// names in lower case, and net/http's encoder would otherwise lower-case (and
-// allocate) every name that is not one of its common ones on every request.
-// The bytes on the wire are the same either way.
+// they are canonical, as net/http writes them. For targets that go through
+// the h2c client they are lower case, as HTTP/2 requires: that client writes
+// names as it gets them (forwarded message headers are lowered too, see
+// Client.lower).
 type wireNames struct {
 	lower                                               bool
 	contentType, objective, fairness, deadline, timeout string

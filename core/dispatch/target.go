@@ -61,6 +61,7 @@ type preparedTarget struct {
 	objective string
 	endpoints cowMap[string, *endpoint]
 	names     *wireNames // set by Client.target
+	h2c       bool       // calls go through the h2c client; set by Client.target
 }
 
 func prepareTarget(t Target) (*preparedTarget, error) {
