@@ -40,12 +40,12 @@ lint: vet
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/message
 
-## proto: regenerate plugins/proto/*.pb.go from gate.proto (needs protoc, e.g. Debian
+## proto: regenerate plugins/gatepb/*.pb.go from gate.proto (needs protoc, e.g. Debian
 ## protobuf-compiler, and the two generators at the versions the committed code was made with)
 proto:
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
-	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I plugins/proto \
-		--go_out=plugins/proto --go_opt=paths=source_relative \
-		--go-grpc_out=plugins/proto --go-grpc_opt=paths=source_relative \
-		plugins/proto/gate.proto
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I plugins/gatepb \
+		--go_out=plugins/gatepb --go_opt=paths=source_relative \
+		--go-grpc_out=plugins/gatepb --go-grpc_opt=paths=source_relative \
+		plugins/gatepb/gate.proto

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -23,7 +23,7 @@ type admitGate struct {
 
 func (g *admitGate) Budget(context.Context) (float64, error) { return 1, nil }
 
-func (g *admitGate) Admit(_ context.Context, req *message.Request) (gate.Decision, error) {
+func (g *admitGate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.seen[req.ID] = append(g.seen[req.ID], req.RetryCount)
@@ -62,19 +62,19 @@ func TestAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := h.waitResults(4, 10*time.Second)
-	if r := res["ok-1"]; r.ErrorCode != message.CodeNone {
+	if r := res["ok-1"]; r.ErrorCode != wire.CodeNone {
 		t.Errorf("ok-1: %+v", r)
 	}
-	if r := res["no-1"]; r.ErrorCode != message.CodeGateDropped || !strings.Contains(r.ErrorMessage, "tenant over quota") {
+	if r := res["no-1"]; r.ErrorCode != wire.CodeGateDropped || !strings.Contains(r.ErrorMessage, "tenant over quota") {
 		t.Errorf("no-1: %+v", r)
 	}
 	if n := len(gw.attempts("no-1")); n != 0 {
 		t.Errorf("rejected request dispatched %d times", n)
 	}
-	if r := res["later-1"]; r.ErrorCode != message.CodeNone {
+	if r := res["later-1"]; r.ErrorCode != wire.CodeNone {
 		t.Errorf("later-1: %+v", r)
 	}
-	if r := res["later-2"]; r.ErrorCode != message.CodeDeadlineExceeded {
+	if r := res["later-2"]; r.ErrorCode != wire.CodeDeadlineExceeded {
 		t.Errorf("later-2: %+v", r)
 	}
 	ag.mu.Lock()

@@ -14,8 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/message"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -188,22 +188,22 @@ func RunDemo(ctx context.Context, o DemoOptions) (DemoSummary, error) {
 
 	seen := map[string]int{}
 	for _, b := range mem.Results(demoResults) {
-		r, err := message.DecodeResult(b)
+		r, err := wire.DecodeResult(b)
 		if err != nil {
 			return sum, fmt.Errorf("demo: unreadable result: %w", err)
 		}
 		seen[r.ID]++
 		sum.Results++
 		switch r.ErrorCode {
-		case message.CodeNone:
+		case wire.CodeNone:
 			sum.Succeeded++
-		case message.CodeDeadlineExceeded:
+		case wire.CodeDeadlineExceeded:
 			sum.DeadlineExceeded++
-		case message.CodeInvalidRequest:
+		case wire.CodeInvalidRequest:
 			sum.Invalid++
-		case message.CodeCancelled:
+		case wire.CodeCancelled:
 			sum.Cancelled++
-		case message.CodeGateDropped:
+		case wire.CodeGateDropped:
 			sum.GateDropped++
 		default:
 			sum.Failed++

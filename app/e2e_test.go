@@ -15,9 +15,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -165,7 +165,7 @@ func (h *harness) shutdown() error {
 }
 
 // waitResults waits until n results exist and returns them by id.
-func (h *harness) waitResults(n int, within time.Duration) map[string]*message.Result {
+func (h *harness) waitResults(n int, within time.Duration) map[string]*wire.Result {
 	h.t.Helper()
 	deadline := time.After(within)
 	for {
@@ -179,9 +179,9 @@ func (h *harness) waitResults(n int, within time.Duration) map[string]*message.R
 			h.t.Fatalf("got %d results, want %d within %s", c, n, within)
 		}
 	}
-	out := map[string]*message.Result{}
+	out := map[string]*wire.Result{}
 	for _, b := range h.mem.Results(e2eResults) {
-		r, err := message.DecodeResult(b)
+		r, err := wire.DecodeResult(b)
 		if err != nil {
 			h.t.Fatalf("undecodable result %s: %v", b, err)
 		}
@@ -223,7 +223,7 @@ func testEndToEnd(t *testing.T, proto string) {
 	if r := res["ok"]; r.ErrorCode != "" || r.StatusCode != 200 || r.Payload != `{"id":"cmpl-ok","choices":[{"text":"ok"}]}` || r.Metadata["request_index"] != "ok" {
 		t.Errorf("ok: %+v", r)
 	}
-	if r := res["fatal"]; r.ErrorCode != message.CodeInferenceError || r.StatusCode != 404 || r.Payload != `{"error":"scripted"}` {
+	if r := res["fatal"]; r.ErrorCode != wire.CodeInferenceError || r.StatusCode != 404 || r.Payload != `{"error":"scripted"}` {
 		t.Errorf("fatal: %+v", r)
 	}
 	if n := len(gw.attempts("fatal")); n != 1 {
@@ -243,16 +243,16 @@ func testEndToEnd(t *testing.T, proto string) {
 			t.Errorf("second retry after %s, want ≥ 540ms", d)
 		}
 	}
-	if r := res["expired"]; r.ErrorCode != message.CodeDeadlineExceeded || r.StatusCode != 0 {
+	if r := res["expired"]; r.ErrorCode != wire.CodeDeadlineExceeded || r.StatusCode != 0 {
 		t.Errorf("expired: %+v", r)
 	}
 	if n := len(gw.attempts("expired")); n != 0 {
 		t.Errorf("expired request was dispatched %d times", n)
 	}
-	if r := res["slow"]; r.ErrorCode != message.CodeDeadlineExceeded {
+	if r := res["slow"]; r.ErrorCode != wire.CodeDeadlineExceeded {
 		t.Errorf("slow: %+v", r)
 	}
-	if r := res["invalid"]; r.ErrorCode != message.CodeInvalidRequest {
+	if r := res["invalid"]; r.ErrorCode != wire.CodeInvalidRequest {
 		t.Errorf("invalid: %+v", r)
 	}
 	if dl := h.mem.DeadLetters(e2eQueue); len(dl) != 1 {
@@ -313,7 +313,7 @@ func TestShutdownDrainsInflight(t *testing.T) {
 	if len(res) != 1 {
 		t.Fatalf("%d results after drain, want 1", len(res))
 	}
-	if r, _ := message.DecodeResult(res[0]); r.ErrorCode != "" {
+	if r, _ := wire.DecodeResult(res[0]); r.ErrorCode != "" {
 		t.Errorf("drained request: %+v", r)
 	}
 }
@@ -326,7 +326,7 @@ func TestMaxAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := h.waitResults(1, 10*time.Second)
-	if r := res["down"]; r.ErrorCode != message.CodeInferenceError || r.StatusCode != 503 {
+	if r := res["down"]; r.ErrorCode != wire.CodeInferenceError || r.StatusCode != 503 {
 		t.Errorf("down: %+v", r)
 	}
 	if n := len(gw.attempts("down")); n != 2 {
@@ -342,7 +342,7 @@ func TestRetryPastDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := h.waitResults(1, 5*time.Second)
-	if r := res["late"]; r.ErrorCode != message.CodeDeadlineExceeded {
+	if r := res["late"]; r.ErrorCode != wire.CodeDeadlineExceeded {
 		t.Errorf("late: %+v", r)
 	}
 }

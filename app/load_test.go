@@ -5,12 +5,12 @@ import (
 	"testing"
 
 	"github.com/sluice-io/sluice/core/dispatch"
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 type okDispatcher struct{}
 
-func (okDispatcher) Do(context.Context, dispatch.Target, *msg.Request) dispatch.Outcome {
+func (okDispatcher) Do(context.Context, dispatch.Target, *wire.Request) dispatch.Outcome {
 	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
 }
 

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -36,7 +36,7 @@ func TestTracing(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := h.waitResults(1, 10*time.Second)
-	if r := res["traced"]; r.ErrorCode != message.CodeNone {
+	if r := res["traced"]; r.ErrorCode != wire.CodeNone {
 		t.Fatalf("result %+v", r)
 	}
 	spans := exp.GetSpans()

@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 )
 
 var exampleTransports = []string{"memory", "redis-sortedset", "redis-pubsub", "redis-stream", "gcp-pubsub"}
@@ -169,7 +169,7 @@ func TestExamplesServe(t *testing.T) {
 			}()
 			payload := []byte(`{"id":"ex-1","deadline":` + itoa(time.Now().Add(time.Hour).Unix()) + `,"payload":{"prompt":"hi"},"metadata":{"job_id":"j"}}`)
 			srv.produce(t, queue, payload)
-			res, err := msg.DecodeResult(srv.result(t, results))
+			res, err := wire.DecodeResult(srv.result(t, results))
 			cancel()
 			if serr := <-done; serr != nil {
 				t.Errorf("serve: %v", serr)

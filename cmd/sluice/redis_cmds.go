@@ -15,7 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -119,7 +119,7 @@ func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Rea
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
 	var (
-		pending      []*msg.Request
+		pending      []*wire.Request
 		line, done   int
 		invalid      int
 		start, shown = time.Now(), time.Now()
@@ -145,7 +145,7 @@ func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Rea
 		if len(strings.TrimSpace(string(b))) == 0 {
 			continue
 		}
-		r, err := msg.Decode(b)
+		r, err := wire.Decode(b)
 		if err != nil {
 			invalid++
 			fmt.Fprintf(progress, "line %d: %v\n", line, err)

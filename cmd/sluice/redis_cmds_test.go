@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
@@ -110,7 +110,7 @@ func TestRedisCommands(t *testing.T) {
 			"--redis.ss.queues-config-file", qfile, "--redis.ss.result-queue-name", "R",
 			"--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn")
 	}()
-	results := map[string]*msg.Result{}
+	results := map[string]*wire.Result{}
 	deadline := time.Now().Add(20 * time.Second)
 	for len(results) < 51 && time.Now().Before(deadline) {
 		out, _, err := runCLI(t, ctx, "", "results", "--queue", "R", "-n", "20")
@@ -121,7 +121,7 @@ func TestRedisCommands(t *testing.T) {
 			if line == "" {
 				continue
 			}
-			res, err := msg.DecodeResult([]byte(line))
+			res, err := wire.DecodeResult([]byte(line))
 			if err != nil {
 				t.Fatalf("result line %q: %v", line, err)
 			}
@@ -141,9 +141,9 @@ func TestRedisCommands(t *testing.T) {
 		t.Fatalf("%d results, want 51", len(results))
 	}
 	for id, res := range results {
-		want := msg.CodeNone
+		want := wire.CodeNone
 		if strings.HasPrefix(id, "gone-") {
-			want = msg.CodeCancelled
+			want = wire.CodeCancelled
 		}
 		if res.ErrorCode != want {
 			t.Fatalf("%s: %+v", id, res)
@@ -199,9 +199,9 @@ func TestServeSurvivesKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for i := range n {
-		reqs = append(reqs, &msg.Request{ID: fmt.Sprintf("c-%03d", i), Deadline: time.Now().Add(time.Hour),
+		reqs = append(reqs, &wire.Request{ID: fmt.Sprintf("c-%03d", i), Deadline: time.Now().Add(time.Hour),
 			Payload: json.RawMessage(`{"model":"m"}`), Metadata: map[string]string{"job_id": "crash"}})
 	}
 	if err := p.EnqueueMany(ctx, queue, reqs); err != nil {

@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 const benchResponse = `{"id":"cmpl-1","object":"text_completion","choices":[{"text":"4","index":0}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`
 
-func benchRequest() *message.Request {
-	return &message.Request{
+func benchRequest() *wire.Request {
+	return &wire.Request{
 		ID:       "batch_req_xyz",
 		Deadline: time.Now().Add(time.Hour),
 		Payload:  []byte(`{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"user","content":"What is 2+2?"}],"max_tokens":128}`),

@@ -30,7 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Transport tuning that is not configurable.
@@ -180,7 +180,7 @@ func (c *Client) target(t Target) (*preparedTarget, error) {
 //
 // Do always reads the response body to its end and closes it, so that the
 // connection is reused.
-func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome {
+func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 	if req == nil {
 		return Outcome{Class: Fatal, Err: errors.New("dispatch: nil request")}
 	}
@@ -232,7 +232,7 @@ func (c *Client) Do(ctx context.Context, t Target, req *message.Request) Outcome
 
 // headers builds the request headers; it returns how many message headers
 // were refused.
-func (c *Client) headers(pt *preparedTarget, req *message.Request, dl, effective, now time.Time) (http.Header, int) {
+func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, now time.Time) (http.Header, int) {
 	n := len(req.Headers) + 5
 	h := make(http.Header, n)
 	// One backing array for all the single-value slices.

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
 )
 
 // newClient returns a client closed when the test ends.
@@ -53,8 +53,8 @@ func bothProtocols(t *testing.T, test func(t *testing.T, proto string)) {
 	}
 }
 
-func newRequest(deadlineIn time.Duration) *message.Request {
-	return &message.Request{
+func newRequest(deadlineIn time.Duration) *wire.Request {
+	return &wire.Request{
 		ID:       "req-1",
 		Deadline: time.Now().Add(deadlineIn),
 		Payload:  []byte(`{"model":"m","prompt":"hi"}`),

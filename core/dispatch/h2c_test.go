@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // With Protocol h2c, an http:// gateway is spoken to over HTTP/2 with prior
@@ -32,7 +32,7 @@ func TestH2CSharesConnections(t *testing.T) {
 
 	c := newClient(t, Config{Protocol: ProtocolH2C})
 	target := Target{BaseURL: url}
-	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	req := &wire.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
 	doConcurrently(t, c, target, req, 20)
 	if conns.Load() != 1 {
 		t.Errorf("%d connections for 20 concurrent h2c calls, want 1", conns.Load())
@@ -81,7 +81,7 @@ func TestH2CBurstSucceeds(t *testing.T) {
 	})
 	c := newClient(t, Config{Protocol: ProtocolH2C})
 	target := Target{BaseURL: url}
-	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	req := &wire.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
 	doConcurrently(t, c, target, req, burst)
 	if n := conns.Load(); n < burst/streams || n > burst/streams+5 {
 		t.Errorf("%d connections for a burst of %d calls at %d streams per connection", n, burst, streams)
@@ -96,7 +96,7 @@ func TestH2CMaxConnsPerHost(t *testing.T) {
 		_, _ = w.Write([]byte(`{}`))
 	})
 	c := newClient(t, Config{Protocol: ProtocolH2C, MaxConnsPerHost: 2})
-	req := &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
+	req := &wire.Request{ID: "x", Deadline: time.Now().Add(time.Minute), Payload: []byte(`{}`)}
 	doConcurrently(t, c, Target{BaseURL: url}, req, 40)
 	if n := conns.Load(); n > 2 {
 		t.Errorf("%d connections, cap 2", n)
@@ -235,7 +235,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // doConcurrently makes n calls at once and fails the test unless all succeed.
-func doConcurrently(t *testing.T, c *Client, target Target, req *message.Request, n int) {
+func doConcurrently(t *testing.T, c *Client, target Target, req *wire.Request, n int) {
 	t.Helper()
 	done := make(chan Outcome, n)
 	for range n {

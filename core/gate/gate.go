@@ -21,7 +21,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Gate reports the share of the pool that batch traffic may use.
@@ -40,7 +40,7 @@ type Gate interface {
 // Admitter is implemented by gates that also decide per request. Admit is on
 // the per-message path: keep it cheap, and never block past ctx.
 type Admitter interface {
-	Admit(ctx context.Context, req *message.Request) (Decision, error)
+	Admit(ctx context.Context, req *wire.Request) (Decision, error)
 }
 
 // Verdict is the outcome of a per-request admission.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Parameters every gate accepts, handled by Registry.New before the gate's
@@ -156,6 +156,6 @@ func (c *configured) Close() error {
 func (c *configured) Unwrap() Gate { return c.Gate }
 
 // Admit forwards to the wrapped gate.
-func (c *configuredAdmitter) Admit(ctx context.Context, req *message.Request) (Decision, error) {
+func (c *configuredAdmitter) Admit(ctx context.Context, req *wire.Request) (Decision, error) {
 	return c.adm.Admit(ctx, req)
 }

@@ -21,9 +21,9 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // ErrShutdown is the cancellation cause of requests still in flight when the
@@ -54,7 +54,7 @@ type Delivery struct {
 	// Msg is the Watermill message.
 	Msg *message.Message
 	// Req is the decoded request (nil until Decode ran, or when it failed).
-	Req *msg.Request
+	Req *wire.Request
 	// Ctx bounds the work on the request: the pipeline's work context, the
 	// request's deadline and its cancellation.
 	Ctx context.Context
@@ -63,7 +63,7 @@ type Delivery struct {
 	// Dispatched is when the HTTP call started (zero if it did not).
 	Dispatched time.Time
 	// Result is the result produced, if any.
-	Result *msg.Result
+	Result *wire.Result
 	// Outcome says how the delivery ended.
 	Outcome Outcome
 	// Dispatch is the last gateway outcome.
@@ -92,7 +92,7 @@ func From(m *message.Message) *Delivery {
 // Finish records res as the delivery's result and returns the result message
 // to publish. The result message carries the delivery's metadata, so a
 // transport can fence the write with what it put there (a lease token).
-func Finish(d *Delivery, res *msg.Result) []*message.Message {
+func Finish(d *Delivery, res *wire.Result) []*message.Message {
 	d.Result = res
 	d.Outcome = Answered
 	out := message.NewMessage(d.Msg.UUID, res.Marshal())
@@ -102,6 +102,6 @@ func Finish(d *Delivery, res *msg.Result) []*message.Message {
 }
 
 // Fail finishes the delivery with an error result of code.
-func Fail(d *Delivery, code msg.ErrorCode, text string) []*message.Message {
-	return Finish(d, msg.ErrorResult(d.Req, code, text))
+func Fail(d *Delivery, code wire.ErrorCode, text string) []*message.Message {
+	return Finish(d, wire.ErrorResult(d.Req, code, text))
 }

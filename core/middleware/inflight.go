@@ -4,8 +4,8 @@ import (
 	"context"
 	"sync"
 
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Inflight indexes the requests being dispatched by id and by job, so a
@@ -28,7 +28,7 @@ func NewInflight() *Inflight {
 }
 
 // Register adds req; cancel aborts its work. The returned func removes it.
-func (f *Inflight) Register(req *msg.Request, cancel context.CancelCauseFunc) (done func()) {
+func (f *Inflight) Register(req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
 	e := &inflightEntry{job: req.JobID(), cancel: cancel}
 	f.mu.Lock()
 	f.byID[req.ID] = e

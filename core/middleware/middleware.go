@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Requeuer puts a delivery back for later with new bytes (which carry the
@@ -43,7 +43,7 @@ func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slo
 				}
 				log.Error("panic while handling a request", "queue", q.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 				if d.Req != nil {
-					out, err = Fail(d, msg.CodeInferenceError, fmt.Sprintf("internal error: %v", r)), nil
+					out, err = Fail(d, wire.CodeInferenceError, fmt.Sprintf("internal error: %v", r)), nil
 					return
 				}
 				d.Outcome = DeadLettered
@@ -89,13 +89,13 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 				return out, err
 			}
 			switch d.Result.ErrorCode {
-			case msg.CodeNone:
+			case wire.CodeNone:
 				mq.Succeeded.Inc()
 				mq.Result("ok").Inc()
 				return out, err
-			case msg.CodeDeadlineExceeded:
+			case wire.CodeDeadlineExceeded:
 				mq.Expired.Inc()
-			case msg.CodeGateDropped:
+			case wire.CodeGateDropped:
 				mq.Shedded.Inc()
 				mq.Failed.Inc()
 			default:
@@ -115,14 +115,14 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
-			req, err := msg.Decode(m.Payload)
+			req, err := wire.Decode(m.Payload)
 			if err == nil {
 				d.Req = req
 				return next(m)
 			}
-			de, ok := msg.AsDecodeError(err)
+			de, ok := wire.AsDecodeError(err)
 			if ok && de.ID != "" {
-				d.Req = &msg.Request{ID: de.ID, Metadata: de.Metadata}
+				d.Req = &wire.Request{ID: de.ID, Metadata: de.Metadata}
 				return Finish(d, de.Result()), nil
 			}
 			log.Warn("dead-lettering a message without a readable id", "queue", d.Queue.ID, "err", err)
@@ -146,7 +146,7 @@ func Deadline() message.HandlerMiddleware {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
 			if d.Req.Expired(time.Now()) {
-				return Fail(d, msg.CodeDeadlineExceeded, "deadline passed before dispatch"), nil
+				return Fail(d, wire.CodeDeadlineExceeded, "deadline passed before dispatch"), nil
 			}
 			return next(m)
 		}
@@ -175,7 +175,7 @@ func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logge
 					log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
 				}
 				if cancelled {
-					return Fail(d, msg.CodeCancelled, "cancelled before dispatch"), nil
+					return Fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
 				}
 			}
 			if inflight != nil {
@@ -218,11 +218,11 @@ func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) messa
 			case gate.Admit:
 				return next(m)
 			case gate.Reject:
-				return Fail(d, msg.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
+				return Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
 			}
 			due := time.Now().Add(max(dec.Delay, time.Millisecond))
 			if !due.Before(d.Req.Deadline) {
-				return Fail(d, msg.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
+				return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
 			}
 			if err := requeue(context.WithoutCancel(d.Ctx), d, d.Msg.Payload, due); err != nil {
 				return nil, fmt.Errorf("defer %s: %w", d.Req.ID, err)
@@ -327,11 +327,11 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			}
 			due := time.Now().Add(wait)
 			if !due.Before(d.Req.Deadline) {
-				return Fail(d, msg.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error())), nil
+				return Fail(d, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error())), nil
 			}
-			payload, perr := msg.WithRetryCount(m.Payload, attempts)
+			payload, perr := wire.WithRetryCount(m.Payload, attempts)
 			if perr != nil {
-				return Fail(d, msg.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
+				return Fail(d, wire.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
 			}
 			if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
 				return nil, fmt.Errorf("retry %s: %w", d.Req.ID, err)
@@ -345,8 +345,8 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 
 // failedResult is the INFERENCE_ERROR result of a gateway failure, carrying
 // the response when there was one.
-func failedResult(req *msg.Request, o dispatch.Outcome, text string) *msg.Result {
-	res := msg.ErrorResult(req, msg.CodeInferenceError, text)
+func failedResult(req *wire.Request, o dispatch.Outcome, text string) *wire.Result {
+	res := wire.ErrorResult(req, wire.CodeInferenceError, text)
 	if o.StatusCode != 0 {
 		res.StatusCode = o.StatusCode
 		res.Payload = string(o.Body)
@@ -356,7 +356,7 @@ func failedResult(req *msg.Request, o dispatch.Outcome, text string) *msg.Result
 
 // Dispatcher sends a request to the gateway; *dispatch.Client implements it.
 type Dispatcher interface {
-	Do(ctx context.Context, t dispatch.Target, req *msg.Request) dispatch.Outcome
+	Do(ctx context.Context, t dispatch.Target, req *wire.Request) dispatch.Outcome
 }
 
 // Dispatch is the handler at the end of the chain: one HTTP call, classified.
@@ -371,23 +371,23 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 		}
 		switch o.Class {
 		case dispatch.Success:
-			return Finish(d, &msg.Result{ID: d.Req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: d.Req.Metadata}), nil
+			return Finish(d, &wire.Result{ID: d.Req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: d.Req.Metadata}), nil
 		case dispatch.Fatal:
 			if errors.Is(o.Err, dispatch.ErrInvalidEndpoint) {
-				return Fail(d, msg.CodeInvalidRequest, o.Err.Error()), nil
+				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
 			}
 			return Finish(d, failedResult(d.Req, o, fmt.Sprintf("gateway returned %d", o.StatusCode))), nil
 		case dispatch.DeadlineExceeded:
-			return Fail(d, msg.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
+			return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 		case dispatch.Cancelled:
 			cause := context.Cause(d.Ctx)
 			switch {
 			case errors.Is(cause, ErrCancelled):
-				return Fail(d, msg.CodeCancelled, "cancelled during dispatch"), nil
+				return Fail(d, wire.CodeCancelled, "cancelled during dispatch"), nil
 			case errors.Is(cause, ErrShutdown):
 				return nil, ErrShutdown
 			case errors.Is(cause, context.DeadlineExceeded):
-				return Fail(d, msg.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
+				return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 			}
 			return nil, &RetryableError{Outcome: o}
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 func TestBackoffDoublesToCapWithJitter(t *testing.T) {
@@ -68,7 +68,7 @@ func TestInflightCancelByJobAndID(t *testing.T) {
 	}
 	reg := func(id, job string) entry {
 		ctx, cancel := context.WithCancelCause(context.Background())
-		return entry{ctx, f.Register(&msg.Request{ID: id, Metadata: map[string]string{"job_id": job}}, cancel)}
+		return entry{ctx, f.Register(&wire.Request{ID: id, Metadata: map[string]string{"job_id": job}}, cancel)}
 	}
 	a1, a2, b1 := reg("a1", "A"), reg("a2", "A"), reg("b1", "B")
 	if n := f.Cancel(transport.Cancellation{JobID: "A"}); n != 2 {
@@ -100,7 +100,7 @@ func TestInflightCancelByJobAndID(t *testing.T) {
 // the context carried.
 type blockingAdmitter struct{ deadline chan time.Time }
 
-func (a blockingAdmitter) Admit(ctx context.Context, _ *msg.Request) (gate.Decision, error) {
+func (a blockingAdmitter) Admit(ctx context.Context, _ *wire.Request) (gate.Decision, error) {
 	dl, _ := ctx.Deadline()
 	a.deadline <- dl
 	<-ctx.Done()
@@ -161,8 +161,8 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 			// answered instead of re-queued.
 			t.Fatal("re-queued past the deadline")
 		}
-		if len(out) != 1 || !strings.Contains(string(out[0].Payload), string(msg.CodeDeadlineExceeded)) {
-			t.Fatalf("got %d results (%v), want one %s result", len(out), out, msg.CodeDeadlineExceeded)
+		if len(out) != 1 || !strings.Contains(string(out[0].Payload), string(wire.CodeDeadlineExceeded)) {
+			t.Fatalf("got %d results (%v), want one %s result", len(out), out, wire.CodeDeadlineExceeded)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the admission hook was not cut off at the request's deadline")

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // TracerName names sluice's tracer.
@@ -97,7 +97,7 @@ func record(span trace.Span, d *Delivery, err error) {
 		span.SetStatus(codes.Error, err.Error())
 	case d.Outcome == Requeued:
 		span.SetAttributes(attribute.String("sluice.outcome", "requeued"))
-	case d.Result != nil && d.Result.ErrorCode != msg.CodeNone:
+	case d.Result != nil && d.Result.ErrorCode != wire.CodeNone:
 		span.SetAttributes(attribute.String("sluice.outcome", string(d.Result.ErrorCode)))
 		span.SetStatus(codes.Error, d.Result.ErrorMessage)
 	case d.Result != nil:

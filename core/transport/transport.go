@@ -43,7 +43,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Queue names one request queue and where its results go.
@@ -88,7 +88,7 @@ type RequestPublisher interface {
 
 // CancelChecker tells whether a request was cancelled before it is dispatched.
 type CancelChecker interface {
-	Cancelled(ctx context.Context, q Queue, req *msg.Request) (bool, error)
+	Cancelled(ctx context.Context, q Queue, req *wire.Request) (bool, error)
 }
 
 // Cancellation names requests to abort: every request of JobID, or the one

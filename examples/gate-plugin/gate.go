@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -90,7 +90,7 @@ func (g *fileGate) Budget(ctx context.Context) (float64, error) {
 }
 
 // Admit rejects denied tenants and defers deferred ones.
-func (g *fileGate) Admit(ctx context.Context, req *message.Request) (gate.Decision, error) {
+func (g *fileGate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return gate.Decision{}, err
 	}

@@ -26,7 +26,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Type is the gate's registry name.
@@ -223,7 +223,7 @@ func closeGate(g gate.Gate) error {
 }
 
 // Admit asks every per-request inner gate; the first that does not admit decides.
-func (a *admitter) Admit(ctx context.Context, req *message.Request) (gate.Decision, error) {
+func (a *admitter) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	for _, in := range a.adms {
 		d, err := in.Admit(ctx, req)
 		if err != nil || d.Verdict != gate.Admit {

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/gatetest"
@@ -30,7 +30,7 @@ type tenantGate struct{}
 
 func (tenantGate) Budget(ctx context.Context) (float64, error) { return 1, ctx.Err() }
 
-func (tenantGate) Admit(_ context.Context, r *message.Request) (gate.Decision, error) {
+func (tenantGate) Admit(_ context.Context, r *wire.Request) (gate.Decision, error) {
 	if r.Metadata["tenant"] == "blocked" {
 		return gate.Decision{Verdict: gate.Reject, Reason: "tenant blocked"}, nil
 	}
@@ -193,7 +193,7 @@ func TestAdmit(t *testing.T) {
 		t.Fatal("composite with a per-request gate is not an Admitter")
 	}
 	for tenant, want := range map[string]gate.Verdict{"ok": gate.Admit, "blocked": gate.Reject} {
-		d, err := a.Admit(context.Background(), &message.Request{ID: "x", Metadata: map[string]string{"tenant": tenant}})
+		d, err := a.Admit(context.Background(), &wire.Request{ID: "x", Metadata: map[string]string{"tenant": tenant}})
 		if err != nil || d.Verdict != want {
 			t.Errorf("tenant %s: %v, %v; want %v", tenant, d, err, want)
 		}

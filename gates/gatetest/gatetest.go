@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Features describe what the suite can do with a gate beyond the contract.
@@ -341,8 +341,8 @@ func checkDecision(t testing.TB, d gate.Decision) {
 	}
 }
 
-func testRequest() *message.Request {
-	return &message.Request{ID: "gatetest-1", Deadline: time.Now().Add(time.Minute)}
+func testRequest() *wire.Request {
+	return &wire.Request{ID: "gatetest-1", Deadline: time.Now().Add(time.Minute)}
 }
 
 // Build builds a gate the way sluice does from a queue's configuration:

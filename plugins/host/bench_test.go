@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // BenchmarkBudget measures one Budget round trip to the plugin process
@@ -29,7 +29,7 @@ func BenchmarkBudget(b *testing.B) {
 // from parallel callers (as the pipeline's handlers call it).
 func BenchmarkAdmit(b *testing.B) {
 	g := newGate(b, map[string]string{"file": budgetFile(b, "1"), "admit": "true"}).(gate.Admitter)
-	req := &message.Request{ID: "bench", Deadline: time.Now().Add(time.Hour),
+	req := &wire.Request{ID: "bench", Deadline: time.Now().Add(time.Hour),
 		Metadata: map[string]string{"job_id": "j", "tenant": "t"}, Headers: map[string]string{"X-A": "1"}}
 	if _, err := g.Admit(context.Background(), req); err != nil {
 		b.Fatal(err)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -91,9 +91,9 @@ func TestEndToEndThroughApp(t *testing.T) {
 			t.Fatalf("%d results after opening the gate, want 3", n)
 		}
 	}
-	got := map[string]*message.Result{}
+	got := map[string]*wire.Result{}
 	for _, b := range mem.Results(results) {
-		r, err := message.DecodeResult(b)
+		r, err := wire.DecodeResult(b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,8 +104,8 @@ func TestEndToEndThroughApp(t *testing.T) {
 			t.Errorf("%s: %+v", id, r)
 		}
 	}
-	if r := got["x"]; r == nil || r.ErrorCode != message.CodeGateDropped {
-		t.Errorf("denied tenant: %+v, want %s", r, message.CodeGateDropped)
+	if r := got["x"]; r == nil || r.ErrorCode != wire.CodeGateDropped {
+		t.Errorf("denied tenant: %+v, want %s", r, wire.CodeGateDropped)
 	}
 	if n := hits.Load(); n != 2 {
 		t.Errorf("gateway called %d times, want 2", n)

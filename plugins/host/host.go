@@ -36,8 +36,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
-	gatepb "github.com/sluice-io/sluice/plugins/proto"
+	"github.com/sluice-io/sluice/core/wire"
+	gatepb "github.com/sluice-io/sluice/plugins/gatepb"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -162,7 +162,7 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 }
 
 // Admit asks the plugin to decide one request (the payload is not sent).
-func (g *AdmitGate) Admit(ctx context.Context, req *message.Request) (gate.Decision, error) {
+func (g *AdmitGate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	p, err := g.conn(ctx)
 	if err != nil {
 		return gate.Decision{}, err

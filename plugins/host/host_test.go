@@ -16,7 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/plugins/host"
 )
@@ -238,7 +238,7 @@ func TestAdmitRoundTrip(t *testing.T) {
 		{"c", gate.Admitted},
 	}
 	for _, tt := range tests {
-		req := &message.Request{
+		req := &wire.Request{
 			ID: "r-" + tt.tenant, Deadline: time.Now().Add(time.Minute), Payload: json.RawMessage(`{}`),
 			Metadata: map[string]string{"tenant": tt.tenant}, Headers: map[string]string{"X-A": "1"}, Endpoint: "/v1/x",
 		}
@@ -332,7 +332,7 @@ func TestHangingPluginKeepsRunning(t *testing.T) {
 		c, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		start := time.Now()
 		_, err := g.Budget(c)
-		_, aerr := g.(gate.Admitter).Admit(c, &message.Request{ID: "x", Deadline: time.Now().Add(time.Minute)})
+		_, aerr := g.(gate.Admitter).Admit(c, &wire.Request{ID: "x", Deadline: time.Now().Add(time.Minute)})
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(fmt.Sprint(err), "DeadlineExceeded") {
 			t.Errorf("Budget = %v, want a deadline error", err)

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
-	gatepb "github.com/sluice-io/sluice/plugins/proto"
+	"github.com/sluice-io/sluice/core/wire"
+	gatepb "github.com/sluice-io/sluice/plugins/gatepb"
 )
 
 // Plugin is the go-plugin glue: on the plugin side it registers Impl as the
@@ -135,7 +135,7 @@ func toStatus(err error) error {
 }
 
 // RequestToProto describes req for Admit; the payload is not sent.
-func RequestToProto(req *message.Request) *gatepb.AdmitRequest {
+func RequestToProto(req *wire.Request) *gatepb.AdmitRequest {
 	out := &gatepb.AdmitRequest{
 		Id:         req.ID,
 		Metadata:   req.Metadata,
@@ -153,8 +153,8 @@ func RequestToProto(req *message.Request) *gatepb.AdmitRequest {
 }
 
 // RequestFromProto rebuilds the request a plugin's Admit sees.
-func RequestFromProto(in *gatepb.AdmitRequest) *message.Request {
-	req := &message.Request{
+func RequestFromProto(in *gatepb.AdmitRequest) *wire.Request {
+	req := &wire.Request{
 		ID:         in.GetId(),
 		Metadata:   in.GetMetadata(),
 		Headers:    in.GetHeaders(),

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
-	gatepb "github.com/sluice-io/sluice/plugins/proto"
+	"github.com/sluice-io/sluice/core/wire"
+	gatepb "github.com/sluice-io/sluice/plugins/gatepb"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -27,7 +27,7 @@ type probe struct {
 	level    float64
 	budget   error
 	deadline time.Time
-	req      *message.Request
+	req      *wire.Request
 }
 
 func (p *probe) Configure(params gate.Params) error {
@@ -48,7 +48,7 @@ func (p *probe) Budget(ctx context.Context) (float64, error) {
 	return p.level, p.budget
 }
 
-func (p *probe) Admit(ctx context.Context, req *message.Request) (gate.Decision, error) {
+func (p *probe) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	p.mu.Lock()
 	p.req = req
 	p.mu.Unlock()
@@ -158,7 +158,7 @@ func TestAdmitAcrossTheBoundary(t *testing.T) {
 	c := dial(t, p)
 	deadline := time.UnixMilli(time.Now().Add(time.Minute).UnixMilli())
 	created := time.UnixMilli(time.Now().UnixMilli())
-	in := &message.Request{
+	in := &wire.Request{
 		ID: "r1", Deadline: deadline, Created: created, Payload: []byte(`{"big":"payload"}`),
 		Metadata: map[string]string{"job_id": "j"}, Headers: map[string]string{"X-Tenant": "t"}, Endpoint: "/v1/x", RetryCount: 2,
 	}

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/transporttest"
@@ -208,7 +208,7 @@ func TestMergeAttributes(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got := gcppubsub.MergeAttributes([]byte(tc.data), tc.attrs)
-			r, err := msg.Decode(got)
+			r, err := wire.Decode(got)
 			if err != nil {
 				t.Fatalf("merged request does not decode: %v: %s", err, got)
 			}
@@ -246,7 +246,7 @@ func TestAckOnlyAfterResult(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no delivery")
 	}
-	r, err := msg.Decode(m.Payload)
+	r, err := wire.Decode(m.Payload)
 	if err != nil || r.Metadata["tenant"] != "t7" {
 		t.Fatalf("attributes not merged into metadata: %v %v", r, err)
 	}
@@ -263,7 +263,7 @@ func TestAckOnlyAfterResult(t *testing.T) {
 		t.Fatal("acked before the result was published")
 	}
 	pub, _ := tp.Publisher(q)
-	res := &msg.Result{ID: "a1", StatusCode: 200, Payload: "{}"}
+	res := &wire.Result{ID: "a1", StatusCode: 200, Payload: "{}"}
 	if err := pub.Publish(q.ResultName, message.NewMessage(m.UUID, res.Marshal())); err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Name is the transport's registry name.
@@ -153,7 +153,7 @@ func (qu *queue) signal() {
 // deadlineOf reads the deadline used for ordering; an undecodable payload
 // sorts first, so that its INVALID_REQUEST answer is not delayed.
 func deadlineOf(payload []byte) int64 {
-	r, err := msg.Decode(payload)
+	r, err := wire.Decode(payload)
 	if err != nil {
 		return 0
 	}

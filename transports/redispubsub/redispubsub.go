@@ -43,8 +43,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
 
@@ -434,7 +434,7 @@ var _ transport.EventCounter = (*Transport)(nil)
 // Cancelled implements transport.CancelChecker with upstream's per-request
 // cancel keys (request-cancel:<id> = the request's token), checked before
 // dispatch. Requests without a token cost no round trip.
-func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *msg.Request) (bool, error) {
+func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
 	return upstream.Cancelled(ctx, t.client, req)
 }
 

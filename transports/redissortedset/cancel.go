@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
@@ -121,7 +121,7 @@ func (t *Transport) refreshCancels(ctx context.Context, epoch string) {
 // cancelled through sluice (checked against the replica's copy, kept
 // current by every claim), or upstream's key request-cancel:<id> holds the
 // request's token.
-func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *msg.Request) (bool, error) {
+func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
 	if !t.cancels.empty() {
 		if job := req.JobID(); job != "" && t.cancels.has(keys.JobEntry+job) {
 			return true, nil

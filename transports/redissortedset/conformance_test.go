@@ -9,8 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/transporttest"
@@ -41,7 +41,7 @@ func TestConformance(t *testing.T) {
 			return transport.Queue{ID: fmt.Sprint("q", n), Name: fmt.Sprint("llm-d-async:requests:pool-", n), ResultName: fmt.Sprint("llm-d-async:results:pool-", n, ":$batch")}
 		},
 		Publish: func(t testing.TB, q transport.Queue, payload []byte) {
-			req, err := msg.Decode(payload)
+			req, err := wire.Decode(payload)
 			if err != nil {
 				t.Fatal(err)
 			}

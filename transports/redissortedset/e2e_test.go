@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -17,7 +17,7 @@ import (
 func TestEndToEnd(t *testing.T) {
 	f := newFixture(t, simulator.Config{})
 	q, res := rss.RequestQueueName("pool-a"), rss.ResultQueueName("pool-a", "")
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for _, id := range ids("r", 500) {
 		reqs = append(reqs, request(id, "job-1", time.Hour, nil))
 	}
@@ -41,7 +41,7 @@ func TestCancelQueuedJob(t *testing.T) {
 	f := newFixture(t, simulator.Config{Latency: simulator.Fixed(100 * time.Millisecond)})
 	ctx := context.Background()
 	q, res := "cancel-queued", "cancel-queued:results"
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for _, id := range ids("keep", 20) {
 		reqs = append(reqs, request(id, "keep", time.Hour, nil))
 	}
@@ -60,9 +60,9 @@ func TestCancelQueuedJob(t *testing.T) {
 	// The cancelled requests went to the front: they are answered before
 	// the job that keeps running, whose deadlines are earlier.
 	for id, r := range got {
-		want := msg.CodeNone
+		want := wire.CodeNone
 		if r.Metadata["job_id"] == "victim" {
-			want = msg.CodeCancelled
+			want = wire.CodeCancelled
 		}
 		if r.ErrorCode != want {
 			t.Fatalf("%s: %+v, want code %q", id, r, want)
@@ -78,7 +78,7 @@ func TestCancelInFlight(t *testing.T) {
 	ctx := context.Background()
 	q, res := "cancel-inflight", "cancel-inflight:results"
 	slow := map[string]string{"X-Sim-Latency-Ms": "20000"}
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for _, id := range ids("job", 3) {
 		reqs = append(reqs, request(id, "slow-job", time.Hour, slow))
 	}
@@ -104,7 +104,7 @@ func TestCancelInFlight(t *testing.T) {
 	// Without the abort these would take 20 s.
 	got := f.collect(res, 4, 5*time.Second)
 	for id, r := range got {
-		if r.ErrorCode != msg.CodeCancelled {
+		if r.ErrorCode != wire.CodeCancelled {
 			t.Fatalf("%s: %+v", id, r)
 		}
 	}
@@ -128,7 +128,7 @@ func TestUpstreamCancelKey(t *testing.T) {
 	c.Set(ctx, "request-cancel:u-other-token", "stale", time.Hour)
 	f.runApp(f.transport(rss.Options{}), q, res, 4)
 	got := f.collect(res, 3, 10*time.Second)
-	if got["u-cancelled"].ErrorCode != msg.CodeCancelled || !got["u-other-token"].OK() || !got["u-plain"].OK() {
+	if got["u-cancelled"].ErrorCode != wire.CodeCancelled || !got["u-other-token"].OK() || !got["u-plain"].OK() {
 		t.Fatalf("results %+v %+v %+v", got["u-cancelled"], got["u-other-token"], got["u-plain"])
 	}
 }
@@ -137,7 +137,7 @@ func TestTwoReplicasSplitWork(t *testing.T) {
 	f := newFixture(t, simulator.Config{Latency: simulator.Fixed(2 * time.Millisecond)})
 	ctx := context.Background()
 	q, res := "shared", "shared:results"
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for _, id := range ids("s", 2000) {
 		reqs = append(reqs, request(id, "", time.Hour, nil))
 	}

@@ -12,9 +12,9 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -60,8 +60,8 @@ func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
 }
 
 // request builds a request due in ttl.
-func request(id, job string, ttl time.Duration, headers map[string]string) *msg.Request {
-	r := &msg.Request{ID: id, Deadline: time.Now().Add(ttl), Created: time.Now(),
+func request(id, job string, ttl time.Duration, headers map[string]string) *wire.Request {
+	r := &wire.Request{ID: id, Deadline: time.Now().Add(ttl), Created: time.Now(),
 		Payload: json.RawMessage(`{"model":"m","prompt":"hi"}`), Headers: headers}
 	if job != "" {
 		r.Metadata = map[string]string{"job_id": job}
@@ -126,12 +126,12 @@ func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency i
 }
 
 // collect reads n results from list (acking them) within d.
-func (f *fixture) collect(list string, n int, d time.Duration) map[string]*msg.Result {
+func (f *fixture) collect(list string, n int, d time.Duration) map[string]*wire.Result {
 	f.t.Helper()
 	r := f.prod.Results(list, producer.ReaderOptions{Batch: 500, PollInterval: 20 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	out := map[string]*msg.Result{}
+	out := map[string]*wire.Result{}
 	for len(out) < n {
 		ls, err := r.Next(ctx)
 		if err != nil {

@@ -34,8 +34,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -397,7 +397,7 @@ func (t *Transport) Close() error {
 // INVALID_REQUEST answer comes at once).
 func (t *Transport) PublishRequest(ctx context.Context, q transport.Queue, payload []byte) error {
 	score := "0"
-	if r, err := msg.Decode(payload); err == nil {
+	if r, err := wire.Decode(payload); err == nil {
 		score = Score(r.Deadline)
 	}
 	qs := t.queue(q.Name)

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -266,11 +266,11 @@ func (s *subscriber) giveUp(c claimed) {
 	t.gaveUp.Add(1)
 	text := fmt.Sprintf("gave up after %d deliveries: each time the lease expired before a result was written (max_deliveries %d)",
 		c.deliveries-1, t.opts.MaxDeliveries)
-	var res *msg.Result
-	if req, err := msg.Decode([]byte(c.member)); err == nil {
-		res = msg.ErrorResult(req, msg.CodeInferenceError, text)
-	} else if de, ok := msg.AsDecodeError(err); ok && de.ID != "" {
-		res = &msg.Result{ID: de.ID, Payload: msg.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: msg.CodeInferenceError, ErrorMessage: text}
+	var res *wire.Result
+	if req, err := wire.Decode([]byte(c.member)); err == nil {
+		res = wire.ErrorResult(req, wire.CodeInferenceError, text)
+	} else if de, ok := wire.AsDecodeError(err); ok && de.ID != "" {
+		res = &wire.Result{ID: de.ID, Payload: wire.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: wire.CodeInferenceError, ErrorMessage: text}
 	}
 	t.log.Error("dead-lettering a request that kept losing its lease", "queue", s.q.Name, "deliveries", c.deliveries-1)
 	var err error

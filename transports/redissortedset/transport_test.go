@@ -10,10 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -68,7 +68,7 @@ func (s *sub) none(within time.Duration) {
 // answer publishes an OK result for m and acks it.
 func (s *sub) answer(m *message.Message) {
 	s.t.Helper()
-	req, err := msg.Decode(m.Payload)
+	req, err := wire.Decode(m.Payload)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func (s *sub) answer(m *message.Message) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	out := message.NewMessage(m.UUID, (&msg.Result{ID: req.ID, StatusCode: 200, Payload: "{}"}).Marshal())
+	out := message.NewMessage(m.UUID, (&wire.Result{ID: req.ID, StatusCode: 200, Payload: "{}"}).Marshal())
 	out.Metadata = m.Metadata
 	if err := pub.Publish(s.q.ResultName, out); err != nil {
 		s.t.Fatal(err)
@@ -91,7 +91,7 @@ func (s *sub) close() {
 
 func idOf(t *testing.T, m *message.Message) string {
 	t.Helper()
-	r, err := msg.Decode(m.Payload)
+	r, err := wire.Decode(m.Payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,13 +111,13 @@ func TestOrdering(t *testing.T) {
 	ctx := context.Background()
 	q := queueOf("order")
 	base := time.Now().Add(time.Hour).Truncate(time.Second)
-	at := func(id string, d time.Duration) *msg.Request {
+	at := func(id string, d time.Duration) *wire.Request {
 		r := request(id, "", 0, nil)
 		r.Deadline = base.Add(d)
 		return r
 	}
 	// Deadlines 1 ms apart must come out in deadline order; equal deadlines in enqueue order.
-	batch := []*msg.Request{at("c", 3*time.Millisecond), at("eq1", time.Millisecond), at("a", 0)}
+	batch := []*wire.Request{at("c", 3*time.Millisecond), at("eq1", time.Millisecond), at("a", 0)}
 	if err := f.prod.EnqueueMany(ctx, q.Name, batch); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestClaimWithinCredits(t *testing.T) {
 	f := newFixture(t, simulator.Config{})
 	ctx := context.Background()
 	q := queueOf("credits")
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for _, id := range ids("c", 10) {
 		reqs = append(reqs, request(id, "", time.Hour, nil))
 	}
@@ -285,7 +285,7 @@ func TestMaxDeliveriesDeadLetters(t *testing.T) {
 	s := subscribe(t, tp, q, 10)
 	defer s.close()
 	res := f.collect(q.ResultName, 1, 5*time.Second)["p1"]
-	if res == nil || res.ErrorCode != msg.CodeInferenceError || res.Metadata["job_id"] != "job-p" {
+	if res == nil || res.ErrorCode != wire.CodeInferenceError || res.Metadata["job_id"] != "job-p" {
 		t.Fatalf("result %+v", res)
 	}
 	s.none(100 * time.Millisecond)
@@ -317,7 +317,7 @@ func TestRetryWaitsInDelaySetWithOriginalScore(t *testing.T) {
 	if got, err := strconv.ParseFloat(score, 64); err != nil || got != want {
 		t.Fatalf("score %s, want %v (the deadline at ms precision)", score, want)
 	}
-	payload, err := msg.WithRetryCount(m.Payload, 1)
+	payload, err := wire.WithRetryCount(m.Payload, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +343,7 @@ func TestRetryWaitsInDelaySetWithOriginalScore(t *testing.T) {
 	if waited := time.Since(start); waited < delay {
 		t.Fatalf("retry came back after %s, before its due time %s", waited, delay)
 	}
-	r, err := msg.Decode(m3.Payload)
+	r, err := wire.Decode(m3.Payload)
 	if err != nil || r.ID != "r1" || r.RetryCount != 1 || m3.Metadata.Get(rss.MetaScore) != score {
 		t.Fatalf("retried delivery %s %v (%v)", m3.Payload, m3.Metadata, err)
 	}

@@ -14,8 +14,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redisstream"
 	"github.com/sluice-io/sluice/transports/transporttest"
@@ -160,7 +160,7 @@ func TestLongRequestNotClaimedTwice(t *testing.T) {
 		t.Fatalf("the running request was claimed by a second consumer: %s", stolen.Payload)
 	}
 	pub, _ := a.Publisher(q)
-	res := msg.ErrorResult(&msg.Request{ID: "long"}, msg.CodeNone, "")
+	res := wire.ErrorResult(&wire.Request{ID: "long"}, wire.CodeNone, "")
 	out := message.NewMessage(m.UUID, res.Marshal())
 	out.Metadata = m.Metadata
 	if err := pub.Publish(q.ResultName, out); err != nil {

@@ -19,8 +19,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/gate"
-	msg "github.com/sluice-io/sluice/core/message"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Ordering is the delivery order a transport promises to one consumer.
@@ -98,7 +98,7 @@ func Request(id string, deadline time.Duration) []byte {
 // idOf decodes a request's id, failing t when it cannot.
 func idOf(t testing.TB, payload []byte) string {
 	t.Helper()
-	r, err := msg.Decode(payload)
+	r, err := wire.Decode(payload)
 	if err != nil {
 		t.Fatalf("delivered payload does not decode: %v: %s", err, payload)
 	}
@@ -202,11 +202,11 @@ func answer(t testing.TB, tp transport.Transport, q transport.Queue, m *message.
 	if err != nil {
 		t.Fatalf("Publisher: %v", err)
 	}
-	r, err := msg.Decode(m.Payload)
+	r, err := wire.Decode(m.Payload)
 	if err != nil {
 		t.Fatalf("delivered payload does not decode: %v", err)
 	}
-	res := &msg.Result{ID: r.ID, StatusCode: 200, Payload: `{"ok":true}`, Metadata: r.Metadata}
+	res := &wire.Result{ID: r.ID, StatusCode: 200, Payload: `{"ok":true}`, Metadata: r.Metadata}
 	out := message.NewMessage(m.UUID, res.Marshal())
 	out.Metadata = m.Metadata
 	if err := pub.Publish(q.ResultName, out); err != nil {
@@ -364,7 +364,7 @@ func testRequeue(t *testing.T, h Harness) {
 	defer c.close(t)
 	h.Publish(t, q, Request("d1", time.Hour))
 	m := c.mustNext(t, wait, "first delivery")
-	next, err := msg.WithRetryCount(m.Payload, 1)
+	next, err := wire.WithRetryCount(m.Payload, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +378,7 @@ func testRequeue(t *testing.T, h Harness) {
 	if early := time.Until(due); early > 50*time.Millisecond {
 		t.Fatalf("re-queued request delivered %s before its due time", early)
 	}
-	r, err := msg.Decode(again.Payload)
+	r, err := wire.Decode(again.Payload)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +409,7 @@ func testResults(t *testing.T, h Harness) {
 	}
 	seen := map[string]bool{}
 	for _, b := range got {
-		r, err := msg.DecodeResult(b)
+		r, err := wire.DecodeResult(b)
 		if err != nil {
 			t.Fatalf("result does not decode: %v: %s", err, b)
 		}
@@ -488,7 +488,7 @@ func testConcurrent(t *testing.T, h Harness) {
 				if m == nil {
 					return
 				}
-				r, err := msg.Decode(m.Payload)
+				r, err := wire.Decode(m.Payload)
 				if err != nil {
 					t.Errorf("decode: %v", err)
 					return

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // CancelKey is upstream's cancellation key of a request id; a producer
@@ -19,7 +19,7 @@ func CancelKey(id string) string { return "request-cancel:" + id }
 // Cancelled reports whether upstream's producer cancelled req: its cancel
 // key holds req's token. Requests without a token (the flat form) cost no
 // round trip.
-func Cancelled(ctx context.Context, c redis.Cmdable, req *msg.Request) (bool, error) {
+func Cancelled(ctx context.Context, c redis.Cmdable, req *wire.Request) (bool, error) {
 	if req.Token == "" {
 		return false, nil
 	}

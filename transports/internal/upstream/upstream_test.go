@@ -7,7 +7,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 func TestCancelled(t *testing.T) {
@@ -19,13 +19,13 @@ func TestCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		req  msg.Request
+		req  wire.Request
 		want bool
 	}{
-		{msg.Request{ID: "r1", Token: "tok-1"}, true},
-		{msg.Request{ID: "r1", Token: "other"}, false}, // an older enqueue of the same id
-		{msg.Request{ID: "r1"}, false},                 // flat form: no token, no lookup
-		{msg.Request{ID: "r2", Token: "tok-2"}, false},
+		{wire.Request{ID: "r1", Token: "tok-1"}, true},
+		{wire.Request{ID: "r1", Token: "other"}, false}, // an older enqueue of the same id
+		{wire.Request{ID: "r1"}, false},                 // flat form: no token, no lookup
+		{wire.Request{ID: "r2", Token: "tok-2"}, false},
 	} {
 		got, err := Cancelled(ctx, c, &tc.req)
 		if err != nil || got != tc.want {
@@ -33,7 +33,7 @@ func TestCancelled(t *testing.T) {
 		}
 	}
 	mr.Close()
-	if _, err := Cancelled(ctx, c, &msg.Request{ID: "r1", Token: "tok-1"}); err == nil {
+	if _, err := Cancelled(ctx, c, &wire.Request{ID: "r1", Token: "tok-1"}); err == nil {
 		t.Error("no error with Redis down")
 	}
 }

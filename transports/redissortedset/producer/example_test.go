@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -30,9 +30,9 @@ func ExampleProducer() {
 	defer p.Close()
 
 	queue := p.Names().RequestQueue("pool-a")
-	var reqs []*msg.Request
+	var reqs []*wire.Request
 	for i, job := range []string{"job-1", "job-1", "job-2"} {
-		reqs = append(reqs, &msg.Request{
+		reqs = append(reqs, &wire.Request{
 			ID:       fmt.Sprintf("req-%d", i),
 			Deadline: time.Now().Add(24 * time.Hour),
 			Payload:  json.RawMessage(`{"model":"Qwen/Qwen3-0.6B","prompt":"What is 2+2?"}`),
@@ -51,7 +51,7 @@ func ExampleProducer() {
 	fmt.Println("queue:", queue, "waiting:", p.Client().ZCard(ctx, queue).Val(), "cancelled and moved to the front:", moved)
 
 	results := p.Names().ResultQueue("pool-a", "") // llm-d-async:results:pool-a:$batch
-	res := msg.Result{ID: "req-0", StatusCode: 200, Payload: `{"choices":[]}`}
+	res := wire.Result{ID: "req-0", StatusCode: 200, Payload: `{"choices":[]}`}
 	p.Client().LPush(ctx, results, res.Marshal()) // sluice does this
 
 	reader := p.Results(results, producer.ReaderOptions{})

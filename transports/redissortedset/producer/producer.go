@@ -27,7 +27,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
@@ -111,14 +111,14 @@ func (p *Producer) Close() error {
 }
 
 // Enqueue adds one request to queue.
-func (p *Producer) Enqueue(ctx context.Context, queue string, req *msg.Request) error {
-	return p.EnqueueMany(ctx, queue, []*msg.Request{req})
+func (p *Producer) Enqueue(ctx context.Context, queue string, req *wire.Request) error {
+	return p.EnqueueMany(ctx, queue, []*wire.Request{req})
 }
 
 // EnqueueMany adds requests to queue in order, pipelined: one round trip
 // for up to ChunkSize×64 requests. Requests are validated first (an invalid
 // one fails the call before anything is written).
-func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*msg.Request) error {
+func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.Request) error {
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -128,7 +128,7 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*msg.Re
 	var chunks [][]any
 	args := append([]any(nil), head...)
 	for _, r := range reqs {
-		b, err := msg.EncodeRequest(r)
+		b, err := wire.EncodeRequest(r)
 		if err != nil {
 			return err
 		}
@@ -268,7 +268,7 @@ type ResultLease struct {
 	// Raw is the result as written; Ack needs it.
 	Raw string
 	// Result is the decoded result (nil when Raw does not decode; see Err).
-	Result *msg.Result
+	Result *wire.Result
 	// Err is why Raw did not decode.
 	Err error
 }
@@ -282,7 +282,7 @@ func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
 	out := make([]ResultLease, len(raw))
 	for i, s := range raw {
 		out[i].Raw = s
-		out[i].Result, out[i].Err = msg.DecodeResult([]byte(s))
+		out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
 	}
 	return out, nil
 }

@@ -8,7 +8,7 @@ import (
 	"os"
 
 	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -25,7 +25,7 @@ func (g testGate) Budget(ctx context.Context) (float64, error) {
 	return 1, nil
 }
 
-func (g testGate) Admit(ctx context.Context, _ *message.Request) (gate.Decision, error) {
+func (g testGate) Admit(ctx context.Context, _ *wire.Request) (gate.Decision, error) {
 	if g.mode == "hang" {
 		<-ctx.Done()
 		return gate.Decision{}, ctx.Err()

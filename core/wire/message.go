@@ -1,4 +1,4 @@
-// Package message is sluice's wire model: the request a producer enqueues, the
+// Package wire is sluice's wire model: the request a producer enqueues, the
 // result sluice writes back, and the error codes a result can carry.
 //
 // Two request forms are accepted (see COMPAT.md):
@@ -10,7 +10,7 @@
 //
 // The payload is kept as the exact bytes the producer wrote: sluice forwards it
 // to the gateway byte for byte and never re-marshals it.
-package message
+package wire
 
 import (
 	"encoding/json"

@@ -573,7 +573,7 @@ const file_gate_proto_rawDesc = "" +
 	"\tConfigure\x12 .sluice.gate.v1.ConfigureRequest\x1a!.sluice.gate.v1.ConfigureResponse\x12G\n" +
 	"\x06Budget\x12\x1d.sluice.gate.v1.BudgetRequest\x1a\x1e.sluice.gate.v1.BudgetResponse\x12D\n" +
 	"\x05Admit\x12\x1c.sluice.gate.v1.AdmitRequest\x1a\x1d.sluice.gate.v1.AdmitResponse\x12M\n" +
-	"\bDescribe\x12\x1f.sluice.gate.v1.DescribeRequest\x1a .sluice.gate.v1.DescribeResponseB2Z0github.com/sluice-io/sluice/plugins/proto;gatepbb\x06proto3"
+	"\bDescribe\x12\x1f.sluice.gate.v1.DescribeRequest\x1a .sluice.gate.v1.DescribeResponseB3Z1github.com/sluice-io/sluice/plugins/gatepb;gatepbb\x06proto3"
 
 var (
 	file_gate_proto_rawDescOnce sync.Once

@@ -17,9 +17,9 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
-	msg "github.com/sluice-io/sluice/core/message"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -50,10 +50,10 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer p.Close()
-	reqs := make([]*msg.Request, n)
+	reqs := make([]*wire.Request, n)
 	dl := time.Now().Add(time.Hour)
 	for i := range reqs {
-		reqs[i] = &msg.Request{ID: "b-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
+		reqs[i] = &wire.Request{ID: "b-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
 			Payload:  json.RawMessage(`{"model":"m","prompt":"What is 2+2?","max_tokens":16}`),
 			Metadata: map[string]string{"job_id": "bench", "request_index": strconv.Itoa(i)}}
 	}
@@ -192,7 +192,7 @@ func benchBaselineRedis(ctx context.Context, c *redis.Client, gw string, n int) 
 		go func() {
 			defer wg.Done()
 			for it := range work {
-				req, err := msg.Decode([]byte(it.member))
+				req, err := wire.Decode([]byte(it.member))
 				if err != nil {
 					fail(err)
 					cancel()
@@ -208,7 +208,7 @@ func benchBaselineRedis(ctx context.Context, c *redis.Client, gw string, n int) 
 				}
 				body, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				res := msg.Result{ID: req.ID, StatusCode: resp.StatusCode, Payload: string(body), Metadata: req.Metadata}
+				res := wire.Result{ID: req.ID, StatusCode: resp.StatusCode, Payload: string(body), Metadata: req.Metadata}
 				if err := baseAck.Run(rctx, c, []string{ks[1], ks[2], results}, it.tok, res.Marshal()).Err(); err != nil {
 					fail(err)
 					cancel()

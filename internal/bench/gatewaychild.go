@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 )
 
 // gatewayChildEnv runs this program as a gateway simulator only (value:

@@ -6,15 +6,15 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/dispatch"
-	msg "github.com/sluice-io/sluice/core/message"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
 )
 
 // okDispatcher answers every request at once, without HTTP: what is left is
 // the framework's own cost per message (claim, router, middleware, result).
 type okDispatcher struct{}
 
-func (okDispatcher) Do(context.Context, dispatch.Target, *msg.Request) dispatch.Outcome {
+func (okDispatcher) Do(context.Context, dispatch.Target, *wire.Request) dispatch.Outcome {
 	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
 }
 

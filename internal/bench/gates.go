@@ -28,7 +28,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/simulator"
+	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
