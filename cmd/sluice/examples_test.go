@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 var exampleTransports = []string{"memory", "redis-sortedset", "redis-pubsub", "redis-stream", "gcp-pubsub"}

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 

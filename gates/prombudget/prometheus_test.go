@@ -17,8 +17,8 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/gates/prombudget"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 

@@ -27,8 +27,8 @@ import (
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/redisbudget"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 

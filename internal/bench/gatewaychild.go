@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // gatewayChildEnv runs this program as a gateway simulator only (value:

@@ -17,8 +17,8 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redisstream"

@@ -13,8 +13,8 @@ import (
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
