@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
 )
 
@@ -60,7 +61,7 @@ func TestRefresherPolicies(t *testing.T) {
 					default:
 					}
 				}})
-			c := gate.NewCredits(10, gate.RampConfig{})
+			c := credit.NewPool(10, credit.Ramp{})
 			r.Attach(c)
 			r.Start(context.Background()) // the first refresh runs in Start
 			var budgets []float64

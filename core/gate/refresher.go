@@ -8,6 +8,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/sluice-io/sluice/core/credit"
 )
 
 // RefresherConfig configures a Refresher.
@@ -35,7 +37,7 @@ type Refresher struct {
 	gate Gate
 
 	mu       sync.Mutex
-	credits  []*Credits
+	credits  []*credit.Pool
 	budget   float64
 	lastGood float64
 	hasGood  bool
@@ -73,7 +75,7 @@ func (r *Refresher) Gate() Gate { return r.gate }
 
 // Attach makes c follow this gate's budget. Attach before Start, or the
 // credits get the budget at the next refresh.
-func (r *Refresher) Attach(c *Credits) {
+func (r *Refresher) Attach(c *credit.Pool) {
 	r.mu.Lock()
 	r.credits = append(r.credits, c)
 	has := r.started

@@ -22,6 +22,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
@@ -39,7 +40,7 @@ type Queue struct {
 	// MaxConcurrency is the in-flight limit at budget 1.
 	MaxConcurrency int
 	// Ramp bounds how fast credits return when the budget rises.
-	Ramp gate.RampConfig
+	Ramp credit.Ramp
 }
 
 // Config configures a Pipeline.
@@ -129,7 +130,7 @@ type Pipeline struct {
 type queueRun struct {
 	spec    Queue
 	mq      *mw.Queue
-	credits *gate.Credits
+	credits *credit.Pool
 }
 
 // New validates cfg and builds the pipeline.
@@ -150,7 +151,7 @@ func New(cfg Config) (*Pipeline, error) {
 		p.delay = newDelayQueue(rp, cfg.Logger)
 	}
 	for _, q := range cfg.Queues {
-		qr := &queueRun{spec: q, credits: gate.NewCredits(q.MaxConcurrency, q.Ramp)}
+		qr := &queueRun{spec: q, credits: credit.NewPool(q.MaxConcurrency, q.Ramp)}
 		qr.mq = &mw.Queue{Queue: q.Queue, Target: q.Target, Metrics: cfg.Metrics.For(q.ID, q.Name, q.Pool)}
 		if a, ok := q.Gate.Gate().(gate.Admitter); ok {
 			qr.mq.Admitter = a
@@ -166,7 +167,7 @@ func New(cfg Config) (*Pipeline, error) {
 func (p *Pipeline) Ready() bool { return p.ready.Load() }
 
 // Credits returns the credits of queue id (nil if unknown); for tests and benchmarks.
-func (p *Pipeline) Credits(id string) *gate.Credits {
+func (p *Pipeline) Credits(id string) *credit.Pool {
 	for _, q := range p.queues {
 		if q.spec.ID == id {
 			return q.credits

@@ -42,7 +42,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -62,7 +62,7 @@ type Queue struct {
 type Transport interface {
 	// Subscriber returns the request subscriber of q, honouring credits (see
 	// the package doc). The core subscribes to q.Name. The router closes it.
-	Subscriber(q Queue, credits *gate.Credits) (message.Subscriber, error)
+	Subscriber(q Queue, credits *credit.Pool) (message.Subscriber, error)
 	// Publisher returns the result publisher for q; the core publishes to
 	// q.ResultName. The router closes it, so a transport sharing a client
 	// between queues returns a wrapper whose Close leaves the client open.

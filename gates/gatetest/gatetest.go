@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -268,7 +269,7 @@ func testOptional(t *testing.T, g gate.Gate) {
 // testRefresher runs the gate under a Refresher, as the pipeline does.
 func testRefresher(t *testing.T, g gate.Gate) {
 	r := gate.NewRefresher(g, gate.RefresherConfig{Name: "gatetest", Interval: 10 * time.Millisecond})
-	c := gate.NewCredits(100, gate.RampConfig{})
+	c := credit.NewPool(100, credit.Ramp{})
 	r.Attach(c)
 	r.Start(context.Background())
 	time.Sleep(50 * time.Millisecond)

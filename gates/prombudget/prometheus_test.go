@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -179,7 +180,7 @@ func testDispatchStops(t *testing.T, promURL, simURL string, sim *simulator.Serv
 	waitLimit(t, credits, 38)
 }
 
-func waitInflightAtMost(t *testing.T, c *gate.Credits, n int) {
+func waitInflightAtMost(t *testing.T, c *credit.Pool, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for inflight, _, _ := c.Snapshot(); inflight > n; inflight, _, _ = c.Snapshot() {
@@ -190,7 +191,7 @@ func waitInflightAtMost(t *testing.T, c *gate.Credits, n int) {
 	}
 }
 
-func waitLimit(t *testing.T, c *gate.Credits, want int) {
+func waitLimit(t *testing.T, c *credit.Pool, want int) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {

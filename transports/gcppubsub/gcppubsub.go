@@ -60,7 +60,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -333,7 +333,7 @@ func (t *Transport) Publisher(transport.Queue) (message.Publisher, error) {
 }
 
 // Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (message.Subscriber, error) {
+func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
 	if credits == nil {
 		return nil, fmt.Errorf("gcp-pubsub subscriber %s: nil credits", q.Name)
 	}

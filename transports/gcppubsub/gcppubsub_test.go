@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -315,7 +315,7 @@ func subscribe(t *testing.T, addr string, q transport.Queue) (*gcppubsub.Transpo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tp.Close() })
-	credits := gate.NewCredits(4, gate.RampConfig{})
+	credits := credit.NewPool(4, credit.Ramp{})
 	credits.SetBudget(1)
 	sub, err := tp.Subscriber(q, credits)
 	if err != nil {

@@ -12,13 +12,13 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 )
 
 // subscriber receives one subscription and delivers within its credits.
 type subscriber struct {
 	t       *Transport
-	credits *gate.Credits
+	credits *credit.Pool
 
 	mu      sync.Mutex
 	started bool

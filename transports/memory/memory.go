@@ -20,7 +20,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -269,7 +269,7 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 func (resultPublisher) Close() error { return nil }
 
 // Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (message.Subscriber, error) {
+func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
 	if credits == nil {
 		return nil, fmt.Errorf("memory subscriber %s: nil credits", q.Name)
 	}
@@ -295,7 +295,7 @@ func (t *Transport) Close() error {
 
 type subscriber struct {
 	t       *Transport
-	credits *gate.Credits
+	credits *credit.Pool
 
 	mu     sync.Mutex
 	closed bool

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redispubsub"
@@ -141,7 +141,7 @@ func TestRetryWaitsForASubscriber(t *testing.T) {
 	defer tp.Close()
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	other := transport.Queue{ID: "o", Name: "other", ResultName: "results"}
-	credits := gate.NewCredits(4, gate.RampConfig{})
+	credits := credit.NewPool(4, credit.Ramp{})
 	credits.SetBudget(1)
 	sub, _ := tp.Subscriber(other, credits) // starts the mover; listens elsewhere
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -24,7 +24,7 @@ type subscriber struct {
 	t       *Transport
 	q       transport.Queue
 	qs      *queueState
-	credits *gate.Credits
+	credits *credit.Pool
 
 	mu     sync.Mutex
 	closed bool

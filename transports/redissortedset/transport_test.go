@@ -9,7 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -23,7 +23,7 @@ type sub struct {
 	t       *testing.T
 	tp      *rss.Transport
 	q       transport.Queue
-	credits *gate.Credits
+	credits *credit.Pool
 	s       message.Subscriber
 	ch      <-chan *message.Message
 	cancel  context.CancelFunc
@@ -31,7 +31,7 @@ type sub struct {
 
 func subscribe(t *testing.T, tp *rss.Transport, q transport.Queue, maxInflight int) *sub {
 	t.Helper()
-	c := gate.NewCredits(maxInflight, gate.RampConfig{})
+	c := credit.NewPool(maxInflight, credit.Ramp{})
 	c.SetBudget(1)
 	s, err := tp.Subscriber(q, c)
 	if err != nil {

@@ -46,7 +46,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
@@ -490,7 +490,7 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 func (resultPublisher) Close() error { return nil }
 
 // Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *gate.Credits) (message.Subscriber, error) {
+func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
 	if credits == nil {
 		return nil, fmt.Errorf("redis-stream subscriber %s: nil credits", q.Name)
 	}

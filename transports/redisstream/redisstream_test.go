@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -111,7 +111,7 @@ type consumer struct {
 
 func subscribe(t testing.TB, tp transport.Transport, q transport.Queue) *consumer {
 	t.Helper()
-	credits := gate.NewCredits(8, gate.RampConfig{})
+	credits := credit.NewPool(8, credit.Ramp{})
 	credits.SetBudget(1)
 	sub, err := tp.Subscriber(q, credits)
 	if err != nil {

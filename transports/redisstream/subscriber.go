@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -21,7 +21,7 @@ import (
 // takes over entries of dead consumers.
 type subscriber struct {
 	t       *Transport
-	credits *gate.Credits
+	credits *credit.Pool
 
 	mu      sync.Mutex
 	stream  string

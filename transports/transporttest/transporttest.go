@@ -18,7 +18,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -137,14 +137,14 @@ func Run(t *testing.T, h Harness) {
 // consumer is one subscription as the pipeline holds it.
 type consumer struct {
 	sub     message.Subscriber
-	credits *gate.Credits
+	credits *credit.Pool
 	ch      <-chan *message.Message
 	cancel  context.CancelFunc
 }
 
 func subscribe(t testing.TB, h Harness, tp transport.Transport, q transport.Queue, max int) *consumer {
 	t.Helper()
-	credits := gate.NewCredits(max, gate.RampConfig{})
+	credits := credit.NewPool(max, credit.Ramp{})
 	credits.SetBudget(1)
 	sub, err := tp.Subscriber(q, credits)
 	if err != nil {
@@ -256,7 +256,7 @@ func testDeliverAndAck(t *testing.T, h Harness) {
 // waitCredits waits until the credits in use come down to n. A subscriber
 // may hold credits while it waits for new messages, so the suite checks
 // after closing it.
-func waitCredits(t testing.TB, c *gate.Credits, n int) {
+func waitCredits(t testing.TB, c *credit.Pool, n int) {
 	t.Helper()
 	deadline := time.Now().Add(wait)
 	for {

@@ -1,4 +1,4 @@
-package gate
+package credit
 
 import (
 	"context"
@@ -20,7 +20,7 @@ func (c *fakeClock) Add(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func TestCreditsLimitIsCeilOfBudget(t *testing.T) {
+func TestPoolLimitIsCeilOfBudget(t *testing.T) {
 	for _, tc := range []struct {
 		max    int
 		budget float64
@@ -29,7 +29,7 @@ func TestCreditsLimitIsCeilOfBudget(t *testing.T) {
 		{100, 1, 100}, {100, 0, 0}, {100, 0.001, 1}, {100, 0.5, 50}, {100, 0.501, 51},
 		{8, 0.05, 1}, {64, 2, 64}, {64, -1, 0},
 	} {
-		c := NewCredits(tc.max, RampConfig{})
+		c := NewPool(tc.max, Ramp{})
 		c.SetBudget(tc.budget)
 		if got := c.TryAcquire(1 << 20); got != tc.want {
 			t.Errorf("max %d budget %v: granted %d, want %d", tc.max, tc.budget, got, tc.want)
@@ -37,8 +37,8 @@ func TestCreditsLimitIsCeilOfBudget(t *testing.T) {
 	}
 }
 
-func TestCreditsReleaseAndAcquireWait(t *testing.T) {
-	c := NewCredits(2, RampConfig{})
+func TestPoolReleaseAndAcquireWait(t *testing.T) {
+	c := NewPool(2, Ramp{})
 	c.SetBudget(1)
 	if n := c.TryAcquire(5); n != 2 {
 		t.Fatalf("granted %d, want 2", n)
@@ -69,9 +69,9 @@ func TestCreditsReleaseAndAcquireWait(t *testing.T) {
 	}
 }
 
-func TestCreditsFallAtOnceRiseAlongRamp(t *testing.T) {
+func TestPoolFallAtOnceRiseAlongRamp(t *testing.T) {
 	clk := &fakeClock{now: time.Unix(1000, 0)}
-	c := NewCredits(100, RampConfig{Step: 10, Interval: 100 * time.Millisecond})
+	c := NewPool(100, Ramp{Step: 10, Interval: 100 * time.Millisecond})
 	c.now = clk.Now
 	c.SetBudget(1) // first budget applies at once
 	if _, limit, _ := c.Snapshot(); limit != 100 {
@@ -102,8 +102,8 @@ func TestCreditsFallAtOnceRiseAlongRamp(t *testing.T) {
 	}
 }
 
-func TestCreditsConcurrentNeverExceedLimit(t *testing.T) {
-	c := NewCredits(7, RampConfig{})
+func TestPoolConcurrentNeverExceedLimit(t *testing.T) {
+	c := NewPool(7, Ramp{})
 	c.SetBudget(1)
 	var mu sync.Mutex
 	held, peak := 0, 0

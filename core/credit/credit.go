@@ -1,4 +1,8 @@
-package gate
+// Package credit turns a gate's budget into an in-flight limit: a Pool of
+// credits, one per request in flight. It is a leaf package: the gates set a
+// pool's budget, the claim loop (core/transport) takes and returns credits,
+// and neither needs the other.
+package credit
 
 import (
 	"context"
@@ -7,15 +11,15 @@ import (
 	"time"
 )
 
-// RampConfig bounds how fast credits come back when a budget rises.
-type RampConfig struct {
+// Ramp bounds how fast credits come back when a budget rises.
+type Ramp struct {
 	// Step is the most credits added per Interval (0: a tenth of the maximum, at least 1).
 	Step int
 	// Interval is the ramp's tick (default 50ms).
 	Interval time.Duration
 }
 
-func (r *RampConfig) setDefaults(max int) {
+func (r *Ramp) setDefaults(max int) {
 	if r.Step <= 0 {
 		r.Step = int(math.Ceil(float64(max) / 10))
 		if r.Step < 1 {
@@ -27,20 +31,20 @@ func (r *RampConfig) setDefaults(max int) {
 	}
 }
 
-// Credits is a queue's in-flight allowance. Its limit follows the gate's
+// Pool is a queue's in-flight allowance. Its limit follows the gate's
 // budget: ceil(max × budget), so any budget above zero lets at least one
 // request through. A falling budget lowers the limit at once (requests in
 // flight finish; no new ones start); a rising budget raises it by at most
-// RampConfig.Step per RampConfig.Interval, so a gate that reopens over a
+// Ramp.Step per Ramp.Interval, so a gate that reopens over a
 // deep backlog does not release a thundering herd. The first budget applies
 // at once.
 //
-// A transport's subscriber calls Acquire before it claims messages, claims at
-// most what it was granted, gives back what it did not use with Release, and
-// calls Release(1) when a delivered message is acked or nacked.
-type Credits struct {
+// The claim loop (core/transport) calls Acquire before it claims messages,
+// claims at most what it was granted, gives back what it did not use with
+// Release, and calls Release(1) when a delivered message is settled.
+type Pool struct {
 	max  int
-	ramp RampConfig
+	ramp Ramp
 	now  func() time.Time
 
 	mu        sync.Mutex
@@ -52,21 +56,21 @@ type Credits struct {
 	avail     chan struct{} // one token: "credits may be free, look again"
 }
 
-// NewCredits returns credits for a queue whose limit at budget 1 is max.
+// NewPool returns credits for a queue whose limit at budget 1 is max.
 // Until the first SetBudget the limit is 0.
-func NewCredits(max int, ramp RampConfig) *Credits {
+func NewPool(max int, ramp Ramp) *Pool {
 	if max < 1 {
 		max = 1
 	}
 	ramp.setDefaults(max)
-	return &Credits{max: max, ramp: ramp, now: time.Now, avail: make(chan struct{}, 1)}
+	return &Pool{max: max, ramp: ramp, now: time.Now, avail: make(chan struct{}, 1)}
 }
 
 // Max returns the limit at budget 1.
-func (c *Credits) Max() int { return c.max }
+func (c *Pool) Max() int { return c.max }
 
 // SetBudget sets the budget; values outside [0,1] are clamped.
-func (c *Credits) SetBudget(b float64) {
+func (c *Pool) SetBudget(b float64) {
 	if b != b || b < 0 { // NaN or negative
 		b = 0
 	}
@@ -89,7 +93,7 @@ func (c *Credits) SetBudget(b float64) {
 }
 
 // lastRampIfIdle starts the ramp clock when a rise begins. Caller holds mu.
-func (c *Credits) lastRampIfIdle() {
+func (c *Pool) lastRampIfIdle() {
 	if c.limit >= c.target {
 		c.lastRamp = time.Time{}
 	} else if c.lastRamp.IsZero() {
@@ -99,7 +103,7 @@ func (c *Credits) lastRampIfIdle() {
 
 // advance moves the limit toward the target along the ramp and returns how
 // long until the next step (0 when there is none). Caller holds mu.
-func (c *Credits) advance() time.Duration {
+func (c *Pool) advance() time.Duration {
 	if c.limit >= c.target {
 		return 0
 	}
@@ -121,7 +125,7 @@ func (c *Credits) advance() time.Duration {
 
 // TryAcquire takes up to want free credits without waiting and returns how
 // many it took.
-func (c *Credits) TryAcquire(want int) int {
+func (c *Pool) TryAcquire(want int) int {
 	c.mu.Lock()
 	n, _ := c.take(want)
 	c.mu.Unlock()
@@ -129,7 +133,7 @@ func (c *Credits) TryAcquire(want int) int {
 }
 
 // take is TryAcquire under mu; it also returns the wait until the ramp's next step.
-func (c *Credits) take(want int) (int, time.Duration) {
+func (c *Pool) take(want int) (int, time.Duration) {
 	next := c.advance()
 	free := c.limit - c.inflight
 	if free <= 0 || want <= 0 {
@@ -147,7 +151,7 @@ func (c *Credits) take(want int) (int, time.Duration) {
 
 // Acquire waits until at least one credit is free and takes up to want of
 // them. It returns ctx's error when ctx ends first.
-func (c *Credits) Acquire(ctx context.Context, want int) (int, error) {
+func (c *Pool) Acquire(ctx context.Context, want int) (int, error) {
 	if want <= 0 {
 		want = 1
 	}
@@ -183,7 +187,7 @@ func (c *Credits) Acquire(ctx context.Context, want int) (int, error) {
 }
 
 // Release gives back n credits (unused grants, or finished messages).
-func (c *Credits) Release(n int) {
+func (c *Pool) Release(n int) {
 	if n <= 0 {
 		return
 	}
@@ -196,7 +200,7 @@ func (c *Credits) Release(n int) {
 	c.signal()
 }
 
-func (c *Credits) signal() {
+func (c *Pool) signal() {
 	select {
 	case c.avail <- struct{}{}:
 	default:
@@ -205,7 +209,7 @@ func (c *Credits) signal() {
 
 // Snapshot reports the in-flight count, the current limit and the target the
 // limit is ramping toward.
-func (c *Credits) Snapshot() (inflight, limit, target int) {
+func (c *Pool) Snapshot() (inflight, limit, target int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.advance()
