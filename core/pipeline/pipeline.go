@@ -255,7 +255,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	}
 
 	for _, q := range p.queues {
-		sub, err := p.cfg.Transport.Subscriber(q.spec.Queue, q.credits)
+		sub, err := transport.NewSubscriber(p.cfg.Transport, q.spec.Queue, q.credits, log)
 		if err != nil {
 			return fmt.Errorf("queue %s: subscriber: %w", q.spec.ID, err)
 		}

@@ -5,44 +5,54 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluice-io/sluice/core/credit"
 )
 
 // Settling without a goroutine per message.
 //
 // A Watermill subscriber learns that a delivery was acked or nacked by
 // waiting on its Acked and Nacked channels, which costs one goroutine per
-// message in flight. A transport may instead attach a hook with OnSettle
-// before it hands the message out; the core then settles every delivery
-// with Ack or Nack below, which run the hook (once) and then ack or nack the
-// message as usual. Consumers of such a transport outside the core must
-// settle the same way.
+// message in flight. The claim loop instead attaches a settle hook to every
+// message it delivers; the core settles each delivery with Ack or Nack
+// below, which run the hook once (Source.Settle, then the credit goes back
+// to the pool) and then ack or nack the message as usual. Consumers of a
+// subscriber from NewSubscriber outside the core must settle the same way.
 
 type settleKey struct{}
 
 type settleHook struct {
 	done atomic.Bool
-	fn   func(acked bool)
+	m    *message.Message
+	src  Source
+	pool *credit.Pool
 }
 
-// OnSettle makes fn run once when m is settled through Ack or Nack.
-func OnSettle(m *message.Message, fn func(acked bool)) {
-	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{fn: fn}))
+// onSettle makes m's first Ack or Nack settle it with src and free its
+// credit in pool.
+func onSettle(m *message.Message, src Source, pool *credit.Pool) {
+	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{m: m, src: src, pool: pool}))
 }
 
-func settle(m *message.Message, acked bool) {
-	if h, ok := m.Context().Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
-		h.fn(acked)
+// SettleContext settles the delivery whose context ctx is, or derives from,
+// once: a result message built with its delivery's context carries the hook,
+// so the publisher that wrote the result can settle the delivery
+// (acked: the result was written; otherwise it is handed back).
+func SettleContext(ctx context.Context, acked bool) {
+	if h, ok := ctx.Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
+		h.src.Settle(h.m, acked)
+		h.pool.Release(1)
 	}
 }
 
 // Ack runs m's settle hook, if any, and acks m.
 func Ack(m *message.Message) {
-	settle(m, true)
+	SettleContext(m.Context(), true)
 	m.Ack()
 }
 
 // Nack runs m's settle hook, if any, and nacks m.
 func Nack(m *message.Message) {
-	settle(m, false)
+	SettleContext(m.Context(), false)
 	m.Nack()
 }

@@ -1,33 +1,31 @@
 // Package transport is the contract between sluice's core and the queues it
-// reads requests from and writes results to.
+// reads requests from and writes results to, and the one claim loop every
+// transport runs through.
 //
-// A Transport hands the core a Watermill Subscriber per request queue and a
-// Watermill Publisher for results. Beyond those two, the core needs a few
-// capabilities, each an optional interface found by type assertion:
+// A Transport supplies only its broker calls: per request queue a Source
+// (claim up to n, wait, settle, hand back), and a Watermill Publisher for
+// results. NewSubscriber turns a Source into the Watermill Subscriber the
+// core's router reads: it takes a credit (core/credit) before every message
+// it claims, so a gate's budget bounds the requests in flight, and frees it
+// when the core settles the delivery through Ack or Nack (a hook, not a
+// goroutine per message). Beyond those, the core uses a few capabilities,
+// each an optional interface found by type assertion:
 //
 //   - Requeuer: delayed re-queue for retries and deferrals (without it the
 //     core holds the message in its own timer heap, DelayQueue, which holds no
 //     worker but does not survive a crash);
 //   - CancelChecker and CancelWatcher: cancellation before and during dispatch;
 //   - DepthReporter: queue depths for metrics and `sluice queues`;
-//   - DeadLetterer: a place for messages that cannot even be answered.
-//
-// Credits: a Subscriber returned by Subscriber(q, credits) must hand out a
-// message only while it holds a credit for it (Credits.Acquire before it
-// claims, at most as many messages as granted), and must call
-// credits.Release(1) once the message is acked or nacked. The core settles
-// every delivery through transport.Ack / transport.Nack, so a transport can
-// learn the outcome from a hook (OnSettle) instead of a goroutine per message
-// waiting on the Acked and Nacked channels. This is how a gate's
-// budget bounds the requests in flight: Watermill's router starts a goroutine
-// per delivered message and has no limit of its own.
+//   - DeadLetterer: a place for messages that cannot even be answered;
+//   - EventCounter: transport-specific counts for metrics.
 //
 // Ack means "done with this delivery": the result (if any) was published, or
-// the message was re-queued through Requeue. Nack means "hand it back": the
-// transport must make it available again (at once) without losing it; the
-// core nacks on shutdown and when publishing a result failed.
+// the message was re-queued through Requeue or dead-lettered. Nack means
+// "hand it back": the transport must make it available again (at once)
+// without losing it; the core nacks on shutdown and when writing a result
+// failed. transporttest is the conformance suite every transport passes.
 //
-// Implementations live in transports/; cmd/sluice registers them.
+// Implementations live in transports/; cmd/sluice chooses them.
 package transport
 
 import (
@@ -35,14 +33,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/credit"
+	"github.com/sluice-io/sluice/core/registry"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -60,9 +56,9 @@ type Queue struct {
 
 // Transport is one configured transport of a deployment.
 type Transport interface {
-	// Subscriber returns the request subscriber of q, honouring credits (see
-	// the package doc). The core subscribes to q.Name. The router closes it.
-	Subscriber(q Queue, credits *credit.Pool) (message.Subscriber, error)
+	// Source returns the broker side of request queue q (q.Name); the core
+	// runs it through NewSubscriber, which closes it.
+	Source(q Queue) (Source, error)
 	// Publisher returns the result publisher for q; the core publishes to
 	// q.ResultName. The router closes it, so a transport sharing a client
 	// between queues returns a wrapper whose Close leaves the client open.
@@ -135,56 +131,21 @@ type Env struct {
 // reject unknown options.
 type Factory func(options json.RawMessage, env Env) (Transport, error)
 
-// Registry maps transport names to factories.
+// Registry maps transport names to factories: the "transport" namespace of
+// the generic registry (Register, Lookup, Has, Names: a duplicate name is an
+// error, an unknown one an error naming the known ones), plus New.
 type Registry struct {
-	mu        sync.RWMutex
-	factories map[string]Factory
+	*registry.Registry[Factory]
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{factories: map[string]Factory{}} }
+func NewRegistry() *Registry { return &Registry{registry.New[Factory]("transport")} }
 
-// Register adds a transport; a duplicate name is an error.
-func (r *Registry) Register(name string, f Factory) error {
-	if name == "" || f == nil {
-		return fmt.Errorf("register transport: empty name or nil factory")
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.factories[name]; dup {
-		return fmt.Errorf("register transport %q: already registered", name)
-	}
-	r.factories[name] = f
-	return nil
-}
-
-// Names lists the registered transports, sorted.
-func (r *Registry) Names() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.factories))
-	for n := range r.factories {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Has reports whether name is registered.
-func (r *Registry) Has(name string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	_, ok := r.factories[name]
-	return ok
-}
-
-// New builds transport name.
+// New builds transport name (a nil env.Logger discards the logs).
 func (r *Registry) New(name string, options json.RawMessage, env Env) (Transport, error) {
-	r.mu.RLock()
-	f, ok := r.factories[name]
-	r.mu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("unknown transport %q (known: %s)", name, strings.Join(r.Names(), ", "))
+	f, err := r.Lookup(name)
+	if err != nil {
+		return nil, err
 	}
 	if env.Logger == nil {
 		env.Logger = slog.New(slog.DiscardHandler)

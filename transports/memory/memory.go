@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -268,12 +266,9 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 // Close does nothing: the transport owns the lists.
 func (resultPublisher) Close() error { return nil }
 
-// Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
-	if credits == nil {
-		return nil, fmt.Errorf("memory subscriber %s: nil credits", q.Name)
-	}
-	return &subscriber{t: t, credits: credits, done: make(chan struct{})}, nil
+// Source implements transport.Transport.
+func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
+	return &source{t: t, topic: q.Name}, nil
 }
 
 // Close hands back every un-acked message and rejects further use.
@@ -293,172 +288,107 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-type subscriber struct {
-	t       *Transport
-	credits *credit.Pool
-
-	mu     sync.Mutex
-	closed bool
-	done   chan struct{}
-	wg     sync.WaitGroup
+// source is the broker side of one queue for the claim loop.
+type source struct {
+	t     *Transport
+	topic string
+	wake  chan struct{}
+	due   time.Duration // after the last claim: the wait until the next delayed item (0: none)
+	timer *time.Timer
 }
 
-// Subscribe starts delivering topic's due messages, in deadline order, while
-// credits are free. The channel closes when ctx ends or the subscriber closes.
-func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
+var (
+	_ transport.Source     = (*source)(nil)
+	_ transport.BatchSizer = (*source)(nil)
+)
+
+// BatchSize implements transport.BatchSizer.
+func (s *source) BatchSize() int { return s.t.opts.BatchSize }
+
+// Open implements transport.Source.
+func (s *source) Open(context.Context) error {
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	if s.t.closed {
+		return ErrClosed
 	}
-	out := make(chan *message.Message, s.t.opts.BatchSize)
-	ctx, cancel := context.WithCancel(ctx)
-	s.wg.Add(2)
-	go func() {
-		defer s.wg.Done()
-		select {
-		case <-s.done:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
-	go func() {
-		defer s.wg.Done()
-		defer close(out)
-		s.deliver(ctx, topic, out)
-	}()
-	return out, nil
+	s.wake = s.t.q(s.topic).wake
+	s.timer = time.NewTimer(time.Hour)
+	s.timer.Stop()
+	return nil
 }
 
-// claim pops up to n due messages of topic, promoting delayed ones whose time
-// has come, and returns them with the wait until the next delayed one.
-func (s *subscriber) claim(topic string, n int) ([]*item, time.Duration) {
+// Claim pops up to n due messages, earliest deadline first, promoting
+// delayed ones whose time has come.
+func (s *source) Claim(_ context.Context, n int) ([]*message.Message, error) {
 	t := s.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return nil, 0
+		return nil, ErrClosed
 	}
-	qu := t.q(topic)
+	qu := t.q(s.topic)
 	now := time.Now().UnixNano()
 	for len(qu.delayed) > 0 && qu.delayed[0].due <= now {
 		heap.Push(&qu.ready, heap.Pop(&qu.delayed))
 	}
-	var wait time.Duration
+	s.due = 0
 	if len(qu.delayed) > 0 {
-		wait = time.Duration(qu.delayed[0].due - now)
+		s.due = time.Duration(qu.delayed[0].due - now)
 	}
-	var out []*item
+	var out []*message.Message
 	for len(out) < n && len(qu.ready) > 0 {
 		it := heap.Pop(&qu.ready).(*item)
 		qu.inflight[it.seq] = it
-		out = append(out, it)
+		out = append(out, message.NewMessage(strconv.FormatUint(it.seq, 10), it.payload))
 	}
-	return out, wait
+	return out, nil
 }
 
-func (s *subscriber) wakeChan(topic string) chan struct{} {
-	s.t.mu.Lock()
-	defer s.t.mu.Unlock()
-	return s.t.q(topic).wake
-}
-
-func (s *subscriber) deliver(ctx context.Context, topic string, out chan<- *message.Message) {
-	wake := s.wakeChan(topic)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		granted, err := s.credits.Acquire(ctx, s.t.opts.BatchSize)
-		if err != nil {
-			return
-		}
-		items, wait := s.claim(topic, granted)
-		if unused := granted - len(items); unused > 0 {
-			s.credits.Release(unused)
-		}
-		for i, it := range items {
-			m := message.NewMessage(strconv.FormatUint(it.seq, 10), it.payload)
-			transport.OnSettle(m, s.settleFunc(topic, it))
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				// Not delivered: hand back this one and the rest.
-				for _, rest := range items[i:] {
-					s.handBack(topic, rest)
-				}
-				s.credits.Release(len(items) - i)
-				return
-			}
-		}
-		if len(items) > 0 {
-			continue
-		}
-		var tick <-chan time.Time
-		if wait > 0 {
-			timer.Reset(wait)
-			tick = timer.C
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-wake:
-		case <-tick:
-		}
-		if wait > 0 && !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+// Wait waits for an enqueue, the next delayed message's due time, or ctx.
+func (s *source) Wait(ctx context.Context) {
+	var tick <-chan time.Time
+	if s.due > 0 {
+		s.timer.Reset(s.due)
+		defer s.timer.Stop()
+		tick = s.timer.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-s.wake:
+	case <-tick:
 	}
 }
 
-// settleFunc settles a delivery when the core acks or nacks it (through
-// transport.Ack / transport.Nack): no goroutine waits per message. It may run
+// Settle forgets an acked message and hands a nacked one back. It may run
 // after the subscription ended: a message in flight at shutdown is settled
-// (acked after its result, or nacked and handed back) by the core later.
-func (s *subscriber) settleFunc(topic string, it *item) func(acked bool) {
-	return func(acked bool) {
-		if acked {
-			s.t.mu.Lock()
-			delete(s.t.q(topic).inflight, it.seq)
-			s.t.mu.Unlock()
-		} else {
-			s.handBack(topic, it)
-		}
-		s.credits.Release(1)
+// by the core later.
+func (s *source) Settle(m *message.Message, acked bool) {
+	seq, err := strconv.ParseUint(m.UUID, 10, 64)
+	if err != nil {
+		return
 	}
-}
-
-// handBack returns an un-acked item to the ready heap at its old position.
-func (s *subscriber) handBack(topic string, it *item) {
 	t := s.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	qu := t.q(topic)
-	if _, ok := qu.inflight[it.seq]; !ok && t.closed {
-		return // already handed back by Transport.Close
+	qu := t.q(s.topic)
+	it, ok := qu.inflight[seq]
+	if !ok {
+		return // re-queued, dead-lettered, or handed back by Transport.Close
 	}
-	delete(qu.inflight, it.seq)
-	heap.Push(&qu.ready, it)
-	qu.signal()
+	delete(qu.inflight, seq)
+	if !acked {
+		heap.Push(&qu.ready, it)
+		qu.signal()
+	}
 }
 
-// Close stops delivering; messages already delivered are still settled when
-// acked or nacked (through transport.Ack / transport.Nack).
-func (s *subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
+// HandBack returns claimed messages to the ready heap at their old places.
+func (s *source) HandBack(ms []*message.Message) {
+	for _, m := range ms {
+		s.Settle(m, false)
 	}
-	s.closed = true
-	close(s.done)
-	s.mu.Unlock()
-	s.wg.Wait()
-	return nil
 }
 
-// Compile-time check that the subscriber is a Watermill subscriber.
-var _ message.Subscriber = (*subscriber)(nil)
+// Close does nothing: Transport.Close hands back what is still in flight.
+func (s *source) Close() error { return nil }

@@ -12,6 +12,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -115,6 +117,7 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"DeliverAndAck", testDeliverAndAck, nil},
 		{"CreditsBoundInFlight", testCredits, nil},
+		{"CreditsFollowBudget", testCreditsFollowBudget, nil},
 		{"Ordering", testOrdering, func(f Features) bool { return f.Ordering != Unordered }},
 		{"NackHandsBack", testNack, func(f Features) bool { return f.AtLeastOnce }},
 		{"DelayedRequeue", testRequeue, func(f Features) bool { return f.DelayedRequeue }},
@@ -146,7 +149,7 @@ func subscribe(t testing.TB, h Harness, tp transport.Transport, q transport.Queu
 	t.Helper()
 	credits := credit.NewPool(max, credit.Ramp{})
 	credits.SetBudget(1)
-	sub, err := tp.Subscriber(q, credits)
+	sub, err := transport.NewSubscriber(tp, q, credits, nil)
 	if err != nil {
 		t.Fatalf("Subscriber: %v", err)
 	}
@@ -297,6 +300,85 @@ func testCredits(t *testing.T, h Harness) {
 	}
 	c.close(t)
 	waitCredits(t, c.credits, 0)
+}
+
+// testCreditsFollowBudget moves the budget while requests flow and are
+// settled (answered, or nacked where the transport promises redelivery) at
+// random: every delivery holds a credit (deliveries not yet settled never
+// exceed the credits taken, which never exceed the maximum); once the budget
+// is 0 and what was granted before has come out, nothing is delivered; and
+// every request is answered exactly once.
+func testCreditsFollowBudget(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	q := h.Queue(t)
+	const max, n = 8, 120
+	c := subscribe(t, h, tp, q, max)
+	defer c.close(t)
+	for i := range n {
+		h.Publish(t, q, Request(fmt.Sprintf("b%d", i), time.Hour))
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	var held []*message.Message
+	answered := map[string]int{}
+	settle := func(m *message.Message) {
+		if h.Features.AtLeastOnce && rng.IntN(5) == 0 {
+			transport.Nack(m)
+			return
+		}
+		answered[idOf(t, m.Payload)]++
+		answer(t, tp, q, m)
+	}
+	receive := func(d time.Duration) bool {
+		m := c.next(d)
+		if m == nil {
+			return false
+		}
+		held = append(held, m)
+		inflight, _, _ := c.credits.Snapshot()
+		if len(held) > inflight || inflight > max {
+			t.Fatalf("%d deliveries unsettled, %d credits taken, max %d", len(held), inflight, max)
+		}
+		return true
+	}
+	deadline := time.Now().Add(3 * wait)
+	for phase := 0; len(answered) < n; phase++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("answered %d of %d requests in %s", len(answered), n, 3*wait)
+		}
+		budget := []float64{1, 0.25, 0, 0.5, 0.125, 0, 0.75}[phase%7]
+		c.credits.SetBudget(budget)
+		if budget == 0 {
+			// What was granted before the fall may still come out; settle
+			// it all, then nothing more may come while the budget is 0.
+			for receive(200 * time.Millisecond) {
+			}
+			for _, m := range held {
+				settle(m)
+			}
+			held = held[:0]
+			if receive(300 * time.Millisecond) {
+				t.Fatalf("delivered %s with the budget at 0 and nothing in flight", held[len(held)-1].Payload)
+			}
+			continue
+		}
+		for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); {
+			got := receive(20 * time.Millisecond)
+			for len(held) > 0 && (!got || rng.IntN(3) == 0) {
+				m := held[rng.IntN(len(held))]
+				held = slices.DeleteFunc(held, func(x *message.Message) bool { return x == m })
+				settle(m)
+				got = true
+			}
+		}
+	}
+	for _, m := range held {
+		settle(m)
+	}
+	for id, k := range answered {
+		if k != 1 {
+			t.Fatalf("request %s answered %d times", id, k)
+		}
+	}
 }
 
 func testOrdering(t *testing.T, h Harness) {
