@@ -317,7 +317,7 @@ func subscribe(t *testing.T, addr string, q transport.Queue) (*gcppubsub.Transpo
 	t.Cleanup(func() { _ = tp.Close() })
 	credits := credit.NewPool(4, credit.Ramp{})
 	credits.SetBudget(1)
-	sub, err := tp.Subscriber(q, credits)
+	sub, err := transport.NewSubscriber(tp, q, credits, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

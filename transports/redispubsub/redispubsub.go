@@ -42,7 +42,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
@@ -168,7 +167,7 @@ type Transport struct {
 
 	mu        sync.Mutex
 	closed    bool
-	subs      map[*subscriber]struct{}
+	subs      map[*source]struct{}
 	moverOnce sync.Once
 	bg        sync.WaitGroup
 }
@@ -196,7 +195,7 @@ func New(o Options, env transport.Env) (*Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Transport{opts: o, client: redis.NewClient(ro), log: log.With("transport", Name),
-		ctx: ctx, cancel: cancel, subs: map[*subscriber]struct{}{}}, nil
+		ctx: ctx, cancel: cancel, subs: map[*source]struct{}{}}, nil
 }
 
 // Options returns the defaulted options.
@@ -375,17 +374,14 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 // Close does nothing: the transport owns the client.
 func (resultPublisher) Close() error { return nil }
 
-// Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
-	if credits == nil {
-		return nil, fmt.Errorf("redis-pubsub subscriber %s: nil credits", q.Name)
-	}
+// Source implements transport.Transport.
+func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return nil, ErrClosed
 	}
-	s := &subscriber{t: t, credits: credits, done: make(chan struct{}), inflight: map[*message.Message][]byte{}}
+	s := &source{t: t, topic: q.Name, done: make(chan struct{}), inflight: map[*message.Message][]byte{}}
 	s.space = sync.NewCond(&s.mu)
 	t.subs[s] = struct{}{}
 	return s, nil
@@ -401,16 +397,14 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
-	subs := make([]*subscriber, 0, len(t.subs))
+	subs := make([]*source, 0, len(t.subs))
 	for s := range t.subs {
 		subs = append(subs, s)
 	}
 	t.mu.Unlock()
 	var errs []error
 	for _, s := range subs {
-		if err := s.Close(); err != nil {
-			errs = append(errs, err)
-		}
+		s.stop()
 		s.handBackInflight()
 	}
 	t.cancel()

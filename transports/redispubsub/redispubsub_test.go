@@ -143,7 +143,7 @@ func TestRetryWaitsForASubscriber(t *testing.T) {
 	other := transport.Queue{ID: "o", Name: "other", ResultName: "results"}
 	credits := credit.NewPool(4, credit.Ramp{})
 	credits.SetBudget(1)
-	sub, _ := tp.Subscriber(other, credits) // starts the mover; listens elsewhere
+	sub, _ := transport.NewSubscriber(tp, other, credits, nil) // starts the mover; listens elsewhere
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := sub.Subscribe(ctx, other.Name); err != nil {
@@ -160,7 +160,7 @@ func TestRetryWaitsForASubscriber(t *testing.T) {
 	if tp.Stats().RetriesHeld == 0 {
 		t.Fatal("RetriesHeld not counted")
 	}
-	sub2, _ := tp.Subscriber(q, credits)
+	sub2, _ := transport.NewSubscriber(tp, q, credits, nil)
 	ch, err := sub2.Subscribe(ctx, q.Name)
 	if err != nil {
 		t.Fatal(err)

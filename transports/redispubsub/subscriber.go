@@ -10,18 +10,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
-// claimBatch is the most credits asked for at once.
-const claimBatch = 64
-
-// subscriber reads one channel into a bounded buffer and delivers from it
-// within its credits.
-type subscriber struct {
-	t       *Transport
-	credits *credit.Pool
+// source reads one channel into a bounded buffer; the claim loop
+// (transport.NewSubscriber) takes from it within the queue's credits.
+type source struct {
+	t *Transport
 
 	mu       sync.Mutex
 	space    *sync.Cond // broadcast when the buffer shrinks or the subscriber closes
@@ -37,22 +32,19 @@ type subscriber struct {
 	loops sync.WaitGroup
 }
 
-var _ message.Subscriber = (*subscriber)(nil)
+var _ transport.Source = (*source)(nil)
 
-// Subscribe SUBSCRIBEs to topic and returns once Redis confirmed it, so a
-// request published after Subscribe returns is heard. The channel closes
-// when ctx ends or the subscriber closes.
-func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+// Open SUBSCRIBEs to the channel and returns once Redis confirmed it, so a
+// request published after Subscribe returns is heard. Reading stops when ctx
+// ends or the transport closes.
+func (s *source) Open(ctx context.Context) error {
+	topic := s.topic
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, ErrClosed
+		return ErrClosed
 	}
-	if s.started {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("redis-pubsub subscriber: already subscribed to %s", s.topic)
-	}
-	s.started, s.topic = true, topic
+	s.started = true
 	s.avail = make(chan struct{}, 1)
 	s.mu.Unlock()
 
@@ -60,11 +52,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	reply, err := ps.Receive(ctx)
 	if err != nil {
 		_ = ps.Close()
-		return nil, fmt.Errorf("subscribe %s: %w", topic, err)
+		return fmt.Errorf("subscribe %s: %w", topic, err)
 	}
 	if _, ok := reply.(*redis.Subscription); !ok {
 		_ = ps.Close()
-		return nil, fmt.Errorf("subscribe %s: unexpected reply %T", topic, reply)
+		return fmt.Errorf("subscribe %s: unexpected reply %T", topic, reply)
 	}
 	s.mu.Lock()
 	s.ps = ps
@@ -72,7 +64,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.mu.Unlock()
 	if closed {
 		_ = ps.Close()
-		return nil, ErrClosed
+		return ErrClosed
 	}
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -81,8 +73,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	// buffered (or handed to the retry set), not dropped with the connection.
 	readCtx, stopRead := context.WithCancel(context.Background())
 	readDone := make(chan struct{})
-	out := make(chan *message.Message)
-	s.loops.Add(3)
+	s.loops.Add(2)
 	go func() {
 		defer s.loops.Done()
 		select {
@@ -109,16 +100,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		defer close(readDone)
 		s.read(readCtx, ps)
 	}()
-	go func() {
-		defer s.loops.Done()
-		defer close(out)
-		s.deliver(ctx, out)
-	}()
 	s.t.startMover()
-	return out, nil
+	return nil
 }
 
-func (s *subscriber) signal() {
+func (s *source) signal() {
 	select {
 	case s.avail <- struct{}{}:
 	default:
@@ -131,7 +117,7 @@ const unsubscribeDrain = 2 * time.Second
 // read moves messages from the subscription into the buffer; a full buffer
 // stops it (backpressure to Redis). It returns when Redis confirms the
 // UNSUBSCRIBE sent on the way out, or when ctx ends.
-func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
+func (s *source) read(ctx context.Context, ps *redis.PubSub) {
 	for {
 		reply, err := ps.Receive(ctx)
 		if err != nil {
@@ -183,7 +169,7 @@ func (s *subscriber) read(ctx context.Context, ps *redis.PubSub) {
 }
 
 // take pops up to n buffered payloads.
-func (s *subscriber) take(n int) [][]byte {
+func (s *source) take(n int) [][]byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if n > len(s.buf) {
@@ -203,82 +189,81 @@ func (s *subscriber) take(n int) [][]byte {
 }
 
 // putBack returns payloads to the front of the buffer.
-func (s *subscriber) putBack(ps [][]byte) {
+func (s *source) putBack(ps [][]byte) {
 	s.mu.Lock()
 	s.buf = append(append(make([][]byte, 0, len(ps)+len(s.buf)), ps...), s.buf...)
 	s.mu.Unlock()
 	s.signal()
 }
 
-func (s *subscriber) buffered() bool {
+func (s *source) buffered() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.buf) > 0
 }
 
-func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message) {
-	for {
-		if !s.buffered() {
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.avail:
-				continue
-			}
-		}
-		granted, err := s.credits.Acquire(ctx, claimBatch)
-		if err != nil {
-			return
-		}
-		items := s.take(granted)
-		s.credits.Release(granted - len(items))
-		for i, p := range items {
-			m := message.NewMessage(strconv.FormatUint(s.t.seq.Add(1), 10), p)
-			s.mu.Lock()
-			s.inflight[m] = p
-			s.mu.Unlock()
-			transport.OnSettle(m, s.settleFunc(m))
-			select {
-			case out <- m:
-				s.t.stats.delivered.Add(1)
-			case <-ctx.Done():
-				s.mu.Lock()
-				delete(s.inflight, m)
-				s.mu.Unlock()
-				s.putBack(items[i:])
-				s.credits.Release(len(items) - i)
-				return
-			}
-		}
+// Claim takes up to n buffered requests.
+func (s *source) Claim(_ context.Context, n int) ([]*message.Message, error) {
+	items := s.take(n)
+	out := make([]*message.Message, len(items))
+	s.mu.Lock()
+	for i, p := range items {
+		m := message.NewMessage(strconv.FormatUint(s.t.seq.Add(1), 10), p)
+		s.inflight[m] = p
+		out[i] = m
+	}
+	s.mu.Unlock()
+	s.t.stats.delivered.Add(int64(len(out)))
+	return out, nil
+}
+
+// Wait waits until the buffer may hold something, or ctx ends.
+func (s *source) Wait(ctx context.Context) {
+	if s.buffered() {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-s.avail:
 	}
 }
 
-// settleFunc settles one delivery when the core acks or nacks it (through
-// transport.Ack / transport.Nack; no goroutine waits per message): an ack
-// forgets it, a nack hands it back (to the buffer, or to the retry set once
-// the subscriber is closed).
-func (s *subscriber) settleFunc(m *message.Message) func(acked bool) {
-	return func(acked bool) {
-		defer s.credits.Release(1)
-		s.mu.Lock()
-		p, mine := s.inflight[m]
-		delete(s.inflight, m)
-		closed := s.closed
-		s.mu.Unlock()
-		if acked || !mine {
-			return // acked, or already handed back by Transport.Close
-		}
-		if closed {
-			s.park([][]byte{p}, "nacked after close")
-			return
-		}
-		s.putBack([][]byte{p})
+// Settle forgets an acked delivery and hands a nacked one back: to the
+// buffer, or to the retry set once the subscription is closed.
+func (s *source) Settle(m *message.Message, acked bool) {
+	s.mu.Lock()
+	p, mine := s.inflight[m]
+	delete(s.inflight, m)
+	closed := s.closed
+	s.mu.Unlock()
+	if acked || !mine {
+		return // acked, or already handed back by Transport.Close
 	}
+	if closed {
+		s.park([][]byte{p}, "nacked after close")
+		return
+	}
+	s.putBack([][]byte{p})
+}
+
+// HandBack returns claimed but undelivered requests to the front of the
+// buffer (Close parks the buffer in the retry set).
+func (s *source) HandBack(ms []*message.Message) {
+	ps := make([][]byte, 0, len(ms))
+	s.mu.Lock()
+	for _, m := range ms {
+		if p, ok := s.inflight[m]; ok {
+			delete(s.inflight, m)
+			ps = append(ps, p)
+		}
+	}
+	s.mu.Unlock()
+	s.putBack(ps)
 }
 
 // park hands payloads to the retry set, due now; a failure is logged with
 // the payloads, so nothing is lost silently.
-func (s *subscriber) park(ps [][]byte, why string) {
+func (s *source) park(ps [][]byte, why string) {
 	if len(ps) == 0 {
 		return
 	}
@@ -294,7 +279,7 @@ func (s *subscriber) park(ps [][]byte, why string) {
 }
 
 // handBackInflight parks every un-acked delivery (transport closing).
-func (s *subscriber) handBackInflight() {
+func (s *source) handBackInflight() {
 	s.mu.Lock()
 	ps := make([][]byte, 0, len(s.inflight))
 	for m, p := range s.inflight {
@@ -305,7 +290,7 @@ func (s *subscriber) handBackInflight() {
 	s.park(ps, "transport closing")
 }
 
-func (s *subscriber) depth(topic string) (waiting, inflight int64) {
+func (s *source) depth(topic string) (waiting, inflight int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.topic != topic {
@@ -314,13 +299,19 @@ func (s *subscriber) depth(topic string) (waiting, inflight int64) {
 	return int64(len(s.buf)), int64(len(s.inflight))
 }
 
-// Close stops reading and delivering and hands the buffered requests to the
-// retry set. Deliveries in flight are still settled when acked or nacked.
-func (s *subscriber) Close() error {
+// Close stops reading and hands the buffered requests to the retry set.
+// Deliveries in flight are still settled when acked or nacked.
+func (s *source) Close() error {
+	s.stop()
+	return nil
+}
+
+// stop is Close; Transport.Close calls it too.
+func (s *source) stop() {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil
+		return
 	}
 	s.closed = true
 	close(s.done)
@@ -336,5 +327,4 @@ func (s *subscriber) Close() error {
 	s.mu.Unlock()
 	s.park(rest, "subscriber closing")
 	// It stays in t.subs: Transport.Close hands back what is still in flight.
-	return nil
 }

@@ -33,7 +33,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -492,11 +491,8 @@ func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name str
 func (t *Transport) Names() keys.Names { return t.names }
 
 // Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
-	if credits == nil {
-		return nil, fmt.Errorf("redis-sortedset subscriber %s: nil credits", q.Name)
-	}
-	return &subscriber{t: t, q: q, qs: t.queue(q.Name), credits: credits, done: make(chan struct{})}, nil
+// Source implements transport.Transport.
+	return &source{t: t, q: q, qs: t.queue(q.Name)}, nil
 }
 
 // Publisher implements transport.Transport: results are written by the

@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -20,19 +19,32 @@ import (
 // doubles up to the poll interval. A producer's notify wakes the loop early.
 const minIdle = 2 * time.Millisecond
 
-type subscriber struct {
-	t       *Transport
-	q       transport.Queue
-	qs      *queueState
-	credits *credit.Pool
+// source is the broker side of one queue for the claim loop (see
+// transport.NewSubscriber): the claim script moves requests into leases, a
+// producer's notify wakes an idle wait, and settling a lease is fenced by its
+// token.
+type source struct {
+	t  *Transport
+	q  transport.Queue
+	qs *queueState
 
-	mu     sync.Mutex
-	closed bool
-	done   chan struct{}
-	loops  sync.WaitGroup
+	wake  chan struct{} // a producer's notify or the transport closing
+	timer *time.Timer
+	bg    sync.WaitGroup
+
+	// The last claim, for Wait (Claim and Wait run on the loop's goroutine).
+	got, asked int
+	nextDue    time.Duration // until the next delayed request; <0: none
+	idle       time.Duration // the next idle wait; doubles while claims come back empty
 }
 
-var _ message.Subscriber = (*subscriber)(nil)
+var (
+	_ transport.Source     = (*source)(nil)
+	_ transport.BatchSizer = (*source)(nil)
+)
+
+// BatchSize implements transport.BatchSizer.
+func (s *source) BatchSize() int { return s.t.opts.BatchSize }
 
 // claimed is one request taken by a claim.
 type claimed struct {
@@ -84,184 +96,157 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 	return res, nil
 }
 
-// Subscribe starts delivering topic's requests in deadline order while
-// credits are free. topic must be the queue the subscriber was made for.
-// The channel closes when ctx ends or the subscriber closes; messages
-// delivered by then are still settled when acked or nacked.
-func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if topic != s.q.Name {
-		return nil, fmt.Errorf("redis-sortedset subscriber of %s cannot subscribe to %s", s.q.Name, topic)
+// Open starts the queue's heartbeat and reclaim loops (once per queue),
+// registers the queue for `sluice queues`, and listens to the queue's notify
+// channel so that a producer's enqueue ends an idle wait at once.
+func (s *source) Open(ctx context.Context) error {
+	t := s.t
+	select {
+	case <-t.closing:
+		return ErrClosed
+	default:
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, ErrClosed
-	}
-	if err := s.t.startLoops(s.qs); err != nil {
-		return nil, err
+	if err := t.startLoops(s.qs); err != nil {
+		return err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if err := s.t.client.SAdd(rctx, s.t.names.Registry(), s.q.Name).Err(); err != nil {
-		s.t.log.Warn("registering the queue failed (only `sluice queues` needs it)", "queue", s.q.Name, "err", err)
+	if err := t.client.SAdd(rctx, t.names.Registry(), s.q.Name).Err(); err != nil {
+		t.log.Warn("registering the queue failed (only `sluice queues` needs it)", "queue", s.q.Name, "err", err)
 	}
 	cancel()
-	ctx, cancel = context.WithCancel(ctx)
-	wake := make(chan struct{}, 1)
-	ps := s.t.client.Subscribe(ctx, s.qs.k.Notify)
-	out := make(chan *message.Message)
-	s.loops.Add(3)
+	s.wake = make(chan struct{}, 1)
+	s.timer = time.NewTimer(time.Hour)
+	s.timer.Stop()
+	s.idle = minIdle
+	ps := t.client.Subscribe(ctx, s.qs.k.Notify)
+	s.bg.Add(2)
 	go func() {
-		defer s.loops.Done()
+		defer s.bg.Done()
 		select {
-		case <-s.done:
-		case <-s.t.closing:
 		case <-ctx.Done():
+		case <-t.closing:
 		}
-		cancel()
 		_ = ps.Close()
 	}()
 	go func() {
-		defer s.loops.Done()
+		defer s.bg.Done()
 		for range ps.Channel() {
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
+			s.signal()
 		}
+		s.signal() // closed: let a waiting loop look again (and find the transport closing)
 	}()
-	go func() {
-		defer s.loops.Done()
-		defer close(out)
-		s.deliver(ctx, out, wake)
-	}()
+	return nil
+}
+
+func (s *source) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Claim runs the claim script for up to n requests, answers (and
+// dead-letters) those that kept losing their lease, and returns the rest.
+func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
+	t := s.t
+	select {
+	case <-t.closing:
+		return nil, ErrClosed
+	default:
+	}
+	res, err := t.claim(ctx, s.qs, n)
+	if err != nil {
+		return nil, err
+	}
+	s.got, s.asked = len(res.items), n
+	s.nextDue = -1
+	if res.nextDue >= 0 {
+		s.nextDue = time.Duration(max(res.nextDue-res.now, 1)) * time.Millisecond
+	}
+	if res.epoch != t.cancels.currentEpoch() {
+		t.refreshCancels(ctx, res.epoch)
+	}
+	toks := make([]string, len(res.items))
+	for i, c := range res.items {
+		toks[i] = c.token
+	}
+	s.qs.hold(toks...)
+	out := make([]*message.Message, 0, len(res.items))
+	for _, c := range res.items {
+		if c.deliveries > t.opts.MaxDeliveries {
+			s.giveUp(c)
+			continue
+		}
+		m := message.NewMessage(c.token, []byte(c.member))
+		m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
+			MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
+		out = append(out, m)
+	}
 	return out, nil
 }
 
-func (s *subscriber) deliver(ctx context.Context, out chan<- *message.Message, wake <-chan struct{}) {
-	t := s.t
-	poll := ms(t.opts.PollIntervalMS)
-	idle := minIdle
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	var lastErrLog time.Time
-	for {
-		granted, err := s.credits.Acquire(ctx, t.opts.BatchSize)
-		if err != nil {
-			return
-		}
-		res, err := t.claim(ctx, s.qs, granted)
-		if err != nil {
-			s.credits.Release(granted)
-			if ctx.Err() != nil {
-				return
-			}
-			if time.Since(lastErrLog) > 10*time.Second {
-				t.log.Warn("claim failed; retrying", "queue", s.q.Name, "err", err)
-				lastErrLog = time.Now()
-			}
-			if !s.sleep(ctx, timer, wake, idle) {
-				return
-			}
-			idle = min(idle*2, poll)
-			continue
-		}
-		if unused := granted - len(res.items); unused > 0 {
-			s.credits.Release(unused)
-		}
-		if res.epoch != t.cancels.currentEpoch() {
-			t.refreshCancels(ctx, res.epoch)
-		}
-		toks := make([]string, len(res.items))
-		for i, c := range res.items {
-			toks[i] = c.token
-		}
-		s.qs.hold(toks...)
-		for i, c := range res.items {
-			if c.deliveries > t.opts.MaxDeliveries {
-				s.giveUp(c)
-				s.credits.Release(1)
-				continue
-			}
-			m := message.NewMessage(c.token, []byte(c.member))
-			m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
-				MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
-			transport.OnSettle(m, s.settleFunc(m, c.token))
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				var rest []string
-				for _, r := range res.items[i:] {
-					if s.qs.settle(r.token) {
-						rest = append(rest, r.token)
-					}
-				}
-				t.releaseRetrying(s.qs, rest...)
-				s.credits.Release(len(res.items) - i)
-				return
-			}
-		}
-		if len(res.items) == granted {
-			idle = minIdle
-			continue // a full batch: there may be more
-		}
-		wait := idle
-		if len(res.items) > 0 {
-			wait = minIdle
-		}
-		if res.nextDue >= 0 {
-			wait = min(wait, time.Duration(max(res.nextDue-res.now, 1))*time.Millisecond)
-		}
-		if !s.sleep(ctx, timer, wake, min(wait, poll)) {
-			return
-		}
-		if len(res.items) == 0 {
-			idle = min(idle*2, poll)
-		} else {
-			idle = minIdle
-		}
+// Wait sleeps after a short claim: briefly after a partial batch (more may
+// be arriving), and for an idle wait that doubles up to the poll interval
+// after empty ones; never past the next delayed request's due time. A
+// producer's notify ends it early.
+func (s *source) Wait(ctx context.Context) {
+	poll := ms(s.t.opts.PollIntervalMS)
+	wait := s.idle
+	if s.got > 0 {
+		wait, s.idle = minIdle, minIdle
+	} else {
+		s.idle = min(s.idle*2, poll)
 	}
-}
-
-// sleep waits for d, a wake-up or the end of ctx (false).
-func (s *subscriber) sleep(ctx context.Context, timer *time.Timer, wake <-chan struct{}, d time.Duration) bool {
-	timer.Reset(d)
-	defer timer.Stop()
+	if s.nextDue >= 0 {
+		wait = min(wait, s.nextDue)
+	}
+	s.timer.Reset(min(wait, poll))
+	defer s.timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false
-	case <-wake:
-		return true
-	case <-timer.C:
-		return true
+	case <-s.wake:
+	case <-s.timer.C:
 	}
 }
 
-// settleFunc settles a delivered message when the core acks or nacks it
-// (through transport.Ack / transport.Nack; no goroutine waits per message).
-// It may run after the subscription ended: requests in flight at shutdown
-// are settled by the core later. An ack finds the lease already settled by
-// the result publisher, Requeue or DeadLetter; a nack hands the request back.
-// After Close it does nothing: Close hands back what is still held.
-func (s *subscriber) settleFunc(m *message.Message, token string) func(acked bool) {
-	return func(acked bool) {
-		select {
-		case <-s.t.closing:
-			return
-		default:
-		}
-		if s.qs.settle(token) {
-			if acked {
-				s.t.log.Error("a request was acked without a result, retry or dead letter; handing it back", "queue", s.q.Name, "uuid", m.UUID)
-			}
-			s.t.releaseRetrying(s.qs, token)
-		}
-		s.credits.Release(1)
+// Settle settles a delivered request when the core acks or nacks it. An ack
+// finds the lease already settled by the result publisher, Requeue or
+// DeadLetter; a nack hands the request back. After the transport closed it
+// does nothing: Close hands back what is still held.
+func (s *source) Settle(m *message.Message, acked bool) {
+	select {
+	case <-s.t.closing:
+		return
+	default:
 	}
+	if s.qs.settle(m.UUID) {
+		if acked {
+			s.t.log.Error("a request was acked without a result, retry or dead letter; handing it back", "queue", s.q.Name, "uuid", m.UUID)
+		}
+		s.t.releaseRetrying(s.qs, m.UUID)
+	}
+}
+
+// HandBack returns leases claimed but never delivered to the queue.
+func (s *source) HandBack(ms []*message.Message) {
+	var rest []string
+	for _, m := range ms {
+		if s.qs.settle(m.UUID) {
+			rest = append(rest, m.UUID)
+		}
+	}
+	s.t.releaseRetrying(s.qs, rest...)
+}
+
+// Close waits for the notify listener, which stops with the subscription.
+func (s *source) Close() error {
+	s.bg.Wait()
+	return nil
 }
 
 // giveUp answers a request claimed more than max_deliveries times with an
 // INFERENCE_ERROR result and dead-letters it, in one fenced step.
-func (s *subscriber) giveUp(c claimed) {
+func (s *source) giveUp(c claimed) {
 	t := s.t
 	t.gaveUp.Add(1)
 	text := fmt.Sprintf("gave up after %d deliveries: each time the lease expired before a result was written (max_deliveries %d)",
@@ -282,20 +267,6 @@ func (s *subscriber) giveUp(c claimed) {
 	if err != nil {
 		t.log.Error("dead-lettering failed; the lease will expire and the request come back", "queue", s.q.Name, "err", err)
 	}
-}
-
-// Close stops delivering and waits for the delivery loop.
-func (s *subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.done)
-	s.mu.Unlock()
-	s.loops.Wait()
-	return nil
 }
 
 // redisNil reports a missing key.

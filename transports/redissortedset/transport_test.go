@@ -33,7 +33,7 @@ func subscribe(t *testing.T, tp *rss.Transport, q transport.Queue, maxInflight i
 	t.Helper()
 	c := credit.NewPool(maxInflight, credit.Ramp{})
 	c.SetBudget(1)
-	s, err := tp.Subscriber(q, c)
+	s, err := transport.NewSubscriber(tp, q, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,7 +113,7 @@ func subscribe(t testing.TB, tp transport.Transport, q transport.Queue) *consume
 	t.Helper()
 	credits := credit.NewPool(8, credit.Ramp{})
 	credits.SetBudget(1)
-	sub, err := tp.Subscriber(q, credits)
+	sub, err := transport.NewSubscriber(tp, q, credits, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
