@@ -46,7 +46,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
@@ -203,13 +202,12 @@ type Transport struct {
 	mu       sync.Mutex
 	closed   bool
 	inflight map[string]*delivery // key: stream + "\x00" + entry id
-	subs     []*subscriber
+	subs     []*source
 	groups   map[string]bool
 }
 
 // delivery is one entry handed to the core and not yet settled.
 type delivery struct {
-	sub     *subscriber
 	stream  string
 	id      string
 	msg     *message.Message
@@ -489,17 +487,14 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 // Close does nothing: the transport owns the client.
 func (resultPublisher) Close() error { return nil }
 
-// Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
-	if credits == nil {
-		return nil, fmt.Errorf("redis-stream subscriber %s: nil credits", q.Name)
-	}
+// Source implements transport.Transport.
+func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return nil, ErrClosed
 	}
-	s := &subscriber{t: t, credits: credits, done: make(chan struct{})}
+	s := &source{t: t, stream: q.Name, mine: map[string]*delivery{}}
 	t.subs = append(t.subs, s)
 	return s, nil
 }

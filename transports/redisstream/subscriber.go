@@ -12,72 +12,57 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
-// subscriber reads one stream through the consumer group in windows sized
-// by the free credits, keeps its entries in flight claimed (heartbeat), and
-// takes over entries of dead consumers.
-type subscriber struct {
-	t       *Transport
-	credits *credit.Pool
+// source reads one stream through the consumer group for the claim loop
+// (transport.NewSubscriber), in windows sized by the free credits; it keeps
+// its entries in flight claimed (heartbeat) and takes over entries of dead
+// consumers.
+type source struct {
+	t      *Transport
+	stream string
 
-	mu      sync.Mutex
-	stream  string
-	started bool
-	closed  bool
-	mine    map[string]*delivery // this subscriber's deliveries in flight, by entry id
+	mu   sync.Mutex
+	mine map[string]*delivery // this source's deliveries in flight, by entry id
 
-	done  chan struct{}
-	loops sync.WaitGroup
+	// The loop's own state (Claim and Wait run on its goroutine).
+	lastClaim   time.Time
+	claimCursor string
+	stash       *delivery // read by an idle Wait, handed out by the next Claim (under mu)
+
+	cancel context.CancelFunc // ends the mover
+	loops  sync.WaitGroup
 }
 
-var _ message.Subscriber = (*subscriber)(nil)
+var (
+	_ transport.Source     = (*source)(nil)
+	_ transport.BatchSizer = (*source)(nil)
+)
 
-// Subscribe creates the consumer group if needed and starts delivering.
-// The channel closes when ctx ends or the subscriber closes.
-func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+// BatchSize implements transport.BatchSizer.
+func (s *source) BatchSize() int { return s.t.opts.BatchSize }
+
+// Open creates the consumer group if needed and starts the heartbeat (until
+// the transport closes: the drain outlives the reads) and the mover of due
+// retries (until ctx ends).
+func (s *source) Open(ctx context.Context) error {
+	if err := s.t.ensureGroup(ctx, s.stream); err != nil {
+		return err
 	}
-	if s.started {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("redis-stream subscriber: already subscribed to %s", s.stream)
-	}
-	s.started, s.stream, s.mine = true, topic, map[string]*delivery{}
-	s.mu.Unlock()
-	if err := s.t.ensureGroup(ctx, topic); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	out := make(chan *message.Message)
-	s.loops.Add(3)
-	go func() {
-		defer s.loops.Done()
-		select {
-		case <-ctx.Done():
-		case <-s.done:
-		}
-		cancel()
-	}()
-	go func() {
-		defer s.loops.Done()
-		defer close(out)
-		s.read(ctx, out)
-	}()
+	s.claimCursor = "0-0"
+	ctx, s.cancel = context.WithCancel(ctx)
 	s.t.bg.Add(1)
 	go func() {
 		defer s.t.bg.Done()
-		s.heartbeat(s.t.ctx) // until the transport closes: the drain outlives the reads
+		s.heartbeat(s.t.ctx)
 	}()
+	s.loops.Add(1)
 	go func() {
 		defer s.loops.Done()
 		s.moveDue(ctx)
 	}()
-	return out, nil
+	return nil
 }
 
 // ensureGroup creates the group at the start of the stream (MKSTREAM).
@@ -98,68 +83,112 @@ func (t *Transport) ensureGroup(ctx context.Context, stream string) error {
 	return nil
 }
 
-func (s *subscriber) read(ctx context.Context, out chan<- *message.Message) {
+// Claim takes over up to n entries idle for claim_idle_ms (every half of
+// it, walking the pending list), then reads new ones without waiting; an
+// entry read by an idle Wait comes first.
+func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 	t := s.t
+	out := make([]*message.Message, 0, n)
+	if d := s.takeStash(); d != nil {
+		out = append(out, d.msg)
+	}
+	var entries []redis.XMessage
+	var err error
 	claimEvery := time.Duration(t.opts.ClaimIdleMS) * time.Millisecond / 2
-	var lastClaim time.Time
-	claimCursor := "0-0"
-	for ctx.Err() == nil {
-		granted, err := s.credits.Acquire(ctx, t.opts.BatchSize)
-		if err != nil {
-			return
-		}
-		var entries []redis.XMessage
-		if time.Since(lastClaim) >= claimEvery || claimCursor != "0-0" {
-			claimed, next, err := t.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-				Stream: s.stream, Group: t.opts.ConsumerGroup, Consumer: t.opts.Consumer,
-				MinIdle: time.Duration(t.opts.ClaimIdleMS) * time.Millisecond, Start: claimCursor, Count: int64(granted),
-			}).Result()
-			if err == nil {
-				entries, claimCursor = s.notMine(claimed), next
-				t.reclaimed.Add(int64(len(entries)))
-				if claimCursor == "0-0" {
-					lastClaim = time.Now()
-				}
-			} else if ctx.Err() == nil {
-				t.log.Warn("taking over idle entries failed", "stream", s.stream, "err", err)
-				lastClaim = time.Now()
+	if want := n - len(out); want > 0 && (time.Since(s.lastClaim) >= claimEvery || s.claimCursor != "0-0") {
+		var claimed []redis.XMessage
+		var next string
+		claimed, next, err = t.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: s.stream, Group: t.opts.ConsumerGroup, Consumer: t.opts.Consumer,
+			MinIdle: time.Duration(t.opts.ClaimIdleMS) * time.Millisecond, Start: s.claimCursor, Count: int64(want),
+		}).Result()
+		if err == nil {
+			entries, s.claimCursor = s.notMine(claimed), next
+			t.reclaimed.Add(int64(len(entries)))
+			if s.claimCursor == "0-0" {
+				s.lastClaim = time.Now()
 			}
+		} else {
+			err = fmt.Errorf("take over idle entries of %s: %w", s.stream, err)
+			s.lastClaim = time.Now()
 		}
-		if want := granted - len(entries); want > 0 {
-			if more, err := s.readNew(ctx, want, -1); err == nil {
-				entries = append(entries, more...)
-			}
+	}
+	if want := n - len(out) - len(entries); want > 0 {
+		more, rerr := s.readNew(ctx, want, -1)
+		entries = append(entries, more...)
+		if rerr != nil {
+			err = rerr
 		}
-		if len(entries) == 0 {
-			// Idle: wait for new entries holding one credit, not the whole window.
-			s.credits.Release(granted - 1)
-			granted = 1
-			entries, _ = s.readNew(ctx, 1, time.Duration(t.opts.BlockMS)*time.Millisecond)
-		}
-		s.credits.Release(granted - len(entries))
-		for i, e := range entries {
-			d := s.delivery(e)
-			transport.OnSettle(d.msg, func(acked bool) { s.settle(d, acked) })
-			select {
-			case out <- d.msg:
-				t.delivered.Add(1)
-			case <-ctx.Done():
-				// Still pending for us: hand back what was read but not delivered.
-				for _, rest := range entries[i:] {
-					rd := s.delivery(rest)
-					s.drop(rd)
-					_ = t.handBack(rd)
-				}
-				s.credits.Release(len(entries) - i)
-				return
-			}
-		}
+	}
+	for _, e := range entries {
+		out = append(out, s.delivery(e).msg)
+	}
+	t.delivered.Add(int64(len(out)))
+	if len(out) == 0 && err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Wait blocks in a read of one new entry for up to block_ms; what it reads
+// is held for the next Claim (kept claimed by the heartbeat meanwhile, and
+// handed back if the subscription ends first).
+func (s *source) Wait(ctx context.Context) {
+	es, err := s.readNew(ctx, 1, time.Duration(s.t.opts.BlockMS)*time.Millisecond)
+	if err == nil && len(es) > 0 {
+		d := s.delivery(es[0])
+		s.mu.Lock()
+		s.stash = d
+		s.mu.Unlock()
 	}
 }
 
+func (s *source) takeStash() *delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.stash
+	s.stash = nil
+	return d
+}
+
+// Settle settles one delivery when the core acks or nacks it. An ack after
+// a fenced write (result, retry, dead letter) has nothing left to do; a bare
+// ack acks the entry (fenced); a nack re-appends it at the tail, at once
+// available to every consumer.
+func (s *source) Settle(m *message.Message, acked bool) {
+	s.mu.Lock()
+	d := s.mine[m.Metadata.Get(MetaEntry)]
+	s.mu.Unlock()
+	if d == nil || d.msg != m {
+		return // handed back by Transport.Close
+	}
+	s.settle(d, acked)
+}
+
+// HandBack re-appends entries read but never delivered.
+func (s *source) HandBack(ms []*message.Message) {
+	for _, m := range ms {
+		s.Settle(m, false)
+	}
+}
+
+// Close hands back an entry an idle Wait read and stops the mover; the
+// transport's Close calls it too. Deliveries in flight are still settled
+// when acked or nacked (Transport.Close hands back what is left).
+func (s *source) Close() error {
+	if d := s.takeStash(); d != nil {
+		s.settle(d, false)
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.loops.Wait()
+	return nil
+}
+
 // readNew reads up to n new entries, waiting up to block (-1: not at all).
-// An error was logged and waited on; the caller tries again.
-func (s *subscriber) readNew(ctx context.Context, n int, block time.Duration) ([]redis.XMessage, error) {
+// After NOGROUP (the stream was deleted) it creates the group again.
+func (s *source) readNew(ctx context.Context, n int, block time.Duration) ([]redis.XMessage, error) {
 	t := s.t
 	res, err := t.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: t.opts.ConsumerGroup, Consumer: t.opts.Consumer, Streams: []string{s.stream, ">"},
@@ -177,27 +206,18 @@ func (s *subscriber) readNew(ctx context.Context, n int, block time.Duration) ([
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	}
-	t.log.Warn("reading the stream failed; retrying", "stream", s.stream, "err", err)
 	if strings.HasPrefix(err.Error(), "NOGROUP") {
 		t.mu.Lock()
 		delete(t.groups, s.stream)
 		t.mu.Unlock()
 		_ = t.ensureGroup(ctx, s.stream)
 	}
-	sleep(ctx, 200*time.Millisecond)
-	return nil, err
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
+	return nil, fmt.Errorf("read %s: %w", s.stream, err)
 }
 
 // notMine drops re-claimed entries that this subscriber is running already
 // (its heartbeat was late): they must not run twice.
-func (s *subscriber) notMine(es []redis.XMessage) []redis.XMessage {
+func (s *source) notMine(es []redis.XMessage) []redis.XMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := es[:0]
@@ -210,7 +230,7 @@ func (s *subscriber) notMine(es []redis.XMessage) []redis.XMessage {
 }
 
 // delivery builds and indexes the message of entry e.
-func (s *subscriber) delivery(e redis.XMessage) *delivery {
+func (s *source) delivery(e redis.XMessage) *delivery {
 	m, err := redisstream.DefaultMarshallerUnmarshaller{}.Unmarshal(e.Values)
 	if err != nil {
 		// Not written by Watermill: take the payload field as it is.
@@ -222,7 +242,7 @@ func (s *subscriber) delivery(e redis.XMessage) *delivery {
 	}
 	m.Metadata.Set(MetaStream, s.stream)
 	m.Metadata.Set(MetaEntry, e.ID)
-	d := &delivery{sub: s, stream: s.stream, id: e.ID, msg: m}
+	d := &delivery{stream: s.stream, id: e.ID, msg: m}
 	s.mu.Lock()
 	s.mine[e.ID] = d
 	s.mu.Unlock()
@@ -233,7 +253,7 @@ func (s *subscriber) delivery(e redis.XMessage) *delivery {
 }
 
 // drop removes d from both indexes; it reports whether the transport still held it.
-func (s *subscriber) drop(d *delivery) bool {
+func (s *source) drop(d *delivery) bool {
 	s.mu.Lock()
 	if s.mine[d.id] == d {
 		delete(s.mine, d.id)
@@ -247,8 +267,7 @@ func (s *subscriber) drop(d *delivery) bool {
 // after a fenced write (result, retry, dead letter) has nothing left to do;
 // a bare ack acks the entry (fenced); a nack re-appends it at the tail, at
 // once available to every consumer.
-func (s *subscriber) settle(d *delivery, acked bool) {
-	defer s.credits.Release(1)
+func (s *source) settle(d *delivery, acked bool) {
 	nacked := !acked
 	if !s.drop(d) {
 		return // handed back by Transport.Close
@@ -272,7 +291,7 @@ var ackScript = redis.NewScript(ownedPrelude + ackTail)
 
 // heartbeat keeps this subscriber's entries in flight claimed, so no other
 // consumer sees them idle while they run.
-func (s *subscriber) heartbeat(ctx context.Context) {
+func (s *source) heartbeat(ctx context.Context) {
 	t := s.t
 	tick := time.NewTicker(time.Duration(t.opts.HeartbeatMS) * time.Millisecond)
 	defer tick.Stop()
@@ -299,7 +318,7 @@ func (s *subscriber) heartbeat(ctx context.Context) {
 }
 
 // moveDue moves due retries of the stream back to it.
-func (s *subscriber) moveDue(ctx context.Context) {
+func (s *source) moveDue(ctx context.Context) {
 	t := s.t
 	tick := time.NewTicker(time.Duration(t.opts.RetryPollIntervalMS) * time.Millisecond)
 	defer tick.Stop()
@@ -323,19 +342,4 @@ func (s *subscriber) moveDue(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
-}
-
-// Close stops reading; deliveries in flight are still settled when acked
-// or nacked (Transport.Close hands back what is left).
-func (s *subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.done)
-	s.mu.Unlock()
-	s.loops.Wait()
-	return nil
 }
