@@ -83,6 +83,7 @@ func NewSubscriber(tp Transport, q Queue, pool *credit.Pool, log *slog.Logger) (
 	if pool == nil {
 		return nil, fmt.Errorf("subscriber %s: no credits", q.Name)
 	}
+	q.MaxConcurrency = pool.Max()
 	src, err := tp.Source(q)
 	if err != nil {
 		return nil, fmt.Errorf("source %s: %w", q.Name, err)

@@ -52,6 +52,10 @@ type Queue struct {
 	ResultName string
 	// Pool is the inference pool's name, when known (metrics label).
 	Pool string
+	// MaxConcurrency is the most requests of the queue in flight at once
+	// (its credits at budget 1; NewSubscriber sets it from the credits it
+	// is given). A source may size what it buffers or leases ahead by it.
+	MaxConcurrency int
 }
 
 // Transport is one configured transport of a deployment.

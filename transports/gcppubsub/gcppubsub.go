@@ -60,7 +60,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -332,17 +331,15 @@ func (t *Transport) Publisher(transport.Queue) (message.Publisher, error) {
 	return transport.NopCloserPublisher{Publisher: t.results}, nil
 }
 
-// Subscriber implements transport.Transport.
-func (t *Transport) Subscriber(q transport.Queue, credits *credit.Pool) (message.Subscriber, error) {
-	if credits == nil {
-		return nil, fmt.Errorf("gcp-pubsub subscriber %s: nil credits", q.Name)
-	}
+// Source implements transport.Transport.
+func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return nil, ErrClosed
 	}
-	return &subscriber{t: t, credits: credits, done: make(chan struct{})}, nil
+	return &source{t: t, subscription: q.Name, maxConcurrency: q.MaxConcurrency, incoming: make(chan *pending),
+		inflight: map[*message.Message]*pending{}}, nil
 }
 
 // Close nacks every delivery still un-acked (Pub/Sub redelivers it), waits

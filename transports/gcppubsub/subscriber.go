@@ -3,7 +3,6 @@ package gcppubsub
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,59 +11,60 @@ import (
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluice-io/sluice/core/credit"
+	"github.com/sluice-io/sluice/core/transport"
 )
 
-// subscriber receives one subscription and delivers within its credits.
-type subscriber struct {
-	t       *Transport
-	credits *credit.Pool
+// source receives one subscription for the claim loop
+// (transport.NewSubscriber). The client library calls back once per message
+// on goroutines of its own; each callback offers its message to the loop and
+// then waits until the core settles it, so that Receive, which returns only
+// once every callback did, keeps extending the lease of every request in
+// flight and can still send its ack.
+type source struct {
+	t              *Transport
+	subscription   string
+	maxConcurrency int
 
-	mu      sync.Mutex
-	started bool
-	closed  bool
-	done    chan struct{}
-	sendMu  sync.RWMutex // senders hold it for reading; the closer of out for writing
+	incoming chan *pending // offered by callbacks, taken by Claim and Wait
+	stash    *pending      // taken by an idle Wait, handed out by the next Claim (loop goroutine only)
+
+	mu       sync.Mutex
+	inflight map[*message.Message]*pending
 }
 
-var _ message.Subscriber = (*subscriber)(nil)
+// pending is one received message on its way through the core.
+type pending struct {
+	pm      *pubsub.Message
+	msg     *message.Message
+	settled chan bool // receives the outcome once: true acks, false nacks
+}
 
-// Subscribe starts receiving subscription. The channel closes when ctx ends
-// or the subscriber closes; deliveries already made are still acked or
-// nacked afterwards (until the transport closes, which nacks the rest).
-func (s *subscriber) Subscribe(ctx context.Context, subscription string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
-	}
-	if s.started {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("gcp-pubsub subscriber: already receiving")
-	}
-	s.started = true
-	s.mu.Unlock()
+var _ transport.Source = (*source)(nil)
+
+// Open starts receiving. Receiving stops when ctx ends (the subscription
+// ends) or the transport closes; deliveries already made are still acked or
+// nacked afterwards, until the transport closes, which nacks the rest.
+func (s *source) Open(ctx context.Context) error {
 	t := s.t
 	c, err := t.conn(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	ps := c.Subscriber(t.fullName("subscriptions", subscription))
+	ps := c.Subscriber(t.fullName("subscriptions", s.subscription))
 	maxOut := t.opts.MaxOutstandingMessages
 	if maxOut == 0 {
-		maxOut = 2*s.credits.Max() + 16
+		maxOut = 2*max(s.maxConcurrency, 1) + 16
 	}
 	ps.ReceiveSettings.MaxOutstandingMessages = maxOut
 	ps.ReceiveSettings.MaxExtension = time.Duration(t.opts.MaxExtensionSeconds) * time.Second
 	ps.ReceiveSettings.NumGoroutines = 1
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	out := make(chan *message.Message)
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
 		cancel()
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	t.receives.Add(2)
 	t.mu.Unlock()
@@ -72,13 +72,9 @@ func (s *subscriber) Subscribe(ctx context.Context, subscription string) (<-chan
 		defer t.receives.Done()
 		select {
 		case <-ctx.Done():
-		case <-s.done:
 		case <-t.closing:
 		}
 		cancel()
-		s.sendMu.Lock()
-		close(out)
-		s.sendMu.Unlock()
 	}()
 	go func() {
 		defer t.receives.Done()
@@ -88,12 +84,12 @@ func (s *subscriber) Subscribe(ctx context.Context, subscription string) (<-chan
 		// silently with no work (sluice_transport_events_total{event="receive_errors"}).
 		backoff := time.Second
 		for {
-			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) { s.handle(rctx, out, pm) })
+			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) { s.handle(rctx, pm) })
 			if rctx.Err() != nil {
 				return
 			}
 			t.receiveErrors.Add(1)
-			t.log.Error("receiving stopped; trying again", "subscription", subscription, "err", err, "retry_in", backoff.String())
+			t.log.Error("receiving stopped; trying again", "subscription", s.subscription, "err", err, "retry_in", backoff.String())
 			select {
 			case <-rctx.Done():
 				return
@@ -102,12 +98,12 @@ func (s *subscriber) Subscribe(ctx context.Context, subscription string) (<-chan
 			backoff = min(2*backoff, 30*time.Second)
 		}
 	}()
-	return out, nil
+	return nil
 }
 
-// handle carries one Pub/Sub message: hold it until due (a retry), take a
-// credit, deliver it, and ack or nack it as the core does.
-func (s *subscriber) handle(ctx context.Context, out chan<- *message.Message, pm *pubsub.Message) {
+// handle carries one Pub/Sub message: hold it until due (a retry), offer it
+// to the claim loop, and ack or nack it as the core settles it.
+func (s *source) handle(ctx context.Context, pm *pubsub.Message) {
 	if nb := pm.Attributes[AttrNotBefore]; nb != "" {
 		if ms, err := strconv.ParseInt(nb, 10, 64); err == nil {
 			if wait := time.Until(time.UnixMilli(ms)); wait > 0 {
@@ -122,45 +118,87 @@ func (s *subscriber) handle(ctx context.Context, out chan<- *message.Message, pm
 			}
 		}
 	}
-	if _, err := s.credits.Acquire(ctx, 1); err != nil {
-		pm.Nack()
-		return
-	}
-	m := message.NewMessage(pm.ID, MergeAttributes(pm.Data, pm.Attributes))
-	s.sendMu.RLock()
-	if ctx.Err() != nil {
-		s.sendMu.RUnlock()
-		s.credits.Release(1)
-		pm.Nack()
-		return
-	}
+	p := &pending{pm: pm, settled: make(chan bool, 1)}
 	select {
-	case out <- m:
-		s.sendMu.RUnlock()
+	case s.incoming <- p:
 	case <-ctx.Done():
-		s.sendMu.RUnlock()
-		s.credits.Release(1)
 		pm.Nack()
 		return
 	}
-	defer s.credits.Release(1)
 	select {
-	case <-m.Acked():
-		pm.Ack()
-	case <-m.Nacked():
-		pm.Nack()
+	case acked := <-p.settled:
+		if acked {
+			pm.Ack()
+		} else {
+			pm.Nack()
+		}
 	case <-s.t.closing:
 		pm.Nack() // handed back: Pub/Sub redelivers it
 	}
 }
 
-// Close stops receiving new messages.
-func (s *subscriber) Close() error {
+// deliver turns an offered message into the core's message.
+func (s *source) deliver(p *pending) *message.Message {
+	p.msg = message.NewMessage(p.pm.ID, MergeAttributes(p.pm.Data, p.pm.Attributes))
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.closed {
-		s.closed = true
-		close(s.done)
+	s.inflight[p.msg] = p
+	s.mu.Unlock()
+	return p.msg
+}
+
+// Claim takes up to n messages the client library has offered.
+func (s *source) Claim(_ context.Context, n int) ([]*message.Message, error) {
+	out := make([]*message.Message, 0, n)
+	if p := s.stash; p != nil {
+		s.stash = nil
+		out = append(out, s.deliver(p))
+	}
+	for len(out) < n {
+		select {
+		case p := <-s.incoming:
+			out = append(out, s.deliver(p))
+		default:
+			return out, nil
+		}
+	}
+	return out, nil
+}
+
+// Wait waits for the next message to be offered (held for the next Claim).
+func (s *source) Wait(ctx context.Context) {
+	select {
+	case p := <-s.incoming:
+		s.stash = p
+	case <-ctx.Done():
+	}
+}
+
+// Settle acks or nacks the Pub/Sub message behind m.
+func (s *source) Settle(m *message.Message, acked bool) {
+	s.mu.Lock()
+	p := s.inflight[m]
+	delete(s.inflight, m)
+	s.mu.Unlock()
+	if p != nil {
+		p.settled <- acked
+	}
+}
+
+// HandBack nacks messages claimed but never delivered.
+func (s *source) HandBack(ms []*message.Message) {
+	for _, m := range ms {
+		s.Settle(m, false)
+	}
+}
+
+// Close nacks a message an idle Wait took; the receivers stop with the
+// subscription's context and are waited for by Transport.Close.
+func (s *source) Close() error {
+	if p := s.stash; p != nil {
+		s.stash = nil
+		p.pm.Nack()
+		// Its callback still waits: let it return.
+		p.settled <- false
 	}
 	return nil
 }
