@@ -359,7 +359,10 @@ type Dispatcher interface {
 	Do(ctx context.Context, t dispatch.Target, req *wire.Request) dispatch.Outcome
 }
 
-// Dispatch is the handler at the end of the chain: one HTTP call, classified.
+// Dispatch is the handler at the end of the chain: one HTTP call, whose
+// outcome the dispatch client classified (the one place that tells a
+// deadline from a cancellation or a timeout); here each class becomes what
+// the request gets.
 func Dispatch(client Dispatcher) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		d := From(m)
@@ -380,16 +383,13 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 		case dispatch.DeadlineExceeded:
 			return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 		case dispatch.Cancelled:
-			cause := context.Cause(d.Ctx)
+			// Err is the cause the call was cancelled with.
 			switch {
-			case errors.Is(cause, ErrCancelled):
+			case errors.Is(o.Err, ErrCancelled):
 				return Fail(d, wire.CodeCancelled, "cancelled during dispatch"), nil
-			case errors.Is(cause, ErrShutdown):
+			case errors.Is(o.Err, ErrShutdown):
 				return nil, ErrShutdown
-			case errors.Is(cause, context.DeadlineExceeded):
-				return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 			}
-			return nil, &RetryableError{Outcome: o}
 		}
 		return nil, &RetryableError{Outcome: o}
 	}

@@ -194,36 +194,53 @@ func (p *Pipeline) deadLetter(ctx context.Context, d *mw.Delivery, reason string
 	return nil
 }
 
-// settler publishes a delivery's result itself and then settles the
-// delivery through transport.Ack / transport.Nack, so transports that use
-// settle hooks learn the outcome without a goroutine per message. The router
-// still acks (or nacks, on error) afterwards, which is idempotent.
-func settler(pub message.Publisher, topic string) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			out, err := next(m)
-			if err == nil && len(out) > 0 {
-				if perr := pub.Publish(topic, out...); perr != nil {
-					err = fmt.Errorf("publish result: %w", perr)
-				}
-			}
-			if err != nil {
-				transport.Nack(m)
-				return nil, err
-			}
-			transport.Ack(m)
-			return nil, nil
-		}
-	}
+// resultPublisher is the publisher each router handler is given: the router
+// publishes the result message the handler returns through it, and it
+// settles that result's delivery (found through the message's context,
+// which is the delivery's) — acked once the transport's publisher wrote the
+// result (on Redis that write is the fenced ack of the lease), handed back
+// when it failed (the router then nacks the delivery and logs the error).
+type resultPublisher struct {
+	message.Publisher
+	p *Pipeline
 }
 
-// track counts running handlers so the shutdown can wait for hand-backs.
+// Publish writes the results and settles their deliveries.
+func (r resultPublisher) Publish(topic string, ms ...*message.Message) error {
+	err := r.Publisher.Publish(topic, ms...)
+	for _, m := range ms {
+		r.p.settle(m.Context(), err == nil)
+	}
+	if err != nil {
+		return fmt.Errorf("publish result: %w", err)
+	}
+	return nil
+}
+
+// track counts a handler as running from the start of its chain until its
+// delivery is settled (so the shutdown can wait for hand-backs and for
+// results being written), and settles the deliveries that end without a
+// result to publish: acked after a retry or a dead letter was written,
+// handed back when the chain returned an error. A delivery with a result is
+// settled by resultPublisher.
 func (p *Pipeline) track(next message.HandlerFunc) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		p.handlers.add(1)
-		defer p.handlers.add(-1)
-		return next(m)
+		out, err := next(m)
+		switch {
+		case err != nil:
+			p.settle(m.Context(), false)
+		case len(out) == 0:
+			p.settle(m.Context(), true)
+		}
+		return out, err
 	}
+}
+
+// settle settles the delivery whose context ctx is and counts its handler out.
+func (p *Pipeline) settle(ctx context.Context, acked bool) {
+	transport.SettleContext(ctx, acked)
+	p.handlers.add(-1)
 }
 
 // Run runs until ctx ends, then drains and returns. It returns an error when
@@ -263,15 +280,13 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
 		}
-		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, pub, mw.Dispatch(p.cfg.Dispatcher))
-		settle := settler(pub, q.spec.ResultName)
+		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, resultPublisher{Publisher: pub, p: p}, mw.Dispatch(p.cfg.Dispatcher))
 		var checker transport.CancelChecker
 		if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
 			checker = c
 		}
 		chain := []message.HandlerMiddleware{
 			p.track,
-			settle,
 			mw.Recover(q.mq, work, p.deadLetter, log),
 			mw.Metrics(q.mq),
 			mw.Decode(p.deadLetter, log),
