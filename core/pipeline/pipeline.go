@@ -246,102 +246,149 @@ func (p *Pipeline) settle(ctx context.Context, acked bool) {
 // Run runs until ctx ends, then drains and returns. It returns an error when
 // the pipeline could not start or requests could not be handed back.
 func (p *Pipeline) Run(ctx context.Context) error {
-	log := p.log
+	// work bounds the requests: it outlives ctx by the drain, then its cause
+	// (ErrShutdown) makes the handlers still running hand their deliveries back.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stopWork(mw.ErrShutdown)
 
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.DrainTimeout}, newRouterLogger(log))
-	if err != nil {
-		return fmt.Errorf("router: %w", err)
-	}
-
-	// Gates first: queues start with a real budget.
-	refreshers := p.refreshers()
-	for _, r := range refreshers {
-		r.Start(work)
-	}
-	defer func() {
-		for _, r := range refreshers {
-			if err := r.Close(); err != nil {
-				log.Warn("closing gate", "err", err)
-			}
-		}
-	}()
+	stopGates := p.startGates(work) // first: queues start with a real budget
+	defer stopGates()
 	if p.delay != nil {
 		go p.delay.run(work)
 	}
+	router, err := p.newRouter(work)
+	if err != nil {
+		return err
+	}
+	p.watchCancellations(work)
+	routerDone, err := p.startRouter(ctx, router)
+	if err != nil {
+		return err
+	}
+	p.ready.Store(true)
+	p.log.Info("pipeline running", "queues", len(p.queues))
+	gaugesDone := make(chan struct{})
+	go p.gauges(work, gaugesDone)
 
+	<-ctx.Done()
+	p.ready.Store(false)
+	drained := p.drain(router)
+	stopWork(mw.ErrShutdown)
+	<-gaugesDone
+	return p.handBack(drained, routerDone)
+}
+
+// startGates starts the refresh loop of every distinct gate and returns the
+// function that closes them.
+func (p *Pipeline) startGates(ctx context.Context) (stop func()) {
+	refreshers := p.refreshers()
+	for _, r := range refreshers {
+		r.Start(ctx)
+	}
+	return func() {
+		for _, r := range refreshers {
+			if err := r.Close(); err != nil {
+				p.log.Warn("closing gate", "err", err)
+			}
+		}
+	}
+}
+
+// newRouter builds the Watermill router: per queue one handler reading the
+// claim loop's subscriber, running the middleware chain in front of the
+// dispatch handler, and publishing the result it returns.
+func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: p.cfg.DrainTimeout}, newRouterLogger(p.log))
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	var checker transport.CancelChecker
+	if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
+		checker = c
+	}
 	for _, q := range p.queues {
-		sub, err := transport.NewSubscriber(p.cfg.Transport, q.spec.Queue, q.credits, log)
+		sub, err := transport.NewSubscriber(p.cfg.Transport, q.spec.Queue, q.credits, p.log)
 		if err != nil {
-			return fmt.Errorf("queue %s: subscriber: %w", q.spec.ID, err)
+			return nil, fmt.Errorf("queue %s: subscriber: %w", q.spec.ID, err)
 		}
 		pub, err := p.cfg.Transport.Publisher(q.spec.Queue)
 		if err != nil {
-			return fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
+			return nil, fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
 		}
 		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, resultPublisher{Publisher: pub, p: p}, mw.Dispatch(p.cfg.Dispatcher))
-		var checker transport.CancelChecker
-		if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
-			checker = c
-		}
 		chain := []message.HandlerMiddleware{
 			p.track,
-			mw.Recover(q.mq, work, p.deadLetter, log),
+			mw.Recover(q.mq, work, p.deadLetter, p.log),
 			mw.Metrics(q.mq),
-			mw.Decode(p.deadLetter, log),
+			mw.Decode(p.deadLetter, p.log),
 		}
 		if p.cfg.TracerProvider != nil {
 			chain = append(chain, mw.Trace(p.cfg.TracerProvider))
 		}
 		chain = append(chain,
 			mw.Deadline(),
-			mw.Cancel(checker, p.inflight, log),
-			mw.Admission(p.requeue, time.Second, log),
+			mw.Cancel(checker, p.inflight, p.log),
+			mw.Admission(p.requeue, time.Second, p.log),
 			mw.Retry(p.cfg.Retry, p.requeue),
 		)
 		h.AddMiddleware(chain...)
 	}
+	return router, nil
+}
 
-	if cw, ok := p.cfg.Transport.(transport.CancelWatcher); ok {
-		go func() {
-			if err := cw.WatchCancellations(work, func(c transport.Cancellation) {
-				if n := p.inflight.Cancel(c); n > 0 {
-					log.Info("aborted cancelled requests in flight", "job", c.JobID, "id", c.RequestID, "count", n)
-				}
-			}); err != nil && work.Err() == nil {
-				log.Error("cancellation watch ended", "err", err)
-			}
-		}()
+// watchCancellations aborts the calls of requests cancelled while in
+// flight, when the transport reports cancellations.
+func (p *Pipeline) watchCancellations(work context.Context) {
+	cw, ok := p.cfg.Transport.(transport.CancelWatcher)
+	if !ok {
+		return
 	}
+	go func() {
+		err := cw.WatchCancellations(work, func(c transport.Cancellation) {
+			if n := p.inflight.Cancel(c); n > 0 {
+				p.log.Info("aborted cancelled requests in flight", "job", c.JobID, "id", c.RequestID, "count", n)
+			}
+		})
+		if err != nil && work.Err() == nil {
+			p.log.Error("cancellation watch ended", "err", err)
+		}
+	}()
+}
 
-	runErr := make(chan error, 1)
-	go func() { runErr <- router.Run(context.WithoutCancel(ctx)) }()
+// startRouter runs the router until it is closed and returns once it runs;
+// the channel gets Run's result.
+func (p *Pipeline) startRouter(ctx context.Context, router *message.Router) (<-chan error, error) {
+	done := make(chan error, 1)
+	go func() { done <- router.Run(context.WithoutCancel(ctx)) }()
 	select {
 	case <-router.Running():
-	case err := <-runErr:
-		return fmt.Errorf("router: %w", err)
+		return done, nil
+	case err := <-done:
+		return nil, fmt.Errorf("router: %w", err)
 	}
-	p.ready.Store(true)
-	log.Info("pipeline running", "queues", len(p.queues))
-	gaugesDone := make(chan struct{})
-	go p.gauges(work, gaugesDone)
+}
 
-	<-ctx.Done()
-	p.ready.Store(false)
-	log.Info("shutting down: no new claims; draining requests in flight", "drain_timeout", p.cfg.DrainTimeout.String())
-	drained := true
+// drain stops the claims (closing the router closes the subscribers) and
+// lets the requests in flight finish for up to the drain timeout; it
+// reports whether they all did.
+func (p *Pipeline) drain(router *message.Router) bool {
+	p.log.Info("shutting down: no new claims; draining requests in flight", "drain_timeout", p.cfg.DrainTimeout.String())
 	if err := router.Close(); err != nil {
-		drained = false
-		log.Warn("drain timeout reached; handing the rest back", "err", err)
+		p.log.Warn("drain timeout reached; handing the rest back", "err", err)
+		return false
 	}
-	stopWork(mw.ErrShutdown)
-	<-gaugesDone
+	return true
+}
+
+// handBack waits for the handlers cancelled after the drain to hand their
+// deliveries back, flushes the generic delay queue, and closes the
+// transport (which hands back whatever is still un-acked).
+func (p *Pipeline) handBack(drained bool, routerDone <-chan error) error {
 	var result error
 	if !p.handlers.waitZero(p.cfg.HandBackTimeout) {
 		result = errors.New("requests still running after the hand-back timeout")
 	}
-	if err := <-runErr; err != nil && result == nil && drained {
+	if err := <-routerDone; err != nil && result == nil && drained {
 		result = fmt.Errorf("router: %w", err)
 	}
 	if p.delay != nil {
@@ -350,7 +397,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	if err := p.cfg.Transport.Close(); err != nil {
 		result = errors.Join(result, fmt.Errorf("close transport: %w", err))
 	}
-	log.Info("pipeline stopped")
+	p.log.Info("pipeline stopped")
 	return result
 }
 
