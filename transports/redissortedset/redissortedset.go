@@ -490,8 +490,8 @@ func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name str
 // Names returns the transport's key layout.
 func (t *Transport) Names() keys.Names { return t.names }
 
-// Subscriber implements transport.Transport.
 // Source implements transport.Transport.
+func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	return &source{t: t, q: q, qs: t.queue(q.Name)}, nil
 }
 
