@@ -12,9 +12,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -43,7 +44,11 @@ func TestEndToEndThroughApp(t *testing.T) {
 			QueueName: queue, IGWBaseURL: gw.URL, GateType: "plugin", GateParams: params,
 		}}},
 	}
-	a, err := app.New(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(host.Type, host.Factory); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: mem, Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,11 @@
 // Package host runs out-of-process gate plugins (see plugins/sdk) and is
 // itself a dispatch gate: gate type "plugin" in the registry.
 //
+// The host only supervises. It starts the binary with the SDK's handshake,
+// dispenses an sdk.Remote (a gate.Gate speaking the plugin protocol; every
+// protobuf stays in the SDK) and forwards queries to it, naming the plugin
+// in every error.
+//
 // The factory validates only the host's own parameters and starts nothing, so
 // that building and closing a gate to check a config costs no process. The
 // plugin process starts at the first Budget (or Admit, Describe or Start); the
@@ -8,12 +13,13 @@
 // configuration error fails the gate for good (every Budget returns it; the
 // plugin is not restarted, since restarting cannot fix a config).
 //
-// Supervision: when the process dies, or its connection breaks, the query
-// that finds out returns an error (the Refresher applies the gate's failure
-// policy, closed by default), and the next query after a backoff (doubling
-// from restart_backoff up to restart_backoff_max, reset by a successful
-// answer) starts a new process. Queries in between fail at once with the last
-// error. Close kills the process through go-plugin's client and is idempotent.
+// Supervision: when the process dies, or its connection breaks
+// (sdk.ErrUnavailable), the query that finds out returns an error (the
+// Refresher applies the gate's failure policy, closed by default), and the
+// next query after a backoff (doubling from restart_backoff up to
+// restart_backoff_max, reset by a good Budget answer) starts a new process.
+// Queries in between fail at once with the last error. Close kills the
+// process through go-plugin's client and is idempotent.
 //
 // Plugin and supervisor logs go through hclog to stderr at level info.
 package host
@@ -22,22 +28,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
-	gatepb "github.com/sluice-io/sluice/plugins/gatepb"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -71,10 +71,10 @@ type Gate struct {
 // AdmitGate is a Gate that also asks the plugin per request (admit=true).
 type AdmitGate struct{ *Gate }
 
-// proc is one plugin process.
+// proc is one plugin process and the gate it serves.
 type proc struct {
 	client *plugin.Client
-	rpc    gatepb.GateClient
+	remote sdk.Remote
 	pid    int
 }
 
@@ -140,25 +140,25 @@ func (g *Gate) PID() int {
 	return g.cur.pid
 }
 
-// Budget asks the plugin for the current budget.
+// Budget asks the plugin for the current budget. A fallback the plugin
+// applied itself stays a *gate.FallbackError, its failure naming the plugin.
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	p, err := g.conn(ctx)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := p.rpc.Budget(ctx, &gatepb.BudgetRequest{})
+	b, err := p.remote.Budget(ctx)
 	if err != nil {
-		return 0, g.rpcFailed(ctx, p, "budget", err)
+		// fb escapes (errors.As takes its address): declared here, a good
+		// answer allocates nothing.
+		var fb *gate.FallbackError
+		if !errors.As(err, &fb) {
+			return 0, g.failed(ctx, p, err)
+		}
+		err = &gate.FallbackError{Budget: fb.Budget, Err: g.named(fb.Err)}
 	}
 	g.answered()
-	b := resp.GetBudget()
-	if math.IsNaN(b) || b < 0 || b > 1 {
-		return 0, fmt.Errorf("plugin %s: budget %v outside [0,1]", g.name, b)
-	}
-	if fb := resp.GetFallback(); fb != "" {
-		return 0, &gate.FallbackError{Budget: b, Err: fmt.Errorf("plugin %s: %s", g.name, fb)}
-	}
-	return b, nil
+	return b, err
 }
 
 // Admit asks the plugin to decide one request (the payload is not sent).
@@ -167,13 +167,9 @@ func (g *AdmitGate) Admit(ctx context.Context, req *wire.Request) (gate.Decision
 	if err != nil {
 		return gate.Decision{}, err
 	}
-	resp, err := p.rpc.Admit(ctx, sdk.RequestToProto(req))
+	d, err := p.remote.Admit(ctx, req)
 	if err != nil {
-		return gate.Decision{}, g.rpcFailed(ctx, p, "admit", err)
-	}
-	d, err := sdk.DecisionFromProto(resp)
-	if err != nil {
-		return gate.Decision{}, fmt.Errorf("plugin %s: admit: %w", g.name, err)
+		return gate.Decision{}, g.failed(ctx, p, err)
 	}
 	return d, nil
 }
@@ -209,180 +205,7 @@ func (g *Gate) Close() error {
 	return nil
 }
 
-// conn returns the running plugin, starting one when none runs and the
-// backoff allows it.
-func (g *Gate) conn(ctx context.Context) (*proc, error) {
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		g.mu.Lock()
-		switch {
-		case g.closed:
-			g.mu.Unlock()
-			return nil, ErrClosed
-		case g.cfgErr != nil:
-			g.mu.Unlock()
-			return nil, g.cfgErr
-		}
-		if p := g.cur; p != nil {
-			if !p.client.Exited() {
-				g.mu.Unlock()
-				return p, nil
-			}
-			err := g.lostLocked(p, fmt.Errorf("plugin %s (pid %d) exited", g.name, p.pid))
-			g.mu.Unlock()
-			return nil, err
-		}
-		if g.starting == nil {
-			if wait := time.Until(g.retryAt); wait > 0 {
-				err := fmt.Errorf("%w; next start in %v", g.lastErr, wait.Round(time.Millisecond))
-				g.mu.Unlock()
-				return nil, err
-			}
-			g.starting = make(chan struct{})
-			g.wg.Add(1)
-			go g.start(g.starting)
-		}
-		ch := g.starting
-		g.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// lostLocked forgets p (the caller holds g.mu and has seen the gate open, so
-// Close has not started waiting), records why and schedules the next start.
-func (g *Gate) lostLocked(p *proc, err error) error {
-	if g.cur == p {
-		g.cur = nil
-	}
-	// Reap the client's goroutines in the background; Close waits for it.
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		p.client.Kill()
-	}()
-	g.failLocked(err)
-	g.log.Warn("plugin lost; restarting after backoff", "pid", p.pid, "err", err, "backoff", time.Until(g.retryAt).Round(time.Millisecond))
-	return err
-}
-
-func (g *Gate) failLocked(err error) {
-	g.lastErr = err
-	backoff := g.cfg.RestartBackoff << min(g.failures, 30)
-	if backoff <= 0 || backoff > g.cfg.RestartBackoffMax {
-		backoff = g.cfg.RestartBackoffMax
-	}
-	g.failures++
-	g.retryAt = time.Now().Add(backoff)
-}
-
-// answered resets the backoff after a good answer.
-func (g *Gate) answered() {
-	g.mu.Lock()
-	g.failures = 0
-	g.mu.Unlock()
-}
-
-// rpcFailed wraps a failed call. A broken connection (Unavailable, or a
-// process that has exited) drops the plugin so that the next query restarts it.
-func (g *Gate) rpcFailed(ctx context.Context, p *proc, call string, err error) error {
-	err = fmt.Errorf("plugin %s: %s: %w", g.name, call, err)
-	if ctx.Err() != nil {
-		return err
-	}
-	if status.Code(errors.Unwrap(err)) != codes.Unavailable && !p.client.Exited() {
-		return err
-	}
-	g.mu.Lock()
-	if g.cur == p {
-		g.lostLocked(p, err)
-	}
-	g.mu.Unlock()
-	return err
-}
-
-// start launches, configures and describes one plugin process.
-func (g *Gate) start(done chan struct{}) {
-	defer g.wg.Done()
-	p, desc, cfgErr, err := g.launch()
-	g.mu.Lock()
-	defer func() {
-		g.starting = nil
-		close(done)
-		g.mu.Unlock()
-	}()
-	switch {
-	case g.closed:
-		if p != nil {
-			p.client.Kill()
-		}
-	case cfgErr != nil:
-		g.cfgErr = cfgErr
-		g.log.Error("plugin refused its gate_params", "err", cfgErr)
-	case err != nil:
-		g.failLocked(err)
-		g.log.Warn("plugin failed to start", "err", err)
-	default:
-		g.cur = p
-		g.desc = desc
-		g.log.Info("plugin started", "pid", p.pid)
-	}
-}
-
-// launch runs the binary and performs the Configure and Describe calls. It
-// returns a configuration error separately: it is permanent.
-func (g *Gate) launch() (p *proc, desc string, cfgErr, err error) {
-	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake,
-		Plugins:          sdk.PluginSet(nil),
-		Cmd:              exec.Command(g.cfg.Path, g.cfg.Args...),
-		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		StartTimeout:     g.cfg.StartTimeout,
-		Logger:           g.log,
-	})
-	fail := func(e error) (*proc, string, error, error) {
-		client.Kill()
-		return nil, "", nil, fmt.Errorf("start plugin %s: %w", g.cfg.Path, e)
-	}
-	cp, err := client.Client()
-	if err != nil {
-		return fail(err)
-	}
-	raw, err := cp.Dispense(sdk.PluginName)
-	if err != nil {
-		return fail(err)
-	}
-	rpc, ok := raw.(gatepb.GateClient)
-	if !ok {
-		return fail(fmt.Errorf("dispensed %T, not a gate client", raw))
-	}
-	pid := 0
-	if rc := client.ReattachConfig(); rc != nil {
-		pid = rc.Pid
-	}
-	p = &proc{client: client, rpc: rpc, pid: pid}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.StartTimeout)
-	defer cancel()
-	cresp, err := rpc.Configure(ctx, &gatepb.ConfigureRequest{Params: g.cfg.Params})
-	if err != nil {
-		return fail(fmt.Errorf("configure: %w", err))
-	}
-	if e := cresp.GetError(); e != "" {
-		client.Kill()
-		return nil, "", fmt.Errorf("plugin %s: %s", g.name, e), nil
-	}
-	if g.cfg.Admit && !cresp.GetAdmitter() {
-		client.Kill()
-		return nil, "", fmt.Errorf("plugin %s: gate_params.%s is true but the plugin does not implement Admit", g.name, ParamAdmit), nil
-	}
-	dresp, err := rpc.Describe(ctx, &gatepb.DescribeRequest{})
-	if err != nil {
-		return fail(fmt.Errorf("describe: %w", err))
-	}
-	return p, strings.TrimSpace(dresp.GetDescription()), nil, nil
+// named prefixes err with the plugin's name.
+func (g *Gate) named(err error) error {
+	return fmt.Errorf("plugin %s: %w", g.name, err)
 }

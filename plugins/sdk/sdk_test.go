@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
-	gatepb "github.com/sluice-io/sluice/plugins/gatepb"
+	"github.com/sluice-io/sluice/plugins/gatepb"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -59,16 +60,35 @@ func (p *probe) Admit(ctx context.Context, req *wire.Request) (gate.Decision, er
 	return gate.Decision{Verdict: gate.Defer, Delay: 1500 * time.Millisecond, Reason: "later"}, nil
 }
 
-// dial serves impl over go-plugin's in-memory gRPC connection.
-func dial(t *testing.T, impl gate.Gate) gatepb.GateClient {
+func (p *probe) Describe() string { return "when probed" }
+
+func (p *probe) set(level float64, err error) {
+	p.mu.Lock()
+	p.level, p.budget = level, err
+	p.mu.Unlock()
+}
+
+// conn serves impl over go-plugin's in-memory gRPC connection, as the host
+// sees it: what Dispense returns.
+type conn struct {
+	remote sdk.Remote
+	raw    gatepb.GateClient // the wire under remote, for what it hides
+	server *plugin.GRPCServer
+}
+
+func dial(t *testing.T, impl gate.Gate) conn {
 	t.Helper()
-	client, _ := plugin.TestPluginGRPCConn(t, false, sdk.PluginSet(impl))
+	client, server := plugin.TestPluginGRPCConn(t, false, sdk.PluginSet(impl))
 	t.Cleanup(func() { _ = client.Close() }) // also shuts the server down
 	raw, err := client.Dispense(sdk.PluginName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return raw.(gatepb.GateClient)
+	remote, ok := raw.(sdk.Remote)
+	if !ok {
+		t.Fatalf("Dispense returned %T, not an sdk.Remote", raw)
+	}
+	return conn{remote: remote, raw: gatepb.NewGateClient(client.Conn), server: server}
 }
 
 func TestConfigure(t *testing.T) {
@@ -87,16 +107,27 @@ func TestConfigure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := dial(t, tt.impl)
-			resp, err := c.Configure(context.Background(), &gatepb.ConfigureRequest{Params: tt.params})
-			if err != nil {
-				t.Fatal(err)
+			admitter, err := c.remote.Configure(context.Background(), tt.params)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Configure: %v", err)
+				}
+				if _, want := tt.impl.(gate.Admitter); admitter != want {
+					t.Errorf("admitter = %v, want %v", admitter, want)
+				}
+				// Configure is once per process.
+				if _, err := c.remote.Configure(context.Background(), tt.params); !errors.Is(err, sdk.ErrRefused) {
+					t.Errorf("second Configure = %v, want a refusal", err)
+				}
+				return
 			}
-			if tt.wantErr == "" && resp.GetError() != "" || !strings.Contains(resp.GetError(), tt.wantErr) {
-				t.Errorf("Configure error %q, want %q", resp.GetError(), tt.wantErr)
+			if !errors.Is(err, sdk.ErrRefused) || !strings.Contains(err.Error(), tt.wantErr) || errors.Is(err, sdk.ErrUnavailable) {
+				t.Errorf("Configure error %v, want a refusal containing %q", err, tt.wantErr)
 			}
-			_, admitter := tt.impl.(gate.Admitter)
-			if resp.GetAdmitter() != admitter {
-				t.Errorf("admitter = %v, want %v", resp.GetAdmitter(), admitter)
+			// On the wire the refusal is an answer, not a gRPC error.
+			resp, err := c.raw.Configure(context.Background(), &gatepb.ConfigureRequest{Params: tt.params})
+			if err != nil || !strings.Contains(resp.GetError(), tt.wantErr) {
+				t.Errorf("raw Configure = %v, %v", resp, err)
 			}
 		})
 	}
@@ -114,15 +145,15 @@ func (f gateFunc) Budget(ctx context.Context) (float64, error) {
 func TestBudgetAcrossTheBoundary(t *testing.T) {
 	p := &probe{}
 	c := dial(t, p)
-	if _, err := c.Configure(context.Background(), &gatepb.ConfigureRequest{Params: map[string]string{"level": "0.25"}}); err != nil {
+	if _, err := c.remote.Configure(context.Background(), map[string]string{"level": "0.25"}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(3 * time.Second)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	resp, err := c.Budget(ctx, &gatepb.BudgetRequest{})
-	if err != nil || resp.GetBudget() != 0.25 || resp.GetFallback() != "" {
-		t.Fatalf("Budget = %v, %v", resp, err)
+	b, err := c.remote.Budget(ctx)
+	if err != nil || b != 0.25 {
+		t.Fatalf("Budget = %v, %v", b, err)
 	}
 	p.mu.Lock()
 	got := p.deadline
@@ -134,22 +165,39 @@ func TestBudgetAcrossTheBoundary(t *testing.T) {
 	}
 
 	tests := []struct {
+		name     string
+		level    float64
 		err      error
-		code     codes.Code
-		fallback string
+		code     codes.Code // of the error, when not a fallback
+		fallback string     // the fallback's failure, when one
+		wantErr  string
 	}{
-		{errors.New("backend down"), codes.Unknown, ""},
-		{context.DeadlineExceeded, codes.DeadlineExceeded, ""},
-		{&gate.FallbackError{Budget: 0.25, Err: errors.New("stale")}, codes.OK, "stale"},
+		{"backend down", 0.25, errors.New("backend down"), codes.Unknown, "", "budget: rpc error: code = Unknown desc = backend down"},
+		{"deadline", 0.25, context.DeadlineExceeded, codes.DeadlineExceeded, "", "DeadlineExceeded"},
+		{"fallback", 0.25, &gate.FallbackError{Budget: 0.5, Err: errors.New("stale")}, codes.OK, "stale", ""},
+		{"fallback without cause", 0.25, &gate.FallbackError{Budget: 0.5}, codes.OK, "fallback", ""},
+		{"above 1", 1.5, nil, codes.Unknown, "", "budget 1.5 outside [0,1]"},
+		{"NaN", math.NaN(), nil, codes.Unknown, "", "budget NaN outside [0,1]"},
+		{"negative fallback", 0, &gate.FallbackError{Budget: -1, Err: errors.New("x")}, codes.Unknown, "", "budget -1 outside [0,1]"},
 	}
 	for _, tt := range tests {
-		p.mu.Lock()
-		p.budget = tt.err
-		p.mu.Unlock()
-		resp, err := c.Budget(context.Background(), &gatepb.BudgetRequest{})
-		if status.Code(err) != tt.code || resp.GetFallback() != tt.fallback {
-			t.Errorf("%v: Budget = %v, %v; want code %v fallback %q", tt.err, resp, err, tt.code, tt.fallback)
-		}
+		t.Run(tt.name, func(t *testing.T) {
+			p.set(tt.level, tt.err)
+			b, err := c.remote.Budget(context.Background())
+			var fb *gate.FallbackError
+			if tt.fallback != "" {
+				if !errors.As(err, &fb) || fb.Budget != 0.5 || fb.Err.Error() != tt.fallback || b != 0 {
+					t.Errorf("Budget = %v, %v; want a fallback to 0.5 because %q", b, err, tt.fallback)
+				}
+				return
+			}
+			if err == nil || errors.As(err, &fb) || status.Code(err) != tt.code || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Budget = %v, %v; want code %v, an error containing %q", b, err, tt.code, tt.wantErr)
+			}
+			if errors.Is(err, sdk.ErrUnavailable) {
+				t.Errorf("%v marked unavailable: a failing gate is not a broken plugin", err)
+			}
+		})
 	}
 }
 
@@ -162,11 +210,7 @@ func TestAdmitAcrossTheBoundary(t *testing.T) {
 		ID: "r1", Deadline: deadline, Created: created, Payload: []byte(`{"big":"payload"}`),
 		Metadata: map[string]string{"job_id": "j"}, Headers: map[string]string{"X-Tenant": "t"}, Endpoint: "/v1/x", RetryCount: 2,
 	}
-	resp, err := c.Admit(context.Background(), sdk.RequestToProto(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := sdk.DecisionFromProto(resp)
+	d, err := c.remote.Admit(context.Background(), in)
 	if err != nil || d != (gate.Decision{Verdict: gate.Defer, Delay: 1500 * time.Millisecond, Reason: "later"}) {
 		t.Errorf("decision %+v, %v", d, err)
 	}
@@ -182,37 +226,43 @@ func TestAdmitAcrossTheBoundary(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = c.Admit(ctx, &gatepb.AdmitRequest{Id: "h", Metadata: map[string]string{"hang": "1"}})
+	_, err = c.remote.Admit(ctx, &wire.Request{ID: "h", Metadata: map[string]string{"hang": "1"}})
 	if status.Code(err) != codes.DeadlineExceeded || time.Since(start) > time.Second {
 		t.Errorf("hanging Admit = %v after %v", err, time.Since(start))
 	}
 
 	// A gate without Admit admits everything.
-	resp, err = dial(t, gateFunc(nil)).Admit(context.Background(), &gatepb.AdmitRequest{Id: "x"})
-	if err != nil || resp.GetVerdict() != gatepb.Verdict_VERDICT_ADMIT {
-		t.Errorf("Admit on a budget-only gate = %v, %v", resp, err)
+	d, err = dial(t, gateFunc(nil)).remote.Admit(context.Background(), &wire.Request{ID: "x"})
+	if err != nil || d != gate.Admitted {
+		t.Errorf("Admit on a budget-only gate = %+v, %v", d, err)
 	}
 }
 
-func TestDecisionRoundTrip(t *testing.T) {
-	for _, d := range []gate.Decision{
-		gate.Admitted,
-		{Verdict: gate.Reject, Reason: "no"},
-		{Verdict: gate.Defer, Delay: 250 * time.Millisecond, Reason: "wait"},
-	} {
-		pb, err := sdk.DecisionToProto(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := sdk.DecisionFromProto(pb)
-		if err != nil || got != d {
-			t.Errorf("%+v round-tripped to %+v, %v", d, got, err)
+func TestDescribe(t *testing.T) {
+	for _, tt := range []struct {
+		impl gate.Gate
+		want string
+	}{{&probe{}, "when probed"}, {gateFunc(nil), ""}} {
+		if d, err := dial(t, tt.impl).remote.Describe(context.Background()); err != nil || d != tt.want {
+			t.Errorf("%T: Describe = %q, %v; want %q", tt.impl, d, err, tt.want)
 		}
 	}
-	if _, err := sdk.DecisionToProto(gate.Decision{Verdict: 9}); err == nil {
-		t.Error("unknown verdict encoded")
-	}
-	if _, err := sdk.DecisionFromProto(&gatepb.AdmitResponse{Verdict: 9}); err == nil {
-		t.Error("unknown verdict decoded")
+}
+
+// A plugin that cannot be reached is told apart from one that fails: its
+// errors match ErrUnavailable, for every call.
+func TestUnavailable(t *testing.T) {
+	c := dial(t, &probe{})
+	c.server.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, cerr := c.remote.Configure(ctx, nil)
+	_, berr := c.remote.Budget(ctx)
+	_, aerr := c.remote.Admit(ctx, &wire.Request{ID: "x"})
+	_, derr := c.remote.Describe(ctx)
+	for call, err := range map[string]error{"configure": cerr, "budget": berr, "admit": aerr, "describe": derr} {
+		if !errors.Is(err, sdk.ErrUnavailable) || status.Code(err) != codes.Unavailable || !strings.HasPrefix(err.Error(), call+": ") {
+			t.Errorf("%s on a stopped plugin = %v, want an unavailable error naming the call", call, err)
+		}
 	}
 }

@@ -1,0 +1,195 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/sluice-io/sluice/plugins/sdk"
+)
+
+// conn returns the running plugin, starting one when none runs and the
+// backoff allows it.
+func (g *Gate) conn(ctx context.Context) (*proc, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		g.mu.Lock()
+		switch {
+		case g.closed:
+			g.mu.Unlock()
+			return nil, ErrClosed
+		case g.cfgErr != nil:
+			g.mu.Unlock()
+			return nil, g.cfgErr
+		}
+		if p := g.cur; p != nil {
+			if !p.client.Exited() {
+				g.mu.Unlock()
+				return p, nil
+			}
+			err := g.lostLocked(p, fmt.Errorf("plugin %s (pid %d) exited", g.name, p.pid))
+			g.mu.Unlock()
+			return nil, err
+		}
+		if g.starting == nil {
+			if wait := time.Until(g.retryAt); wait > 0 {
+				err := fmt.Errorf("%w; next start in %v", g.lastErr, wait.Round(time.Millisecond))
+				g.mu.Unlock()
+				return nil, err
+			}
+			g.starting = make(chan struct{})
+			g.wg.Add(1)
+			go g.start(g.starting)
+		}
+		ch := g.starting
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// failed names the plugin in the error of a query on p. A broken connection
+// (sdk.ErrUnavailable, or a process that has exited) drops the plugin so that
+// the next query restarts it; any other error fails this query only.
+func (g *Gate) failed(ctx context.Context, p *proc, err error) error {
+	err = g.named(err)
+	if ctx.Err() != nil {
+		return err
+	}
+	if !errors.Is(err, sdk.ErrUnavailable) && !p.client.Exited() {
+		return err
+	}
+	g.mu.Lock()
+	if g.cur == p {
+		g.lostLocked(p, err)
+	}
+	g.mu.Unlock()
+	return err
+}
+
+// lostLocked forgets p (the caller holds g.mu and has seen the gate open, so
+// Close has not started waiting), records why and schedules the next start.
+func (g *Gate) lostLocked(p *proc, err error) error {
+	if g.cur == p {
+		g.cur = nil
+	}
+	// Reap the client's goroutines in the background; Close waits for it.
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		p.client.Kill()
+	}()
+	g.failLocked(err)
+	g.log.Warn("plugin lost; restarting after backoff", "pid", p.pid, "err", err, "backoff", time.Until(g.retryAt).Round(time.Millisecond))
+	return err
+}
+
+// failLocked records a failed start or a lost process and sets the next
+// start time, doubling the backoff per consecutive failure.
+func (g *Gate) failLocked(err error) {
+	g.lastErr = err
+	backoff := g.cfg.RestartBackoff << min(g.failures, 30)
+	if backoff <= 0 || backoff > g.cfg.RestartBackoffMax {
+		backoff = g.cfg.RestartBackoffMax
+	}
+	g.failures++
+	g.retryAt = time.Now().Add(backoff)
+}
+
+// answered resets the backoff after a good answer.
+func (g *Gate) answered() {
+	g.mu.Lock()
+	g.failures = 0
+	g.mu.Unlock()
+}
+
+// start launches one plugin process and publishes the outcome.
+func (g *Gate) start(done chan struct{}) {
+	defer g.wg.Done()
+	p, desc, cfgErr, err := g.launch()
+	g.mu.Lock()
+	defer func() {
+		g.starting = nil
+		close(done)
+		g.mu.Unlock()
+	}()
+	switch {
+	case g.closed:
+		if p != nil {
+			p.client.Kill()
+		}
+	case cfgErr != nil:
+		g.cfgErr = cfgErr
+		g.log.Error("plugin refused its gate_params", "err", cfgErr)
+	case err != nil:
+		g.failLocked(err)
+		g.log.Warn("plugin failed to start", "err", err)
+	default:
+		g.cur = p
+		g.desc = desc
+		g.log.Info("plugin started", "pid", p.pid)
+	}
+}
+
+// launch runs the binary, dispenses its gate and performs the Configure and
+// Describe calls, bounded by the start timeout. It returns a configuration
+// error separately: it is permanent.
+func (g *Gate) launch() (p *proc, desc string, cfgErr, err error) {
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake,
+		Plugins:          sdk.PluginSet(nil),
+		Cmd:              exec.Command(g.cfg.Path, g.cfg.Args...),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		StartTimeout:     g.cfg.StartTimeout,
+		Logger:           g.log,
+	})
+	fail := func(e error) (*proc, string, error, error) {
+		client.Kill()
+		return nil, "", nil, fmt.Errorf("start plugin %s: %w", g.cfg.Path, e)
+	}
+	refuse := func(e error) (*proc, string, error, error) {
+		client.Kill()
+		return nil, "", g.named(e), nil
+	}
+	cp, err := client.Client()
+	if err != nil {
+		return fail(err)
+	}
+	raw, err := cp.Dispense(sdk.PluginName)
+	if err != nil {
+		return fail(err)
+	}
+	remote, ok := raw.(sdk.Remote)
+	if !ok {
+		return fail(fmt.Errorf("dispensed %T, not an sdk.Remote", raw))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.StartTimeout)
+	defer cancel()
+	admitter, err := remote.Configure(ctx, g.cfg.Params)
+	switch {
+	case errors.Is(err, sdk.ErrRefused):
+		return refuse(err)
+	case err != nil:
+		return fail(err)
+	case g.cfg.Admit && !admitter:
+		return refuse(fmt.Errorf("gate_params.%s is true but the plugin does not implement Admit", ParamAdmit))
+	}
+	if desc, err = remote.Describe(ctx); err != nil {
+		return fail(err)
+	}
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	return &proc{client: client, remote: remote, pid: pid}, strings.TrimSpace(desc), nil, nil
+}
