@@ -21,7 +21,7 @@ test-short:
 
 ## bench: one BENCH line per scenario
 bench:
-	$(GO) run ./bench
+	$(GO) run ./internal/bench
 
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
@@ -38,7 +38,7 @@ lint: vet
 
 ## fuzz: run the decoder fuzzer for a minute
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/message
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/wire
 
 ## proto: regenerate plugins/gatepb/*.pb.go from gate.proto (needs protoc, e.g. Debian
 ## protobuf-compiler, and the two generators at the versions the committed code was made with)

@@ -9,12 +9,13 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/internal/demo"
 )
 
 func newDemo() *cobra.Command {
-	var o app.DemoOptions
+	var o demo.Options
 	var asJSON, verbose bool
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -35,7 +36,7 @@ and print a summary. No server is needed.`,
 			if verbose {
 				o.Logger = app.NewLogger(config.Log{Level: "info", Format: "text"}, os.Stderr)
 			}
-			sum, err := app.RunDemo(cmd.Context(), o)
+			sum, err := demo.Run(cmd.Context(), o)
 			out := cmd.OutOrStdout()
 			if asJSON {
 				b, _ := json.Marshal(sum)
@@ -56,7 +57,7 @@ and print a summary. No server is needed.`,
 	return cmd
 }
 
-func printSummary(w io.Writer, s app.DemoSummary) {
+func printSummary(w io.Writer, s demo.Summary) {
 	fmt.Fprintf(w, "\nsluice demo: %d requests, %d results in %.2fs (%.0f results/s)\n", s.Requests, s.Results, s.Seconds, s.Throughput)
 	fmt.Fprintf(w, "  succeeded          %6d\n", s.Succeeded)
 	fmt.Fprintf(w, "  deadline exceeded  %6d  (expired in the queue, or the gateway outlived the deadline)\n", s.DeadlineExceeded)

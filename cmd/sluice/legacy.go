@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/dispatch"
 )
 
 // legacyFlags are upstream's flags (llm-d-async v0.9), still rendered by its
@@ -56,7 +57,7 @@ func (l *legacyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.ssResultQueue, "redis.ss.result-queue-name", "result-list", "legacy: result list of the sorted-set transport")
 	fs.StringVar(&l.ssRequestQueue, "redis.ss.request-queue-name", "request-sortedset", "legacy: request sorted set, when no queues config is given")
 	fs.StringVar(&l.ssIGWBaseURL, "redis.ss.igw-base-url", "", "legacy: gateway base URL, when no queues config is given")
-	fs.StringVar(&l.ssRequestPath, "redis.ss.request-path-url", config.DefaultRequestPath, "legacy: request path, when no queues config is given")
+	fs.StringVar(&l.ssRequestPath, "redis.ss.request-path-url", dispatch.DefaultPath, "legacy: request path, when no queues config is given")
 	fs.IntVar(&l.ssPollMS, "redis.ss.poll-interval-ms", 1000, "legacy: longest idle wait between claims, in ms (sluice claims again at once while work is waiting)")
 	fs.IntVar(&l.ssBatchSize, "redis.ss.batch-size", 10, "legacy: most requests claimed per round trip (sluice raises it to the free credits, up to its own batch size)")
 	fs.StringVar(&l.ssGateType, "redis.ss.gate-type", "", "legacy: gate type, when no queues config is given")
@@ -65,13 +66,13 @@ func (l *legacyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.psResultQueue, "redis.result-queue-name", "result-queue", "legacy: pub/sub result channel")
 	fs.StringVar(&l.psRetryQueue, "redis.retry-queue-name", "retry-sortedset", "legacy: pub/sub retry set")
 	fs.StringVar(&l.psIGWBaseURL, "redis.igw-base-url", "", "legacy: pub/sub gateway base URL")
-	fs.StringVar(&l.psRequestPath, "redis.request-path-url", config.DefaultRequestPath, "legacy: pub/sub request path")
+	fs.StringVar(&l.psRequestPath, "redis.request-path-url", dispatch.DefaultPath, "legacy: pub/sub request path")
 	fs.StringVar(&l.gcpProject, "pubsub.project-id", "", "legacy: GCP project")
 	fs.StringVar(&l.gcpSubscription, "pubsub.request-subscriber-id", "", "legacy: request subscription")
 	fs.StringVar(&l.gcpResultTopic, "pubsub.result-topic-id", "", "legacy: result topic")
 	fs.StringVar(&l.gcpTopicsFile, "pubsub.topics-config-file", "", "legacy: subscriptions config file (JSON array of queues)")
 	fs.StringVar(&l.gcpIGWBaseURL, "pubsub.igw-base-url", "", "legacy: gateway base URL for Pub/Sub")
-	fs.StringVar(&l.gcpRequestPath, "pubsub.request-path-url", config.DefaultRequestPath, "legacy: request path for Pub/Sub")
+	fs.StringVar(&l.gcpRequestPath, "pubsub.request-path-url", dispatch.DefaultPath, "legacy: request path for Pub/Sub")
 	// Accepted, but kept out of --help; legacyHelp lists them.
 	fs.VisitAll(func(f *pflag.Flag) {
 		if strings.HasPrefix(f.Usage, "legacy: ") {

@@ -3,7 +3,19 @@
 // POSTs it to the inference gateway with its deadline, and writes one result
 // per request.
 //
-// Subcommands: serve, demo, simulate-gateway, validate, version.
+// Subcommands:
+//
+//	serve             run the dispatcher
+//	demo              the embedded demo (memory queue, gateway simulator, constant gate)
+//	simulate-gateway  an OpenAI-compatible gateway simulator
+//	validate          check a configuration, printing every problem
+//	version           print the version
+//	enqueue           enqueue requests into a Redis sorted-set queue
+//	results           print results from a Redis result list
+//	cancel            cancel a job or one request
+//	queues            show request queues and their depths
+//
+// The transports and gates it links are chosen in one file, adapters.go.
 package main
 
 import (

@@ -137,3 +137,28 @@ func TestRedisURLFile(t *testing.T) {
 		t.Fatalf("url %q %v", cfg.RedisURL, err)
 	}
 }
+
+// Every subcommand is named in the package doc (main.go) and in the README's
+// Commands table.
+func TestSubcommandsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := newRoot().Commands()
+	if len(cmds) < 9 {
+		t.Errorf("%d subcommands, want at least 9", len(cmds))
+	}
+	for _, c := range cmds {
+		if !strings.Contains(string(doc), "//\t"+c.Name()+" ") {
+			t.Errorf("main.go's doc does not name %q", c.Name())
+		}
+		if !strings.Contains(string(readme), "| `sluice "+c.Name()) {
+			t.Errorf("README's Commands table lacks %q", c.Name())
+		}
+	}
+}

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 )
 
@@ -172,8 +172,12 @@ The Redis URL comes from --redis.url, --redis.url-file or $REDIS_URL.
 			if err != nil {
 				return err
 			}
+			ad, err := adapters()
+			if err != nil {
+				return err
+			}
 			log := app.NewLogger(cfg.Log, os.Stderr)
-			a, err := app.New(cfg, app.Options{Logger: log})
+			a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -192,17 +196,19 @@ func newValidate() *cobra.Command {
 		Short: "Check a configuration and print every problem with where it is",
 		Long: `Load the configuration exactly as serve would (same flags) and check it:
 unknown fields, missing or invalid values, unknown transports and gate types,
-and the gates' own parameters. Exit 0 when it is valid, 1 otherwise.`,
+and what each component checks itself: the transport's options, the gates'
+parameters, the HTTP client's and the retry policy's settings (with their
+defaults). Exit 0 when it is valid, 1 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			out := cmd.OutOrStdout()
+			ad, err := adapters()
+			if err != nil {
+				return err
+			}
 			cfg, err := f.load(cmd.Flags())
 			if err == nil {
-				tr, gr := app.Registries()
-				err = cfg.Validate(app.Known(tr, gr))
-				if err == nil {
-					err = app.Check(cfg, tr, gr)
-				}
+				err = app.Check(cfg, ad)
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {

@@ -1,6 +1,13 @@
 // Package config is sluice's configuration: one JSON document (file, flags
 // and the legacy flags of upstream all land here), defaults, and validation
 // that reports every problem with where it is.
+//
+// Defaults live in one place per setting. A setting that a component reads
+// (the HTTP client, the retry middleware, the pipeline, a gate) is that
+// component's to default: config leaves it zero, meaning "the component's
+// default", and its doc comment names that default. SetDefaults fills only
+// the settings that the assembly alone reads (transport, ports, concurrency,
+// logging, tracing, the queues' ids, gates and result destinations).
 package config
 
 import (
@@ -56,9 +63,11 @@ type Config struct {
 	TransportConfig TransportConfig `json:"transport_config"`
 	// Concurrency is each queue's in-flight limit at budget 1 (default 64).
 	Concurrency int `json:"concurrency,omitempty"`
-	// RequestTimeout bounds one gateway call when the deadline is further away (default 5m).
+	// RequestTimeout bounds one gateway call when the deadline is further
+	// away (0: core/dispatch's default, 5m).
 	RequestTimeout Duration `json:"request_timeout,omitempty"`
-	// DrainTimeout is how long requests in flight may finish on shutdown (default 2m).
+	// DrainTimeout is how long requests in flight may finish on shutdown
+	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
 	// MetricsPort serves /metrics (default 9090; -1 disables).
 	MetricsPort int `json:"metrics_port,omitempty"`
@@ -157,7 +166,8 @@ type Queue struct {
 	QueueName string `json:"queue_name"`
 	// IGWBaseURL is the inference gateway's base URL (required).
 	IGWBaseURL string `json:"igw_base_url"`
-	// RequestPathURL is the request path (default /v1/completions).
+	// RequestPathURL is the request path (empty: core/dispatch's default,
+	// /v1/completions).
 	RequestPathURL string `json:"request_path_url,omitempty"`
 	// ResultQueueName overrides the transport's result destination.
 	ResultQueueName string `json:"result_queue_name,omitempty"`
@@ -176,31 +186,44 @@ type Queue struct {
 	Pool string `json:"pool,omitempty"`
 }
 
-// Retry is the retry policy.
+// Retry is the retry policy. Zero fields take core/middleware's defaults
+// (RetryPolicy.SetDefaults).
 type Retry struct {
-	Base        Duration `json:"base,omitempty"`         // default 2s
-	Max         Duration `json:"max,omitempty"`          // default 60s
-	Jitter      float64  `json:"jitter,omitempty"`       // default 0.2 (±20%)
-	MaxAttempts int      `json:"max_attempts,omitempty"` // default 0: until the deadline
+	// Base is the first backoff, doubling per attempt (0: the default, 2s).
+	Base Duration `json:"base,omitempty"`
+	// Max caps the backoff (0: the default, 60s).
+	Max Duration `json:"max,omitempty"`
+	// Jitter spreads each backoff by ±Jitter (0: the default, 0.2).
+	Jitter float64 `json:"jitter,omitempty"`
+	// MaxAttempts ends retries after that many attempts (0: only the
+	// deadline ends them).
+	MaxAttempts int `json:"max_attempts,omitempty"`
 }
 
-// Dispatch configures the gateway calls.
+// Dispatch configures the gateway calls. Zero fields take core/dispatch's
+// defaults (Config.SetDefaults).
 type Dispatch struct {
-	// DeadlineHeader carries the deadline in Unix ms (default x-request-deadline; "off" disables).
+	// DeadlineHeader carries the deadline in Unix ms (empty: the default,
+	// x-request-deadline; "off" disables).
 	DeadlineHeader string `json:"deadline_header,omitempty"`
-	// TimeoutHeader carries the remaining ms (default x-envoy-upstream-rq-timeout-ms; "off" disables).
+	// TimeoutHeader carries the remaining ms (empty: the default,
+	// x-envoy-upstream-rq-timeout-ms; "off" disables).
 	TimeoutHeader string `json:"timeout_header,omitempty"`
-	// MaxResponseBytes caps a response body (default 64 MiB).
+	// MaxResponseBytes caps a response body (0: the default, 64 MiB).
 	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
-	// Protocol is how http:// gateways are spoken to: "http1" (default) or
-	// "h2c" (HTTP/2 with prior knowledge, for gateways that accept it).
+	// Protocol is how http:// gateways are spoken to: "http1" (empty: the
+	// default) or "h2c" (HTTP/2 with prior knowledge, for gateways that
+	// accept it).
 	Protocol string `json:"protocol,omitempty"`
 }
 
 // Prometheus is the Prometheus server gates query.
 type Prometheus struct {
-	URL      string   `json:"url,omitempty"`
-	CacheTTL Duration `json:"cache_ttl,omitempty"` // default 5s
+	// URL is the server's base URL (a gate's params may name their own).
+	URL string `json:"url,omitempty"`
+	// CacheTTL is how long gates reuse an answer (0: each gate's default,
+	// 5s for the built-in Prometheus gates).
+	CacheTTL Duration `json:"cache_ttl,omitempty"`
 }
 
 // TLS configures gateway calls over https.
@@ -217,10 +240,8 @@ type Log struct {
 	Format string `json:"format,omitempty"` // text (default) or json
 }
 
-// DefaultRequestPath is the request path when a queue names none.
-const DefaultRequestPath = "/v1/completions"
-
-// SetDefaults fills every unset field.
+// SetDefaults fills the unset fields that only the assembly reads; the
+// settings of components stay zero (see the package doc).
 func (c *Config) SetDefaults() {
 	if c.Transport == "" {
 		c.Transport = "memory"
@@ -228,29 +249,11 @@ func (c *Config) SetDefaults() {
 	if c.Concurrency == 0 {
 		c.Concurrency = 64
 	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = Duration(5 * time.Minute)
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = Duration(2 * time.Minute)
-	}
 	if c.MetricsPort == 0 {
 		c.MetricsPort = 9090
 	}
 	if c.HealthPort == 0 {
 		c.HealthPort = 8081
-	}
-	if c.Retry.Base == 0 {
-		c.Retry.Base = Duration(2 * time.Second)
-	}
-	if c.Retry.Max == 0 {
-		c.Retry.Max = Duration(60 * time.Second)
-	}
-	if c.Retry.Jitter == 0 {
-		c.Retry.Jitter = 0.2
-	}
-	if c.Prometheus.CacheTTL == 0 {
-		c.Prometheus.CacheTTL = Duration(5 * time.Second)
 	}
 	if c.Log.Level == "" {
 		c.Log.Level = "info"
@@ -261,9 +264,6 @@ func (c *Config) SetDefaults() {
 	if c.Tracing.ServiceName == "" {
 		c.Tracing.ServiceName = "sluice"
 	}
-	if c.Dispatch.Protocol == "" {
-		c.Dispatch.Protocol = "http1"
-	}
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
 	}
@@ -271,9 +271,6 @@ func (c *Config) SetDefaults() {
 		q := &c.TransportConfig.Queues[i]
 		if q.ID == "" {
 			q.ID = q.QueueName
-		}
-		if q.RequestPathURL == "" {
-			q.RequestPathURL = DefaultRequestPath
 		}
 		if q.ResultQueueName == "" {
 			q.ResultQueueName = c.TransportConfig.ResultQueueName
@@ -330,8 +327,8 @@ func (c *Config) Validate(k Known) error {
 	if c.Concurrency < 1 {
 		add("concurrency", "must be at least 1, got %d", c.Concurrency)
 	}
-	if c.RequestTimeout <= 0 {
-		add("request_timeout", "must be positive")
+	if c.RequestTimeout < 0 {
+		add("request_timeout", "must not be negative")
 	}
 	if c.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")
@@ -344,8 +341,11 @@ func (c *Config) Validate(k Known) error {
 	if c.MetricsPort > 0 && c.MetricsPort == c.HealthPort {
 		add("health_port", "same port as metrics_port (%d)", c.MetricsPort)
 	}
-	if c.Retry.Base <= 0 || c.Retry.Max < c.Retry.Base {
-		add("retry", "need 0 < base ≤ max, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
+	switch {
+	case c.Retry.Base < 0 || c.Retry.Max < 0:
+		add("retry", "base and max must not be negative, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
+	case c.Retry.Base > 0 && c.Retry.Max > 0 && c.Retry.Max < c.Retry.Base:
+		add("retry", "need base ≤ max, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
 	}
 	if c.Retry.Jitter < 0 || c.Retry.Jitter > 1 {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
@@ -376,7 +376,7 @@ func (c *Config) Validate(k Known) error {
 			add("tracing.otlp_endpoint", "%q is not an http(s) URL", e)
 		}
 	}
-	if p := c.Dispatch.Protocol; p != "http1" && p != "h2c" {
+	if p := c.Dispatch.Protocol; p != "" && p != "http1" && p != "h2c" {
 		add("dispatch.protocol", "%q: want http1 or h2c", p)
 	}
 	switch c.Log.Level {
@@ -408,7 +408,7 @@ func (c *Config) Validate(k Known) error {
 		} else if u, err := url.Parse(q.IGWBaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			add(where+".igw_base_url", "%q is not an http(s) URL", q.IGWBaseURL)
 		}
-		if !strings.HasPrefix(q.RequestPathURL, "/") {
+		if q.RequestPathURL != "" && !strings.HasPrefix(q.RequestPathURL, "/") {
 			add(where+".request_path_url", "%q must start with /", q.RequestPathURL)
 		}
 		if q.ResultQueueName == "" {

@@ -80,12 +80,15 @@ func TestDefaults(t *testing.T) {
 	c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "llm-d-async:requests:pool-a", IGWBaseURL: "http://gw"}}}}
 	c.SetDefaults()
 	q := c.TransportConfig.Queues[0]
-	if c.Transport != "memory" || c.Concurrency != 64 || c.RequestTimeout.D() != 5*time.Minute || c.DrainTimeout.D() != 2*time.Minute ||
-		c.MetricsPort != 9090 || c.HealthPort != 8081 || c.Prometheus.CacheTTL.D() != 5*time.Second ||
-		c.Retry.Base.D() != 2*time.Second || c.Retry.Max.D() != time.Minute {
+	if c.Transport != "memory" || c.Concurrency != 64 || c.MetricsPort != 9090 || c.HealthPort != 8081 ||
+		c.Log != (Log{Level: "info", Format: "text"}) {
 		t.Errorf("defaults: %+v", c)
 	}
-	if q.ID != q.QueueName || q.RequestPathURL != "/v1/completions" || q.ResultQueueName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
+	// The components' settings stay zero: each component defaults its own.
+	if c.RequestTimeout != 0 || c.DrainTimeout != 0 || c.Retry != (Retry{}) || c.Dispatch != (Dispatch{}) || c.Prometheus.CacheTTL != 0 {
+		t.Errorf("a component's setting was defaulted here: %+v", c)
+	}
+	if q.ID != q.QueueName || q.RequestPathURL != "" || q.ResultQueueName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
 		t.Errorf("queue defaults: %+v", q)
 	}
 	if err := c.Validate(known()); err != nil {
@@ -119,6 +122,40 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("missing %q in:\n%s", want, text)
 		}
+	}
+}
+
+// Zero means "the component's default"; negative values and an explicit
+// max below an explicit base are still problems.
+func TestValidateComponentSettings(t *testing.T) {
+	tests := []struct {
+		name string
+		set  func(*Config)
+		want string
+	}{
+		{"zero", func(*Config) {}, ""},
+		{"negative request timeout", func(c *Config) { c.RequestTimeout = -1 }, "request_timeout: must not be negative"},
+		{"negative drain", func(c *Config) { c.DrainTimeout = -1 }, "drain_timeout: must not be negative"},
+		{"negative retry base", func(c *Config) { c.Retry.Base = Duration(-time.Second) }, "retry: base and max must not be negative"},
+		{"max below base", func(c *Config) { c.Retry.Base, c.Retry.Max = Duration(time.Minute), Duration(time.Second) },
+			"retry: need base ≤ max, got base 1m0s, max 1s"},
+		{"only base", func(c *Config) { c.Retry.Base = Duration(time.Second) }, ""},
+		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch.protocol: "h3": want http1 or h2c`},
+		{"h2c", func(c *Config) { c.Dispatch.Protocol = "h2c" }, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "q", IGWBaseURL: "http://gw"}}}}
+			tc.set(c)
+			c.SetDefaults()
+			err := c.Validate(known())
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Validate: %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 

@@ -7,8 +7,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/sluice-io/sluice/core/registry"
 )
 
 // Env is what a gate factory may need beyond its own parameters: settings
@@ -17,7 +18,9 @@ type Env struct {
 	// PrometheusURL is --prometheus-url; gates that query Prometheus use it
 	// unless their params name their own.
 	PrometheusURL string
-	// PrometheusCacheTTL is --prometheus-cache-ttl.
+	// PrometheusCacheTTL is --prometheus-cache-ttl: how long gates reuse a
+	// Prometheus answer unless their params say otherwise (0: each gate's
+	// own default).
 	PrometheusCacheTTL time.Duration
 	// RedisURL is the deployment's Redis URL (REDIS_URL), for gates that keep
 	// their budget in Redis and name no address of their own.
@@ -32,57 +35,24 @@ type Env struct {
 // it does not know (Params.Unused helps) and every invalid value.
 type Factory func(params Params, env Env) (Gate, error)
 
-// Registry maps gate type names to factories. Registering a name twice is an
-// error; building an unknown type is an error naming the known ones.
+// Registry maps gate type names to factories: the "gate type" namespace of
+// the generic registry (Register, Lookup, Has, Names: a duplicate type is an
+// error, an unknown one an error naming the known ones), plus New, which
+// builds a gate with the parameters every gate accepts.
 type Registry struct {
-	mu        sync.RWMutex
-	factories map[string]Factory
+	*registry.Registry[Factory]
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{factories: map[string]Factory{}} }
+func NewRegistry() *Registry { return &Registry{registry.New[Factory]("gate type")} }
 
-// Register adds a gate type.
-func (r *Registry) Register(typ string, f Factory) error {
-	if typ == "" || f == nil {
-		return fmt.Errorf("register gate: empty type or nil factory")
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.factories[typ]; dup {
-		return fmt.Errorf("register gate %q: already registered", typ)
-	}
-	r.factories[typ] = f
-	return nil
-}
-
-// Types lists the registered type names, sorted.
-func (r *Registry) Types() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.factories))
-	for t := range r.factories {
-		out = append(out, t)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// Has reports whether typ is registered.
-func (r *Registry) Has(typ string) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	_, ok := r.factories[typ]
-	return ok
-}
-
-// New builds a gate of type typ.
+// New builds a gate of type typ. It reads the generic parameters
+// (failure_policy, refresh_interval) itself and gives the factory an
+// env.Build that builds inner gates from this registry.
 func (r *Registry) New(typ string, params Params, env Env) (Gate, error) {
-	r.mu.RLock()
-	f, ok := r.factories[typ]
-	r.mu.RUnlock()
-	if !ok {
-		return nil, fmt.Errorf("unknown gate type %q (known: %s)", typ, strings.Join(r.Types(), ", "))
+	f, err := r.Lookup(typ)
+	if err != nil {
+		return nil, err
 	}
 	if env.Build == nil {
 		env.Build = func(t string, p Params) (Gate, error) { return r.New(t, p, env) }

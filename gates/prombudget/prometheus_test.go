@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
@@ -121,7 +121,11 @@ func testDispatchStops(t *testing.T, promURL, simURL string, sim *simulator.Serv
 		}}},
 	}
 	reg := prometheus.NewRegistry()
-	a, err := app.New(cfg, app.Options{Transport: mem, Registry: reg})
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(prombudget.Type, prombudget.Factory); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: mem, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sluice-io/sluice/app"
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/demo"
 	"github.com/sluice-io/sluice/internal/simulator"
 )
 
@@ -29,12 +29,12 @@ func runCore(ctx context.Context, o options) (figures, error) {
 	}
 	defer stop()
 	for range o.runs {
-		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, Dispatcher: okDispatcher{}})
+		r, err := demo.MemoryLoad(ctx, demo.LoadOptions{Requests: n, Dispatcher: okDispatcher{}})
 		if err != nil {
 			return nil, fmt.Errorf("stub: %w", err)
 		}
 		stubRate, stubAllocs = append(stubRate, r.PerSecond), append(stubAllocs, r.AllocsPerMsg)
-		r, err = app.MemoryLoad(ctx, app.LoadOptions{Requests: n / 2, GatewayURL: url})
+		r, err = demo.MemoryLoad(ctx, demo.LoadOptions{Requests: n / 2, GatewayURL: url})
 		if err != nil {
 			return nil, fmt.Errorf("http: %w", err)
 		}
@@ -61,7 +61,7 @@ func runMemory(ctx context.Context, o options) (figures, error) {
 	defer stop()
 	var rates []float64
 	for range o.runs {
-		r, err := app.MemoryLoad(ctx, app.LoadOptions{Requests: n, GatewayURL: url})
+		r, err := demo.MemoryLoad(ctx, demo.LoadOptions{Requests: n, GatewayURL: url})
 		if err != nil {
 			return nil, err
 		}

@@ -24,7 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -146,7 +146,7 @@ func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, request
 		m(cfg)
 	}
 	reg := prometheus.NewRegistry()
-	a, err := app.New(cfg, app.Options{Transport: mem, Registry: reg})
+	a, err := newApp(cfg, app.Options{Transport: mem, Registry: reg})
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -97,7 +97,7 @@ func benchSluiceRedis(ctx context.Context, url, gw string, c *redis.Client, n in
 			Queues: []config.Queue{{QueueName: rss.RequestQueueName("bench"), IGWBaseURL: gw}}},
 		MetricsPort: -1, HealthPort: -1, RedisURL: url,
 	}
-	a, err := app.New(cfg, app.Options{})
+	a, err := newApp(cfg, app.Options{})
 	if err != nil {
 		return 0, err
 	}

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -71,7 +71,7 @@ func (r transportRun) measure(ctx context.Context) (float64, error) {
 	tc.Queues = []config.Queue{{QueueName: r.queue, IGWBaseURL: gw}}
 	tc.ResultQueueName = r.results
 	cfg := &config.Config{Transport: r.transport, TransportConfig: tc, MetricsPort: -1, HealthPort: -1, RedisURL: r.redisURL}
-	a, err := app.New(cfg, app.Options{})
+	a, err := newApp(cfg, app.Options{})
 	if err != nil {
 		return 0, err
 	}

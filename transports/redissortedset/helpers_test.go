@@ -10,9 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/sluice-io/sluice/app"
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
@@ -98,7 +99,11 @@ func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency i
 		RedisURL:     f.redis.URL,
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
 	}
-	a, err := app.New(cfg, app.Options{Transport: tp})
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
+		f.t.Fatal(err)
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp})
 	if err != nil {
 		f.t.Fatal(err)
 	}

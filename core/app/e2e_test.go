@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -26,6 +28,20 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		// started by an init function of opencensus, which the Pub/Sub client imports
 		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
+}
+
+// testAdapters registers what these tests build: the memory transport and
+// the constant gate.
+func testAdapters(t *testing.T) Adapters {
+	t.Helper()
+	ad := NewAdapters()
+	if err := errors.Join(
+		ad.Transports.Register(memory.Name, memory.Factory),
+		ad.Gates.Register(constant.Type, constant.Factory),
+	); err != nil {
+		t.Fatal(err)
+	}
+	return ad
 }
 
 // gateway is a scripted test gateway. Per request id it can fail the first
@@ -130,10 +146,14 @@ func startApp(t *testing.T, gwURL string, drain time.Duration, mutate func(*conf
 	return startAppWith(t, cfg, Options{Transport: mem})
 }
 
-// startAppWith runs an app of cfg and o (o.Transport must be a memory transport).
+// startAppWith runs an app of cfg and o (o.Transport must be a memory
+// transport; o.Adapters default to testAdapters).
 func startAppWith(t *testing.T, cfg *config.Config, o Options) *harness {
 	t.Helper()
 	mem := o.Transport.(*memory.Transport)
+	if o.Adapters.Gates == nil {
+		o.Adapters = testAdapters(t)
+	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
 	}
@@ -374,22 +394,6 @@ func TestConcurrencyBound(t *testing.T) {
 	defer mu.Unlock()
 	if peak > 5 || peak < 2 {
 		t.Errorf("peak in flight %d, want ≤ 5 (and some concurrency)", peak)
-	}
-}
-
-func TestDemoAccountsForEveryRequest(t *testing.T) {
-	sum, err := RunDemo(context.Background(), DemoOptions{Requests: 300, RetryBase: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum.Results != sum.Requests || sum.Missing != 0 || sum.Duplicates != 0 {
-		t.Fatalf("summary %+v", sum)
-	}
-	if sum.Succeeded == 0 || sum.DeadlineExceeded == 0 || sum.Invalid == 0 || sum.Retries == 0 {
-		t.Errorf("demo sample lacks a category: %+v", sum)
-	}
-	if got := sum.Succeeded + sum.Failed + sum.DeadlineExceeded + sum.Invalid + sum.Cancelled + sum.GateDropped; got != sum.Results {
-		t.Errorf("categories add up to %d, results %d", got, sum.Results)
 	}
 }
 

@@ -71,7 +71,7 @@ func TestGateSharedByEqualDefinitions(t *testing.T) {
 			{QueueName: "c", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.25`)}},
 		}},
 	}
-	a, err := New(cfg, Options{Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+	a, err := New(cfg, Options{Adapters: testAdapters(t), Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,14 @@
-package app
+// Package demo is sluice's embedded demo (`sluice demo`, `make run`) and the
+// memory load the benchmarks and tests drive: the memory transport and the
+// constant gate, over the gateway simulator or a stub dispatcher, assembled
+// with core/app as any embedding program would. It is not part of the
+// public API.
+package demo
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,14 +19,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
-// DemoOptions configure RunDemo.
-type DemoOptions struct {
+// Options configure Run.
+type Options struct {
 	// Requests is how many requests to enqueue (default 1000).
 	Requests int
 	// Concurrency is the queue's in-flight limit (default 64).
@@ -42,7 +50,7 @@ type DemoOptions struct {
 	Logger *slog.Logger
 }
 
-func (o *DemoOptions) setDefaults() {
+func (o *Options) setDefaults() {
 	if o.Requests <= 0 {
 		o.Requests = 1000
 	}
@@ -75,8 +83,8 @@ func (o *DemoOptions) setDefaults() {
 	}
 }
 
-// DemoSummary is the demo's outcome; every request is accounted for.
-type DemoSummary struct {
+// Summary is the demo's outcome; every request is accounted for.
+type Summary struct {
 	Requests         int     `json:"requests"`
 	Results          int     `json:"results"`
 	Succeeded        int     `json:"succeeded"`
@@ -102,14 +110,14 @@ const (
 	demoResults = "llm-d-async:results:demo:$batch"
 )
 
-// RunDemo runs the embedded demo: the memory transport, the gateway
+// Run runs the embedded demo: the memory transport, the gateway
 // simulator and the constant gate, with a sample of requests of mixed
 // deadlines: most ordinary, some already expired, some invalid, some whose
 // gateway call outlives their deadline, and some meeting the simulator's
 // 429s and 5xx. It returns when every request has its result.
-func RunDemo(ctx context.Context, o DemoOptions) (DemoSummary, error) {
+func Run(ctx context.Context, o Options) (Summary, error) {
 	o.setDefaults()
-	var sum DemoSummary
+	var sum Summary
 	sim, err := simulator.New(simulator.Config{
 		Latency: simulator.Uniform(o.LatencyMin, o.LatencyMax),
 		Rate429: o.Rate429, Rate5xx: o.Rate5xx, RetryAfter: time.Second,
@@ -136,8 +144,12 @@ func RunDemo(ctx context.Context, o DemoOptions) (DemoSummary, error) {
 			Queues:          []config.Queue{{QueueName: demoQueue, IGWBaseURL: gwURL, RequestPathURL: "/v1/chat/completions"}},
 		},
 	}
+	ad, err := adapters()
+	if err != nil {
+		return sum, err
+	}
 	reg := prometheus.NewRegistry()
-	a, err := New(cfg, Options{Logger: o.Logger, Transport: mem, Registry: reg})
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: o.Logger, Transport: mem, Registry: reg})
 	if err != nil {
 		return sum, err
 	}
@@ -234,6 +246,17 @@ func RunDemo(ctx context.Context, o DemoOptions) (DemoSummary, error) {
 		return sum, fmt.Errorf("demo: %d requests have no result after %s", sum.Missing, o.Timeout)
 	}
 	return sum, nil
+}
+
+// adapters registers what the demo and the memory load run on: the memory
+// transport and the constant gate.
+func adapters() (app.Adapters, error) {
+	ad := app.NewAdapters()
+	err := errors.Join(
+		ad.Transports.Register(memory.Name, memory.Factory),
+		ad.Gates.Register(constant.Type, constant.Factory),
+	)
+	return ad, err
 }
 
 func demoID(i int) string { return "demo-" + strconv.Itoa(i) }

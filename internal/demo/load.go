@@ -1,4 +1,4 @@
-package app
+package demo
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	mw "github.com/sluice-io/sluice/core/middleware"
 	"github.com/sluice-io/sluice/transports/memory"
@@ -60,7 +61,11 @@ func MemoryLoad(ctx context.Context, o LoadOptions) (LoadResult, error) {
 		TransportConfig: config.TransportConfig{ResultQueueName: res,
 			Queues: []config.Queue{{QueueName: q, IGWBaseURL: url}}},
 	}
-	a, err := New(cfg, Options{Transport: mem, Dispatcher: o.Dispatcher, Registry: prometheus.NewRegistry()})
+	ad, err := adapters()
+	if err != nil {
+		return LoadResult{}, err
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: mem, Dispatcher: o.Dispatcher, Registry: prometheus.NewRegistry()})
 	if err != nil {
 		return LoadResult{}, err
 	}

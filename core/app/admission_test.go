@@ -40,8 +40,8 @@ func (g *admitGate) Admit(_ context.Context, req *wire.Request) (gate.Decision, 
 func TestAdmission(t *testing.T) {
 	gw, url := newGateway(t)
 	ag := &admitGate{deferred: map[string]int{}, seen: map[string][]int{}}
-	tr, gr := Registries()
-	if err := gr.Register("test-admit", func(gate.Params, gate.Env) (gate.Gate, error) { return ag, nil }); err != nil {
+	ad := testAdapters(t)
+	if err := ad.Gates.Register("test-admit", func(gate.Params, gate.Env) (gate.Gate, error) { return ag, nil }); err != nil {
 		t.Fatal(err)
 	}
 	cfg := &config.Config{
@@ -50,7 +50,7 @@ func TestAdmission(t *testing.T) {
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
 			Queues: []config.Queue{{QueueName: e2eQueue, IGWBaseURL: url, GateType: "test-admit"}}},
 	}
-	h := startAppWith(t, cfg, Options{Transport: memory.New(memory.Options{}), Transports: tr, Gates: gr})
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{})})
 	far := time.Now().Add(time.Minute)
 	for _, id := range []string{"ok-1", "no-1", "later-1"} {
 		if err := h.mem.Enqueue(e2eQueue, request(id, far, nil)); err != nil {

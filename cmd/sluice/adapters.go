@@ -1,0 +1,39 @@
+package main
+
+import (
+	"errors"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/gates/composite"
+	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/prombudget"
+	"github.com/sluice-io/sluice/gates/promsaturation"
+	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/plugins/host"
+	"github.com/sluice-io/sluice/transports/gcppubsub"
+	"github.com/sluice-io/sluice/transports/memory"
+	"github.com/sluice-io/sluice/transports/redispubsub"
+	"github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redisstream"
+)
+
+// adapters chooses the transports and gates the sluice binary links: the one
+// place they are named. Add an adapter by adding its line here.
+func adapters() (app.Adapters, error) {
+	ad := app.NewAdapters()
+	err := errors.Join(
+		ad.Transports.Register(memory.Name, memory.Factory),
+		ad.Transports.Register(redissortedset.Name, redissortedset.Factory),
+		ad.Transports.Register(redispubsub.Name, redispubsub.Factory),
+		ad.Transports.Register(redisstream.Name, redisstream.Factory),
+		ad.Transports.Register(gcppubsub.Name, gcppubsub.Factory),
+
+		ad.Gates.Register(constant.Type, constant.Factory),
+		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
+		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
+		ad.Gates.Register(prombudget.Type, prombudget.Factory),
+		ad.Gates.Register(composite.Type, composite.Factory),
+		ad.Gates.Register(host.Type, host.Factory),
+	)
+	return ad, err
+}

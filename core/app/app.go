@@ -1,0 +1,251 @@
+// Package app assembles a sluice deployment from its configuration, over
+// interfaces and the adapters it is given: the dispatcher, the transport,
+// the gates (one refresh loop per distinct gate definition), the pipeline,
+// tracing, and the metrics and health endpoints.
+//
+// It registers no adapter and links none: the program that embeds sluice
+// chooses its transports and gates and registers them in an Adapters value
+// (cmd/sluice does so in cmd/sluice/adapters.go; examples/embed is the same
+// in thirty lines). Then New builds a deployment and App.Run runs it:
+//
+//	ad := app.NewAdapters()
+//	err := errors.Join(
+//		ad.Transports.Register(memory.Name, memory.Factory),
+//		ad.Gates.Register(constant.Type, constant.Factory),
+//	)
+//	a, err := app.New(cfg, app.Options{Adapters: ad})
+//	err = a.Run(ctx)
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/gate"
+	mw "github.com/sluice-io/sluice/core/middleware"
+	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// Adapters are the transports and gates a configuration may name: the two
+// namespaces of the registry (core/registry) a deployment is assembled
+// from. The assembly registers nothing itself; a nil field reads as an
+// empty registry.
+type Adapters struct {
+	// Transports maps the config's "transport" to a factory.
+	Transports *transport.Registry
+	// Gates maps each queue's "gate_type" to a factory.
+	Gates *gate.Registry
+}
+
+// NewAdapters returns empty registries, ready for Register.
+func NewAdapters() Adapters {
+	return Adapters{Transports: transport.NewRegistry(), Gates: gate.NewRegistry()}
+}
+
+func (ad *Adapters) setDefaults() {
+	if ad.Transports == nil {
+		ad.Transports = transport.NewRegistry()
+	}
+	if ad.Gates == nil {
+		ad.Gates = gate.NewRegistry()
+	}
+}
+
+// known describes the registries for config validation. With a transport
+// given, the config's transport name is only a label and is not checked.
+func (ad Adapters) known(transportGiven bool) config.Known {
+	k := config.Known{Gate: ad.Gates.Has, Gates: ad.Gates.Names(), Transports: ad.Transports.Names()}
+	if !transportGiven {
+		k.Transport = ad.Transports.Has
+	}
+	return k
+}
+
+// Options are what an embedding program supplies besides the config.
+type Options struct {
+	// Adapters are the transports and gates the config may name.
+	Adapters Adapters
+	// Logger receives the logs (default: discarded).
+	Logger *slog.Logger
+	// Transport, when set, is used instead of building the config's
+	// transport (an embedding program keeps a handle on it, e.g. the memory
+	// transport's Enqueue and Results). The config's transport name is then
+	// only its label in metrics and need not be registered.
+	Transport transport.Transport
+	// Registry receives the metrics (default: a new one with the Go and
+	// process collectors).
+	Registry *prometheus.Registry
+	// Dispatcher, when set, replaces the HTTP client (benchmarks of the
+	// framework's own overhead, tests).
+	Dispatcher mw.Dispatcher
+	// TracerProvider, when set, is used instead of the one the config's
+	// tracing section would build.
+	TracerProvider trace.TracerProvider
+}
+
+func (o *Options) setDefaults() {
+	o.Adapters.setDefaults()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+		o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+}
+
+// App is one assembled deployment.
+type App struct {
+	cfg       *config.Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	client    *dispatch.Client
+	transport transport.Transport
+	gates     []*gate.Refresher
+	tracing   *sdktrace.TracerProvider // owned: shut down at the end of Run
+	pipe      *pipeline.Pipeline
+	servers   []*http.Server
+	addrs     map[string]string
+}
+
+// New defaults and validates cfg against o.Adapters, then builds the
+// deployment (build.go has its steps). On error, what was built is closed,
+// including o.Transport.
+func New(cfg *config.Config, o Options) (*App, error) {
+	o.setDefaults()
+	cfg.SetDefaults()
+	if err := cfg.Validate(o.Adapters.known(o.Transport != nil)); err != nil {
+		return nil, err
+	}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}}
+	if err := a.build(o); err != nil {
+		a.close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// close releases what build built, for a deployment that will not run.
+func (a *App) close() {
+	for _, g := range a.gates {
+		_ = g.Close()
+	}
+	if a.tracing != nil {
+		_ = a.tracing.Shutdown(context.Background())
+	}
+	if a.transport != nil {
+		_ = a.transport.Close()
+	}
+	if a.client != nil {
+		a.client.Close()
+	}
+}
+
+// Pipeline returns the pipeline (for tests and benchmarks).
+func (a *App) Pipeline() *pipeline.Pipeline { return a.pipe }
+
+// Registry returns the metrics registry.
+func (a *App) Registry() *prometheus.Registry { return a.reg }
+
+// Addr returns the address the named endpoint ("metrics" or "health")
+// listens on, once Run started it.
+func (a *App) Addr(name string) string { return a.addrs[name] }
+
+// Run serves the endpoints and runs the pipeline until ctx ends, then
+// drains (the pipeline closes the gates and the transport).
+func (a *App) Run(ctx context.Context) error {
+	if err := a.listen(); err != nil {
+		a.stopServers(context.Background())
+		a.close()
+		return err
+	}
+	defer a.client.Close()
+	err := a.pipe.Run(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if a.tracing != nil {
+		if terr := a.tracing.Shutdown(sctx); terr != nil {
+			a.log.Warn("flushing traces", "err", terr)
+		}
+	}
+	a.stopServers(sctx)
+	return err
+}
+
+func (a *App) stopServers(ctx context.Context) {
+	for _, s := range a.servers {
+		_ = s.Shutdown(ctx)
+	}
+}
+
+// listen starts the metrics and health endpoints that are not disabled.
+func (a *App) listen() error {
+	for _, ep := range []struct {
+		name string
+		port int
+	}{{"metrics", a.cfg.MetricsPort}, {"health", a.cfg.HealthPort}} {
+		if ep.port < 0 {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.ListenHost, strconv.Itoa(ep.port)))
+		if err != nil {
+			return fmt.Errorf("%s endpoint: %w", ep.name, err)
+		}
+		a.addrs[ep.name] = ln.Addr().String()
+		srv := &http.Server{Handler: a.mux(ep.name), ReadHeaderTimeout: 10 * time.Second}
+		a.servers = append(a.servers, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Error("endpoint stopped", "endpoint", ep.name, "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// mux returns the handlers of the named endpoint.
+func (a *App) mux(name string) *http.ServeMux {
+	m := http.NewServeMux()
+	switch name {
+	case "metrics":
+		m.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+	case "health":
+		m.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		m.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if !a.pipe.Ready() {
+				http.Error(w, "not ready", http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ready\n"))
+		})
+	}
+	return m
+}
+
+// NewLogger builds the structured logger of a config's log section (an
+// empty level or format reads as the config's default: info, text).
+func NewLogger(c config.Log, w *os.File) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

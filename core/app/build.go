@@ -1,0 +1,211 @@
+package app
+
+import (
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/metrics"
+	mw "github.com/sluice-io/sluice/core/middleware"
+	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/transport"
+)
+
+// build assembles a validated deployment, one named step at a time. What a
+// step built is kept in a as soon as it exists, so that close can release
+// it when a later step fails.
+func (a *App) build(o Options) error {
+	m, err := newMetrics(a.reg)
+	if err != nil {
+		return err
+	}
+	if a.client, err = newDispatcher(a.cfg); err != nil {
+		return err
+	}
+	a.transport = o.Transport
+	if a.transport == nil {
+		if a.transport, err = newTransport(a.cfg, o.Adapters.Transports, a.log); err != nil {
+			return err
+		}
+	}
+	if err := registerTransportEvents(a.reg, a.cfg.Transport, a.transport); err != nil {
+		return err
+	}
+	queues, err := a.newQueues(o.Adapters.Gates, m)
+	if err != nil {
+		return err
+	}
+	tracer, err := a.newTracer(o.TracerProvider)
+	if err != nil {
+		return err
+	}
+	var d mw.Dispatcher = a.client
+	if o.Dispatcher != nil {
+		d = o.Dispatcher
+	}
+	a.pipe, err = pipeline.New(pipeline.Config{
+		Transport:      a.transport,
+		Dispatcher:     d,
+		Queues:         queues,
+		Retry:          retryPolicy(a.cfg),
+		DrainTimeout:   a.cfg.DrainTimeout.D(),
+		Metrics:        m,
+		Logger:         a.log,
+		TracerProvider: tracer,
+	})
+	return err
+}
+
+// newMetrics registers sluice's metrics in reg.
+func newMetrics(reg *prometheus.Registry) (*metrics.Metrics, error) {
+	m, err := metrics.New(reg)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return m, nil
+}
+
+// dispatchConfig is the HTTP client's part of cfg. Fields cfg leaves zero
+// take core/dispatch's defaults.
+func dispatchConfig(cfg *config.Config) dispatch.Config {
+	return dispatch.Config{
+		MaxConns:         maxConcurrency(cfg),
+		RequestTimeout:   cfg.RequestTimeout.D(),
+		DeadlineHeader:   cfg.Dispatch.DeadlineHeader,
+		TimeoutHeader:    cfg.Dispatch.TimeoutHeader,
+		MaxResponseBytes: cfg.Dispatch.MaxResponseBytes,
+		Protocol:         cfg.Dispatch.Protocol,
+		TLS: dispatch.TLSConfig{CACert: cfg.TLS.CACert, Cert: cfg.TLS.Cert, Key: cfg.TLS.Key,
+			InsecureSkipVerify: cfg.TLS.InsecureSkipVerify},
+	}
+}
+
+// newDispatcher builds the HTTP client to the gateways (its errors already
+// say "dispatch: ").
+func newDispatcher(cfg *config.Config) (*dispatch.Client, error) {
+	return dispatch.New(dispatchConfig(cfg))
+}
+
+// maxConcurrency is the most requests in flight at once over all queues,
+// at least the config's concurrency: the idle connections kept per gateway.
+func maxConcurrency(cfg *config.Config) int {
+	n := 0
+	for _, q := range cfg.TransportConfig.Queues {
+		n += q.MaxConcurrency
+	}
+	return max(n, cfg.Concurrency)
+}
+
+// retryPolicy is the retry middleware's part of cfg. Fields cfg leaves zero
+// take core/middleware's defaults.
+func retryPolicy(cfg *config.Config) mw.RetryPolicy {
+	return mw.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts}
+}
+
+// newTransport builds the config's transport from the registry (a nil log
+// discards the transport's logs).
+func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
+	return transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log, RedisURL: cfg.RedisURL})
+}
+
+// registerTransportEvents exports what a transport counts on its own.
+func registerTransportEvents(reg *prometheus.Registry, name string, tp transport.Transport) error {
+	ec, ok := tp.(transport.EventCounter)
+	if !ok {
+		return nil
+	}
+	if err := reg.Register(metrics.NewEventsCollector(name, ec.Events)); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	return nil
+}
+
+// gateDefinition reads queue q's gate parameters, and a key that is equal
+// for equal definitions however their parameters were written.
+func gateDefinition(q config.Queue) (gate.Params, string, error) {
+	params, err := gate.ParseParams(q.GateParams)
+	if err != nil {
+		return gate.Params{}, "", err
+	}
+	return params, q.GateType + "\x00" + params.Canonical(), nil
+}
+
+// newGate builds queue q's gate of params from the registry.
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params) (gate.Gate, error) {
+	return gates.New(q.GateType, params, gate.Env{
+		PrometheusURL: cfg.Prometheus.URL, PrometheusCacheTTL: cfg.Prometheus.CacheTTL.D(),
+		RedisURL: cfg.RedisURL, MaxConcurrency: q.MaxConcurrency,
+	})
+}
+
+// newQueues builds the pipeline's queues and their gates: one gate, and one
+// refresh loop, per distinct gate definition, shared by the queues that
+// have it. The loops are kept in a.gates.
+func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Queue, error) {
+	byDef := map[string]*gate.Refresher{}
+	queues := make([]pipeline.Queue, 0, len(a.cfg.TransportConfig.Queues))
+	for i, q := range a.cfg.TransportConfig.Queues {
+		params, def, err := gateDefinition(q)
+		if err != nil {
+			return nil, fmt.Errorf("queues[%d]: %w", i, err)
+		}
+		r, ok := byDef[def]
+		if !ok {
+			g, err := newGate(gates, a.cfg, q, params)
+			if err != nil {
+				return nil, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
+			}
+			name := q.GateType
+			if len(byDef) > 0 {
+				name += "#" + strconv.Itoa(len(byDef))
+			}
+			r = newRefresher(g, name, a.log, m)
+			byDef[def] = r
+			a.gates = append(a.gates, r)
+		}
+		queues = append(queues, pipeline.Queue{
+			Queue:          transport.Queue{ID: q.ID, Name: q.QueueName, ResultName: q.ResultQueueName, Pool: q.Pool},
+			Target:         dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
+			Gate:           r,
+			MaxConcurrency: q.MaxConcurrency,
+		})
+	}
+	return queues, nil
+}
+
+// newRefresher starts the refresh loop of gate g, named name in metrics.
+func newRefresher(g gate.Gate, name string, log *slog.Logger, m *metrics.Metrics) *gate.Refresher {
+	return gate.NewRefresher(g, gate.RefresherConfig{
+		Name: name, Logger: log,
+		Observe: func(b float64, err error) {
+			m.GateBudget.WithLabelValues(name).Set(b)
+			if err != nil {
+				m.GateFailures.WithLabelValues(name).Inc()
+				m.GateFailing.WithLabelValues(name).Set(1)
+			} else {
+				m.GateFailing.WithLabelValues(name).Set(0)
+			}
+		},
+	})
+}
+
+// newTracer returns the tracer provider of the deployment: the one given,
+// or one built from the config's tracing section (kept in a.tracing, shut
+// down by Run), or nil: tracing off.
+func (a *App) newTracer(given trace.TracerProvider) (trace.TracerProvider, error) {
+	if given != nil || a.cfg.Tracing.OTLPEndpoint == "" {
+		return given, nil
+	}
+	tp, err := newTracerProvider(a.cfg.Tracing)
+	if err != nil {
+		return nil, err
+	}
+	a.tracing = tp
+	return tp, nil
+}

@@ -1,0 +1,61 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/gate"
+)
+
+// Check defaults and validates cfg against the adapters as New does, then
+// builds (and closes) what New would build from it with the same steps, so
+// that each component checks its own settings with its own defaults: the
+// dispatcher, the retry policy, the transport and every queue's gate.
+// Factories do no I/O at construction, so Check needs no server. It returns
+// the config's problems, or else every component's.
+func Check(cfg *config.Config, ad Adapters) error {
+	ad.setDefaults()
+	cfg.SetDefaults()
+	if err := cfg.Validate(ad.known(false)); err != nil {
+		return err
+	}
+	var errs []error
+	if c, err := newDispatcher(cfg); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.Close()
+	}
+	p := retryPolicy(cfg)
+	p.SetDefaults()
+	if err := p.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if tp, err := newTransport(cfg, ad.Transports, nil); err != nil {
+		errs = append(errs, fmt.Errorf("transport_config: %w", err))
+	} else {
+		_ = tp.Close()
+	}
+	for i, q := range cfg.TransportConfig.Queues {
+		params, _, err := gateDefinition(q)
+		if err == nil {
+			err = checkGate(ad, cfg, q, params)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("transport_config.queues[%d].gate_params: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkGate builds a queue's gate and closes it again.
+func checkGate(ad Adapters, cfg *config.Config, q config.Queue, params gate.Params) error {
+	g, err := newGate(ad.Gates, cfg, q, params)
+	if err != nil {
+		return err
+	}
+	if c, ok := g.(interface{ Close() error }); ok {
+		_ = c.Close()
+	}
+	return nil
+}
