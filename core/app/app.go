@@ -37,7 +37,6 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
-	mw "github.com/sluice-io/sluice/core/middleware"
 	"github.com/sluice-io/sluice/core/pipeline"
 	"github.com/sluice-io/sluice/core/transport"
 )
@@ -93,7 +92,7 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Dispatcher, when set, replaces the HTTP client (benchmarks of the
 	// framework's own overhead, tests).
-	Dispatcher mw.Dispatcher
+	Dispatcher pipeline.Dispatcher
 	// TracerProvider, when set, is used instead of the one the config's
 	// tracing section would build.
 	TracerProvider trace.TracerProvider

@@ -12,7 +12,6 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
-	mw "github.com/sluice-io/sluice/core/middleware"
 	"github.com/sluice-io/sluice/core/pipeline"
 	"github.com/sluice-io/sluice/core/transport"
 )
@@ -45,7 +44,7 @@ func (a *App) build(o Options) error {
 	if err != nil {
 		return err
 	}
-	var d mw.Dispatcher = a.client
+	var d pipeline.Dispatcher = a.client
 	if o.Dispatcher != nil {
 		d = o.Dispatcher
 	}
@@ -103,9 +102,9 @@ func maxConcurrency(cfg *config.Config) int {
 }
 
 // retryPolicy is the retry middleware's part of cfg. Fields cfg leaves zero
-// take core/middleware's defaults.
-func retryPolicy(cfg *config.Config) mw.RetryPolicy {
-	return mw.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts}
+// take core/pipeline's defaults.
+func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
+	return pipeline.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts}
 }
 
 // newTransport builds the config's transport from the registry (a nil log
@@ -170,10 +169,10 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			a.gates = append(a.gates, r)
 		}
 		queues = append(queues, pipeline.Queue{
-			Queue:          transport.Queue{ID: q.ID, Name: q.QueueName, ResultName: q.ResultQueueName, Pool: q.Pool},
-			Target:         dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
-			Gate:           r,
-			MaxConcurrency: q.MaxConcurrency,
+			Queue: transport.Queue{ID: q.ID, Name: q.QueueName, ResultName: q.ResultQueueName, Pool: q.Pool,
+				MaxConcurrency: q.MaxConcurrency},
+			Target: dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
+			Gate:   r,
 		})
 	}
 	return queues, nil

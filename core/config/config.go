@@ -3,7 +3,7 @@
 // that reports every problem with where it is.
 //
 // Defaults live in one place per setting. A setting that a component reads
-// (the HTTP client, the retry middleware, the pipeline, a gate) is that
+// (the HTTP client, the pipeline, a gate) is that
 // component's to default: config leaves it zero, meaning "the component's
 // default", and its doc comment names that default. SetDefaults fills only
 // the settings that the assembly alone reads (transport, ports, concurrency,
@@ -186,7 +186,7 @@ type Queue struct {
 	Pool string `json:"pool,omitempty"`
 }
 
-// Retry is the retry policy. Zero fields take core/middleware's defaults
+// Retry is the retry policy. Zero fields take core/pipeline's defaults
 // (RetryPolicy.SetDefaults).
 type Retry struct {
 	// Base is the first backoff, doubling per attempt (0: the default, 2s).

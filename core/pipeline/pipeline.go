@@ -1,13 +1,16 @@
-// Package pipeline wires sluice's Watermill router: per queue one handler
-// whose subscriber claims within the queue's credits, whose middleware
-// (core/middleware) carries each request to its result, and whose publisher
-// writes results. It owns the gate refresh loops, the cancellation watch, the
-// sampled gauges, and the drain on shutdown.
+// Package pipeline is sluice's Watermill router: per queue one handler whose
+// subscriber is the claim loop (transport.NewSubscriber) over the queue's
+// credits, whose middleware carries each request to its result — recovery,
+// metrics, decoding, [tracing,] deadline, cancellation, gate admission and
+// retry, in that order, in front of the dispatch handler — and whose
+// publisher writes the result the handler returns and settles its delivery.
+// It owns the gate refresh loops, the cancellation watch, the sampled
+// gauges, and the drain on shutdown.
 //
 // Shutdown, in order: stop claiming (the router closes the subscribers); let
 // the requests in flight finish for up to DrainTimeout; cancel the rest with
-// cause middleware.ErrShutdown, which makes their handlers nack them back to
-// the transport; close the gates and the transport. No request is lost.
+// cause ErrShutdown, which makes their handlers nack them back to the
+// transport; close the gates and the transport. No request is lost.
 package pipeline
 
 import (
@@ -26,29 +29,32 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
-	mw "github.com/sluice-io/sluice/core/middleware"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
-// Queue is one queue of the pipeline.
+// Queue is one queue of the pipeline: the transport's queue (names and
+// in-flight limit at budget 1, MaxConcurrency) and what the pipeline adds to
+// it. The pipeline keeps its own copy, with the state New gives it.
 type Queue struct {
 	transport.Queue
 	// Target is the gateway of this queue.
 	Target dispatch.Target
 	// Gate is the refresh loop of the queue's gate; queues may share one.
 	Gate *gate.Refresher
-	// MaxConcurrency is the in-flight limit at budget 1.
-	MaxConcurrency int
 	// Ramp bounds how fast credits return when the budget rises.
 	Ramp credit.Ramp
+
+	credits  *credit.Pool   // the in-flight allowance, following Gate's budget
+	metrics  *metrics.Queue // the queue's view of the metrics
+	admitter gate.Admitter  // Gate's per-request hook; nil: always admit
 }
 
 // Config configures a Pipeline.
 type Config struct {
 	Transport  transport.Transport
-	Dispatcher mw.Dispatcher
+	Dispatcher Dispatcher
 	Queues     []Queue
-	Retry      mw.RetryPolicy
+	Retry      RetryPolicy
 	// DrainTimeout is how long requests in flight may finish after shutdown
 	// begins (default 2m).
 	DrainTimeout time.Duration
@@ -120,17 +126,11 @@ func (c *Config) Validate() error {
 type Pipeline struct {
 	cfg      Config
 	log      *slog.Logger
-	queues   []*queueRun
-	inflight *mw.Inflight
+	queues   []*Queue
+	inflight *Inflight
 	delay    *delayQueue
 	ready    atomic.Bool
 	handlers running
-}
-
-type queueRun struct {
-	spec    Queue
-	mq      *mw.Queue
-	credits *credit.Pool
 }
 
 // New validates cfg and builds the pipeline.
@@ -141,7 +141,7 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	p := &Pipeline{cfg: cfg, log: cfg.Logger}
 	if _, ok := cfg.Transport.(transport.CancelWatcher); ok {
-		p.inflight = mw.NewInflight()
+		p.inflight = NewInflight()
 	}
 	if _, ok := cfg.Transport.(transport.Requeuer); !ok {
 		rp, ok := cfg.Transport.(transport.RequestPublisher)
@@ -150,15 +150,14 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		p.delay = newDelayQueue(rp, cfg.Logger)
 	}
-	for _, q := range cfg.Queues {
-		qr := &queueRun{spec: q, credits: credit.NewPool(q.MaxConcurrency, q.Ramp)}
-		qr.mq = &mw.Queue{Queue: q.Queue, Target: q.Target, Metrics: cfg.Metrics.For(q.ID, q.Name, q.Pool)}
-		if a, ok := q.Gate.Gate().(gate.Admitter); ok {
-			qr.mq.Admitter = a
-		}
-		qr.mq.Metrics.InflightMax.Set(float64(q.MaxConcurrency))
-		q.Gate.Attach(qr.credits)
-		p.queues = append(p.queues, qr)
+	for _, spec := range cfg.Queues {
+		q := spec
+		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
+		q.metrics = cfg.Metrics.For(q.ID, q.Name, q.Pool)
+		q.admitter, _ = q.Gate.Gate().(gate.Admitter)
+		q.metrics.InflightMax.Set(float64(q.MaxConcurrency))
+		q.Gate.Attach(q.credits)
+		p.queues = append(p.queues, &q)
 	}
 	return p, nil
 }
@@ -169,7 +168,7 @@ func (p *Pipeline) Ready() bool { return p.ready.Load() }
 // Credits returns the credits of queue id (nil if unknown); for tests and benchmarks.
 func (p *Pipeline) Credits(id string) *credit.Pool {
 	for _, q := range p.queues {
-		if q.spec.ID == id {
+		if q.ID == id {
 			return q.credits
 		}
 	}
@@ -177,7 +176,7 @@ func (p *Pipeline) Credits(id string) *credit.Pool {
 }
 
 // requeue re-queues through the transport, or through the generic delay queue.
-func (p *Pipeline) requeue(ctx context.Context, d *mw.Delivery, payload []byte, due time.Time) error {
+func (p *Pipeline) requeue(ctx context.Context, d *Delivery, payload []byte, due time.Time) error {
 	if rq, ok := p.cfg.Transport.(transport.Requeuer); ok {
 		return rq.Requeue(ctx, d.Queue.Queue, d.Msg, payload, due)
 	}
@@ -185,7 +184,7 @@ func (p *Pipeline) requeue(ctx context.Context, d *mw.Delivery, payload []byte, 
 	return nil
 }
 
-func (p *Pipeline) deadLetter(ctx context.Context, d *mw.Delivery, reason string) error {
+func (p *Pipeline) deadLetter(ctx context.Context, d *Delivery, reason string) error {
 	if dl, ok := p.cfg.Transport.(transport.DeadLetterer); ok {
 		return dl.DeadLetter(ctx, d.Queue.Queue, d.Msg, reason)
 	}
@@ -249,7 +248,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	// work bounds the requests: it outlives ctx by the drain, then its cause
 	// (ErrShutdown) makes the handlers still running hand their deliveries back.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopWork(mw.ErrShutdown)
+	defer stopWork(ErrShutdown)
 
 	stopGates := p.startGates(work) // first: queues start with a real budget
 	defer stopGates()
@@ -273,7 +272,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	<-ctx.Done()
 	p.ready.Store(false)
 	drained := p.drain(router)
-	stopWork(mw.ErrShutdown)
+	stopWork(ErrShutdown)
 	<-gaugesDone
 	return p.handBack(drained, routerDone)
 }
@@ -307,29 +306,29 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		checker = c
 	}
 	for _, q := range p.queues {
-		sub, err := transport.NewSubscriber(p.cfg.Transport, q.spec.Queue, q.credits, p.log)
+		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, q.credits, p.log)
 		if err != nil {
-			return nil, fmt.Errorf("queue %s: subscriber: %w", q.spec.ID, err)
+			return nil, fmt.Errorf("queue %s: subscriber: %w", q.ID, err)
 		}
-		pub, err := p.cfg.Transport.Publisher(q.spec.Queue)
+		pub, err := p.cfg.Transport.Publisher(q.Queue)
 		if err != nil {
-			return nil, fmt.Errorf("queue %s: publisher: %w", q.spec.ID, err)
+			return nil, fmt.Errorf("queue %s: publisher: %w", q.ID, err)
 		}
-		h := router.AddHandler(q.spec.ID, q.spec.Name, sub, q.spec.ResultName, resultPublisher{Publisher: pub, p: p}, mw.Dispatch(p.cfg.Dispatcher))
+		h := router.AddHandler(q.ID, q.Name, sub, q.ResultName, resultPublisher{Publisher: pub, p: p}, Dispatch(p.cfg.Dispatcher))
 		chain := []message.HandlerMiddleware{
 			p.track,
-			mw.Recover(q.mq, work, p.deadLetter, p.log),
-			mw.Metrics(q.mq),
-			mw.Decode(p.deadLetter, p.log),
+			Recover(q, work, p.deadLetter, p.log),
+			Metrics(q),
+			Decode(p.deadLetter, p.log),
 		}
 		if p.cfg.TracerProvider != nil {
-			chain = append(chain, mw.Trace(p.cfg.TracerProvider))
+			chain = append(chain, Trace(p.cfg.TracerProvider))
 		}
 		chain = append(chain,
-			mw.Deadline(),
-			mw.Cancel(checker, p.inflight, p.log),
-			mw.Admission(p.requeue, time.Second, p.log),
-			mw.Retry(p.cfg.Retry, p.requeue),
+			Deadline(),
+			Cancel(checker, p.inflight, p.log),
+			Admission(p.requeue, time.Second, p.log),
+			Retry(p.cfg.Retry, p.requeue),
 		)
 		h.AddMiddleware(chain...)
 	}
@@ -406,9 +405,9 @@ func (p *Pipeline) refreshers() []*gate.Refresher {
 	var out []*gate.Refresher
 	seen := map[*gate.Refresher]bool{}
 	for _, q := range p.queues {
-		if !seen[q.spec.Gate] {
-			seen[q.spec.Gate] = true
-			out = append(out, q.spec.Gate)
+		if !seen[q.Gate] {
+			seen[q.Gate] = true
+			out = append(out, q.Gate)
 		}
 	}
 	return out
@@ -423,16 +422,16 @@ func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
 	for {
 		for _, q := range p.queues {
 			inflight, limit, _ := q.credits.Snapshot()
-			q.mq.Metrics.Inflight.Set(float64(inflight))
-			q.mq.Metrics.CreditLimit.Set(float64(limit))
-			q.mq.Metrics.DispatchBudget.Set(q.spec.Gate.Budget())
+			q.metrics.Inflight.Set(float64(inflight))
+			q.metrics.CreditLimit.Set(float64(limit))
+			q.metrics.DispatchBudget.Set(q.Gate.Budget())
 			if hasDepth {
 				dctx, cancel := context.WithTimeout(ctx, p.cfg.GaugeInterval)
-				d, err := dr.Depth(dctx, q.spec.Queue)
+				d, err := dr.Depth(dctx, q.Queue)
 				cancel()
 				if err == nil {
-					q.mq.Metrics.QueueDepth.Set(float64(d.Waiting))
-					q.mq.Metrics.BrokerBacklog.Set(float64(d.Delayed))
+					q.metrics.QueueDepth.Set(float64(d.Waiting))
+					q.metrics.BrokerBacklog.Set(float64(d.Delayed))
 				}
 			}
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
-	mw "github.com/sluice-io/sluice/core/middleware"
+	"github.com/sluice-io/sluice/core/pipeline"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -25,7 +25,7 @@ type LoadOptions struct {
 	// GatewayURL is the gateway's base URL; ignored when Dispatcher is set.
 	GatewayURL string
 	// Dispatcher replaces the HTTP client (to measure the framework alone).
-	Dispatcher mw.Dispatcher
+	Dispatcher pipeline.Dispatcher
 }
 
 // LoadResult is what MemoryLoad measured.

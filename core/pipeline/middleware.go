@@ -1,4 +1,4 @@
-package middleware
+package pipeline
 
 import (
 	"context"
@@ -56,7 +56,7 @@ func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slo
 
 // Metrics counts every delivery by how it ended and observes latencies.
 func Metrics(q *Queue) message.HandlerMiddleware {
-	mq := q.Metrics
+	mq := q.metrics
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			out, err := next(m)
@@ -199,14 +199,14 @@ func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) messa
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
-			a := d.Queue.Admitter
+			a := d.Queue.admitter
 			if a == nil {
 				return next(m)
 			}
 			ctx, cancel := boundedByDeadline(d)
 			dec, err := a.Admit(ctx, d.Req)
 			cancel()
-			mq := d.Queue.Metrics
+			mq := d.Queue.metrics
 			if err != nil {
 				mq.Decision("error").Inc()
 				log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
@@ -336,7 +336,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
 				return nil, fmt.Errorf("retry %s: %w", d.Req.ID, err)
 			}
-			d.Queue.Metrics.Retries.Inc()
+			d.Queue.metrics.Retries.Inc()
 			d.Outcome = Requeued
 			return nil, nil
 		}
@@ -370,7 +370,7 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 		o := client.Do(d.Ctx, d.Queue.Target, d.Req)
 		d.Dispatch = o
 		if o.DroppedReason != "" {
-			d.Queue.Metrics.Shedded.Inc()
+			d.Queue.metrics.Shedded.Inc()
 		}
 		switch o.Class {
 		case dispatch.Success:

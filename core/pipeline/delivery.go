@@ -1,16 +1,15 @@
-// Package middleware holds the Watermill handler middleware that carries one
-// request from delivery to result: recovery, metrics, decoding, deadline,
-// cancellation, gate admission and retry. core/pipeline chains them, in that
-// order, in front of the dispatch handler.
+// The middleware that carries one request from delivery to result.
 //
 // The middlewares share one *Delivery per message, stored in the message's
 // context by the first of them (Recover). A middleware ends a request by
-// returning Finish(d, result): the result message the router publishes to the
-// queue's result destination before it acks the delivery. Returning an error
-// makes the router nack the delivery, which hands it back to the transport;
-// that is reserved for shutdown and for failures to write a result or a
-// retry, never for a request's own failure.
-package middleware
+// returning Finish(d, result): the result message the router publishes,
+// through resultPublisher, to the queue's result destination, which settles
+// the delivery once the result is written. Returning an error makes the
+// router nack the delivery, which hands it back to the transport; that is
+// reserved for shutdown and for failures to write a result or a retry, never
+// for a request's own failure.
+
+package pipeline
 
 import (
 	"context"
@@ -20,9 +19,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/dispatch"
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/metrics"
-	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -68,17 +64,6 @@ type Delivery struct {
 	Outcome Outcome
 	// Dispatch is the last gateway outcome.
 	Dispatch dispatch.Outcome
-}
-
-// Queue is what the middleware knows of one queue.
-type Queue struct {
-	transport.Queue
-	// Target is where requests of this queue are sent.
-	Target dispatch.Target
-	// Metrics is the queue's metrics view.
-	Metrics *metrics.Queue
-	// Admitter is the queue's per-request gate hook (nil: always admit).
-	Admitter gate.Admitter
 }
 
 type deliveryKey struct{}

@@ -1,4 +1,4 @@
-package middleware
+package pipeline
 
 import (
 	"context"
@@ -116,7 +116,7 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	adm := blockingAdmitter{deadline: make(chan time.Time, 1)}
-	q := &Queue{Metrics: mets.For("q", "q", ""), Admitter: adm}
+	q := &Queue{metrics: mets.For("q", "q", ""), admitter: adm}
 	deadline := time.Now().Add(150 * time.Millisecond)
 	payload := fmt.Appendf(nil, `{"id":"r1","deadline":%d,"payload":{"model":"m"}}`, deadline.Unix())
 	// Unix seconds are too coarse for a 150 ms deadline: set it on the
