@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -119,7 +120,10 @@ func TestExamplesServe(t *testing.T) {
 		},
 		"redis-pubsub": func(t *testing.T, _, _ string) exampleServer {
 			s, url := redisServer(t, func(c *redis.Client, q string, p []byte) error {
-				for c.PubSubNumSub(context.Background(), q).Val()[q] == 0 {
+				for deadline := time.Now().Add(30 * time.Second); c.PubSubNumSub(context.Background(), q).Val()[q] == 0; {
+					if time.Now().After(deadline) {
+						return fmt.Errorf("nobody subscribed to %s within 30s (did serve start?)", q)
+					}
 					time.Sleep(10 * time.Millisecond)
 				}
 				return c.Publish(context.Background(), q, p).Err()

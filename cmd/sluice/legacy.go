@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 // legacyFlags are upstream's flags (llm-d-async v0.9), still rendered by its
@@ -117,7 +118,7 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 			return err
 		}
 		if len(tc.Queues) == 0 && changed("redis.ss.request-queue-name", "redis.ss.igw-base-url") {
-			q := config.Queue{QueueName: l.ssRequestQueue, IGWBaseURL: l.ssIGWBaseURL, RequestPathURL: l.ssRequestPath, GateType: l.ssGateType}
+			q := config.Queue{Queue: transport.Queue{Name: l.ssRequestQueue}, IGWBaseURL: l.ssIGWBaseURL, RequestPathURL: l.ssRequestPath, GateType: l.ssGateType}
 			if l.ssGateParams != "" {
 				if err := json.Unmarshal([]byte(l.ssGateParams), &q.GateParams); err != nil {
 					return fmt.Errorf("--redis.ss.gate-params: %w", err)
@@ -136,7 +137,7 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 		}
 	case "redis-pubsub":
 		if len(tc.Queues) == 0 && changed("redis.request-queue-name", "redis.igw-base-url") {
-			tc.Queues = append(tc.Queues, config.Queue{QueueName: l.psRequestQueue, IGWBaseURL: l.psIGWBaseURL, RequestPathURL: l.psRequestPath})
+			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.psRequestQueue}, IGWBaseURL: l.psIGWBaseURL, RequestPathURL: l.psRequestPath})
 		}
 		if tc.ResultQueueName == "" && (len(tc.Queues) > 0 || changed("redis.result-queue-name")) {
 			tc.ResultQueueName = l.psResultQueue
@@ -149,7 +150,7 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 			return err
 		}
 		if len(tc.Queues) == 0 && changed("pubsub.request-subscriber-id") {
-			tc.Queues = append(tc.Queues, config.Queue{QueueName: l.gcpSubscription, IGWBaseURL: l.gcpIGWBaseURL, RequestPathURL: l.gcpRequestPath})
+			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.gcpSubscription}, IGWBaseURL: l.gcpIGWBaseURL, RequestPathURL: l.gcpRequestPath})
 		}
 		if tc.ResultQueueName == "" && changed("pubsub.result-topic-id") {
 			tc.ResultQueueName = l.gcpResultTopic

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -48,7 +49,7 @@ func TestAdmission(t *testing.T) {
 		Transport: memory.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
 		DrainTimeout: config.Duration(time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
-			Queues: []config.Queue{{QueueName: e2eQueue, IGWBaseURL: url, GateType: "test-admit"}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: url, GateType: "test-admit"}}},
 	}
 	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{})})
 	far := time.Now().Add(time.Minute)

@@ -10,12 +10,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
 func checkConfig(mutate func(*config.Config)) *config.Config {
 	c := &config.Config{TransportConfig: config.TransportConfig{ResultQueueName: "r",
-		Queues: []config.Queue{{QueueName: "q", IGWBaseURL: "http://gw"}}}}
+		Queues: []config.Queue{{Queue: transport.Queue{Name: "q"}, IGWBaseURL: "http://gw"}}}}
 	if mutate != nil {
 		mutate(c)
 	}

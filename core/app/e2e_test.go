@@ -138,7 +138,7 @@ func startApp(t *testing.T, gwURL string, drain time.Duration, mutate func(*conf
 		DrainTimeout: config.Duration(drain),
 		Retry:        config.Retry{Base: config.Duration(300 * time.Millisecond), Max: config.Duration(2 * time.Second), Jitter: 0.1},
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
-			Queues: []config.Queue{{QueueName: e2eQueue, IGWBaseURL: gwURL}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: gwURL}}},
 	}
 	if mutate != nil {
 		mutate(cfg)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -66,9 +67,9 @@ func TestGateSharedByEqualDefinitions(t *testing.T) {
 	cfg := &config.Config{
 		MetricsPort: -1, HealthPort: -1,
 		TransportConfig: config.TransportConfig{ResultQueueName: "r", Queues: []config.Queue{
-			{QueueName: "a", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`"0.5"`)}},
-			{QueueName: "b", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.5`)}},
-			{QueueName: "c", IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.25`)}},
+			{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`"0.5"`)}},
+			{Queue: transport.Queue{Name: "b"}, IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.5`)}},
+			{Queue: transport.Queue{Name: "c"}, IGWBaseURL: "http://gw", GateParams: map[string]json.RawMessage{"budget": json.RawMessage(`0.25`)}},
 		}},
 	}
 	a, err := New(cfg, Options{Adapters: testAdapters(t), Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})

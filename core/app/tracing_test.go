@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -26,7 +27,7 @@ func TestTracing(t *testing.T) {
 		Transport: memory.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
 		DrainTimeout: config.Duration(time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
-			Queues: []config.Queue{{QueueName: e2eQueue, IGWBaseURL: url}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: url}}},
 	}
 	h := startAppWith(t, cfg, Options{Transport: mem, TracerProvider: tp})
 	const producerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"

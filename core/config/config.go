@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 // Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
@@ -158,19 +160,21 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 	return json.Marshal(all)
 }
 
-// Queue is one request queue (upstream's queue object).
+// Queue is one request queue (upstream's queue object): the transport's
+// queue (transport.Queue: id, queue_name, result_queue_name, pool,
+// max_concurrency) and the fields the assembly reads.
 type Queue struct {
-	// ID names the queue in metrics and logs (default: QueueName).
-	ID string `json:"id,omitempty"`
-	// QueueName is the request queue (required).
-	QueueName string `json:"queue_name"`
+	// Queue holds the names and the in-flight limit. ID defaults to Name;
+	// Name (queue_name) is required; ResultName overrides the transport's
+	// result destination; Pool defaults to the one a name of the form
+	// <prefix>:requests:<pool> names; MaxConcurrency overrides
+	// Config.Concurrency for this queue.
+	transport.Queue
 	// IGWBaseURL is the inference gateway's base URL (required).
 	IGWBaseURL string `json:"igw_base_url"`
 	// RequestPathURL is the request path (empty: core/dispatch's default,
 	// /v1/completions).
 	RequestPathURL string `json:"request_path_url,omitempty"`
-	// ResultQueueName overrides the transport's result destination.
-	ResultQueueName string `json:"result_queue_name,omitempty"`
 	// InferenceObjective is sent as x-gateway-inference-objective.
 	InferenceObjective string `json:"inference_objective,omitempty"`
 	// GateType is the gate's registry name (default constant).
@@ -179,11 +183,6 @@ type Queue struct {
 	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
 	// Labels are free-form labels (upstream compatibility; logged).
 	Labels map[string]string `json:"labels,omitempty"`
-	// MaxConcurrency overrides Config.Concurrency for this queue.
-	MaxConcurrency int `json:"max_concurrency,omitempty"`
-	// Pool is the inference pool (metrics label; default: derived from a
-	// queue name of the form <prefix>:requests:<pool>).
-	Pool string `json:"pool,omitempty"`
 }
 
 // Retry is the retry policy. Zero fields take core/pipeline's defaults
@@ -270,10 +269,10 @@ func (c *Config) SetDefaults() {
 	for i := range c.TransportConfig.Queues {
 		q := &c.TransportConfig.Queues[i]
 		if q.ID == "" {
-			q.ID = q.QueueName
+			q.ID = q.Name
 		}
-		if q.ResultQueueName == "" {
-			q.ResultQueueName = c.TransportConfig.ResultQueueName
+		if q.ResultName == "" {
+			q.ResultName = c.TransportConfig.ResultQueueName
 		}
 		if q.GateType == "" {
 			q.GateType = "constant"
@@ -282,8 +281,8 @@ func (c *Config) SetDefaults() {
 			q.MaxConcurrency = c.Concurrency
 		}
 		if q.Pool == "" {
-			if i := strings.LastIndex(q.QueueName, ":requests:"); i >= 0 {
-				q.Pool = q.QueueName[i+len(":requests:"):]
+			if i := strings.LastIndex(q.Name, ":requests:"); i >= 0 {
+				q.Pool = q.Name[i+len(":requests:"):]
 			}
 		}
 	}
@@ -396,7 +395,7 @@ func (c *Config) Validate(k Known) error {
 	ids := map[string]int{}
 	for i, q := range qs {
 		where := fmt.Sprintf("transport_config.queues[%d]", i)
-		if q.QueueName == "" {
+		if q.Name == "" {
 			add(where+".queue_name", "required")
 		}
 		if prev, dup := ids[q.ID]; dup && q.ID != "" {
@@ -411,7 +410,7 @@ func (c *Config) Validate(k Known) error {
 		if q.RequestPathURL != "" && !strings.HasPrefix(q.RequestPathURL, "/") {
 			add(where+".request_path_url", "%q must start with /", q.RequestPathURL)
 		}
-		if q.ResultQueueName == "" {
+		if q.ResultName == "" {
 			add(where+".result_queue_name", "no result queue (set it here or transport_config.result_queue_name)")
 		}
 		if k.Gate != nil && !k.Gate(q.GateType) {
@@ -552,17 +551,7 @@ func unknownFields(v any, t reflect.Type, path string) Problems {
 			return ps
 		}
 		fields := map[string]reflect.Type{}
-		for i := 0; i < t.NumField(); i++ {
-			f := t.Field(i)
-			name := strings.Split(f.Tag.Get("json"), ",")[0]
-			if name == "-" || !f.IsExported() {
-				continue
-			}
-			if name == "" {
-				name = f.Name
-			}
-			fields[name] = f.Type
-		}
+		jsonFields(t, fields)
 		keys := make([]string, 0, len(obj))
 		for k := range obj {
 			keys = append(keys, k)
@@ -586,6 +575,26 @@ func unknownFields(v any, t reflect.Type, path string) Problems {
 		}
 	}
 	return ps
+}
+
+// jsonFields collects the JSON names of struct type t's fields into fields,
+// with the fields of embedded structs promoted as encoding/json does.
+func jsonFields(t reflect.Type, fields map[string]reflect.Type) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := strings.Split(f.Tag.Get("json"), ",")[0]
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			jsonFields(f.Type, fields)
+			continue
+		}
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		fields[name] = f.Type
+	}
 }
 
 func join(path, k string) string {

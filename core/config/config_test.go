@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 func known() Known {
@@ -17,7 +19,7 @@ func known() Known {
 
 func TestParseReportsEveryUnknownField(t *testing.T) {
 	doc := `{"concurency": 5, "retry": {"bse": "1s"},
-	 "transport_config": {"queues": [{"queue_name": "q", "igw_base_url": "http://gw", "gatetype": "redis"}], "batch_size": 3}}`
+	 "transport_config": {"queues": [{"queue_name": "q", "igw_base_url": "http://gw", "gatetype": "redis", "max_concurency": 2}], "batch_size": 3}}`
 	_, err := Parse([]byte(doc), "f.json")
 	var ps Problems
 	if !errors.As(err, &ps) {
@@ -28,6 +30,7 @@ func TestParseReportsEveryUnknownField(t *testing.T) {
 		`f.json: concurency: unknown field (did you mean "concurrency"?)`,
 		`f.json: retry.bse: unknown field`,
 		`f.json: transport_config.queues[0].gatetype: unknown field (did you mean "gate_type"?)`,
+		`f.json: transport_config.queues[0].max_concurency: unknown field (did you mean "max_concurrency"?)`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("missing %q in:\n%s", want, text)
@@ -77,7 +80,7 @@ func TestParseQueuesArrayAndObject(t *testing.T) {
 }
 
 func TestDefaults(t *testing.T) {
-	c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "llm-d-async:requests:pool-a", IGWBaseURL: "http://gw"}}}}
+	c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{Queue: transport.Queue{Name: "llm-d-async:requests:pool-a"}, IGWBaseURL: "http://gw"}}}}
 	c.SetDefaults()
 	q := c.TransportConfig.Queues[0]
 	if c.Transport != "memory" || c.Concurrency != 64 || c.MetricsPort != 9090 || c.HealthPort != 8081 ||
@@ -88,7 +91,7 @@ func TestDefaults(t *testing.T) {
 	if c.RequestTimeout != 0 || c.DrainTimeout != 0 || c.Retry != (Retry{}) || c.Dispatch != (Dispatch{}) || c.Prometheus.CacheTTL != 0 {
 		t.Errorf("a component's setting was defaulted here: %+v", c)
 	}
-	if q.ID != q.QueueName || q.RequestPathURL != "" || q.ResultQueueName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
+	if q.ID != q.Name || q.RequestPathURL != "" || q.ResultName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
 		t.Errorf("queue defaults: %+v", q)
 	}
 	if err := c.Validate(known()); err != nil {
@@ -99,8 +102,8 @@ func TestDefaults(t *testing.T) {
 func TestValidateListsEveryProblem(t *testing.T) {
 	c := &Config{Transport: "kafka", Concurrency: -1, Log: Log{Level: "loud"}, TLS: TLS{Cert: "c.pem"},
 		TransportConfig: TransportConfig{Queues: []Queue{
-			{QueueName: "a", IGWBaseURL: "gw:80", GateType: "magic"},
-			{QueueName: "a", IGWBaseURL: "http://gw", RequestPathURL: "v1"},
+			{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "gw:80", GateType: "magic"},
+			{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "http://gw", RequestPathURL: "v1"},
 		}}}
 	c.SetDefaults()
 	err := c.Validate(known())
@@ -145,7 +148,7 @@ func TestValidateComponentSettings(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "q", IGWBaseURL: "http://gw"}}}}
+			c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{Queue: transport.Queue{Name: "q"}, IGWBaseURL: "http://gw"}}}}
 			tc.set(c)
 			c.SetDefaults()
 			err := c.Validate(known())
@@ -174,7 +177,7 @@ func TestDurationForms(t *testing.T) {
 
 func TestTracingConfig(t *testing.T) {
 	c := &Config{Tracing: Tracing{OTLPEndpoint: "collector:4318", SampleRatio: 2},
-		TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{QueueName: "q", IGWBaseURL: "http://gw"}}}}
+		TransportConfig: TransportConfig{ResultQueueName: "r", Queues: []Queue{{Queue: transport.Queue{Name: "q"}, IGWBaseURL: "http://gw"}}}}
 	c.SetDefaults()
 	err := c.Validate(known())
 	if err == nil || !strings.Contains(err.Error(), "tracing.sample_ratio") || !strings.Contains(err.Error(), "tracing.otlp_endpoint") {

@@ -42,20 +42,22 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// Queue names one request queue and where its results go.
+// Queue names one request queue and where its results go. It is the one
+// queue type: the configuration's queue object (core/config.Queue) and the
+// pipeline's (core/pipeline.Queue) extend it; its JSON names are upstream's.
 type Queue struct {
 	// ID identifies the queue in metrics and logs (defaults to Name).
-	ID string
+	ID string `json:"id,omitempty"`
 	// Name is the request queue (sorted set key, channel, subscription...).
-	Name string
+	Name string `json:"queue_name"`
 	// ResultName is the result destination (list, channel, topic...).
-	ResultName string
+	ResultName string `json:"result_queue_name,omitempty"`
 	// Pool is the inference pool's name, when known (metrics label).
-	Pool string
+	Pool string `json:"pool,omitempty"`
 	// MaxConcurrency is the most requests of the queue in flight at once
 	// (its credits at budget 1; NewSubscriber sets it from the credits it
 	// is given). A source may size what it buffers or leases ahead by it.
-	MaxConcurrency int
+	MaxConcurrency int `json:"max_concurrency,omitempty"`
 }
 
 // Transport is one configured transport of a deployment.

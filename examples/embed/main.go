@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -49,7 +50,7 @@ func run(ctx context.Context, out io.Writer) error {
 	cfg := &config.Config{
 		Transport: memory.Name, Concurrency: 8, MetricsPort: -1, HealthPort: -1,
 		TransportConfig: config.TransportConfig{ResultQueueName: "results",
-			Queues: []config.Queue{{QueueName: "requests", IGWBaseURL: gw.URL, GateType: constant.Type}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: "requests"}, IGWBaseURL: gw.URL, GateType: constant.Type}}},
 	}
 	mem := memory.New(memory.Options{}) // given to New, to enqueue and read results
 	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: mem})

@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -117,7 +118,7 @@ func testDispatchStops(t *testing.T, promURL, simURL string, sim *simulator.Serv
 		DrainTimeout: config.Duration(5 * time.Second),
 		Prometheus:   config.Prometheus{URL: promURL, CacheTTL: config.Duration(100 * time.Millisecond)},
 		TransportConfig: config.TransportConfig{ResultQueueName: results, Queues: []config.Queue{{
-			QueueName: queue, IGWBaseURL: simURL, GateType: prombudget.Type, GateParams: params,
+			Queue: transport.Queue{Name: queue}, IGWBaseURL: simURL, GateType: prombudget.Type, GateParams: params,
 		}}},
 	}
 	reg := prometheus.NewRegistry()

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluice-io/sluice/core/metrics"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -20,6 +19,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-io/sluice/core/metrics"
+	"github.com/sluice-io/sluice/core/transport"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -138,7 +140,7 @@ func startGateRun(ctx context.Context, gwURL, redisAddr string, maxConc, request
 		Transport: memory.Name, Concurrency: maxConc, MetricsPort: -1, HealthPort: -1,
 		DrainTimeout: config.Duration(time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: benchResults, Queues: []config.Queue{{
-			QueueName: benchQueue, IGWBaseURL: gwURL, GateType: redisbudget.Type,
+			Queue: transport.Queue{Name: benchQueue}, IGWBaseURL: gwURL, GateType: redisbudget.Type,
 			GateParams: map[string]json.RawMessage{"address": json.RawMessage(strconv.Quote(redisAddr))},
 		}}},
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -94,7 +95,7 @@ func benchSluiceRedis(ctx context.Context, url, gw string, c *redis.Client, n in
 	cfg := &config.Config{
 		Transport: rss.Name,
 		TransportConfig: config.TransportConfig{ResultQueueName: results,
-			Queues: []config.Queue{{QueueName: rss.RequestQueueName("bench"), IGWBaseURL: gw}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: rss.RequestQueueName("bench")}, IGWBaseURL: gw}}},
 		MetricsPort: -1, HealthPort: -1, RedisURL: url,
 	}
 	a, err := newApp(cfg, app.Options{})

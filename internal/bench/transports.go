@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
@@ -68,7 +69,7 @@ func (r transportRun) measure(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	tc.Queues = []config.Queue{{QueueName: r.queue, IGWBaseURL: gw}}
+	tc.Queues = []config.Queue{{Queue: transport.Queue{Name: r.queue}, IGWBaseURL: gw}}
 	tc.ResultQueueName = r.results
 	cfg := &config.Config{Transport: r.transport, TransportConfig: tc, MetricsPort: -1, HealthPort: -1, RedisURL: r.redisURL}
 	a, err := newApp(cfg, app.Options{})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -141,7 +142,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		Retry:        config.Retry{Base: config.Duration(o.RetryBase), Max: config.Duration(10 * o.RetryBase)},
 		TransportConfig: config.TransportConfig{
 			ResultQueueName: demoResults,
-			Queues:          []config.Queue{{QueueName: demoQueue, IGWBaseURL: gwURL, RequestPathURL: "/v1/chat/completions"}},
+			Queues:          []config.Queue{{Queue: transport.Queue{Name: demoQueue}, IGWBaseURL: gwURL, RequestPathURL: "/v1/chat/completions"}},
 		},
 	}
 	ad, err := adapters()

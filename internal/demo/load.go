@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -59,7 +60,7 @@ func MemoryLoad(ctx context.Context, o LoadOptions) (LoadResult, error) {
 		Transport: memory.Name, Concurrency: o.Concurrency, MetricsPort: -1, HealthPort: -1,
 		DrainTimeout: config.Duration(10 * time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: res,
-			Queues: []config.Queue{{QueueName: q, IGWBaseURL: url}}},
+			Queues: []config.Queue{{Queue: transport.Queue{Name: q}, IGWBaseURL: url}}},
 	}
 	ad, err := adapters()
 	if err != nil {

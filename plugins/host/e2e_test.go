@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/memory"
@@ -41,7 +42,7 @@ func TestEndToEndThroughApp(t *testing.T) {
 		Transport: memory.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
 		DrainTimeout: config.Duration(5 * time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: results, Queues: []config.Queue{{
-			QueueName: queue, IGWBaseURL: gw.URL, GateType: "plugin", GateParams: params,
+			Queue: transport.Queue{Name: queue}, IGWBaseURL: gw.URL, GateType: "plugin", GateParams: params,
 		}}},
 	}
 	ad := app.NewAdapters()

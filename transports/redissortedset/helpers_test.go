@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -91,7 +92,7 @@ func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency i
 		Concurrency: concurrency,
 		TransportConfig: config.TransportConfig{
 			ResultQueueName: results,
-			Queues:          []config.Queue{{QueueName: queue, IGWBaseURL: f.sim}},
+			Queues:          []config.Queue{{Queue: transport.Queue{Name: queue}, IGWBaseURL: f.sim}},
 		},
 		MetricsPort:  -1,
 		HealthPort:   -1,
