@@ -7,10 +7,10 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/core/dispatch/internal/loopback"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -35,7 +35,7 @@ func BenchmarkDo(b *testing.B) {
 
 // BenchmarkDoH2C is BenchmarkDo over HTTP/2 with prior knowledge.
 func BenchmarkDoH2C(b *testing.B) {
-	url, _ := h2cServer(b, 0, benchHandler)
+	url, _ := loopback.H2C(b, 0, benchHandler)
 	benchDoProto(b, url, ProtocolH2C)
 }
 
@@ -85,45 +85,7 @@ func rawServer(tb testing.TB) string {
 	tb.Helper()
 	resp := []byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
 		strconv.Itoa(len(benchResponse)) + "\r\n\r\n" + benchResponse)
-	return "http://" + serveLoopback(tb, func(conn net.Conn, _ int) { serveRaw(conn, resp) })
-}
-
-// serveLoopback listens on a loopback port and runs serve for each
-// connection accepted (n counts them from 0). When the test ends it stops
-// listening, closes the connections and waits for serve to return.
-func serveLoopback(tb testing.TB, serve func(conn net.Conn, n int)) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	wg.Go(func() {
-		for n := 0; ; n++ {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
-			wg.Go(func() { serve(conn, n) })
-		}
-	})
-	tb.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return l.Addr().String()
+	return "http://" + loopback.Serve(tb, func(conn net.Conn, _ int) { serveRaw(conn, resp) })
 }
 
 func serveRaw(conn net.Conn, resp []byte) {

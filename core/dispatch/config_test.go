@@ -55,6 +55,7 @@ func TestValidate(t *testing.T) {
 		{"bad deadline header", func(c *Config) { c.DeadlineHeader = "x deadline" }, "not a valid header name"},
 		{"reserved timeout header", func(c *Config) { c.TimeoutHeader = "content-length" }, "reserved header"},
 		{"same header twice", func(c *Config) { c.DeadlineHeader, c.TimeoutHeader = "x-t", "X-T" }, "both"},
+		{"unknown protocol", func(c *Config) { c.Protocol = "spdy" }, `protocol "spdy"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,7 +121,11 @@ func TestTLS(t *testing.T) {
 	})
 }
 
-func TestTLSHTTP2(t *testing.T) {
+// An https gateway is spoken to over HTTP/2 through ALPN, whatever
+// Protocol says for http gateways.
+func TestTLSHTTP2(t *testing.T) { bothProtocols(t, testTLSHTTP2) }
+
+func testTLSHTTP2(t *testing.T, proto string) {
 	protos := make(chan string, 4)
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -130,7 +135,7 @@ func TestTLSHTTP2(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	c := newClient(t, Config{TLS: TLSConfig{CACert: writeServerCA(t, srv)}})
+	c := newClient(t, Config{TLS: TLSConfig{CACert: writeServerCA(t, srv)}, Protocol: proto})
 	req := newRequest(time.Minute)
 	req.Headers = map[string]string{"traceparent": "t", "connection": "close"}
 	out := c.Do(t.Context(), Target{BaseURL: srv.URL}, req)

@@ -10,11 +10,14 @@
 //
 // Do is on the per-message path: targets and endpoint URLs are parsed once
 // and cached, headers are built without per-header allocations, and redirects
-// are not followed (the transport is used directly, without http.Client).
+// are not followed.
 //
-// HTTP/1.1 and https gateways go through net/http's Transport; http gateways
-// under ProtocolH2C through sluice's own HTTP/2 client (h2c.go), which costs
-// no goroutine per call and gathers concurrent calls' frames into few writes.
+// How a gateway is spoken to is a Poster's business, chosen per target by
+// Config.Protocol and the URL's scheme: http gateways under ProtocolHTTP1
+// and every https gateway go through package nethttp (net/http's
+// Transport); http gateways under ProtocolH2C through package h2c (sluice's
+// own HTTP/2 client, which costs no goroutine per call and gathers
+// concurrent calls' frames into few writes).
 package dispatch
 
 import (
@@ -30,18 +33,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-io/sluice/core/dispatch/h2c"
+	"github.com/sluice-io/sluice/core/dispatch/internal/cowmap"
+	"github.com/sluice-io/sluice/core/dispatch/nethttp"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// Transport tuning that is not configurable.
+// Tuning that is not configurable.
 const (
-	dialTimeout         = 5 * time.Second
-	tcpKeepAlive        = 30 * time.Second
-	tlsHandshakeTimeout = 10 * time.Second
-	idleConnTimeout     = 90 * time.Second
-	http1BufferSize     = 2 << 10
-	h2SendPingTimeout   = 30 * time.Second
-	h2PingTimeout       = 15 * time.Second
+	dialTimeout  = 5 * time.Second
+	tcpKeepAlive = 30 * time.Second
 	// poolBufferSize is the initial size of the buffers that read bodies of
 	// unknown length; buffers grown past maxPooledBuffer are not kept.
 	poolBufferSize  = 32 << 10
@@ -53,16 +54,13 @@ const (
 // done.
 type Client struct {
 	cfg            Config
-	rt             *http.Transport
-	h2c            *h2cTransport // http gateways under ProtocolH2C; nil otherwise
-	deadlineHeader string        // canonical; "" when disabled
-	timeoutHeader  string        // canonical; "" when disabled
-	targets        cowMap[Target, *preparedTarget]
-	names          cowMap[string, string] // header name → canonical name
-	lowerNames     cowMap[string, string] // canonical name → lower case (HTTP/2 only)
-	http1Names     *wireNames
-	http2Names     *wireNames
-	bufs           sync.Pool // *[]byte for bodies of unknown length
+	plain          Poster // http:// gateways
+	tls            Poster // https:// gateways
+	deadlineHeader string // canonical; "" when disabled
+	timeoutHeader  string // canonical; "" when disabled
+	targets        cowmap.Map[Target, *preparedTarget]
+	names          cowmap.Map[string, string] // header name → canonical name
+	bufs           sync.Pool                  // *[]byte for bodies of unknown length
 	refused        atomic.Uint64
 }
 
@@ -79,50 +77,31 @@ func New(cfg Config) (*Client, error) {
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}
 	// http gateways: HTTP/1.1 through net/http, or HTTP/2 with prior
-	// knowledge (h2c) through sluice's own client (h2c.go) when configured;
-	// https gateways: HTTP/2 offered through ALPN.
+	// knowledge through h2c when configured; https gateways: HTTP/2 offered
+	// through ALPN (and HTTP/1.1 too, unless h2c is configured).
 	var protocols http.Protocols
 	protocols.SetHTTP1(cfg.Protocol == ProtocolHTTP1)
 	protocols.SetHTTP2(true)
-	rt := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         dialer.DialContext,
-		TLSClientConfig:     tlsCfg,
-		TLSHandshakeTimeout: tlsHandshakeTimeout,
-		MaxIdleConns:        0, // no global cap; MaxIdleConnsPerHost bounds each gateway
+	viaNetHTTP := nethttp.New(nethttp.Config{
+		Dial:                dialer.DialContext,
+		TLS:                 tlsCfg,
+		Protocols:           &protocols,
 		MaxIdleConnsPerHost: cfg.MaxConns,
 		MaxConnsPerHost:     cfg.MaxConnsPerHost,
-		IdleConnTimeout:     idleConnTimeout,
-		// No ResponseHeaderTimeout: the call's deadline bounds the wait.
-		// No compression: bodies are relayed as the gateway wrote them, and
-		// compressing on a local network only costs CPU.
-		DisableCompression: true,
-		Protocols:          &protocols,
-		// HTTP/1.1 keeps a connection, with a read and a write buffer, per
-		// call in flight: at 5,000 in flight net/http's 4 KiB each cost
-		// ~100 MB of resident memory with the GC's headroom. Request and
-		// response headers fit in 2 KiB, a small request goes out in one
-		// write, and bodies larger than the buffer bypass it.
-		ReadBufferSize:  http1BufferSize,
-		WriteBufferSize: http1BufferSize,
-		// An HTTP/2 connection whose peer went silent is found by a ping
-		// instead of by each call's deadline.
-		HTTP2: &http.HTTP2Config{SendPingTimeout: h2SendPingTimeout, PingTimeout: h2PingTimeout},
-	}
+	})
 	c := &Client{
 		cfg:            cfg,
-		rt:             rt,
+		plain:          viaNetHTTP,
+		tls:            viaNetHTTP,
 		deadlineHeader: headerName(cfg.DeadlineHeader),
 		timeoutHeader:  headerName(cfg.TimeoutHeader),
-		targets:        cowMap[Target, *preparedTarget]{max: maxCachedTargets},
-		names:          cowMap[string, string]{max: maxCachedNames},
-		lowerNames:     cowMap[string, string]{max: maxCachedNames},
+		targets:        cowmap.Map[Target, *preparedTarget]{Max: maxCachedTargets},
+		names:          cowmap.Map[string, string]{Max: maxCachedNames},
 	}
 	if cfg.Protocol == ProtocolH2C {
-		c.h2c = newH2CTransport(dialer.DialContext, cfg.MaxConnsPerHost)
+		c.plain = h2c.New(h2c.Config{Dial: dialer.DialContext, MaxConnsPerHost: cfg.MaxConnsPerHost,
+			MaxBodyBytes: cfg.MaxResponseBytes})
 	}
-	c.http1Names = newWireNames(c.deadlineHeader, c.timeoutHeader, false)
-	c.http2Names = newWireNames(c.deadlineHeader, c.timeoutHeader, true)
 	c.bufs.New = func() any {
 		b := make([]byte, 0, poolBufferSize)
 		return &b
@@ -133,9 +112,9 @@ func New(cfg Config) (*Client, error) {
 // Close closes the idle connections. Calls in flight are not interrupted,
 // and the client stays usable (new connections are dialled as needed).
 func (c *Client) Close() {
-	c.rt.CloseIdleConnections()
-	if c.h2c != nil {
-		c.h2c.closeIdle()
+	c.tls.CloseIdleConnections()
+	if c.plain != c.tls {
+		c.plain.CloseIdleConnections()
 	}
 }
 
@@ -152,19 +131,18 @@ func (c *Client) Prepare(t Target) error {
 }
 
 func (c *Client) target(t Target) (*preparedTarget, error) {
-	if pt, ok := c.targets.load(t); ok {
+	if pt, ok := c.targets.Load(t); ok {
 		return pt, nil
 	}
 	pt, err := prepareTarget(t)
 	if err != nil {
 		return nil, fmt.Errorf("dispatch: %w", err)
 	}
-	pt.names = c.http1Names
-	if c.h2c != nil && pt.base.Scheme == "http" {
-		pt.h2c = true
-		pt.names = c.http2Names
+	pt.poster = c.plain
+	if pt.base.Scheme == "https" {
+		pt.poster = c.tls
 	}
-	return c.targets.store(t, pt), nil
+	return c.targets.Store(t, pt), nil
 }
 
 // Do POSTs req.Payload to t (or to req.Endpoint under t.BaseURL) and
@@ -214,12 +192,7 @@ func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 	defer cancel()
 
 	h, refused := c.headers(pt, req, dl, effective, now)
-	var resp *http.Response
-	if pt.h2c {
-		resp, err = c.h2c.post(callCtx, ep, h, req.Payload)
-	} else {
-		resp, err = c.rt.RoundTrip(c.newRequest(callCtx, ep, h, req.Payload))
-	}
+	resp, err := pt.poster.Post(callCtx, ep.u, h, req.Payload)
 	if err != nil {
 		out := c.failure(ctx, callCtx, dl, ep, err)
 		out.Refused = refused
@@ -230,7 +203,8 @@ func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 	return out
 }
 
-// headers builds the request headers; it returns how many message headers
+// headers builds the request headers, names in canonical form (a Poster
+// writes them as its protocol wants); it returns how many message headers
 // were refused.
 func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, now time.Time) (http.Header, int) {
 	n := len(req.Headers) + 5
@@ -245,7 +219,6 @@ func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, n
 		vals = append(vals, v)
 		h[k] = vals[len(vals)-1 : len(vals) : len(vals)]
 	}
-	names := pt.names
 	refused := 0
 	for k, v := range req.Headers {
 		ck, ok := c.allowHeader(k, v)
@@ -253,23 +226,20 @@ func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, n
 			refused++
 			continue
 		}
-		if names.lower {
-			ck = c.lower(ck)
-		}
 		set(ck, v)
 	}
 	if refused > 0 {
 		c.refused.Add(uint64(refused))
 	}
-	set(names.contentType, contentTypeJSON)
+	set(headerContentType, contentTypeJSON)
 	if pt.objective != "" {
-		if _, ok := h[names.objective]; !ok {
-			set(names.objective, pt.objective)
+		if _, ok := h[headerObjective]; !ok {
+			set(headerObjective, pt.objective)
 		}
 	}
 	if uid := req.Metadata["userid"]; uid != "" && validValue(uid) {
-		if _, ok := h[names.fairness]; !ok {
-			set(names.fairness, uid)
+		if _, ok := h[headerFairness]; !ok {
+			set(headerFairness, uid)
 		}
 	}
 	// Both numbers are formatted into one buffer and converted to one string.
@@ -286,39 +256,13 @@ func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, n
 	if len(buf) > 0 {
 		s := string(buf)
 		if useDL {
-			set(names.deadline, s[:split])
+			set(c.deadlineHeader, s[:split])
 		}
 		if c.timeoutHeader != "" {
-			set(names.timeout, s[split:])
+			set(c.timeoutHeader, s[split:])
 		}
 	}
 	return h, refused
-}
-
-// newRequest builds the POST without parsing a URL: ep.u is shared read-only
-// (a RoundTripper must not modify the request).
-func (c *Client) newRequest(ctx context.Context, ep *endpoint, h http.Header, payload []byte) *http.Request {
-	r := http.Request{
-		Method:        http.MethodPost,
-		URL:           ep.u,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        h,
-		Body:          http.NoBody,
-		ContentLength: int64(len(payload)),
-		Host:          ep.u.Host,
-	}
-	if len(payload) > 0 {
-		// io.NopCloser over a *bytes.Reader is recognised by net/http as an
-		// in-memory body: headers and body go out in one write.
-		r.Body = io.NopCloser(bytes.NewReader(payload))
-		// A request the gateway refused unprocessed (HTTP/2 REFUSED_STREAM,
-		// a GOAWAY, a keep-alive connection closed as it was reused) can
-		// then be sent again with its body.
-		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(payload)), nil }
-	}
-	return r.WithContext(ctx)
 }
 
 // response reads and classifies a response; it always closes the body.
@@ -364,12 +308,14 @@ func headerValue(h http.Header, canonical string) string {
 
 // readBody reads r to its end into a slice the caller owns, failing with
 // ErrResponseTooLarge past MaxResponseBytes (the rest is not drained: closing
-// the body then drops the connection, which is cheaper than reading it). With a known length it makes one
-// allocation of that size (plus one byte, to see EOF in the same read loop, so
-// that the connection goes back to the pool at once); otherwise it reads into
-// a pooled buffer and copies the result out.
+// the body then drops the connection or resets the stream, which is cheaper
+// than reading it). With a known length it makes one allocation of that size
+// (plus one byte, to see EOF in the same read loop, so that the connection
+// goes back to the pool at once); otherwise it reads into a pooled buffer,
+// grown to at most the cap plus one byte, and copies the result out.
 func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
 	limit := c.cfg.MaxResponseBytes
+	tooLarge := func() error { return fmt.Errorf("%w: more than %d bytes", ErrResponseTooLarge, limit) }
 	if length > limit {
 		return nil, fmt.Errorf("%w: content length %d exceeds %d bytes", ErrResponseTooLarge, length, limit)
 	}
@@ -383,6 +329,8 @@ func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
 			return nil, fmt.Errorf("body longer than its content length %d", length)
 		case err == io.EOF || err == io.ErrUnexpectedEOF:
 			return nil, io.ErrUnexpectedEOF
+		case isMaxBytes(err):
+			return nil, tooLarge()
 		}
 		return nil, err
 	}
@@ -396,12 +344,16 @@ func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
 	}()
 	for {
 		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
+			// Grow like append, but never past the cap plus the one byte
+			// that tells the body is too large.
+			nb := make([]byte, len(b), int(min(int64(max(2*cap(b), 512)), limit+1)))
+			copy(nb, b)
+			b = nb
 		}
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
-		if int64(len(b)) > limit {
-			return nil, fmt.Errorf("%w: more than %d bytes", ErrResponseTooLarge, limit)
+		if int64(len(b)) > limit || isMaxBytes(err) {
+			return nil, tooLarge()
 		}
 		if err == io.EOF {
 			return bytes.Clone(b), nil
@@ -410,6 +362,12 @@ func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// isMaxBytes reports whether err says a Poster cut the body at its bound.
+func isMaxBytes(err error) bool {
+	var mbe *http.MaxBytesError
+	return err != nil && errors.As(err, &mbe)
 }
 
 // failure classifies a call that produced no complete response (err may be

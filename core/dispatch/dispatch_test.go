@@ -107,13 +107,8 @@ func testPayloadForwarded(t *testing.T, proto string) {
 	}
 }
 
-// The same headers reach the gateway over HTTP/1.1 and over h2c, where the
-// client writes its own header names in lower case.
-func TestHeaders(t *testing.T) {
-	for _, proto := range []string{ProtocolHTTP1, ProtocolH2C} {
-		t.Run(proto, func(t *testing.T) { testHeaders(t, proto) })
-	}
-}
+// The same headers reach the gateway over HTTP/1.1 and over h2c.
+func TestHeaders(t *testing.T) { bothProtocols(t, testHeaders) }
 
 func testHeaders(t *testing.T, proto string) {
 	got := make(chan *http.Request, 1)
@@ -123,14 +118,8 @@ func testHeaders(t *testing.T, proto string) {
 		}
 		got <- r
 	}
-	var url, addr string
-	if proto == ProtocolH2C {
-		url, _ = h2cServer(t, 0, handler)
-		addr = strings.TrimPrefix(url, "http://")
-	} else {
-		srv := newServer(t, handler)
-		url, addr = srv.URL, srv.Listener.Addr().String()
-	}
+	srv := newServer(t, handler) // speaks both
+	url, addr := srv.URL, srv.Listener.Addr().String()
 	c := newClient(t, Config{Protocol: proto})
 	target := Target{BaseURL: url, InferenceObjective: "batch-low"}
 

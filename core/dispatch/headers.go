@@ -15,36 +15,6 @@ const (
 	contentTypeJSON     = "application/json"
 )
 
-// wireNames are the names Do writes its own headers under. Over HTTP/1.1
-// they are canonical, as net/http writes them. For targets that go through
-// the h2c client they are lower case, as HTTP/2 requires: that client writes
-// names as it gets them (forwarded message headers are lowered too, see
-// Client.lower).
-type wireNames struct {
-	lower                                               bool
-	contentType, objective, fairness, deadline, timeout string
-}
-
-func newWireNames(deadline, timeout string, lower bool) *wireNames {
-	n := &wireNames{lower: lower, contentType: headerContentType, objective: headerObjective,
-		fairness: headerFairness, deadline: deadline, timeout: timeout}
-	if lower {
-		for _, p := range []*string{&n.contentType, &n.objective, &n.fairness, &n.deadline, &n.timeout} {
-			*p = strings.ToLower(*p)
-		}
-	}
-	return n
-}
-
-// lower returns a canonical header name in lower case, cached.
-func (c *Client) lower(canonical string) string {
-	if l, ok := c.lowerNames.load(canonical); ok {
-		return l
-	}
-	// The name may be the message's own string: keep a copy, not the message.
-	return c.lowerNames.store(strings.Clone(canonical), strings.ToLower(canonical))
-}
-
 // refusedHeader reports whether a message may not set the header with this
 // canonical name: hop-by-hop and framing headers, proxy credentials, the
 // content type (always application/json) and the content coding (the result
@@ -97,14 +67,15 @@ func (c *Client) allowHeader(k, v string) (string, bool) {
 // canonical is http.CanonicalHeaderKey with a cache, so that the lower-case
 // names producers usually write are converted without allocating.
 func (c *Client) canonical(k string) string {
-	if ck, ok := c.names.load(k); ok {
+	if ck, ok := c.names.Load(k); ok {
 		return ck
 	}
 	ck := http.CanonicalHeaderKey(k)
 	if ck == k {
 		return ck // already canonical: converting it does not allocate
 	}
-	return c.names.store(strings.Clone(k), ck)
+	// The name may be the message's own string: keep a copy, not the message.
+	return c.names.Store(strings.Clone(k), ck)
 }
 
 // validToken reports whether s is an RFC 9110 token (a valid header name).

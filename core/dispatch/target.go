@@ -3,11 +3,10 @@ package dispatch
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
-	"sync/atomic"
+
+	"github.com/sluice-io/sluice/core/dispatch/internal/cowmap"
 )
 
 // Target is where one queue's requests go: the queue's igw_base_url,
@@ -48,10 +47,8 @@ const (
 
 // endpoint is one fully joined request URL, shared read-only by all calls.
 type endpoint struct {
-	u    *url.URL
-	s    string // u.String(), for error messages
-	addr string // host:port to dial
-	path string // u.RequestURI(): the path and query sent
+	u *url.URL
+	s string // u.Redacted(), for error messages
 }
 
 // preparedTarget is a parsed Target.
@@ -59,9 +56,8 @@ type preparedTarget struct {
 	base      *url.URL
 	def       *endpoint
 	objective string
-	endpoints cowMap[string, *endpoint]
-	names     *wireNames // set by Client.target
-	h2c       bool       // calls go through the h2c client; set by Client.target
+	endpoints cowmap.Map[string, *endpoint]
+	poster    Poster // the protocol client for its scheme; set by Client.target
 }
 
 func prepareTarget(t Target) (*preparedTarget, error) {
@@ -89,7 +85,7 @@ func prepareTarget(t Target) (*preparedTarget, error) {
 		base:      base,
 		def:       def,
 		objective: t.InferenceObjective,
-		endpoints: cowMap[string, *endpoint]{max: maxCachedEndpoints},
+		endpoints: cowmap.Map[string, *endpoint]{Max: maxCachedEndpoints},
 	}, nil
 }
 
@@ -98,14 +94,14 @@ func (pt *preparedTarget) endpoint(ep string) (*endpoint, error) {
 	if ep == "" {
 		return pt.def, nil
 	}
-	if e, ok := pt.endpoints.load(ep); ok {
+	if e, ok := pt.endpoints.Load(ep); ok {
 		return e, nil
 	}
 	e, err := joinURL(pt.base, ep)
 	if err != nil {
 		return nil, fmt.Errorf("%w %q: %w", ErrInvalidEndpoint, ep, err)
 	}
-	return pt.endpoints.store(ep, e), nil
+	return pt.endpoints.Store(ep, e), nil
 }
 
 // joinURL joins base (already checked) with a path reference p: exactly one
@@ -141,57 +137,5 @@ func joinURL(base *url.URL, p string) (*endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	return &endpoint{u: u, s: u.Redacted(), addr: net.JoinHostPort(u.Hostname(), port), path: u.RequestURI()}, nil
-}
-
-// cowMap is a bounded copy-on-write map: reads are lock-free and do not
-// allocate; writes copy the map, which is fine for the few, rarely added keys
-// it holds (targets, endpoints, header names).
-type cowMap[K comparable, V any] struct {
-	mu  sync.Mutex
-	m   atomic.Pointer[map[K]V]
-	max int
-}
-
-func (c *cowMap[K, V]) load(k K) (V, bool) {
-	if m := c.m.Load(); m != nil {
-		v, ok := (*m)[k]
-		return v, ok
-	}
-	var zero V
-	return zero, false
-}
-
-// store adds k unless present or the map is full, and returns the value now
-// associated with k (v when the map is full).
-func (c *cowMap[K, V]) store(k K, v V) V {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	old := c.m.Load()
-	n := 0
-	if old != nil {
-		if e, ok := (*old)[k]; ok {
-			return e
-		}
-		n = len(*old)
-	}
-	if n >= c.max {
-		return v
-	}
-	m := make(map[K]V, n+1)
-	if old != nil {
-		for ok, ov := range *old {
-			m[ok] = ov
-		}
-	}
-	m[k] = v
-	c.m.Store(&m)
-	return v
+	return &endpoint{u: u, s: u.Redacted()}, nil
 }

@@ -137,7 +137,7 @@ func TestTargetCacheBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := len(*c.targets.m.Load()); n != maxCachedTargets {
+	if n := c.targets.Len(); n != maxCachedTargets {
 		t.Fatalf("cached %d targets, want %d", n, maxCachedTargets)
 	}
 	// Past the bound, targets still work.

@@ -1,7 +1,8 @@
-package dispatch
+package h2c
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,7 +34,7 @@ func TestCoalescingConnKeepsWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newCoalescingConn(raw)
+	c := newCoalescingConn(raw, 0)
 	const writers, each = 8, 500
 	var wg sync.WaitGroup
 	for w := range writers {
@@ -87,7 +88,7 @@ func TestCoalescingConnKeepsWrites(t *testing.T) {
 // Once the socket fails, flushes and writes fail instead of piling up.
 func TestCoalescingConnStickyError(t *testing.T) {
 	a, b := net.Pipe()
-	c := newCoalescingConn(a)
+	c := newCoalescingConn(a, 0)
 	_ = b.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -113,7 +114,7 @@ func TestCoalescingConnStickyError(t *testing.T) {
 func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
 	a, b := net.Pipe() // synchronous: a write blocks until the other end reads
 	defer b.Close()
-	c := newCoalescingConn(a)
+	c := newCoalescingConn(a, 0)
 	if _, err := c.Write([]byte("first")); err != nil {
 		t.Fatal(err)
 	}
@@ -129,4 +130,50 @@ func TestCoalescingConnCloseWithStuckWriter(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("Close waited for a peer that does not read")
 	}
+}
+
+// A peer that stops reading fails the flush with ErrWriteStalled once no
+// byte went out for the stall duration; a slow peer that keeps reading
+// does not.
+func TestCoalescingConnStall(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	c := newCoalescingConn(a, 100*time.Millisecond)
+	if _, err := c.Write([]byte("nobody reads this")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.Flush(); !errors.Is(err, ErrWriteStalled) {
+		t.Fatalf("flush to a peer that does not read: %v, want ErrWriteStalled", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the stall took %v to be found", d)
+	}
+	_ = c.Close()
+
+	a, b = net.Pipe()
+	defer b.Close()
+	c = newCoalescingConn(a, 100*time.Millisecond)
+	const size = 40
+	got := make(chan int, 1)
+	go func() { // reads a byte every 10 ms: the write takes 4 stall durations
+		n := 0
+		for buf := make([]byte, 1); n < size; n++ {
+			time.Sleep(10 * time.Millisecond)
+			if _, err := b.Read(buf); err != nil {
+				break
+			}
+		}
+		got <- n
+	}()
+	if _, err := c.Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatalf("flush to a slow reader: %v", err)
+	}
+	if n := <-got; n != size {
+		t.Fatalf("peer read %d bytes, want %d", n, size)
+	}
+	_ = c.Close()
 }

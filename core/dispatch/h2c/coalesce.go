@@ -1,7 +1,10 @@
-package dispatch
+package h2c
 
 import (
+	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -24,22 +27,28 @@ const closeFlushTimeout = time.Second
 // added meanwhile — until nothing is left; if one is, that writer takes the
 // caller's frames with its next write. So frames leave without waiting for
 // another goroutine to be scheduled, and concurrent calls share system calls.
-// A write error is sticky: it closes the socket (so the client's read loop
-// fails every stream on it) and every later Write and Flush returns it.
+//
+// A socket that takes no byte for the stall duration (the peer stopped
+// reading) fails with ErrWriteStalled, so no Write or Flush blocks longer
+// than that. A write error is sticky: it closes the socket (so the client's
+// read loop fails every stream on it) and every later Write and Flush
+// returns it.
 type coalescingConn struct {
 	net.Conn
+	stall time.Duration // 0: no bound
 
-	mu      sync.Mutex
-	drained sync.Cond // signalled when a write ends
-	buf     []byte    // waiting to be written
-	spare   []byte    // the last written buffer, reused
-	writing bool      // a goroutine is writing to the socket
-	err     error     // sticky write error
-	closed  bool      // Close was called: no more writes are taken
+	mu       sync.Mutex
+	drained  sync.Cond // signalled when a write ends
+	buf      []byte    // waiting to be written
+	spare    []byte    // the last written buffer, reused
+	writing  bool      // a goroutine is writing to the socket
+	err      error     // sticky write error
+	closed   bool      // Close was called: no more writes are taken
+	deadline time.Time // the socket's write deadline
 }
 
-func newCoalescingConn(c net.Conn) *coalescingConn {
-	cc := &coalescingConn{Conn: c}
+func newCoalescingConn(c net.Conn, stall time.Duration) *coalescingConn {
+	cc := &coalescingConn{Conn: c, stall: stall}
 	cc.drained.L = &cc.mu
 	return cc
 }
@@ -92,11 +101,25 @@ func (c *coalescingConn) flushLocked() {
 	for c.err == nil && len(c.buf) > 0 {
 		out := c.buf
 		c.buf, c.spare = c.spare[:0], nil
-		c.mu.Unlock()
-		_, err := c.Conn.Write(out)
-		c.mu.Lock()
-		if err != nil {
-			c.err = err
+		for rest := out; len(rest) > 0 && c.err == nil; {
+			c.extendDeadlineLocked()
+			c.mu.Unlock()
+			n, err := c.Conn.Write(rest)
+			c.mu.Lock()
+			rest = rest[n:]
+			switch {
+			case err == nil:
+			case errors.Is(err, os.ErrDeadlineExceeded) && c.stall > 0 && !c.closed:
+				if n == 0 {
+					c.err = fmt.Errorf("%w: no byte written for %s", ErrWriteStalled, c.stall)
+				}
+				// Otherwise the peer reads, slowly: write the rest with a
+				// new deadline.
+			default:
+				c.err = err
+			}
+		}
+		if c.err != nil {
 			_ = c.Conn.Close()
 		}
 		if cap(out) <= maxPendingWrite {
@@ -108,13 +131,32 @@ func (c *coalescingConn) flushLocked() {
 	c.drained.Broadcast()
 }
 
+// extendDeadlineLocked moves the socket's write deadline to stall from now
+// once less than half of that is left, so that a write fails after between
+// half the stall duration and all of it without progress, at the cost of a
+// deadline change only every so often. Caller holds mu.
+func (c *coalescingConn) extendDeadlineLocked() {
+	if c.stall <= 0 || c.closed {
+		return
+	}
+	now := time.Now()
+	if c.deadline.Sub(now) > c.stall/2 {
+		return
+	}
+	c.deadline = now.Add(c.stall)
+	_ = c.Conn.SetWriteDeadline(c.deadline)
+}
+
 // Close stops taking writes, sends what is waiting (for up to
 // closeFlushTimeout: a peer that stopped reading does not hold it up longer)
 // and closes the socket.
 func (c *coalescingConn) Close() error {
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	dl := time.Now().Add(closeFlushTimeout)
+	_ = c.Conn.SetWriteDeadline(dl) // unblocks a writer stuck now
 	c.mu.Lock()
 	c.closed = true
+	c.deadline = dl
+	_ = c.Conn.SetWriteDeadline(dl) // a writer may have moved it before mu was held
 	for c.writing {
 		c.drained.Wait()
 	}
