@@ -2,12 +2,11 @@
 //
 // The middlewares share one *Delivery per message, stored in the message's
 // context by the first of them (Recover). A middleware ends a request by
-// returning Finish(d, result): the result message the router publishes,
-// through resultPublisher, to the queue's result destination, which settles
-// the delivery once the result is written. Returning an error makes the
-// router nack the delivery, which hands it back to the transport; that is
-// reserved for shutdown and for failures to write a result or a retry, never
-// for a request's own failure.
+// returning Finish(d, result): the result message the settler publishes to
+// the queue's result destination before it acks the delivery. Returning an
+// error makes the settler nack the delivery, which hands it back to the
+// transport; that is reserved for shutdown and for failures to write a
+// result or a retry, never for a request's own failure.
 
 package pipeline
 

@@ -34,11 +34,8 @@ func onSettle(m *message.Message, src Source, pool *credit.Pool) {
 	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{m: m, src: src, pool: pool}))
 }
 
-// SettleContext settles the delivery whose context ctx is, or derives from,
-// once: a result message built with its delivery's context carries the hook,
-// so the publisher that wrote the result can settle the delivery
-// (acked: the result was written; otherwise it is handed back).
-func SettleContext(ctx context.Context, acked bool) {
+// settle runs the settle hook of the delivery whose context ctx is, once.
+func settle(ctx context.Context, acked bool) {
 	if h, ok := ctx.Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
 		h.src.Settle(h.m, acked)
 		h.pool.Release(1)
@@ -47,12 +44,12 @@ func SettleContext(ctx context.Context, acked bool) {
 
 // Ack runs m's settle hook, if any, and acks m.
 func Ack(m *message.Message) {
-	SettleContext(m.Context(), true)
+	settle(m.Context(), true)
 	m.Ack()
 }
 
 // Nack runs m's settle hook, if any, and nacks m.
 func Nack(m *message.Message) {
-	SettleContext(m.Context(), false)
+	settle(m.Context(), false)
 	m.Nack()
 }
