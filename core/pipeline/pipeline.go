@@ -151,9 +151,9 @@ type Pipeline struct {
 	// publishers are the queues' result publishers, closed after the drain
 	// (the router is not given them).
 	publishers []message.Publisher
-	delay    *delayQueue
-	ready    atomic.Bool
-	handlers running
+	delay      *delayQueue
+	ready      atomic.Bool
+	handlers   running
 }
 
 // New validates cfg and builds the pipeline.
