@@ -196,9 +196,7 @@ func (s *source) HandBack(ms []*message.Message) {
 func (s *source) Close() error {
 	if p := s.stash; p != nil {
 		s.stash = nil
-		p.pm.Nack()
-		// Its callback still waits: let it return.
-		p.settled <- false
+		p.settled <- false // its callback waits for this, and nacks
 	}
 	return nil
 }
