@@ -36,9 +36,12 @@ lint: vet
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || (gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); exit 1)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
-## fuzz: run the decoder fuzzer for a minute
+## fuzz: run the decoder fuzzer and the hostile-gateway fuzzer of the h2c client for a minute each
+## (FUZZTIME=10m for longer)
+FUZZTIME ?= 60s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./core/wire
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./core/wire
+	$(GO) test -run '^$$' -fuzz FuzzHostileGateway -fuzztime $(FUZZTIME) ./core/dispatch/h2c
 
 ## proto: regenerate plugins/gatepb/*.pb.go from gate.proto (needs protoc, e.g. Debian
 ## protobuf-compiler, and the two generators at the versions the committed code was made with)
