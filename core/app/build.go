@@ -198,7 +198,7 @@ func newRefresher(g gate.Gate, name string, log *slog.Logger, m *metrics.Metrics
 // or one built from the config's tracing section (kept in a.tracing, shut
 // down by Run), or nil: tracing off.
 func (a *App) newTracer(given trace.TracerProvider) (trace.TracerProvider, error) {
-	if given != nil || a.cfg.Tracing.OTLPEndpoint == "" {
+	if given != nil || !tracingEnabled(a.cfg.Tracing) {
 		return given, nil
 	}
 	tp, err := newTracerProvider(a.cfg.Tracing)

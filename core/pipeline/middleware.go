@@ -367,7 +367,9 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		d := From(m)
 		d.Dispatched = time.Now()
-		o := client.Do(d.Ctx, d.Queue.Target, d.Req)
+		ctx, req, end := httpSpan(d)
+		o := client.Do(ctx, d.Queue.Target, req)
+		end(o.StatusCode)
 		d.Dispatch = o
 		if o.DroppedReason != "" {
 			d.Queue.metrics.Shedded.Inc()

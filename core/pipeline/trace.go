@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"maps"
 	"strconv"
 	"strings"
@@ -50,35 +51,34 @@ func (h headerCarrier) Keys() []string {
 	return out
 }
 
-// Trace starts one span per delivery of a decoded request, as a child of the
-// trace context the producer put in the request's headers (traceparent), and
-// passes the span's context to the gateway as W3C traceparent / tracestate
-// headers. It goes right after Decode; without a tracer provider the chain
-// does not include it.
+// Trace starts one span per delivery of a decoded request, named and
+// attributed as upstream's ("process-request": request.id, retry.count,
+// queue.id, queue.name, and error.category on failure; sluice's own
+// sluice.* attributes besides). Its parent is the W3C trace context the
+// producer put in the request's metadata, as upstream reads it, or else in
+// its headers. The HTTP call gets a child span ("http-request", see
+// httpSpan) whose context goes to the gateway as traceparent / tracestate.
+// It goes right after Decode; without a tracer provider the chain does not
+// include it.
 func Trace(tp trace.TracerProvider) message.HandlerMiddleware {
 	tracer := tp.Tracer(TracerName)
-	prop := propagation.TraceContext{}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
 			req := d.Req
-			parent := prop.Extract(d.Ctx, headerCarrier(req.Headers))
-			ctx, span := tracer.Start(parent, "sluice.request "+d.Queue.ID, trace.WithSpanKind(trace.SpanKindClient),
+			parent := propagator.Extract(d.Ctx, headerCarrier(req.Metadata))
+			if !trace.SpanContextFromContext(parent).IsValid() {
+				parent = propagator.Extract(d.Ctx, headerCarrier(req.Headers))
+			}
+			ctx, span := tracer.Start(parent, "process-request",
 				trace.WithAttributes(
-					attribute.String("sluice.queue", d.Queue.Name),
-					attribute.String("sluice.request.id", req.ID),
+					attribute.String("request.id", req.ID),
+					attribute.Int("retry.count", req.RetryCount),
+					attribute.String("queue.id", d.Queue.ID),
+					attribute.String("queue.name", d.Queue.Name),
 					attribute.String("sluice.job.id", req.JobID()),
-					attribute.Int("sluice.attempt", req.RetryCount+1),
 				))
 			defer span.End()
-			if span.SpanContext().IsValid() {
-				h := make(map[string]string, len(req.Headers)+2)
-				maps.Copy(h, req.Headers)
-				prop.Inject(ctx, headerCarrier(h))
-				traced := *req
-				traced.Headers = h
-				d.Req = &traced
-			}
 			d.Ctx = ctx
 			out, err := next(m)
 			record(span, d, err)
@@ -87,18 +87,52 @@ func Trace(tp trace.TracerProvider) message.HandlerMiddleware {
 	}
 }
 
-// record puts the delivery's outcome on its span.
+var propagator = propagation.TraceContext{}
+
+// httpSpan starts the "http-request" span of the gateway call when the
+// delivery is traced, and returns its context and the request with the
+// span's trace context added to its headers; untraced, it returns d's own
+// and costs nothing. end ends the span with the call's status.
+func httpSpan(d *Delivery) (ctx context.Context, req *wire.Request, end func(status int)) {
+	parent := trace.SpanFromContext(d.Ctx)
+	if !parent.SpanContext().IsValid() {
+		return d.Ctx, d.Req, func(int) {}
+	}
+	ctx, span := parent.TracerProvider().Tracer(TracerName).Start(d.Ctx, "http-request",
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("url.full", d.Queue.Target.BaseURL+d.Queue.Target.Path)))
+	h := make(map[string]string, len(d.Req.Headers)+2)
+	maps.Copy(h, d.Req.Headers)
+	propagator.Inject(ctx, headerCarrier(h))
+	traced := *d.Req
+	traced.Headers = h
+	return ctx, &traced, func(status int) {
+		if status != 0 {
+			span.SetAttributes(attribute.Int("http.response.status_code", status))
+		}
+		if status == 0 || status >= 400 {
+			span.SetStatus(codes.Error, "")
+		}
+		span.End()
+	}
+}
+
+// record puts the delivery's outcome on its span: error.category is the
+// result's error code (or "handed_back"), as upstream's span carries the
+// category of its failure.
 func record(span trace.Span, d *Delivery, err error) {
 	if d.Dispatch.StatusCode != 0 {
 		span.SetAttributes(attribute.Int("http.response.status_code", d.Dispatch.StatusCode))
 	}
 	switch {
 	case err != nil:
+		span.SetAttributes(attribute.String("error.category", "handed_back"))
 		span.SetStatus(codes.Error, err.Error())
 	case d.Outcome == Requeued:
 		span.SetAttributes(attribute.String("sluice.outcome", "requeued"))
 	case d.Result != nil && d.Result.ErrorCode != wire.CodeNone:
-		span.SetAttributes(attribute.String("sluice.outcome", string(d.Result.ErrorCode)))
+		span.SetAttributes(attribute.String("sluice.outcome", string(d.Result.ErrorCode)),
+			attribute.String("error.category", string(d.Result.ErrorCode)))
 		span.SetStatus(codes.Error, d.Result.ErrorMessage)
 	case d.Result != nil:
 		span.SetAttributes(attribute.String("sluice.outcome", "ok"))
