@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -243,7 +244,8 @@ func testEndToEnd(t *testing.T, proto string) {
 	if r := res["ok"]; r.ErrorCode != "" || r.StatusCode != 200 || r.Payload != `{"id":"cmpl-ok","choices":[{"text":"ok"}]}` || r.Metadata["request_index"] != "ok" {
 		t.Errorf("ok: %+v", r)
 	}
-	if r := res["fatal"]; r.ErrorCode != wire.CodeInferenceError || r.StatusCode != 404 || r.Payload != `{"error":"scripted"}` {
+	// A non-retryable 4xx is passed on as it came, without an error code, as upstream writes it.
+	if r := res["fatal"]; r.ErrorCode != wire.CodeNone || r.OK() || r.StatusCode != 404 || r.Payload != `{"error":"scripted"}` {
 		t.Errorf("fatal: %+v", r)
 	}
 	if n := len(gw.attempts("fatal")); n != 1 {
@@ -346,7 +348,8 @@ func TestMaxAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := h.waitResults(1, 10*time.Second)
-	if r := res["down"]; r.ErrorCode != wire.CodeInferenceError || r.StatusCode != 503 {
+	// The last response as it came, without an error code (upstream's shape for exhausted retries).
+	if r := res["down"]; r.ErrorCode != wire.CodeNone || r.OK() || r.StatusCode != 503 || r.Payload != `{"error":"busy"}` {
 		t.Errorf("down: %+v", r)
 	}
 	if n := len(gw.attempts("down")); n != 2 {
@@ -354,16 +357,34 @@ func TestMaxAttempts(t *testing.T) {
 	}
 }
 
-// A retry that cannot happen before the deadline ends as DEADLINE_EXCEEDED.
+// A retry that cannot happen before the deadline ends with the gateway's
+// last response as it came (upstream's shape); with no response at all
+// (the gateway unreachable) as DEADLINE_EXCEEDED.
 func TestRetryPastDeadline(t *testing.T) {
 	_, url := newGateway(t)
-	h := startApp(t, url, time.Second, func(c *config.Config) { c.Retry.Base = config.Duration(5 * time.Second); c.Retry.Max = c.Retry.Base })
+	slow := func(c *config.Config) { c.Retry.Base = config.Duration(5 * time.Second); c.Retry.Max = c.Retry.Base }
+	h := startApp(t, url, time.Second, slow)
 	if err := h.mem.Enqueue(e2eQueue, request("late", time.Now().Add(2*time.Second), map[string]any{"fail_times": 100})); err != nil {
 		t.Fatal(err)
 	}
 	res := h.waitResults(1, 5*time.Second)
-	if r := res["late"]; r.ErrorCode != wire.CodeDeadlineExceeded {
+	if r := res["late"]; r.ErrorCode != wire.CodeNone || r.StatusCode != 503 || r.Payload != `{"error":"busy"}` {
 		t.Errorf("late: %+v", r)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	_ = ln.Close() // nothing listens there any more: connection refused, no response
+	h2 := startApp(t, closed, time.Second, slow)
+	if err := h2.mem.Enqueue(e2eQueue, request("unreachable", time.Now().Add(2*time.Second), nil)); err != nil {
+		t.Fatal(err)
+	}
+	res = h2.waitResults(1, 5*time.Second)
+	if r := res["unreachable"]; r.ErrorCode != wire.CodeDeadlineExceeded || r.StatusCode != 0 {
+		t.Errorf("unreachable: %+v", r)
 	}
 }
 

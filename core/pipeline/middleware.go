@@ -88,11 +88,17 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 			if d.Result == nil {
 				return out, err
 			}
-			switch d.Result.ErrorCode {
-			case wire.CodeNone:
+			switch {
+			case d.Result.OK():
 				mq.Succeeded.Inc()
 				mq.Result("ok").Inc()
 				return out, err
+			case d.Result.ErrorCode == wire.CodeNone: // the gateway's final answer, 400 or above
+				mq.Failed.Inc()
+				mq.Result(resultHTTPError).Inc()
+				return out, err
+			}
+			switch d.Result.ErrorCode {
 			case wire.CodeDeadlineExceeded:
 				mq.Expired.Inc()
 			case wire.CodeGateDropped:
@@ -106,6 +112,10 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 		}
 	}
 }
+
+// resultHTTPError is the result label of a request answered with the
+// gateway's final response of status 400 or above (no error code).
+const resultHTTPError = "http_error"
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
@@ -319,7 +329,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			d := From(m)
 			attempts := d.Req.RetryCount + 1
 			if p.MaxAttempts > 0 && attempts >= p.MaxAttempts {
-				return Finish(d, failedResult(d.Req, re.Outcome, fmt.Sprintf("gave up after %d attempts: %s", attempts, re.Error()))), nil
+				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeInferenceError, fmt.Sprintf("gave up after %d attempts: %s", attempts, re.Error()))), nil
 			}
 			wait := p.Backoff(d.Req.RetryCount)
 			if re.Outcome.RetryAfter > wait {
@@ -327,7 +337,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			}
 			due := time.Now().Add(wait)
 			if !due.Before(d.Req.Deadline) {
-				return Fail(d, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error())), nil
+				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error()))), nil
 			}
 			payload, perr := wire.WithRetryCount(m.Payload, attempts)
 			if perr != nil {
@@ -343,15 +353,19 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 	}
 }
 
-// failedResult is the INFERENCE_ERROR result of a gateway failure, carrying
-// the response when there was one.
-func failedResult(req *wire.Request, o dispatch.Outcome, text string) *wire.Result {
-	res := wire.ErrorResult(req, wire.CodeInferenceError, text)
+// lastAnswer ends a request whose retries ran out: with the gateway's last
+// response as it came (status and body, no error code), as upstream answers,
+// or, when no response came back, with an error result of code.
+func lastAnswer(req *wire.Request, o dispatch.Outcome, code wire.ErrorCode, text string) *wire.Result {
 	if o.StatusCode != 0 {
-		res.StatusCode = o.StatusCode
-		res.Payload = string(o.Body)
+		return answer(req, o)
 	}
-	return res
+	return wire.ErrorResult(req, code, text)
+}
+
+// answer is the result carrying the gateway's response as it came.
+func answer(req *wire.Request, o dispatch.Outcome) *wire.Result {
+	return &wire.Result{ID: req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: req.Metadata}
 }
 
 // Dispatcher sends a request to the gateway; *dispatch.Client implements it.
@@ -376,12 +390,21 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 		}
 		switch o.Class {
 		case dispatch.Success:
-			return Finish(d, &wire.Result{ID: d.Req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: d.Req.Metadata}), nil
+			return Finish(d, answer(d.Req, o)), nil
 		case dispatch.Fatal:
-			if errors.Is(o.Err, dispatch.ErrInvalidEndpoint) {
+			switch {
+			case errors.Is(o.Err, dispatch.ErrInvalidEndpoint):
 				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
+			case o.StatusCode != 0 && o.Body != nil:
+				// A non-retryable answer (4xx other than 429): passed on as it
+				// came, without an error code, as upstream does.
+				return Finish(d, answer(d.Req, o)), nil
 			}
-			return Finish(d, failedResult(d.Req, o, fmt.Sprintf("gateway returned %d", o.StatusCode))), nil
+			text := fmt.Sprintf("gateway returned %d", o.StatusCode)
+			if o.Err != nil {
+				text = o.Err.Error()
+			}
+			return Fail(d, wire.CodeInferenceError, text), nil
 		case dispatch.DeadlineExceeded:
 			return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 		case dispatch.Cancelled:

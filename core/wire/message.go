@@ -78,14 +78,18 @@ type Result struct {
 	Payload string `json:"payload"`
 	// Metadata echoes the request's metadata.
 	Metadata map[string]string `json:"metadata,omitempty"`
-	// ErrorCode classifies a failure; CodeNone (omitted) on success.
+	// ErrorCode classifies a failure; CodeNone (omitted) on success and, as
+	// upstream writes it, on a final answer of the gateway with a status of
+	// 400 or above (a non-retryable 4xx, or the last response when the
+	// retries ran out): StatusCode and Payload then carry that answer.
 	ErrorCode ErrorCode `json:"error_code,omitempty"`
 	// ErrorMessage explains a failure for people; omitted when empty.
 	ErrorMessage string `json:"error_message,omitempty"`
 }
 
-// OK reports whether the result is a success.
-func (r *Result) OK() bool { return r.ErrorCode == CodeNone }
+// OK reports whether the result is a success: no error code, and no
+// gateway status of 400 or above.
+func (r *Result) OK() bool { return r.ErrorCode == CodeNone && r.StatusCode < 400 }
 
 // DecodeError is returned by Decode for a message that is not a valid request.
 // ID is set when an id could still be read, so the caller can answer with an
