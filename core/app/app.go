@@ -207,7 +207,11 @@ func (a *App) listen() error {
 			return fmt.Errorf("%s endpoint: %w", ep.name, err)
 		}
 		a.addrs[ep.name] = ln.Addr().String()
-		srv := &http.Server{Handler: a.mux(ep.name), ReadHeaderTimeout: 10 * time.Second}
+		rht := 10 * time.Second
+		if ep.name == "health" {
+			rht = 5 * time.Second // upstream's health server
+		}
+		srv := &http.Server{Handler: a.mux(ep.name), ReadHeaderTimeout: rht}
 		a.servers = append(a.servers, srv)
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -225,14 +229,8 @@ func (a *App) mux(name string) *http.ServeMux {
 	case "metrics":
 		m.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
 	case "health":
-		m.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-		m.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			if !a.pipe.Ready() {
-				http.Error(w, "not ready", http.StatusServiceUnavailable)
-				return
-			}
-			_, _ = w.Write([]byte("ready\n"))
-		})
+		m.HandleFunc("/healthz", handleHealthz) // health.go: upstream's bodies and checks
+		m.HandleFunc("/readyz", a.handleReadyz)
 	}
 	return m
 }

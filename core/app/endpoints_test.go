@@ -38,12 +38,13 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 	}
 	h.waitResults(1, 10*time.Second)
 	waitFor(t, func() bool { return h.app.Pipeline().Ready() }, 5*time.Second)
+	// upstream's bodies, byte for byte (encoding/json's Encoder ends them with a newline)
 	health := "http://" + h.app.Addr("health")
-	if code, body := get(t, health+"/healthz"); code != 200 || !strings.Contains(body, "ok") {
+	if code, body := get(t, health+"/healthz"); code != 200 || body != "{\"status\":\"ok\"}\n" {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
-	if code, _ := get(t, health+"/readyz"); code != 200 {
-		t.Errorf("/readyz: %d", code)
+	if code, body := get(t, health+"/readyz"); code != 200 || body != "{\"status\":\"ready\"}\n" {
+		t.Errorf("/readyz: %d %q", code, body)
 	}
 	code, body := get(t, "http://"+h.app.Addr("metrics")+"/metrics")
 	if code != 200 {

@@ -67,7 +67,7 @@ func TestTracing(t *testing.T) {
 			}
 			attrs := map[string]string{}
 			for _, a := range proc.Attributes {
-				attrs[string(a.Key)] = a.Value.Emit()
+				attrs[string(a.Key)] = a.Value.String()
 			}
 			for k, want := range map[string]string{"request.id": "traced", "retry.count": "0", "queue.id": e2eQueue, "queue.name": e2eQueue} {
 				if attrs[k] != want {

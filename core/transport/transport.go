@@ -17,7 +17,8 @@
 //   - CancelChecker and CancelWatcher: cancellation before and during dispatch;
 //   - DepthReporter: queue depths for metrics and `sluice queues`;
 //   - DeadLetterer: a place for messages that cannot even be answered;
-//   - EventCounter: transport-specific counts for metrics.
+//   - EventCounter: transport-specific counts for metrics;
+//   - HealthChecker: the broker probe behind /readyz.
 //
 // Ack means "done with this delivery": the result (if any) was published, or
 // the message was re-queued through Requeue or dead-lettered. Nack means
