@@ -40,6 +40,14 @@ type legacyFlags struct {
 	gcpTopicsFile   string
 	gcpIGWBaseURL   string
 	gcpRequestPath  string
+
+	psQueuesFile string
+	psQueues     string
+	psObjective  string
+	ssObjective  string
+	gcpObjective string
+	gcpBatchSize int
+	redisTracing bool
 }
 
 // implNames maps --message-queue-impl values to transport names.
@@ -47,12 +55,15 @@ var implNames = map[string]string{
 	"redis-sortedset": "redis-sortedset",
 	"redis-pubsub":    "redis-pubsub",
 	"gcp-pubsub":      "gcp-pubsub",
-	"redis-stream":    "redis-stream",
-	"memory":          "memory",
+	// gcp-pubsub-gated is gcp-pubsub with the topics' gates on; upstream's
+	// plain legacy gcp-pubsub turns them off.
+	"gcp-pubsub-gated": "gcp-pubsub",
+	"redis-stream":     "redis-stream",
+	"memory":           "memory",
 }
 
 func (l *legacyFlags) register(fs *pflag.FlagSet) {
-	fs.StringVar(&l.impl, "message-queue-impl", "", "legacy: transport (redis-sortedset, redis-pubsub, gcp-pubsub); same as --transport")
+	fs.StringVar(&l.impl, "message-queue-impl", "redis-pubsub", "legacy: transport (redis-sortedset, redis-pubsub, gcp-pubsub, gcp-pubsub-gated); same as --transport")
 	fs.StringVar(&l.ssQueuesFile, "redis.ss.queues-config-file", "", "legacy: queues config file (JSON array of queues, or an object with \"queues\")")
 	fs.StringVar(&l.ssQueues, "redis.ss.queues-config", "", "legacy: queues config as inline JSON")
 	fs.StringVar(&l.ssResultQueue, "redis.ss.result-queue-name", "result-list", "legacy: result list of the sorted-set transport")
@@ -74,6 +85,13 @@ func (l *legacyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.gcpTopicsFile, "pubsub.topics-config-file", "", "legacy: subscriptions config file (JSON array of queues)")
 	fs.StringVar(&l.gcpIGWBaseURL, "pubsub.igw-base-url", "", "legacy: gateway base URL for Pub/Sub")
 	fs.StringVar(&l.gcpRequestPath, "pubsub.request-path-url", dispatch.DefaultPath, "legacy: request path for Pub/Sub")
+	fs.StringVar(&l.psQueuesFile, "redis.queues-config-file", "", "legacy: pub/sub queues config file (JSON array of queues, or an object with \"queues\")")
+	fs.StringVar(&l.psQueues, "redis.queues-config", "", "legacy: pub/sub queues config as inline JSON (wins over the file and the single-queue flags)")
+	fs.StringVar(&l.psObjective, "redis.inference-objective", "", "legacy: inference objective of the pub/sub single queue (sent as x-gateway-inference-objective)")
+	fs.StringVar(&l.ssObjective, "redis.ss.inference-objective", "", "legacy: inference objective of the sorted-set single queue (sent as x-gateway-inference-objective)")
+	fs.StringVar(&l.gcpObjective, "pubsub.inference-objective", "", "legacy: inference objective of the Pub/Sub single queue (sent as x-gateway-inference-objective)")
+	fs.IntVar(&l.gcpBatchSize, "pubsub.batch-size", 10, "legacy: Pub/Sub batch size; accepted, sluice sizes its pulls by free credits")
+	fs.BoolVar(&l.redisTracing, "redis-tracing", false, "legacy: trace Redis commands; accepted, not implemented yet")
 	// Accepted, but kept out of --help; legacyHelp lists them.
 	fs.VisitAll(func(f *pflag.Flag) {
 		if strings.HasPrefix(f.Usage, "legacy: ") {
@@ -88,13 +106,30 @@ Upstream's legacy flags are accepted and mapped onto the same configuration
 (hidden from the list below; see the README): --message-queue-impl, the
 --redis.ss.* family (queues-config-file, queues-config, result-queue-name,
 request-queue-name, igw-base-url, request-path-url, poll-interval-ms,
-batch-size, gate-type, gate-params), the --redis.* pub/sub family
-(request-queue-name, result-queue-name, retry-queue-name, igw-base-url,
-request-path-url) and the --pubsub.* family (project-id,
-request-subscriber-id, result-topic-id, topics-config-file, igw-base-url).`
+batch-size, gate-type, gate-params, inference-objective), the --redis.*
+pub/sub family (queues-config, queues-config-file, request-queue-name,
+result-queue-name, retry-queue-name, igw-base-url, request-path-url,
+inference-objective), the --pubsub.* family (project-id,
+request-subscriber-id, result-topic-id, topics-config-file, igw-base-url,
+request-path-url, batch-size, inference-objective) and --redis-tracing.
+Upstream's -v and --zap-* flags are accepted too.`
 
-// apply maps the legacy flags that were set onto cfg.
-func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
+// implFamily is the prefix of the single-queue flags of each transport.
+var implFamily = map[string]string{"redis-pubsub": "redis.inference", "redis-sortedset": "redis.ss.", "gcp-pubsub": "pubsub."}
+
+// newTransportFlags are the flags of upstream's newer path; when one is set,
+// upstream ignores every legacy transport flag.
+var newTransportFlags = []string{"transport", "transport-config", "transport-config-file"}
+
+// apply maps the legacy flags onto cfg and returns the warnings to log at
+// start. Under `sluice serve` (upstream false) only the flags that were set
+// count, and a newer flag or the config file wins where both are given. As
+// upstream's binary (upstream true) it does what upstream's legacy path does:
+// it runs unless a --transport* flag or the config file chose the
+// transport, --message-queue-impl defaults to redis-pubsub, the single-queue
+// flags' defaults make a queue when no queues config is given, and every
+// legacy flag that was set is named in a deprecation warning.
+func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config, upstream bool) ([]string, error) {
 	changed := func(names ...string) bool {
 		for _, n := range names {
 			if fs.Changed(n) {
@@ -103,25 +138,46 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 		}
 		return false
 	}
-	if fs.Changed("message-queue-impl") && !fs.Changed("transport") {
+	var warn, set []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed && strings.HasPrefix(f.Usage, "legacy: ") && f.Name != "request-merge-policy-config" {
+			set = append(set, "--"+f.Name)
+		}
+	})
+	if upstream {
+		if changed(newTransportFlags...) || cfg.Transport != "" {
+			if cfg.Transport == "" {
+				cfg.Transport = "redis-pubsub" // upstream's --transport default
+			}
+			if len(set) > 0 {
+				warn = append(warn, fmt.Sprintf("legacy flags ignored because --transport, --transport-config or --transport-config-file (or the config file) sets the transport: %s", strings.Join(set, " ")))
+			}
+			return warn, nil
+		}
+		for _, name := range set {
+			warn = append(warn, fmt.Sprintf("flag %s is deprecated: use --transport and --transport-config-file", name))
+		}
+	}
+	if (upstream || fs.Changed("message-queue-impl")) && !fs.Changed("transport") {
 		name, ok := implNames[l.impl]
 		if !ok {
-			return fmt.Errorf("--message-queue-impl: unknown value %q (want redis-sortedset, redis-pubsub or gcp-pubsub)", l.impl)
+			return nil, fmt.Errorf("--message-queue-impl: unknown value %q (want redis-pubsub, redis-sortedset, gcp-pubsub or gcp-pubsub-gated)", l.impl)
 		}
 		cfg.Transport = name
 	}
+	single := func(names ...string) bool { return upstream || changed(names...) }
 	tc := &cfg.TransportConfig
 	options := map[string]any{}
 	switch cfg.Transport {
 	case "redis-sortedset":
 		if err := l.queues(tc, l.ssQueuesFile, l.ssQueues, "--redis.ss.queues-config"); err != nil {
-			return err
+			return nil, err
 		}
-		if len(tc.Queues) == 0 && changed("redis.ss.request-queue-name", "redis.ss.igw-base-url") {
-			q := config.Queue{Queue: transport.Queue{Name: l.ssRequestQueue}, IGWBaseURL: l.ssIGWBaseURL, RequestPathURL: l.ssRequestPath, GateType: l.ssGateType}
+		if len(tc.Queues) == 0 && single("redis.ss.request-queue-name", "redis.ss.igw-base-url") {
+			q := config.Queue{Queue: transport.Queue{Name: l.ssRequestQueue}, IGWBaseURL: l.ssIGWBaseURL, RequestPathURL: l.ssRequestPath, GateType: l.ssGateType, InferenceObjective: l.ssObjective}
 			if l.ssGateParams != "" {
 				if err := json.Unmarshal([]byte(l.ssGateParams), &q.GateParams); err != nil {
-					return fmt.Errorf("--redis.ss.gate-params: %w", err)
+					return nil, fmt.Errorf("--redis.ss.gate-params: %w", err)
 				}
 			}
 			tc.Queues = append(tc.Queues, q)
@@ -136,8 +192,11 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 			options["batch_size"] = l.ssBatchSize
 		}
 	case "redis-pubsub":
-		if len(tc.Queues) == 0 && changed("redis.request-queue-name", "redis.igw-base-url") {
-			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.psRequestQueue}, IGWBaseURL: l.psIGWBaseURL, RequestPathURL: l.psRequestPath})
+		if err := l.queues(tc, l.psQueuesFile, l.psQueues, "--redis.queues-config"); err != nil {
+			return nil, err
+		}
+		if len(tc.Queues) == 0 && single("redis.request-queue-name", "redis.igw-base-url") {
+			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.psRequestQueue}, IGWBaseURL: l.psIGWBaseURL, RequestPathURL: l.psRequestPath, InferenceObjective: l.psObjective})
 		}
 		if tc.ResultQueueName == "" && (len(tc.Queues) > 0 || changed("redis.result-queue-name")) {
 			tc.ResultQueueName = l.psResultQueue
@@ -147,10 +206,10 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 		}
 	case "gcp-pubsub":
 		if err := l.queues(tc, l.gcpTopicsFile, "", ""); err != nil {
-			return err
+			return nil, err
 		}
-		if len(tc.Queues) == 0 && changed("pubsub.request-subscriber-id") {
-			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.gcpSubscription}, IGWBaseURL: l.gcpIGWBaseURL, RequestPathURL: l.gcpRequestPath})
+		if len(tc.Queues) == 0 && single("pubsub.request-subscriber-id") {
+			tc.Queues = append(tc.Queues, config.Queue{Queue: transport.Queue{Name: l.gcpSubscription}, IGWBaseURL: l.gcpIGWBaseURL, RequestPathURL: l.gcpRequestPath, InferenceObjective: l.gcpObjective})
 		}
 		if tc.ResultQueueName == "" && changed("pubsub.result-topic-id") {
 			tc.ResultQueueName = l.gcpResultTopic
@@ -158,14 +217,41 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 		if changed("pubsub.project-id") {
 			options["project_id"] = l.gcpProject
 		}
+		if l.impl == "gcp-pubsub" && (upstream || changed("message-queue-impl")) {
+			// Upstream's plain legacy gcp-pubsub runs the topics ungated.
+			var off []string
+			for i := range tc.Queues {
+				if tc.Queues[i].GateType != "" {
+					off = append(off, tc.Queues[i].Name)
+					tc.Queues[i].GateType, tc.Queues[i].GateParams = "", nil
+				}
+			}
+			if len(off) > 0 {
+				warn = append(warn, fmt.Sprintf("--message-queue-impl=gcp-pubsub runs topics without their gates, as upstream does (use gcp-pubsub-gated to keep them): gates off on %s", strings.Join(off, ", ")))
+			}
+		}
+	}
+	if err := l.check(cfg, upstream); err != nil {
+		return nil, err
+	}
+	for _, o := range []struct{ flag, value string }{{"redis.inference-objective", l.psObjective}, {"redis.ss.inference-objective", l.ssObjective}, {"pubsub.inference-objective", l.gcpObjective}} {
+		if o.value != "" && !strings.HasPrefix(o.flag, implFamily[cfg.Transport]) {
+			warn = append(warn, fmt.Sprintf("--%s=%s is ignored: it applies only to the single queue of its own transport, and the transport is %s", o.flag, o.value, cfg.Transport))
+		}
+	}
+	if changed("pubsub.batch-size") {
+		warn = append(warn, "--pubsub.batch-size is accepted and ignored: sluice pulls as many Pub/Sub messages as the queue has free credits")
+	}
+	if l.redisTracing {
+		warn = append(warn, "--redis-tracing is accepted and ignored: Redis commands are not traced yet (requests still are, with --otlp-endpoint)")
 	}
 	if len(options) == 0 {
-		return nil
+		return warn, nil
 	}
 	merged := map[string]any{}
 	if len(tc.Options) > 0 {
 		if err := json.Unmarshal(tc.Options, &merged); err != nil {
-			return fmt.Errorf("transport options: %w", err)
+			return nil, fmt.Errorf("transport options: %w", err)
 		}
 	}
 	for k, v := range options {
@@ -175,23 +261,48 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config) error {
 	}
 	b, err := json.Marshal(merged)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("transport options: %w", err)
 	}
 	tc.Options = b
+	return warn, nil
+}
+
+// check runs upstream's start-up checks of the legacy path
+// (server/options.go): redis implementations need a Redis URL, gcp ones a
+// project. They run only as upstream's binary; under `sluice serve` the
+// transports' own checks report the same.
+func (l *legacyFlags) check(cfg *config.Config, upstream bool) error {
+	if !upstream {
+		return nil
+	}
+	opts := map[string]any{}
+	if len(cfg.TransportConfig.Options) > 0 {
+		_ = json.Unmarshal(cfg.TransportConfig.Options, &opts)
+	}
+	switch cfg.Transport {
+	case "redis-sortedset", "redis-pubsub":
+		if cfg.RedisURL == "" && opts["url"] == nil {
+			return fmt.Errorf("--message-queue-impl=%s needs a Redis URL: set --redis.url or REDIS_URL", l.impl)
+		}
+	case "gcp-pubsub":
+		if l.gcpProject == "" && opts["project_id"] == nil {
+			return fmt.Errorf("--message-queue-impl=%s needs --pubsub.project-id", l.impl)
+		}
+	}
 	return nil
 }
 
-// queues reads a legacy queues config (file or inline) into tc, unless a
-// newer transport config already set the queues.
+// queues reads a legacy queues config (inline, else file, as upstream) into
+// tc, unless a newer transport config already set the queues.
 func (l *legacyFlags) queues(tc *config.TransportConfig, file, inline, inlineName string) error {
 	if len(tc.Queues) > 0 {
 		return nil
 	}
 	data, where := []byte(inline), inlineName
-	if file != "" {
+	if strings.TrimSpace(inline) == "" && file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return fmt.Errorf("queues config: %w", err)
+			return fmt.Errorf("%s-file: %w", inlineName, err)
 		}
 		data, where = b, file
 	}

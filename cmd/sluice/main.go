@@ -15,6 +15,11 @@
 //	cancel            cancel a job or one request
 //	queues            show request queues and their depths
 //
+// Run with no subcommand, as upstream's Helm chart runs llm-d-async
+// (`/llm-d-async <flags>`), it is the dispatcher with upstream's flags and
+// defaults: a first argument starting with "-" (other than -h and --help),
+// or no argument at all, means serve as upstream's binary would.
+//
 // The transports and gates it links are chosen in one file, adapters.go.
 package main
 
@@ -24,6 +29,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -38,13 +44,17 @@ var (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	root := newRoot()
+	root, args := newCLI(os.Args[1:])
+	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee exitError
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)
 		}
 		fmt.Fprintln(os.Stderr, "sluice:", err)
+		if len(os.Args) == 1 {
+			fmt.Fprintln(os.Stderr, "sluice: run with no arguments, sluice starts as upstream's llm-d-async does; \"sluice help\" lists the subcommands")
+		}
 		os.Exit(1)
 	}
 }
@@ -53,6 +63,17 @@ func main() {
 type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// newCLI returns the command to execute for the command-line arguments
+// args: the root with its subcommands, or, when args name no subcommand
+// (none at all, or the first starts with "-" and is not -h or --help), the
+// dispatcher as upstream's binary runs.
+func newCLI(args []string) (*cobra.Command, []string) {
+	if len(args) == 0 || (strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help") {
+		return newUpstream(), args
+	}
+	return newRoot(), args
+}
 
 func newRoot() *cobra.Command {
 	root := &cobra.Command{

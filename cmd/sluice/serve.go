@@ -42,6 +42,13 @@ type serveFlags struct {
 	traceSampleRatio    float64
 	logLevel, logFormat string
 	legacy              legacyFlags
+	upstreamFlags       upstreamFlags
+	// upstream is set when the binary runs as upstream's (no subcommand):
+	// upstream's defaults apply (see legacyFlags.apply and
+	// upstreamFlags.register).
+	upstream bool
+	// warnings are found by load, to be logged at start.
+	warnings []string
 }
 
 func (f *serveFlags) register(fs *pflag.FlagSet) {
@@ -53,7 +60,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.requestTimeout, "request-timeout", 0, "upper bound of one gateway call when the deadline is further away (default 5m)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "on SIGTERM, how long requests in flight may finish before they are handed back (default 2m)")
 	fs.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus server for prometheus-* gates")
-	fs.DurationVar(&f.prometheusCacheTTL, "prometheus-cache-ttl", 0, "how long Prometheus answers are reused (default 5s)")
+	fs.DurationVar(&f.prometheusCacheTTL, "prometheus-cache-ttl", 0, "how long Prometheus answers are reused (default 5s; 0s turns the cache off, as upstream)")
 	fs.IntVar(&f.metricsPort, "metrics-port", 0, "port of /metrics (default 9090; -1 disables)")
 	fs.IntVar(&f.healthPort, "health-port", 0, "port of /healthz and /readyz (default 8081; -1 disables)")
 	fs.StringVar(&f.listenHost, "listen-host", "", "address the metrics and health ports bind to (default all interfaces)")
@@ -74,6 +81,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	fs.StringVar(&f.logFormat, "log-format", "", "text or json (default text)")
 	f.legacy.register(fs)
+	f.upstreamFlags.register(fs, f.upstream)
 }
 
 // load builds the config: file, then transport config, then flags set on
@@ -114,7 +122,14 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("request-timeout", func() { cfg.RequestTimeout = config.Duration(f.requestTimeout) })
 	set("drain-timeout", func() { cfg.DrainTimeout = config.Duration(f.drainTimeout) })
 	set("prometheus-url", func() { cfg.Prometheus.URL = f.prometheusURL })
-	set("prometheus-cache-ttl", func() { cfg.Prometheus.CacheTTL = config.Duration(f.prometheusCacheTTL) })
+	set("prometheus-cache-ttl", func() {
+		cfg.Prometheus.CacheTTL = config.Duration(f.prometheusCacheTTL)
+		if f.prometheusCacheTTL == 0 {
+			// Upstream's 0s turns the cache off; sluice's config reads 0
+			// as the default, so the shortest TTL stands for "off".
+			cfg.Prometheus.CacheTTL = config.Duration(time.Nanosecond)
+		}
+	})
 	set("metrics-port", func() { cfg.MetricsPort = f.metricsPort })
 	set("health-port", func() { cfg.HealthPort = f.healthPort })
 	set("listen-host", func() { cfg.ListenHost = f.listenHost })
@@ -143,9 +158,15 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	if cfg.RedisURL == "" {
 		cfg.RedisURL = os.Getenv("REDIS_URL")
 	}
-	if err := f.legacy.apply(fs, cfg); err != nil {
+	warn, err := f.legacy.apply(fs, cfg, f.upstream)
+	if err != nil {
 		return nil, err
 	}
+	more, err := f.upstreamFlags.apply(fs, cfg)
+	if err != nil {
+		return nil, err
+	}
+	f.warnings = append(warn, more...)
 	cfg.SetDefaults()
 	return cfg, nil
 }
@@ -167,26 +188,70 @@ The Redis URL comes from --redis.url, --redis.url-file or $REDIS_URL.
   REDIS_URL=redis://redis:6379 sluice serve --message-queue-impl=redis-sortedset \
       --redis.ss.queues-config-file queues.json --redis.ss.result-queue-name results`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := f.load(cmd.Flags())
-			if err != nil {
-				return err
-			}
-			ad, err := adapters()
-			if err != nil {
-				return err
-			}
-			log := app.NewLogger(cfg.Log, os.Stderr)
-			a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log})
-			if err != nil {
-				return err
-			}
-			log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues))
-			return a.Run(cmd.Context())
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return f.serve(cmd) },
 	}
 	f.register(cmd.Flags())
 	return cmd
+}
+
+// newUpstream is the command run when the binary is started as upstream's
+// llm-d-async is: no subcommand, upstream's flags. It is serve with
+// upstream's defaults (transport redis-pubsub through --message-queue-impl,
+// --metrics-endpoint-auth=true).
+func newUpstream() *cobra.Command {
+	f := &serveFlags{upstream: true}
+	cmd := &cobra.Command{
+		Use:   "sluice [flags]",
+		Short: "Run the dispatcher as upstream's llm-d-async binary does",
+		Long: `Run as a drop-in for upstream's llm-d-async binary: no subcommand, upstream's
+flags and defaults (transport redis-pubsub, --metrics-endpoint-auth=true).
+Same as "sluice serve" otherwise. Run "sluice help" for the subcommands.
+` + legacyHelp,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return f.serve(cmd) },
+	}
+	f.register(cmd.Flags())
+	return cmd
+}
+
+// serve loads the config, logs the start-up warnings and runs until the
+// command's context ends.
+func (f *serveFlags) serve(cmd *cobra.Command) error {
+	cfg, err := f.load(cmd.Flags())
+	if err != nil {
+		return err
+	}
+	ad, err := adapters()
+	if err != nil {
+		return err
+	}
+	log := app.NewLogger(cfg.Log, os.Stderr)
+	for _, w := range f.warnings {
+		log.Warn(w)
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues), "flags", flagSummary(cmd.Flags()))
+	return a.Run(cmd.Context())
+}
+
+// flagSummary lists the flags set on the command line, as upstream logs
+// them at start, with the secrets redacted.
+func flagSummary(fs *pflag.FlagSet) string {
+	var parts []string
+	fs.Visit(func(fl *pflag.Flag) {
+		v := fl.Value.String()
+		switch fl.Name {
+		case "redis.url", "transport-config":
+			v = "<redacted>"
+		}
+		parts = append(parts, "--"+fl.Name+"="+v)
+	})
+	return strings.Join(parts, " ")
 }
 
 func newValidate() *cobra.Command {
@@ -215,6 +280,9 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 					fmt.Fprintln(out, "error:", line)
 				}
 				return exitError{1}
+			}
+			for _, w := range f.warnings {
+				fmt.Fprintln(out, "warning:", w)
 			}
 			fmt.Fprintf(out, "ok: transport %s, %d queue(s)\n", cfg.Transport, len(cfg.TransportConfig.Queues))
 			return nil

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/sluice-io/sluice/core/config"
+)
+
+// upstreamFlags are the current flags of upstream's binary (llm-d-async,
+// server/options.go) that sluice has no flag of its own for. Each is
+// accepted; where sluice has the feature it maps onto the config, and where
+// the feature comes later the flag's file is read and checked as JSON and
+// one warning at start says what sluice does instead.
+type upstreamFlags struct {
+	verbosity           int
+	metricsAuth         bool
+	poolConfigFile      string
+	mergePolicyFile     string
+	mergePolicyAlias    string
+	transformConfigFile string
+	backlogPoll         time.Duration
+	zapDevel            bool
+	zapEncoder          string
+	zapLogLevel         string
+	zapStacktraceLevel  string
+	zapTimeEncoding     string
+}
+
+// register adds the flags. upstream says whether the binary runs as
+// upstream's (no subcommand): then --metrics-endpoint-auth defaults to true
+// as upstream's binary does; under `sluice serve` it defaults to false.
+func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
+	fs.IntVarP(&u.verbosity, "v", "v", 2, "upstream: log verbosity; 0 logs at info, 1 or more at debug (--log-level wins)")
+	fs.BoolVar(&u.metricsAuth, "metrics-endpoint-auth", upstream, "Kubernetes authn/authz in front of /metrics; not implemented yet, so true refuses to start unless /metrics is off (--metrics-port=-1)")
+	fs.StringVar(&u.poolConfigFile, "pool-config-file", "", "worker pools config (JSON); checked, pools not implemented yet")
+	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy config (JSON); checked, merge policies not implemented yet")
+	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
+	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms config (JSON); checked, transforms not implemented yet")
+	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll; accepted, the backlog gauges are not implemented yet")
+	fs.BoolVar(&u.zapDevel, "zap-devel", true, "upstream: zap development mode; accepted and ignored")
+	fs.StringVar(&u.zapEncoder, "zap-encoder", "", "upstream: json or console; same as --log-format json or text")
+	fs.StringVar(&u.zapLogLevel, "zap-log-level", "", "upstream: no effect (as in upstream, -v decides)")
+	fs.StringVar(&u.zapStacktraceLevel, "zap-stacktrace-level", "", "upstream: accepted and ignored")
+	fs.StringVar(&u.zapTimeEncoding, "zap-time-encoding", "", "upstream: accepted and ignored")
+	for _, name := range []string{"v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "request-merge-policy-config"} {
+		_ = fs.MarkHidden(name)
+	}
+}
+
+// errMetricsAuth is the message when --metrics-endpoint-auth=true would
+// have to serve /metrics unprotected.
+const errMetricsAuth = "--metrics-endpoint-auth=true: Kubernetes TokenReview/SubjectAccessReview protection of /metrics " +
+	"is not implemented in sluice yet, and sluice will not serve /metrics unprotected; " +
+	"pass --metrics-endpoint-auth=false (what upstream's Helm chart renders by default, ap.metrics.secure=false) " +
+	"to serve /metrics without auth, or --metrics-port=-1 to turn /metrics off"
+
+// apply maps the flags onto cfg, checks the files they name, and returns
+// the warnings to log at start. It runs after the other flags are applied
+// and before the defaults.
+func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, error) {
+	var warn []string
+	if fs.Changed("v") && !fs.Changed("log-level") {
+		if u.verbosity >= 1 {
+			cfg.Log.Level = "debug"
+		} else {
+			cfg.Log.Level = "info"
+		}
+	}
+	if fs.Changed("zap-encoder") && !fs.Changed("log-format") {
+		switch u.zapEncoder {
+		case "json":
+			cfg.Log.Format = "json"
+		case "console":
+			cfg.Log.Format = "text"
+		default:
+			return nil, fmt.Errorf("--zap-encoder: unknown value %q (want json or console)", u.zapEncoder)
+		}
+	}
+	for _, name := range []string{"zap-devel", "zap-stacktrace-level", "zap-time-encoding"} {
+		if fs.Changed(name) {
+			warn = append(warn, fmt.Sprintf("--%s is accepted and ignored: sluice logs with log/slog (--log-level, --log-format)", name))
+		}
+	}
+	files := []struct{ flag, path, instead string }{
+		{"pool-config-file", u.poolConfigFile, "worker pools are not implemented yet: every queue is served with its own --concurrency in-flight limit"},
+		{"request-merge-policy-config-file", u.mergePolicyFile, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
+		{"request-merge-policy-config", u.mergePolicyAlias, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
+		{"transform-config-file", u.transformConfigFile, "request body transforms are not implemented yet: request bodies are sent to the gateway unchanged"},
+	}
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if err := checkJSONFile(f.flag, f.path); err != nil {
+			return nil, err
+		}
+		warn = append(warn, fmt.Sprintf("--%s=%s: file checked; %s", f.flag, f.path, f.instead))
+	}
+	if fs.Changed("metrics-backlog-poll-interval") && u.backlogPoll != 0 {
+		warn = append(warn, "--metrics-backlog-poll-interval is accepted and ignored: the broker backlog gauges are not implemented yet")
+	}
+	if u.metricsAuth && cfg.MetricsPort != -1 {
+		return nil, errors.New(errMetricsAuth)
+	}
+	return warn, nil
+}
+
+// checkJSONFile reads path and checks that it holds one JSON value, naming
+// flag in the error.
+func checkJSONFile(flag, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	if strings.TrimSpace(string(data)) == "" {
+		return fmt.Errorf("--%s: %s is empty, want a JSON document", flag, path)
+	}
+	var v any
+	if err := json.Unmarshal(data, &v); err != nil {
+		return fmt.Errorf("--%s: %s is not valid JSON: %w", flag, path, err)
+	}
+	return nil
+}
