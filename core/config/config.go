@@ -13,6 +13,7 @@ package config
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -109,11 +110,33 @@ type Tracing struct {
 // TransportConfig is the transport config object of upstream: the queues,
 // the default result destination, and the transport's own options (passed
 // to its factory, which rejects unknown ones).
+//
+// Upstream's spellings are accepted beside sluice's: the GCP Pub/Sub form
+// {"topics": [...], "result_topic_id": ..., "batch_size": ...} reads as
+// "queues" and "result_queue_name" (each topic's "subscriber_id" is its
+// queue_name, see Queue), and its batch_size, upstream's per-subscription
+// bound of messages in flight, becomes each topic's max_concurrency unless
+// the topic sets one (batch_size also stays a transport option).
+// "enable_tracing" is accepted on every transport.
 type TransportConfig struct {
-	Queues          []Queue         `json:"queues"`
-	ResultQueueName string          `json:"result_queue_name,omitempty"`
-	Options         json.RawMessage `json:"-"`
+	// Queues are the request queues ("queues", or upstream's GCP "topics").
+	Queues []Queue `json:"queues"`
+	// ResultQueueName is the default result destination of every queue
+	// ("result_queue_name", or upstream's GCP "result_topic_id").
+	ResultQueueName string `json:"result_queue_name,omitempty"`
+	// EnableTracing is upstream's Redis "enable_tracing" option (spans for
+	// Redis commands). It is accepted and kept so that upstream's files
+	// load, but it turns nothing on: sluice's tracing is configured once
+	// for the whole process (Config.Tracing, --otlp-endpoint and the
+	// OTEL_* environment), and sluice makes no per-command Redis spans.
+	EnableTracing bool `json:"enable_tracing,omitempty"`
+	// Options are the transport's own options, every other key.
+	Options json.RawMessage `json:"-"`
 }
+
+// coreKeys are the keys of the transport config object that TransportConfig
+// reads itself; every other key is a transport option.
+var coreKeys = []string{"queues", "topics", "result_queue_name", "result_topic_id", "enable_tracing"}
 
 // UnmarshalJSON splits the core's fields from the transport's options.
 func (t *TransportConfig) UnmarshalJSON(b []byte) error {
@@ -121,17 +144,59 @@ func (t *TransportConfig) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &all); err != nil {
 		return err
 	}
-	if q, ok := all["queues"]; ok {
-		if err := strictUnmarshal(q, &t.Queues); err != nil {
-			return fmt.Errorf("queues: %w", err)
-		}
-		delete(all, "queues")
+	_, hasQueues := all["queues"]
+	_, hasTopics := all["topics"]
+	if hasQueues && hasTopics {
+		return errors.New("queues and topics: give one of them (topics is upstream's GCP spelling of queues)")
 	}
-	if r, ok := all["result_queue_name"]; ok {
-		if err := json.Unmarshal(r, &t.ResultQueueName); err != nil {
-			return fmt.Errorf("result_queue_name: %w", err)
+	for _, key := range []string{"queues", "topics"} {
+		if q, ok := all[key]; ok {
+			if err := strictUnmarshal(q, &t.Queues); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			if err := normalizeQueues(t.Queues, key); err != nil {
+				return err
+			}
 		}
-		delete(all, "result_queue_name")
+	}
+	if b, ok := all["batch_size"]; ok && hasTopics {
+		// Upstream's GCP batch_size is the most messages one subscription
+		// has in flight at budget 1: a topic's max_concurrency. It also
+		// stays a transport option (gcp-pubsub accepts it).
+		var n int
+		if err := json.Unmarshal(b, &n); err != nil || n < 0 {
+			return fmt.Errorf("batch_size: want a non-negative integer, got %s", b)
+		}
+		for i := range t.Queues {
+			if t.Queues[i].MaxConcurrency == 0 {
+				t.Queues[i].MaxConcurrency = n
+			}
+		}
+	}
+	var rt string
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"result_queue_name", &t.ResultQueueName}, {"result_topic_id", &rt}} {
+		if r, ok := all[f.key]; ok {
+			if err := json.Unmarshal(r, f.dst); err != nil {
+				return fmt.Errorf("%s: %w", f.key, err)
+			}
+		}
+	}
+	if rt != "" {
+		if t.ResultQueueName != "" && t.ResultQueueName != rt {
+			return fmt.Errorf("result_queue_name %q and result_topic_id %q differ (result_topic_id is upstream's GCP spelling of result_queue_name)", t.ResultQueueName, rt)
+		}
+		t.ResultQueueName = rt
+	}
+	if r, ok := all["enable_tracing"]; ok {
+		if err := json.Unmarshal(r, &t.EnableTracing); err != nil {
+			return fmt.Errorf("enable_tracing: %w", err)
+		}
+	}
+	for _, k := range coreKeys {
+		delete(all, k)
 	}
 	if len(all) > 0 {
 		opts, err := json.Marshal(all)
@@ -141,6 +206,28 @@ func (t *TransportConfig) UnmarshalJSON(b []byte) error {
 		t.Options = opts
 	} else {
 		t.Options = nil
+	}
+	return nil
+}
+
+// normalizeQueues folds upstream's GCP topic spellings into sluice's
+// fields: subscriber_id into queue_name and result_topic_id into
+// result_queue_name. list names the array in messages.
+func normalizeQueues(qs []Queue, list string) error {
+	for i := range qs {
+		q := &qs[i]
+		if q.SubscriberID != "" {
+			if q.Name != "" && q.Name != q.SubscriberID {
+				return fmt.Errorf("%s[%d]: subscriber_id %q and queue_name %q differ (subscriber_id is upstream's GCP spelling of queue_name)", list, i, q.SubscriberID, q.Name)
+			}
+			q.Name, q.SubscriberID = q.SubscriberID, ""
+		}
+		if q.ResultTopicID != "" {
+			if q.ResultName != "" && q.ResultName != q.ResultTopicID {
+				return fmt.Errorf("%s[%d]: result_topic_id %q and result_queue_name %q differ (result_topic_id is upstream's GCP spelling of result_queue_name)", list, i, q.ResultTopicID, q.ResultName)
+			}
+			q.ResultName, q.ResultTopicID = q.ResultTopicID, ""
+		}
 	}
 	return nil
 }
@@ -157,12 +244,20 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 	if t.ResultQueueName != "" {
 		all["result_queue_name"] = t.ResultQueueName
 	}
+	if t.EnableTracing {
+		all["enable_tracing"] = true
+	}
 	return json.Marshal(all)
 }
 
-// Queue is one request queue (upstream's queue object): the transport's
-// queue (transport.Queue: id, queue_name, result_queue_name, pool,
-// max_concurrency) and the fields the assembly reads.
+// DefaultWorkerPoolID is the worker pool a queue belongs to when it names
+// none (upstream's default).
+const DefaultWorkerPoolID = "default"
+
+// Queue is one request queue (upstream's queue object, and upstream's GCP
+// topic object): the transport's queue (transport.Queue: id, queue_name,
+// result_queue_name, pool, max_concurrency) and the fields the assembly
+// reads.
 type Queue struct {
 	// Queue holds the names and the in-flight limit. ID defaults to Name;
 	// Name (queue_name) is required; ResultName overrides the transport's
@@ -170,6 +265,20 @@ type Queue struct {
 	// <prefix>:requests:<pool> names; MaxConcurrency overrides
 	// Config.Concurrency for this queue.
 	transport.Queue
+	// SubscriberID is upstream's GCP topic key: the Pub/Sub subscription,
+	// read as queue_name (giving both with different values is an error).
+	// Parsing moves it into Name and leaves it empty.
+	SubscriberID string `json:"subscriber_id,omitempty"`
+	// ResultTopicID is upstream's GCP per-topic result topic, read as
+	// result_queue_name (both with different values is an error). Parsing
+	// moves it into ResultName and leaves it empty.
+	ResultTopicID string `json:"result_topic_id,omitempty"`
+	// WorkerPoolID names the upstream worker pool (--pool-config-file) the
+	// queue's requests are dispatched by (default "default"). It is
+	// accepted and kept on the queue; until sluice has worker pools, each
+	// queue keeps its own in-flight limit (max_concurrency, default
+	// --concurrency) whatever pool it names.
+	WorkerPoolID string `json:"worker_pool_id,omitempty"`
 	// IGWBaseURL is the inference gateway's base URL (required).
 	IGWBaseURL string `json:"igw_base_url"`
 	// RequestPathURL is the request path (empty: core/dispatch's default,
@@ -179,7 +288,9 @@ type Queue struct {
 	InferenceObjective string `json:"inference_objective,omitempty"`
 	// GateType is the gate's registry name (default constant).
 	GateType string `json:"gate_type,omitempty"`
-	// GateParams are the gate's parameters; values may be strings or numbers.
+	// GateParams are the gate's parameters, read as upstream reads them
+	// (gate.ParseParams): values may be strings, numbers or booleans, and a
+	// composite's "gates" may be an array or a JSON string holding one.
 	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
 	// Labels are free-form labels (upstream compatibility; logged).
 	Labels map[string]string `json:"labels,omitempty"`
@@ -270,6 +381,9 @@ func (c *Config) SetDefaults() {
 		q := &c.TransportConfig.Queues[i]
 		if q.ID == "" {
 			q.ID = q.Name
+		}
+		if q.WorkerPoolID == "" {
+			q.WorkerPoolID = DefaultWorkerPoolID
 		}
 		if q.ResultName == "" {
 			q.ResultName = c.TransportConfig.ResultQueueName
@@ -456,8 +570,9 @@ func ParseInto(data []byte, where string, c *Config) error {
 }
 
 // ParseQueues reads upstream's queues config: a bare array of queue
-// objects, or the transport config object (with "queues"). It returns the
-// queues and, for the object form, the whole transport config.
+// objects, or the transport config object (with "queues", or upstream's GCP
+// "topics"). It returns the queues and, for the object form, the whole
+// transport config.
 func ParseQueues(data []byte, where string) (TransportConfig, error) {
 	trimmed := bytes.TrimSpace(data)
 	var tc TransportConfig
@@ -475,21 +590,20 @@ func ParseQueues(data []byte, where string) (TransportConfig, error) {
 		if err := json.Unmarshal(trimmed, &tc.Queues); err != nil {
 			return tc, Problems{{where, jsonErr(trimmed, err)}}
 		}
+		if err := normalizeQueues(tc.Queues, "queues"); err != nil {
+			return tc, Problems{{where, err.Error()}}
+		}
 		return tc, nil
 	}
 	var generic any
 	if err := json.Unmarshal(trimmed, &generic); err != nil {
 		return tc, Problems{{where, "not valid JSON: " + jsonErr(trimmed, err)}}
 	}
-	if obj, ok := generic.(map[string]any); ok {
-		if qs, ok := obj["queues"]; ok {
-			if ps := unknownFields(qs, reflect.TypeOf([]Queue{}), "queues"); len(ps) > 0 {
-				for i := range ps {
-					ps[i].Where = where + ": " + ps[i].Where
-				}
-				return tc, ps
-			}
+	if ps := unknownFields(generic, reflect.TypeOf(TransportConfig{}), ""); len(ps) > 0 {
+		for i := range ps {
+			ps[i].Where = where + ": " + ps[i].Where
 		}
+		return tc, ps
 	}
 	if err := json.Unmarshal(trimmed, &tc); err != nil {
 		return tc, Problems{{where, jsonErr(trimmed, err)}}
@@ -545,8 +659,10 @@ func unknownFields(v any, t reflect.Type, path string) Problems {
 		}
 		if t == reflect.TypeOf(TransportConfig{}) {
 			// Only the core's fields are checked here; the transport checks its options.
-			if qs, ok := obj["queues"]; ok {
-				ps = append(ps, unknownFields(qs, reflect.TypeOf([]Queue{}), join(path, "queues"))...)
+			for _, key := range []string{"queues", "topics"} {
+				if qs, ok := obj[key]; ok {
+					ps = append(ps, unknownFields(qs, reflect.TypeOf([]Queue{}), join(path, key))...)
+				}
 			}
 			return ps
 		}

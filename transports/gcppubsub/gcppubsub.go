@@ -98,6 +98,13 @@ type Options struct {
 	PublishTimeoutMS int `json:"publish_timeout_ms,omitempty"`
 	// CreateResultTopics creates a missing result topic (default false: an error).
 	CreateResultTopics bool `json:"create_result_topics,omitempty"`
+	// BatchSize is upstream's "batch_size" (--pubsub.batch-size): the most
+	// messages one subscription has in flight at budget 1. It is accepted
+	// and changes no lease setting here: that bound is sluice's per-queue
+	// max_concurrency (credits × budget), and in upstream's "topics" form
+	// core/config sets each topic's max_concurrency to batch_size when the
+	// topic names none.
+	BatchSize int `json:"batch_size,omitempty"`
 }
 
 func (o *Options) setDefaults() {
@@ -114,6 +121,9 @@ func (o *Options) Validate() error {
 	var errs []error
 	if o.ProjectID == "" {
 		errs = append(errs, errors.New("project_id: required (--pubsub.project-id)"))
+	}
+	if o.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("batch_size %d: must not be negative", o.BatchSize))
 	}
 	if o.MaxOutstandingMessages < 0 {
 		errs = append(errs, fmt.Errorf("max_outstanding_messages %d: must not be negative", o.MaxOutstandingMessages))

@@ -175,6 +175,8 @@ func TestOptions(t *testing.T) {
 		{"no project", `{}`, "project_id"},
 		{"unknown", `{"project_id":"p","project":"x"}`, "unknown field"},
 		{"short extension", `{"project_id":"p","max_extension_seconds":1}`, "max_extension_seconds"},
+		{"upstream batch_size", `{"project_id":"p","batch_size":10}`, ""},
+		{"negative batch_size", `{"project_id":"p","batch_size":-1}`, "batch_size"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,6 +192,19 @@ func TestOptions(t *testing.T) {
 				t.Fatalf("error %v, want one mentioning %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestBatchSize: upstream's batch_size is accepted and leaves the lease
+// settings alone (the queues' max_concurrency carries its meaning).
+func TestBatchSize(t *testing.T) {
+	tp, err := gcppubsub.Factory(json.RawMessage(`{"project_id":"p","batch_size":25}`), transport.Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tp.Close() }()
+	if o := tp.(*gcppubsub.Transport).Options(); o.BatchSize != 25 || o.MaxOutstandingMessages != 0 {
+		t.Errorf("options %+v", o)
 	}
 }
 

@@ -201,7 +201,7 @@ func TestFactoryRejectsUnknownOptions(t *testing.T) {
 		{"legacy", `{"poll_interval_ms":1000,"batch_size":10}`, true},
 		{"unknown", `{"bogus":1}`, false},
 		{"heartbeat above lease", `{"lease_ms":1000,"heartbeat_ms":2000}`, false},
-		{"retry name without placeholder", `{"retry_queue_name":"retries"}`, false},
+		{"flat retry name (upstream)", `{"retry_queue_name":"retry-sortedset"}`, true},
 		{"tls without rediss", `{"tls_insecure_skip_verify":true}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -57,8 +57,16 @@ type Options struct {
 	// unreachable (default LeaseMS); the request stays leased meanwhile.
 	ResultRetryMS int `json:"result_retry_ms,omitempty"`
 	// RetryQueueName names each queue's delay set; "{queue}" stands for the
-	// request queue (default "{queue}:delayed").
+	// request queue (default "{queue}:delayed"). A flat name without
+	// "{queue}" (upstream's form, whose default "retry-sortedset" is one set
+	// shared by every queue) is accepted: sluice keeps one delay set per
+	// queue, so SetDefaults turns it into "{queue}:<name>" and keeps the
+	// name as given in UpstreamRetryQueueName.
 	RetryQueueName string `json:"retry_queue_name,omitempty"`
+	// UpstreamRetryQueueName is a flat retry_queue_name as the config gave
+	// it (set by SetDefaults; empty for a template or no name): the shared
+	// retry set upstream writes, for taking over its state.
+	UpstreamRetryQueueName string `json:"-"`
 	// PoolSize is the Redis connection pool size (default: go-redis' default).
 	PoolSize int `json:"pool_size,omitempty"`
 	// TLSCACert, TLSCert and TLSKey are PEM files for rediss://.
@@ -94,6 +102,10 @@ func (o *Options) SetDefaults() {
 	}
 	if o.ResultRetryMS <= 0 {
 		o.ResultRetryMS = o.LeaseMS
+	}
+	if o.RetryQueueName != "" && !strings.Contains(o.RetryQueueName, keys.QueuePlaceholder) {
+		o.UpstreamRetryQueueName = o.RetryQueueName
+		o.RetryQueueName = keys.QueuePlaceholder + ":" + o.RetryQueueName
 	}
 }
 
