@@ -292,9 +292,10 @@ func (b *body) Read(p []byte) (int, error) {
 				cs.buf, cs.off = cs.buf[:0], 0 // the buffer is kept for what comes next
 			}
 			cs.mu.Unlock()
-			if err := cs.cc.consumed(cs, int32(n)); err != nil {
-				return n, err
-			}
+			// A failed WINDOW_UPDATE closes the connection, which fails the
+			// stream with the connection's own error (a GOAWAY's, say): the
+			// next Read reports that one, not the closed socket's.
+			_ = cs.cc.consumed(cs, int32(n))
 			return n, nil
 		}
 		err, eof := cs.err, cs.eof
