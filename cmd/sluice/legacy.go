@@ -90,7 +90,7 @@ func (l *legacyFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&l.psObjective, "redis.inference-objective", "", "legacy: inference objective of the pub/sub single queue (sent as x-gateway-inference-objective)")
 	fs.StringVar(&l.ssObjective, "redis.ss.inference-objective", "", "legacy: inference objective of the sorted-set single queue (sent as x-gateway-inference-objective)")
 	fs.StringVar(&l.gcpObjective, "pubsub.inference-objective", "", "legacy: inference objective of the Pub/Sub single queue (sent as x-gateway-inference-objective)")
-	fs.IntVar(&l.gcpBatchSize, "pubsub.batch-size", 10, "legacy: Pub/Sub batch size; accepted, sluice sizes its pulls by free credits")
+	fs.IntVar(&l.gcpBatchSize, "pubsub.batch-size", 10, "legacy: the most messages one subscription has in flight (each topic's max_concurrency unless it sets one)")
 	fs.BoolVar(&l.redisTracing, "redis-tracing", false, "legacy: trace Redis commands; accepted, not implemented yet")
 	// Accepted, but kept out of --help; legacyHelp lists them.
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -240,10 +240,21 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config, upstream bool
 		}
 	}
 	if changed("pubsub.batch-size") {
-		warn = append(warn, "--pubsub.batch-size is accepted and ignored: sluice pulls as many Pub/Sub messages as the queue has free credits")
+		if cfg.Transport != "gcp-pubsub" {
+			warn = append(warn, fmt.Sprintf("--pubsub.batch-size is ignored: it applies to gcp-pubsub, and the transport is %s", cfg.Transport))
+		} else {
+			// Upstream's batch size is the most messages one subscription has
+			// in flight: sluice's max_concurrency, for topics that set none (as
+			// batch_size in a topics config file).
+			for i := range tc.Queues {
+				if tc.Queues[i].MaxConcurrency == 0 {
+					tc.Queues[i].MaxConcurrency = l.gcpBatchSize
+				}
+			}
+		}
 	}
 	if l.redisTracing {
-		warn = append(warn, "--redis-tracing is accepted and ignored: Redis commands are not traced yet (requests still are, with --otlp-endpoint)")
+		warn = append(warn, "--redis-tracing is accepted and ignored: Redis commands are not traced yet (requests still are, with OTEL_EXPORTER_OTLP_ENDPOINT or --otlp-endpoint)")
 	}
 	if len(options) == 0 {
 		return warn, nil

@@ -135,7 +135,7 @@ func TestUpstreamFlags(t *testing.T) {
 		{"--pubsub.topics-config-file", []string{"--message-queue-impl=gcp-pubsub", "--pubsub.project-id=p", "--pubsub.topics-config-file", queues},
 			func(c *config.Config) bool { return q0(c).Name == "qf" }, ""},
 		{"--pubsub.inference-objective", append(gcp, "--pubsub.inference-objective=o"), func(c *config.Config) bool { return q0(c).InferenceObjective == "o" }, ""},
-		{"--pubsub.batch-size", append(gcp, "--pubsub.batch-size=5"), nil, "--pubsub.batch-size is accepted and ignored"},
+		{"--pubsub.batch-size", append(gcp, "--pubsub.batch-size=5"), func(c *config.Config) bool { return c.TransportConfig.Queues[0].MaxConcurrency == 5 }, ""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.TrimLeft(tc.flag, "-"), func(t *testing.T) {
