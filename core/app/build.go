@@ -169,8 +169,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			a.gates = append(a.gates, r)
 		}
 		queues = append(queues, pipeline.Queue{
-			Queue: transport.Queue{ID: q.ID, Name: q.Name, ResultName: q.ResultName, Pool: q.Pool,
-				MaxConcurrency: q.MaxConcurrency},
+			Queue: q.Queue,
 			Target: dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
 			Gate:   r,
 		})

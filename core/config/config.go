@@ -387,6 +387,7 @@ func (c *Config) SetDefaults() {
 		}
 		if q.ResultName == "" {
 			q.ResultName = c.TransportConfig.ResultQueueName
+			q.ResultFromMessage = true // upstream routes such a queue's results by the message first
 		}
 		if q.GateType == "" {
 			q.GateType = "constant"

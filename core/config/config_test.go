@@ -189,3 +189,21 @@ func TestTracingConfig(t *testing.T) {
 		t.Errorf("tracing defaults %+v", ok.Tracing)
 	}
 }
+
+// A queue without a result destination of its own takes the transport's and
+// lets a request name its own (upstream's routing order); one with its own
+// keeps it for every request.
+func TestResultFromMessage(t *testing.T) {
+	c := &Config{TransportConfig: TransportConfig{ResultQueueName: "default", Queues: []Queue{
+		{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "http://gw"},
+		{Queue: transport.Queue{Name: "b", ResultName: "own"}, IGWBaseURL: "http://gw"},
+	}}}
+	c.SetDefaults()
+	a, b := c.TransportConfig.Queues[0], c.TransportConfig.Queues[1]
+	if a.ResultName != "default" || !a.ResultFromMessage {
+		t.Errorf("queue a: result %q, from message %v; want the default, true", a.ResultName, a.ResultFromMessage)
+	}
+	if b.ResultName != "own" || b.ResultFromMessage {
+		t.Errorf("queue b: result %q, from message %v; want its own, false", b.ResultName, b.ResultFromMessage)
+	}
+}

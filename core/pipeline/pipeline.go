@@ -223,13 +223,19 @@ func (p *Pipeline) deadLetter(ctx context.Context, d *Delivery, reason string) e
 // is freed. It also counts the handler as running until then, so the
 // shutdown can wait for hand-backs and for results being written. See the
 // package doc for why the router does not publish.
-func (p *Pipeline) settler(pub message.Publisher, topic string) message.HandlerMiddleware {
+func (p *Pipeline) settler(pub message.Publisher, q *Queue) message.HandlerMiddleware {
+	_, routes := p.cfg.Transport.(transport.ResultRouter)
+	routes = routes && q.ResultFromMessage
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			p.handlers.add(1)
 			defer p.handlers.add(-1)
 			out, err := next(m)
 			if err == nil && len(out) > 0 {
+				topic := q.ResultName
+				if d := From(m); routes && d != nil && d.Req != nil && d.Req.ResultQueueName != "" {
+					topic = d.Req.ResultQueueName
+				}
 				if perr := pub.Publish(topic, out...); perr != nil {
 					err = fmt.Errorf("publish result: %w", perr)
 				}
@@ -318,7 +324,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		}
 		p.publishers = append(p.publishers, pub)
 		chain := []message.HandlerMiddleware{
-			p.settler(pub, q.ResultName),
+			p.settler(pub, q),
 			Recover(q, work, p.deadLetter, p.log),
 			Metrics(q),
 			Decode(p.deadLetter, p.log),

@@ -59,6 +59,13 @@ type Queue struct {
 	// (its credits at budget 1; NewSubscriber sets it from the credits it
 	// is given). A source may size what it buffers or leases ahead by it.
 	MaxConcurrency int `json:"max_concurrency,omitempty"`
+	// ResultFromMessage says that ResultName is the deployment's default
+	// result destination, not the queue's own: a request that names its
+	// own result destination (wire.Request.ResultQueueName, upstream's
+	// internal.result_queue_name) has its result written there instead when
+	// the transport is a ResultRouter — upstream's order: the queue's, the
+	// message's, the transport's.
+	ResultFromMessage bool `json:"-"`
 }
 
 // Transport is one configured transport of a deployment.
@@ -81,6 +88,14 @@ type Requeuer interface {
 	// count) due again at due, replacing delivery m. After it returns nil the
 	// core acks m; the transport must not deliver m's old bytes again.
 	Requeue(ctx context.Context, q Queue, m *message.Message, payload []byte, due time.Time) error
+}
+
+// ResultRouter is implemented by transports whose result publisher writes
+// to whatever destination it is given (a Redis list), so that a request may
+// name its own (see Queue.ResultFromMessage). Transports whose destinations
+// must exist beforehand (topics) do not implement it.
+type ResultRouter interface {
+	RoutesResults()
 }
 
 // RequestPublisher publishes new requests to a request queue. Producers and

@@ -133,6 +133,34 @@ func TestUpstreamCancelKey(t *testing.T) {
 	}
 }
 
+// A queue without a result list of its own routes each result as upstream
+// does: to the list the envelope names (internal.result_queue_name), else to
+// the transport's.
+func TestResultRouting(t *testing.T) {
+	f := newFixture(t, simulator.Config{})
+	ctx := context.Background()
+	q, res, tenant := "routed", "routed:results", "llm-d-async:results:pool-a:tenant-7"
+	dl := time.Now().Add(time.Hour).Unix()
+	c := f.prod.Client()
+	for _, m := range []string{
+		fmt.Sprintf(`{"request_kind":"redis","internal":{"retry_count":0,"result_queue_name":%q},"data":{"id":"to-tenant","deadline":%d,"payload":{"model":"m"}}}`, tenant, dl),
+		fmt.Sprintf(`{"request_kind":"redis","internal":{"retry_count":0},"data":{"id":"to-default","deadline":%d,"payload":{"model":"m"}}}`, dl),
+	} {
+		if err := c.ZAdd(ctx, q, redisZ(float64(dl), m)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.runApp(f.transport(rss.Options{}), q, res, 4)
+	if got := f.collect(tenant, 1, 10*time.Second); got["to-tenant"] == nil || !got["to-tenant"].OK() {
+		t.Fatalf("tenant list: %+v", got)
+	}
+	if got := f.collect(res, 1, 10*time.Second); got["to-default"] == nil || !got["to-default"].OK() {
+		t.Fatalf("default list: %+v", got)
+	}
+	f.expectNoMore(res, 200*time.Millisecond)
+	f.expectNoMore(tenant, 100*time.Millisecond)
+}
+
 func TestTwoReplicasSplitWork(t *testing.T) {
 	f := newFixture(t, simulator.Config{Latency: simulator.Fixed(2 * time.Millisecond)})
 	ctx := context.Background()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -41,6 +42,11 @@ func (p *publisher) Publish(topic string, ms ...*message.Message) error {
 
 // Close does nothing: the transport owns the client.
 func (*publisher) Close() error { return nil }
+
+// RoutesResults implements transport.ResultRouter: a result list is any key.
+func (*Transport) RoutesResults() {}
+
+var _ transport.ResultRouter = (*Transport)(nil)
 
 // settleRetrying settles one lease through the group-commit settler of
 // (qs, list), retrying while Redis fails, for up to result_retry_ms.
