@@ -231,7 +231,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	for _, w := range f.warnings {
 		log.Warn(w)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log})
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard()})
 	if err != nil {
 		return err
 	}

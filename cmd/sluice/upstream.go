@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,7 +9,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/metricsauth"
 )
 
 // upstreamFlags are the current flags of upstream's binary (llm-d-async,
@@ -31,6 +32,14 @@ type upstreamFlags struct {
 	zapLogLevel         string
 	zapStacktraceLevel  string
 	zapTimeEncoding     string
+
+	// authConfig is where the metrics guard finds the API server and the
+	// service-account files (zero: in-cluster defaults; tests point it at
+	// a fake).
+	authConfig metricsauth.Config
+	// guard protects /metrics when --metrics-endpoint-auth is true and
+	// /metrics is served.
+	guard *metricsauth.Guard
 }
 
 // register adds the flags. upstream says whether the binary runs as
@@ -38,7 +47,7 @@ type upstreamFlags struct {
 // as upstream's binary does; under `sluice serve` it defaults to false.
 func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.IntVarP(&u.verbosity, "v", "v", 2, "upstream: log verbosity; 0 logs at info, 1 or more at debug (--log-level wins)")
-	fs.BoolVar(&u.metricsAuth, "metrics-endpoint-auth", upstream, "Kubernetes authn/authz in front of /metrics; not implemented yet, so true refuses to start unless /metrics is off (--metrics-port=-1)")
+	fs.BoolVar(&u.metricsAuth, "metrics-endpoint-auth", upstream, "Kubernetes authn/authz in front of /metrics: each scrape's bearer token is checked by a TokenReview and a SubjectAccessReview (get /metrics) against the in-cluster API; true refuses to start outside a cluster")
 	fs.StringVar(&u.poolConfigFile, "pool-config-file", "", "worker pools config (JSON); checked, pools not implemented yet")
 	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy config (JSON); checked, merge policies not implemented yet")
 	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
@@ -54,12 +63,15 @@ func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	}
 }
 
-// errMetricsAuth is the message when --metrics-endpoint-auth=true would
-// have to serve /metrics unprotected.
-const errMetricsAuth = "--metrics-endpoint-auth=true: Kubernetes TokenReview/SubjectAccessReview protection of /metrics " +
-	"is not implemented in sluice yet, and sluice will not serve /metrics unprotected; " +
-	"pass --metrics-endpoint-auth=false (what upstream's Helm chart renders by default, ap.metrics.secure=false) " +
-	"to serve /metrics without auth, or --metrics-port=-1 to turn /metrics off"
+// errMetricsAuth starts the message when --metrics-endpoint-auth=true cannot
+// protect /metrics (outside a cluster, unreadable service-account files);
+// the cause and what to do instead follow.
+const errMetricsAuth = "--metrics-endpoint-auth=true: /metrics is protected by Kubernetes TokenReview/SubjectAccessReview " +
+	"against the in-cluster API server, and sluice will not serve it unprotected"
+
+// metricsAuthInstead is what the refusal suggests.
+const metricsAuthInstead = "run in a Kubernetes pod, pass --metrics-endpoint-auth=false (what upstream's Helm chart renders " +
+	"by default, ap.metrics.secure=false) to serve /metrics without auth, or --metrics-port=-1 to turn /metrics off"
 
 // apply maps the flags onto cfg, checks the files they name, and returns
 // the warnings to log at start. It runs after the other flags are applied
@@ -106,10 +118,28 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 	if fs.Changed("metrics-backlog-poll-interval") && u.backlogPoll != 0 {
 		warn = append(warn, "--metrics-backlog-poll-interval is accepted and ignored: the broker backlog gauges are not implemented yet")
 	}
+	u.guard = nil
 	if u.metricsAuth && cfg.MetricsPort != -1 {
-		return nil, errors.New(errMetricsAuth)
+		ac := u.authConfig
+		if ac.Logger == nil {
+			ac.Logger = app.NewLogger(cfg.Log, os.Stderr) // review failures (500s) are logged
+		}
+		g, err := metricsauth.New(ac)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w; %s", errMetricsAuth, err, metricsAuthInstead)
+		}
+		u.guard = g
 	}
 	return warn, nil
+}
+
+// metricsGuard returns the guard for app.Options (nil, not a nil pointer,
+// when /metrics is open).
+func (u *upstreamFlags) metricsGuard() app.MetricsGuard {
+	if u.guard == nil {
+		return nil
+	}
+	return u.guard
 }
 
 // checkJSONFile reads path and checks that it holds one JSON value, naming

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -96,6 +97,18 @@ type Options struct {
 	// TracerProvider, when set, is used instead of the one the config's
 	// tracing section would build.
 	TracerProvider trace.TracerProvider
+	// MetricsGuard, when set, checks every request to /metrics
+	// (core/metricsauth: Kubernetes TokenReview and SubjectAccessReview, as
+	// upstream's --metrics-endpoint-auth). Run closes it when it is an
+	// io.Closer.
+	MetricsGuard MetricsGuard
+}
+
+// MetricsGuard puts a check in front of the /metrics handler.
+type MetricsGuard interface {
+	// Wrap returns next behind the check; a request that fails it is
+	// answered by the guard and never reaches next.
+	Wrap(next http.Handler) http.Handler
 }
 
 func (o *Options) setDefaults() {
@@ -121,6 +134,7 @@ type App struct {
 	pipe      *pipeline.Pipeline
 	servers   []*http.Server
 	addrs     map[string]string
+	guard     MetricsGuard // nil: /metrics is open
 }
 
 // New defaults and validates cfg against o.Adapters, then builds the
@@ -132,7 +146,7 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(o.Adapters.known(o.Transport != nil)); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard}
 	if err := a.build(o); err != nil {
 		a.close()
 		return nil, err
@@ -153,6 +167,14 @@ func (a *App) close() {
 	}
 	if a.client != nil {
 		a.client.Close()
+	}
+	a.closeGuard()
+}
+
+// closeGuard closes the metrics guard when it has a Close.
+func (a *App) closeGuard() {
+	if c, ok := a.guard.(io.Closer); ok {
+		_ = c.Close()
 	}
 }
 
@@ -184,6 +206,7 @@ func (a *App) Run(ctx context.Context) error {
 		}
 	}
 	a.stopServers(sctx)
+	a.closeGuard()
 	return err
 }
 
@@ -227,7 +250,11 @@ func (a *App) mux(name string) *http.ServeMux {
 	m := http.NewServeMux()
 	switch name {
 	case "metrics":
-		m.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg}))
+		var h http.Handler = promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{Registry: a.reg})
+		if a.guard != nil {
+			h = a.guard.Wrap(h)
+		}
+		m.Handle("/metrics", h)
 	case "health":
 		m.HandleFunc("/healthz", handleHealthz) // health.go: upstream's bodies and checks
 		m.HandleFunc("/readyz", a.handleReadyz)
