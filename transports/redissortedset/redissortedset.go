@@ -35,6 +35,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -509,3 +510,11 @@ func (t *Transport) Events() map[string]int64 {
 }
 
 var _ transport.EventCounter = (*Transport)(nil)
+
+// CheckHealth implements transport.HealthChecker as upstream does: one Redis
+// PING on the transport's client, whatever the queues.
+func (t *Transport) CheckHealth(ctx context.Context, _ []transport.Queue) error {
+	return upstream.Ping(ctx, t.client)
+}
+
+var _ transport.HealthChecker = (*Transport)(nil)

@@ -565,3 +565,11 @@ func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.
 }
 
 var _ transport.CancelChecker = (*Transport)(nil)
+
+// CheckHealth implements transport.HealthChecker as upstream does: one Redis
+// PING on the transport's client, whatever the queues.
+func (t *Transport) CheckHealth(ctx context.Context, _ []transport.Queue) error {
+	return upstream.Ping(ctx, t.client)
+}
+
+var _ transport.HealthChecker = (*Transport)(nil)

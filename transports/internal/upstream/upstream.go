@@ -1,5 +1,6 @@
 // Package upstream holds what the Redis transports share with upstream
-// llm-d-async's producer: its per-request cancellation keys.
+// llm-d-async: its producer's per-request cancellation keys, and the PING
+// its /readyz sends.
 package upstream
 
 import (
@@ -31,4 +32,13 @@ func Cancelled(ctx context.Context, c redis.Cmdable, req *wire.Request) (bool, e
 		return false, fmt.Errorf("check %s: %w", CancelKey(req.ID), err)
 	}
 	return v == req.Token, nil
+}
+
+// Ping is the health check of a Redis transport, as upstream's /readyz does
+// it: one PING on the transport's client.
+func Ping(ctx context.Context, c redis.Cmdable) error {
+	if err := c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis ping: %w", err)
+	}
+	return nil
 }
