@@ -395,16 +395,12 @@ func Dispatch(client Dispatcher) message.HandlerFunc {
 			switch {
 			case errors.Is(o.Err, dispatch.ErrInvalidEndpoint):
 				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
-			case o.StatusCode != 0 && o.Body != nil:
-				// A non-retryable answer (4xx other than 429): passed on as it
-				// came, without an error code, as upstream does.
-				return Finish(d, answer(d.Req, o)), nil
+			case errors.Is(o.Err, dispatch.ErrResponseTooLarge) || o.StatusCode == 0:
+				return Fail(d, wire.CodeInferenceError, fmt.Sprint(o.Err)), nil
 			}
-			text := fmt.Sprintf("gateway returned %d", o.StatusCode)
-			if o.Err != nil {
-				text = o.Err.Error()
-			}
-			return Fail(d, wire.CodeInferenceError, text), nil
+			// A non-retryable answer (4xx other than 429), empty body or not:
+			// passed on as it came, without an error code, as upstream does.
+			return Finish(d, answer(d.Req, o)), nil
 		case dispatch.DeadlineExceeded:
 			return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
 		case dispatch.Cancelled:
