@@ -75,36 +75,9 @@ func TestMetricsAuthInCluster(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
 
-	scrape := func(token string) (int, error) {
-		req, _ := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+metrics+"/metrics", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		code, err := scrape("")
-		if err == nil {
-			if code != http.StatusUnauthorized {
-				t.Fatalf("no token: %d, want 401", code)
-			}
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("exited before serving /metrics: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/metrics not served within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	scrape := func(token string) (int, error) { return scrapeMetrics(metrics, token) }
+	if code := waitMetrics(t, metrics, done); code != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", code)
 	}
 	for token, want := range map[string]int{metricsauthtest.TokenDenied: 403, metricsauthtest.TokenAllowed: 200, "forged": 401} {
 		if code, err := scrape(token); err != nil || code != want {
@@ -125,5 +98,45 @@ func TestMetricsAuthInCluster(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not stop within 30s of cancel")
+	}
+}
+
+// scrapeMetrics GETs /metrics on port with a bearer token (none when empty)
+// and returns the status.
+func scrapeMetrics(port, token string) (int, error) {
+	req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// waitMetrics waits up to 20 s for a sluice started in the background (its
+// result comes on done) to answer /metrics on port, and returns the status
+// of that first answer to a scrape without a token.
+func waitMetrics(t *testing.T, port string, done <-chan error) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if code, err := scrapeMetrics(port, ""); err == nil {
+			return code
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("exited before serving /metrics: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("/metrics not served within 20s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -275,24 +275,8 @@ func TestUpstreamChartArgsStart(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- execute(ctx, chart("false")) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get("http://127.0.0.1:" + metrics + "/metrics")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("exited before serving /metrics: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/metrics not served within 20s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if code := waitMetrics(t, metrics, done); code != http.StatusOK {
+		t.Fatalf("/metrics with --metrics-endpoint-auth=false: %d, want 200", code)
 	}
 	cancel()
 	select {
