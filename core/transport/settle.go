@@ -23,7 +23,6 @@ type settleKey struct{}
 
 type settleHook struct {
 	done atomic.Bool
-	m    *message.Message
 	src  Source
 	pool *credit.Pool
 }
@@ -31,25 +30,25 @@ type settleHook struct {
 // onSettle makes m's first Ack or Nack settle it with src and free its
 // credit in pool.
 func onSettle(m *message.Message, src Source, pool *credit.Pool) {
-	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{m: m, src: src, pool: pool}))
+	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{src: src, pool: pool}))
 }
 
-// settle runs the settle hook of the delivery whose context ctx is, once.
-func settle(ctx context.Context, acked bool) {
-	if h, ok := ctx.Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
-		h.src.Settle(h.m, acked)
+// settle runs m's settle hook, once.
+func settle(m *message.Message, acked bool) {
+	if h, ok := m.Context().Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
+		h.src.Settle(m, acked)
 		h.pool.Release(1)
 	}
 }
 
 // Ack runs m's settle hook, if any, and acks m.
 func Ack(m *message.Message) {
-	settle(m.Context(), true)
+	settle(m, true)
 	m.Ack()
 }
 
 // Nack runs m's settle hook, if any, and nacks m.
 func Nack(m *message.Message) {
-	settle(m.Context(), false)
+	settle(m, false)
 	m.Nack()
 }
