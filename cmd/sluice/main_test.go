@@ -115,7 +115,7 @@ func TestLegacyFlagsMapping(t *testing.T) {
 	}
 	q := cfg.TransportConfig.Queues[0]
 	if cfg.Transport != "redis-sortedset" || cfg.RedisURL != "redis://secret@redis:6379/0" ||
-		q.ResultName != "llm-d-async:results:pool-a:$batch" || q.GateType != "prometheus-budget" || q.Pool != "pool-a" {
+		q.ResultName != "llm-d-async:results:pool-a:$batch" || q.GateType != "prometheus-budget" || q.WorkerPoolID != "default" {
 		t.Errorf("config %+v queue %+v", cfg, q)
 	}
 	var opts map[string]any

@@ -169,9 +169,10 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			a.gates = append(a.gates, r)
 		}
 		queues = append(queues, pipeline.Queue{
-			Queue:  q.Queue,
-			Target: dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
-			Gate:   r,
+			Queue:      q.Queue,
+			Target:     dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
+			Gate:       r,
+			WorkerPool: q.WorkerPoolID,
 		})
 	}
 	return queues, nil

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,10 +68,11 @@ func newGateway(t *testing.T) (*gateway, string) {
 func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	var p struct {
-		ID        string `json:"id"`
-		FailTimes int    `json:"fail_times"`
-		Status    int    `json:"status"`
-		SleepMS   int    `json:"sleep_ms"`
+		ID         string `json:"id"`
+		FailTimes  int    `json:"fail_times"`
+		FailStatus int    `json:"fail_status"` // of the first FailTimes answers (default 503)
+		Status     int    `json:"status"`
+		SleepMS    int    `json:"sleep_ms"`
 	}
 	_ = json.Unmarshal(body, &p)
 	g.mu.Lock()
@@ -88,7 +90,7 @@ func (g *gateway) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case n <= p.FailTimes:
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(cmp.Or(p.FailStatus, http.StatusServiceUnavailable))
 		_, _ = w.Write([]byte(`{"error":"busy"}`))
 	case p.Status != 0:
 		w.WriteHeader(p.Status)

@@ -51,8 +51,8 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`llm_d_async_async_request_total{pool_name="e2e",queue_id="llm-d-async:requests:e2e",queue_name="llm-d-async:requests:e2e"} 1`,
-		`llm_d_async_async_successful_requests_total{pool_name="e2e"`,
+		`llm_d_async_async_request_total{pool_name="default",queue_id="llm-d-async:requests:e2e",queue_name="llm-d-async:requests:e2e"} 1`,
+		`llm_d_async_async_successful_requests_total{pool_name="default"`,
 		`sluice_results_total{code="ok"`,
 		"llm_d_async_async_inference_latency_time_millis_bucket",
 	} {

@@ -395,11 +395,6 @@ func (c *Config) SetDefaults() {
 		if q.MaxConcurrency == 0 {
 			q.MaxConcurrency = c.Concurrency
 		}
-		if q.Pool == "" {
-			if i := strings.LastIndex(q.Name, ":requests:"); i >= 0 {
-				q.Pool = q.Name[i+len(":requests:"):]
-			}
-		}
 	}
 }
 

@@ -91,7 +91,7 @@ func TestDefaults(t *testing.T) {
 	if c.RequestTimeout != 0 || c.DrainTimeout != 0 || c.Retry != (Retry{}) || c.Dispatch != (Dispatch{}) || c.Prometheus.CacheTTL != 0 {
 		t.Errorf("a component's setting was defaulted here: %+v", c)
 	}
-	if q.ID != q.Name || q.RequestPathURL != "" || q.ResultName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.Pool != "pool-a" {
+	if q.ID != q.Name || q.RequestPathURL != "" || q.ResultName != "r" || q.GateType != "constant" || q.MaxConcurrency != 64 || q.WorkerPoolID != "default" {
 		t.Errorf("queue defaults: %+v", q)
 	}
 	if err := c.Validate(known()); err != nil {

@@ -39,10 +39,10 @@ func TestNewRegistersUpstreamNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := m.For("q", "llm-d-async:requests:p", "p")
+	q := m.For(Labels{QueueID: "q", QueueName: "llm-d-async:requests:p", Pool: "default"})
 	q.Requests.Inc()
 	q.Result("ok").Inc()
-	q.Decision("defer").Inc()
+	q.Decision(ReasonDropped).Inc()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -1,92 +1,159 @@
 // Package metrics defines sluice's Prometheus metrics. The names under the
-// llm_d_async_async_ prefix are upstream's (dashboards rely on them); the
-// sluice_ ones are additions. Every metric is registered on the registry the
-// caller passes: there is no global state.
+// llm_d_async_async_ prefix are upstream's, with upstream's meanings,
+// labels and buckets, so its dashboards and alert rules read them as they
+// read upstream (docs/metrics.md lists each one and where sluice differs);
+// the sluice_ names are sluice's own figures. Every metric is registered on
+// the registry the caller passes: there is no global state.
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Upstream is the prefix of the metrics kept compatible with llm-d-async.
 const Upstream = "llm_d_async_async_"
 
-// queueLabels are upstream's per-queue labels.
+// Labels are upstream's per-queue labels (queue_id, queue_name, pool_name).
+// Pool is the worker pool ("default" when the queue names none), not the
+// inference pool.
+type Labels struct {
+	QueueID, QueueName, Pool string
+}
+
+func (l Labels) values(extra ...string) []string {
+	return append([]string{l.QueueID, l.QueueName, l.Pool}, extra...)
+}
+
 var queueLabels = []string{"queue_id", "queue_name", "pool_name"}
+
+// Upstream's gate decision reasons: only decisions that kept a request from
+// being dispatched are counted.
+const (
+	ReasonGateClosed     = "gate_closed"     // a closed gate (budget 0 with requests waiting, or a deferral)
+	ReasonQuotaExhausted = "quota_exhausted" // a deferral a gate classified as over quota
+	ReasonDropped        = "dropped"         // a gate dropped the request (GATE_DROPPED)
+	ReasonError          = "error"           // the gate failed
+)
+
+// DecisionReasons are the values of the reason label of gate_decisions_total.
+var DecisionReasons = []string{ReasonGateClosed, ReasonQuotaExhausted, ReasonDropped, ReasonError}
+
+// Verdicts are the values of the verdict label of sluice_gate_verdicts_total.
+var Verdicts = []string{"admit", "defer", "reject", "error"}
+
+// ResultCodes are the values of the code label of sluice_results_total:
+// "ok", "http_error" (the gateway's final answer of status 400 or above,
+// passed on without an error code) and the error codes.
+var ResultCodes = []string{"ok", "http_error", "DEADLINE_EXCEEDED", "CANCELLED", "GATE_DROPPED", "GATE_ERROR", "INFERENCE_ERROR", "INVALID_REQUEST"}
+
+// Upstream's buckets, in milliseconds.
+var (
+	inferenceBuckets = []float64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000}
+	residenceBuckets = []float64{500, 1000, 2000, 5000, 10000, 30000, 60000, 120000, 300000, 600000,
+		1800000, 3600000, 7200000, 21600000, 43200000, 86400000}
+	messageBuckets = []float64{100, 1000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000}
+)
+
+// waitBuckets span 1 ms to ~17 min, for sluice's own waits.
+var waitBuckets = prometheus.ExponentialBuckets(1, 2.5, 16)
 
 // Metrics holds every collector. Build it once with New and derive a
 // per-queue view with For.
 type Metrics struct {
-	Requests       *prometheus.CounterVec
-	Retries        *prometheus.CounterVec
-	Succeeded      *prometheus.CounterVec
-	Failed         *prometheus.CounterVec
-	Expired        *prometheus.CounterVec
-	Shedded        *prometheus.CounterVec
-	GateDecisions  *prometheus.CounterVec
-	InferenceMs    *prometheus.HistogramVec
-	ResidenceMs    *prometheus.HistogramVec
-	MessageMs      *prometheus.HistogramVec
-	QueueDepth     *prometheus.GaugeVec
-	Inflight       *prometheus.GaugeVec
-	BrokerBacklog  *prometheus.GaugeVec
-	DispatchBudget *prometheus.GaugeVec
+	// Upstream's names and meanings.
+	Requests            *prometheus.CounterVec
+	Retries             *prometheus.CounterVec
+	Succeeded           *prometheus.CounterVec
+	Failed              *prometheus.CounterVec
+	Expired             *prometheus.CounterVec
+	Shedded             *prometheus.CounterVec
+	GateDecisions       *prometheus.CounterVec
+	InferenceMs         *prometheus.HistogramVec
+	ResidenceMs         *prometheus.HistogramVec
+	MessageMs           *prometheus.HistogramVec
+	QueueDepth          *prometheus.GaugeVec
+	Inflight            *prometheus.GaugeVec
+	BrokerBacklog       *prometheus.GaugeVec
+	DispatchBudget      *prometheus.GaugeVec
+	PoolWorkerLimit     *prometheus.GaugeVec
+	GateMetricValue     *prometheus.GaugeVec
+	GateMetricThreshold *prometheus.GaugeVec
+	GateMetricAvailable *prometheus.GaugeVec
 
-	Results      *prometheus.CounterVec
-	DeadLettered *prometheus.CounterVec
-	HandedBack   *prometheus.CounterVec
-	Deferred     *prometheus.CounterVec
-	InflightMax  *prometheus.GaugeVec
-	CreditLimit  *prometheus.GaugeVec
-	GateBudget   *prometheus.GaugeVec
-	GateFailures *prometheus.CounterVec
-	GateFailing  *prometheus.GaugeVec
+	// sluice's own.
+	Results        *prometheus.CounterVec
+	DeadLettered   *prometheus.CounterVec
+	HandedBack     *prometheus.CounterVec
+	Deferred       *prometheus.CounterVec
+	GateVerdicts   *prometheus.CounterVec
+	GatewayDropped *prometheus.CounterVec
+	WaitMs         *prometheus.HistogramVec
+	Claimed        *prometheus.GaugeVec
+	Delayed        *prometheus.GaugeVec
+	InflightMax    *prometheus.GaugeVec
+	CreditLimit    *prometheus.GaugeVec
+	GateBudget     *prometheus.GaugeVec
+	GateFailures   *prometheus.CounterVec
+	GateFailing    *prometheus.GaugeVec
 }
-
-// msBuckets spans 1 ms to ~17 min, for latencies of LLM calls and queue waits.
-var msBuckets = prometheus.ExponentialBuckets(1, 2.5, 16)
 
 // New creates the collectors and registers them on reg.
 func New(reg prometheus.Registerer) (*Metrics, error) {
 	cv := func(name, help string, extra ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(append([]string{}, queueLabels...), extra...))
 	}
-	gv := func(name, help string, labels []string) *prometheus.GaugeVec {
+	gv := func(name, help string, labels ...string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 	}
-	hv := func(name, help string) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: msBuckets}, queueLabels)
+	qgv := func(name, help string, extra ...string) *prometheus.GaugeVec {
+		return gv(name, help, append(append([]string{}, queueLabels...), extra...)...)
+	}
+	hv := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, queueLabels)
 	}
 	m := &Metrics{
-		Requests:       cv(Upstream+"request_total", "Requests taken from the queue (each delivery, retries included)."),
-		Retries:        cv(Upstream+"request_retries_total", "Requests re-queued after a retryable failure."),
-		Succeeded:      cv(Upstream+"successful_requests_total", "Requests that ended with a 2xx gateway response."),
-		Failed:         cv(Upstream+"failed_requests_total", "Requests that ended with an error result other than DEADLINE_EXCEEDED."),
-		Expired:        cv(Upstream+"exceeded_deadline_requests_total", "Requests that ended with DEADLINE_EXCEEDED."),
-		Shedded:        cv(Upstream+"shedded_requests_total", "Requests a gate dropped (GATE_DROPPED) or the gateway shed (x-llm-d-request-dropped-reason)."),
-		GateDecisions:  cv(Upstream+"gate_decisions_total", "Per-request gate decisions, by reason (admit, defer, reject, error).", "reason"),
-		InferenceMs:    hv(Upstream+"inference_latency_time_millis", "Duration of the HTTP call to the gateway, in milliseconds."),
-		ResidenceMs:    hv(Upstream+"queue_residence_time_millis", "Time from the request's creation to its dispatch, in milliseconds."),
-		MessageMs:      hv(Upstream+"message_latency_time_millis", "Time from the request's creation to its result, in milliseconds."),
-		QueueDepth:     gv(Upstream+"queue_depth", "Requests waiting in the queue (sampled).", queueLabels),
-		Inflight:       gv(Upstream+"inflight_requests", "Requests claimed and not yet settled.", queueLabels),
-		BrokerBacklog:  gv(Upstream+"broker_backlog", "Requests held by the broker but not claimable now: delayed retries (sampled).", queueLabels),
-		DispatchBudget: gv(Upstream+"dispatch_budget", "The gate budget in force for the queue, in [0,1].", queueLabels),
+		Requests:            cv(Upstream+"request_total", "Requests picked up on their first attempt (retry_count 0); redeliveries of a first attempt (a deferral, a hand-back) count again."),
+		Retries:             cv(Upstream+"request_retries_total", "Retries scheduled after a retryable failure (429, 5xx, transport errors) with time left before the deadline."),
+		Succeeded:           cv(Upstream+"successful_requests_total", "Requests whose final gateway response had a status below 400."),
+		Failed:              cv(Upstream+"failed_requests_total", "Requests that failed for good: a final 4xx other than 429, retries given up, no usable response, an invalid request."),
+		Expired:             cv(Upstream+"exceeded_deadline_requests_total", "Requests that ended because their deadline passed (before dispatch, during it, or with no time left to retry)."),
+		Shedded:             cv(Upstream+"shedded_requests_total", "Gateway attempts answered 429, once per attempt (a request retried after a 429 may still succeed)."),
+		GateDecisions:       cv(Upstream+"gate_decisions_total", "Gate decisions that kept requests from dispatch, by reason (gate_closed, quota_exhausted, dropped, error).", "reason"),
+		InferenceMs:         hv(Upstream+"inference_latency_time_millis", "Duration of each HTTP attempt to the gateway, in whole milliseconds.", inferenceBuckets),
+		ResidenceMs:         hv(Upstream+"queue_residence_time_millis", "Time a claimed request waited inside sluice before a handler picked it up, in milliseconds.", residenceBuckets),
+		MessageMs:           hv(Upstream+"message_latency_time_millis", "Time from the request's creation to its result, in milliseconds (every transport; upstream: gcp only).", messageBuckets),
+		QueueDepth:          qgv(Upstream+"queue_depth", "Requests claimed from the broker and waiting inside sluice for a handler (sampled)."),
+		Inflight:            qgv(Upstream+"inflight_requests", "Requests past the gate and the cancellation check whose gateway call is under way."),
+		BrokerBacklog:       qgv(Upstream+"broker_backlog", "Requests waiting in the broker, claimable now (sampled; delayed retries are in sluice_delayed_requests)."),
+		DispatchBudget:      qgv(Upstream+"dispatch_budget", "The gate budget in force for the queue, in [0,1]."),
+		PoolWorkerLimit:     gv(Upstream+"pool_worker_limit", "The most requests the worker pool's queues may have in flight at once (their max concurrency, summed).", "pool_name"),
+		GateMetricValue:     qgv(Upstream+"gate_metric_value", "The reading a metric gate compares with its threshold (for prometheus-saturation, 1 − saturation).", "inference_pool"),
+		GateMetricThreshold: qgv(Upstream+"gate_metric_threshold", "The threshold a metric gate compares its reading with (for prometheus-saturation, 1 − threshold).", "inference_pool"),
+		GateMetricAvailable: qgv(Upstream+"gate_metric_source_available", "1 when a metric gate's last reading was usable, 0 when it fell back.", "inference_pool"),
 
-		Results:      cv("sluice_results_total", "Results written, by error code (ok for success).", "code"),
-		DeadLettered: cv("sluice_dead_lettered_total", "Messages without a readable id, sent to the dead-letter destination."),
-		HandedBack:   cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown, result write failure)."),
-		Deferred:     cv("sluice_deferred_total", "Requests a gate deferred (re-queued without counting an attempt)."),
-		InflightMax:  gv("sluice_inflight_limit_max", "The queue's in-flight limit at budget 1 (max concurrency).", queueLabels),
-		CreditLimit:  gv("sluice_inflight_limit", "The queue's current in-flight limit: ceil(max × budget), ramped.", queueLabels),
-		GateBudget:   gv("sluice_gate_budget", "The budget each gate last reported, after its failure policy.", []string{"gate"}),
-		GateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gate_failures_total", Help: "Failed gate budget queries."}, []string{"gate"}),
-		GateFailing:  gv("sluice_gate_failing", "1 while a gate's budget queries fail (its failure policy is in force).", []string{"gate"}),
+		Results:        cv("sluice_results_total", "Results written, by code: ok, http_error (a final answer ≥ 400) or the error code.", "code"),
+		DeadLettered:   cv("sluice_dead_lettered_total", "Messages without a readable id, sent to the dead-letter destination."),
+		HandedBack:     cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown, result write failure)."),
+		Deferred:       cv("sluice_deferred_total", "Requests a gate deferred (re-queued without counting an attempt)."),
+		GateVerdicts:   cv("sluice_gate_verdicts_total", "Per-request gate verdicts, admissions included (admit, defer, reject, error).", "verdict"),
+		GatewayDropped: cv("sluice_gateway_dropped_total", "Gateway responses that carried x-llm-d-request-dropped-reason."),
+		WaitMs:         hv("sluice_dispatch_wait_millis", "Time from the request's creation to the start of its last dispatch, in milliseconds.", waitBuckets),
+		Claimed:        qgv("sluice_claimed_requests", "Requests claimed from the broker and not yet settled (sampled)."),
+		Delayed:        qgv("sluice_delayed_requests", "Requests waiting in the broker for a later time: retries and deferrals (sampled)."),
+		InflightMax:    qgv("sluice_inflight_limit_max", "The queue's in-flight limit at budget 1 (max concurrency)."),
+		CreditLimit:    qgv("sluice_inflight_limit", "The queue's current in-flight limit: ceil(max × budget), ramped."),
+		GateBudget:     gv("sluice_gate_budget", "The budget each gate last reported, after its failure policy.", "gate"),
+		GateFailures:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gate_failures_total", Help: "Failed gate budget queries."}, []string{"gate"}),
+		GateFailing:    gv("sluice_gate_failing", "1 while a gate's budget queries fail (its failure policy is in force).", "gate"),
 	}
 	for _, c := range []prometheus.Collector{
 		m.Requests, m.Retries, m.Succeeded, m.Failed, m.Expired, m.Shedded, m.GateDecisions,
 		m.InferenceMs, m.ResidenceMs, m.MessageMs, m.QueueDepth, m.Inflight, m.BrokerBacklog, m.DispatchBudget,
-		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
+		m.PoolWorkerLimit, m.GateMetricValue, m.GateMetricThreshold, m.GateMetricAvailable,
+		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
+		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -95,51 +162,55 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Queue is the per-queue view: every collector bound to one queue's labels,
-// so the per-message path does no label lookups.
+// Queue is the view of one label set: every per-queue collector bound to
+// its labels, so the per-message path does no label lookups.
 type Queue struct {
+	Labels Labels
+
 	Requests, Retries, Succeeded, Failed, Expired, Shedded prometheus.Counter
-	DeadLettered, HandedBack, Deferred                     prometheus.Counter
-	InferenceMs, ResidenceMs, MessageMs                    prometheus.Observer
+	DeadLettered, HandedBack, Deferred, GatewayDropped     prometheus.Counter
+	InferenceMs, ResidenceMs, MessageMs, WaitMs            prometheus.Observer
 	QueueDepth, Inflight, BrokerBacklog, DispatchBudget    prometheus.Gauge
-	InflightMax, CreditLimit                               prometheus.Gauge
+	Claimed, Delayed, InflightMax, CreditLimit             prometheus.Gauge
 
 	results   map[string]prometheus.Counter
 	decisions map[string]prometheus.Counter
+	verdicts  map[string]prometheus.Counter
 }
 
-// ResultCodes are the values of the code label of sluice_results_total.
-var ResultCodes = []string{"ok", "DEADLINE_EXCEEDED", "CANCELLED", "GATE_DROPPED", "GATE_ERROR", "INFERENCE_ERROR", "INVALID_REQUEST"}
-
-// DecisionReasons are the values of the reason label of gate_decisions_total.
-var DecisionReasons = []string{"admit", "defer", "reject", "error"}
-
-// For returns the view of one queue.
-func (m *Metrics) For(queueID, queueName, pool string) *Queue {
-	l := []string{queueID, queueName, pool}
+// For returns the view of one label set. It creates every series of the
+// set, the four decision reasons included, at zero (as upstream does when a
+// queue's loop starts).
+func (m *Metrics) For(l Labels) *Queue {
+	v := l.values()
 	q := &Queue{
-		Requests: m.Requests.WithLabelValues(l...), Retries: m.Retries.WithLabelValues(l...),
-		Succeeded: m.Succeeded.WithLabelValues(l...), Failed: m.Failed.WithLabelValues(l...),
-		Expired: m.Expired.WithLabelValues(l...), Shedded: m.Shedded.WithLabelValues(l...),
-		DeadLettered: m.DeadLettered.WithLabelValues(l...), HandedBack: m.HandedBack.WithLabelValues(l...),
-		Deferred:    m.Deferred.WithLabelValues(l...),
-		InferenceMs: m.InferenceMs.WithLabelValues(l...), ResidenceMs: m.ResidenceMs.WithLabelValues(l...),
-		MessageMs:  m.MessageMs.WithLabelValues(l...),
-		QueueDepth: m.QueueDepth.WithLabelValues(l...), Inflight: m.Inflight.WithLabelValues(l...),
-		BrokerBacklog: m.BrokerBacklog.WithLabelValues(l...), DispatchBudget: m.DispatchBudget.WithLabelValues(l...),
-		InflightMax: m.InflightMax.WithLabelValues(l...), CreditLimit: m.CreditLimit.WithLabelValues(l...),
-		results: map[string]prometheus.Counter{}, decisions: map[string]prometheus.Counter{},
+		Labels:   l,
+		Requests: m.Requests.WithLabelValues(v...), Retries: m.Retries.WithLabelValues(v...),
+		Succeeded: m.Succeeded.WithLabelValues(v...), Failed: m.Failed.WithLabelValues(v...),
+		Expired: m.Expired.WithLabelValues(v...), Shedded: m.Shedded.WithLabelValues(v...),
+		DeadLettered: m.DeadLettered.WithLabelValues(v...), HandedBack: m.HandedBack.WithLabelValues(v...),
+		Deferred: m.Deferred.WithLabelValues(v...), GatewayDropped: m.GatewayDropped.WithLabelValues(v...),
+		InferenceMs: m.InferenceMs.WithLabelValues(v...), ResidenceMs: m.ResidenceMs.WithLabelValues(v...),
+		MessageMs: m.MessageMs.WithLabelValues(v...), WaitMs: m.WaitMs.WithLabelValues(v...),
+		QueueDepth: m.QueueDepth.WithLabelValues(v...), Inflight: m.Inflight.WithLabelValues(v...),
+		BrokerBacklog: m.BrokerBacklog.WithLabelValues(v...), DispatchBudget: m.DispatchBudget.WithLabelValues(v...),
+		Claimed: m.Claimed.WithLabelValues(v...), Delayed: m.Delayed.WithLabelValues(v...),
+		InflightMax: m.InflightMax.WithLabelValues(v...), CreditLimit: m.CreditLimit.WithLabelValues(v...),
+		results: map[string]prometheus.Counter{}, decisions: map[string]prometheus.Counter{}, verdicts: map[string]prometheus.Counter{},
 	}
 	for _, c := range ResultCodes {
-		q.results[c] = m.Results.WithLabelValues(queueID, queueName, pool, c)
+		q.results[c] = m.Results.WithLabelValues(l.values(c)...)
 	}
 	for _, r := range DecisionReasons {
-		q.decisions[r] = m.GateDecisions.WithLabelValues(queueID, queueName, pool, r)
+		q.decisions[r] = m.GateDecisions.WithLabelValues(l.values(r)...)
+	}
+	for _, r := range Verdicts {
+		q.verdicts[r] = m.GateVerdicts.WithLabelValues(l.values(r)...)
 	}
 	return q
 }
 
-// Result returns the results counter of one error code ("ok" for success).
+// Result returns the results counter of one code (see ResultCodes).
 func (q *Queue) Result(code string) prometheus.Counter {
 	if c, ok := q.results[code]; ok {
 		return c
@@ -147,10 +218,22 @@ func (q *Queue) Result(code string) prometheus.Counter {
 	return q.results["INFERENCE_ERROR"]
 }
 
-// Decision returns the gate-decisions counter of one reason.
+// Decision returns the gate-decisions counter of one reason (see
+// DecisionReasons).
 func (q *Queue) Decision(reason string) prometheus.Counter {
 	if c, ok := q.decisions[reason]; ok {
 		return c
 	}
-	return q.decisions["error"]
+	return q.decisions[ReasonError]
 }
+
+// Verdict returns sluice's gate-verdicts counter of one verdict.
+func (q *Queue) Verdict(verdict string) prometheus.Counter {
+	if c, ok := q.verdicts[verdict]; ok {
+		return c
+	}
+	return q.verdicts["error"]
+}
+
+// Millis is d in whole milliseconds, as upstream records its histograms.
+func Millis(d time.Duration) float64 { return float64(d.Milliseconds()) }

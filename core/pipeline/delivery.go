@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/dispatch"
+	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -63,6 +64,12 @@ type Delivery struct {
 	Outcome Outcome
 	// Dispatch is the last gateway outcome.
 	Dispatch dispatch.Outcome
+	// DeadlineEnded says the request ended because its deadline passed,
+	// whatever its result says (retries cut short answer with the last
+	// response).
+	DeadlineEnded bool
+
+	view *metrics.Queue // the metrics view of Req, once decoded
 }
 
 type deliveryKey struct{}

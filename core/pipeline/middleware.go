@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"runtime/debug"
 	"strconv"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -53,71 +55,6 @@ func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slo
 		}
 	}
 }
-
-// Metrics counts every delivery by how it ended and observes latencies.
-func Metrics(q *Queue) message.HandlerMiddleware {
-	mq := q.metrics
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			out, err := next(m)
-			d := From(m)
-			mq.Requests.Inc()
-			if err != nil {
-				d.Outcome = HandedBack
-			}
-			switch d.Outcome {
-			case HandedBack:
-				mq.HandedBack.Inc()
-				return out, err
-			case DeadLettered:
-				mq.DeadLettered.Inc()
-				return out, err
-			case Requeued:
-				return out, err
-			}
-			now := time.Now()
-			if !d.Dispatched.IsZero() {
-				mq.InferenceMs.Observe(ms(now.Sub(d.Dispatched)))
-			}
-			if d.Req != nil && !d.Req.Created.IsZero() {
-				if !d.Dispatched.IsZero() {
-					mq.ResidenceMs.Observe(ms(d.Dispatched.Sub(d.Req.Created)))
-				}
-				mq.MessageMs.Observe(ms(now.Sub(d.Req.Created)))
-			}
-			if d.Result == nil {
-				return out, err
-			}
-			switch {
-			case d.Result.OK():
-				mq.Succeeded.Inc()
-				mq.Result("ok").Inc()
-				return out, err
-			case d.Result.ErrorCode == wire.CodeNone: // the gateway's final answer, 400 or above
-				mq.Failed.Inc()
-				mq.Result(resultHTTPError).Inc()
-				return out, err
-			}
-			switch d.Result.ErrorCode {
-			case wire.CodeDeadlineExceeded:
-				mq.Expired.Inc()
-			case wire.CodeGateDropped:
-				mq.Shedded.Inc()
-				mq.Failed.Inc()
-			default:
-				mq.Failed.Inc()
-			}
-			mq.Result(string(d.Result.ErrorCode)).Inc()
-			return out, err
-		}
-	}
-}
-
-// resultHTTPError is the result label of a request answered with the
-// gateway's final response of status 400 or above (no error code).
-const resultHTTPError = "http_error"
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // Decode decodes the request. A message with a readable id but invalid
 // content gets an INVALID_REQUEST result; one without goes to deadLetter.
@@ -216,19 +153,24 @@ func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) messa
 			ctx, cancel := boundedByDeadline(d)
 			dec, err := a.Admit(ctx, d.Req)
 			cancel()
-			mq := d.Queue.metrics
+			mq := d.mq()
 			if err != nil {
-				mq.Decision("error").Inc()
+				mq.Verdict("error").Inc()
+				mq.Decision(metrics.ReasonError).Inc()
 				log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
 				dec = gate.Decision{Verdict: gate.Defer, Delay: errDelay, Reason: err.Error()}
 			} else {
-				mq.Decision(dec.Verdict.String()).Inc()
+				mq.Verdict(dec.Verdict.String()).Inc()
 			}
 			switch dec.Verdict {
 			case gate.Admit:
 				return next(m)
 			case gate.Reject:
+				mq.Decision(metrics.ReasonDropped).Inc()
 				return Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
+			}
+			if err == nil {
+				mq.Decision(metrics.ReasonGateClosed).Inc()
 			}
 			due := time.Now().Add(max(dec.Delay, time.Millisecond))
 			if !due.Before(d.Req.Deadline) {
@@ -337,6 +279,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			}
 			due := time.Now().Add(wait)
 			if !due.Before(d.Req.Deadline) {
+				d.DeadlineEnded = true
 				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error()))), nil
 			}
 			payload, perr := wire.WithRetryCount(m.Payload, attempts)
@@ -346,7 +289,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
 				return nil, fmt.Errorf("retry %s: %w", d.Req.ID, err)
 			}
-			d.Queue.metrics.Retries.Inc()
+			d.mq().Retries.Inc()
 			d.Outcome = Requeued
 			return nil, nil
 		}
@@ -380,13 +323,20 @@ type Dispatcher interface {
 func Dispatch(client Dispatcher) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		d := From(m)
+		mq := d.mq()
+		mq.Inflight.Inc()
 		d.Dispatched = time.Now()
 		ctx, req, end := httpSpan(d)
 		o := client.Do(ctx, d.Queue.Target, req)
+		mq.InferenceMs.Observe(metrics.Millis(time.Since(d.Dispatched)))
+		mq.Inflight.Dec()
 		end(o.StatusCode)
 		d.Dispatch = o
+		if o.StatusCode == http.StatusTooManyRequests {
+			mq.Shedded.Inc()
+		}
 		if o.DroppedReason != "" {
-			d.Queue.metrics.Shedded.Inc()
+			mq.GatewayDropped.Inc()
 		}
 		switch o.Class {
 		case dispatch.Success:

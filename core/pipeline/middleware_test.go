@@ -117,7 +117,7 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	adm := blockingAdmitter{deadline: make(chan time.Time, 1)}
-	q := &Queue{metrics: mets.For("q", "q", ""), admitter: adm}
+	q := &Queue{metrics: newQueueMetrics(mets, transport.MetricLabels{QueueID: "q", QueueName: "q"}, ""), admitter: adm}
 	deadline := time.Now().Add(150 * time.Millisecond)
 	payload := fmt.Appendf(nil, `{"id":"r1","deadline":%d,"payload":{"model":"m"}}`, deadline.Unix())
 	// Unix seconds are too coarse for a 150 ms deadline: set it on the
@@ -185,7 +185,7 @@ func TestDispatchOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := &Queue{metrics: mets.For("q", "q", "")}
+	q := &Queue{metrics: newQueueMetrics(mets, transport.MetricLabels{QueueID: "q", QueueName: "q"}, "")}
 	tooLarge := fmt.Errorf("post x: status 200: %w", dispatch.ErrResponseTooLarge)
 	for _, tc := range []struct {
 		name  string

@@ -63,11 +63,17 @@ type Queue struct {
 	Gate *gate.Refresher
 	// Ramp bounds how fast credits return when the budget rises.
 	Ramp credit.Ramp
+	// WorkerPool is the worker pool the queue belongs to (the pool_name
+	// metric label; default "default").
+	WorkerPool string
 
-	credits  *credit.Pool   // the in-flight allowance, following Gate's budget
-	metrics  *metrics.Queue // the queue's view of the metrics
-	admitter gate.Admitter  // Gate's per-request hook; nil: always admit
+	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
+	metrics  *queueMetrics // the queue's metrics
+	admitter gate.Admitter // Gate's per-request hook; nil: always admit
 }
+
+// DefaultWorkerPool is the worker pool of a queue that names none.
+const DefaultWorkerPool = "default"
 
 // Config configures a Pipeline.
 type Config struct {
@@ -173,14 +179,22 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		p.delay = newDelayQueue(rp, cfg.Logger)
 	}
+	workers := map[string]int{}
 	for _, spec := range cfg.Queues {
 		q := spec
+		if q.WorkerPool == "" {
+			q.WorkerPool = DefaultWorkerPool
+		}
 		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
-		q.metrics = cfg.Metrics.For(q.ID, q.Name, q.Pool)
+		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
 		q.admitter, _ = q.Gate.Gate().(gate.Admitter)
-		q.metrics.InflightMax.Set(float64(q.MaxConcurrency))
+		q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
+		workers[q.WorkerPool] += q.MaxConcurrency
 		q.Gate.Attach(q.credits)
 		p.queues = append(p.queues, &q)
+	}
+	for pool, n := range workers {
+		cfg.Metrics.PoolWorkerLimit.WithLabelValues(pool).Set(float64(n))
 	}
 	return p, nil
 }
@@ -437,24 +451,12 @@ func (p *Pipeline) refreshers() []*gate.Refresher {
 // gauges samples credits, budgets and queue depths until ctx ends.
 func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
-	dr, hasDepth := p.cfg.Transport.(transport.DepthReporter)
+	dr, _ := p.cfg.Transport.(transport.DepthReporter)
 	t := time.NewTicker(p.cfg.GaugeInterval)
 	defer t.Stop()
 	for {
 		for _, q := range p.queues {
-			inflight, limit, _ := q.credits.Snapshot()
-			q.metrics.Inflight.Set(float64(inflight))
-			q.metrics.CreditLimit.Set(float64(limit))
-			q.metrics.DispatchBudget.Set(q.Gate.Budget())
-			if hasDepth {
-				dctx, cancel := context.WithTimeout(ctx, p.cfg.GaugeInterval)
-				d, err := dr.Depth(dctx, q.Queue)
-				cancel()
-				if err == nil {
-					q.metrics.QueueDepth.Set(float64(d.Waiting))
-					q.metrics.BrokerBacklog.Set(float64(d.Delayed))
-				}
-			}
+			p.sampleQueue(ctx, q, dr)
 		}
 		select {
 		case <-ctx.Done():

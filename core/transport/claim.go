@@ -190,8 +190,9 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			ms = ms[:granted]
 		}
 		s.pool.Release(granted - len(ms))
+		claimed := time.Now()
 		for i, m := range ms {
-			onSettle(m, s.src, s.pool)
+			onSettle(m, s.src, s.pool, claimed)
 			select {
 			case out <- m:
 			case <-ctx.Done():

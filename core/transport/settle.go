@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -22,15 +23,25 @@ import (
 type settleKey struct{}
 
 type settleHook struct {
-	done atomic.Bool
-	src  Source
-	pool *credit.Pool
+	done    atomic.Bool
+	src     Source
+	pool    *credit.Pool
+	claimed time.Time
 }
 
 // onSettle makes m's first Ack or Nack settle it with src and free its
-// credit in pool.
-func onSettle(m *message.Message, src Source, pool *credit.Pool) {
-	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{src: src, pool: pool}))
+// credit in pool; claimed is when its batch was claimed.
+func onSettle(m *message.Message, src Source, pool *credit.Pool, claimed time.Time) {
+	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{src: src, pool: pool, claimed: claimed}))
+}
+
+// Claimed returns when the claim loop claimed m (zero for a message that
+// did not come from NewSubscriber).
+func Claimed(m *message.Message) time.Time {
+	if h, ok := m.Context().Value(settleKey{}).(*settleHook); ok {
+		return h.claimed
+	}
+	return time.Time{}
 }
 
 // settle runs m's settle hook, once.

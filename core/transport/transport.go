@@ -53,8 +53,6 @@ type Queue struct {
 	Name string `json:"queue_name"`
 	// ResultName is the result destination (list, channel, topic...).
 	ResultName string `json:"result_queue_name,omitempty"`
-	// Pool is the inference pool's name, when known (metrics label).
-	Pool string `json:"pool,omitempty"`
 	// MaxConcurrency is the most requests of the queue in flight at once
 	// (its credits at budget 1; NewSubscriber sets it from the credits it
 	// is given). A source may size what it buffers or leases ahead by it.

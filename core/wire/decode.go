@@ -21,13 +21,27 @@ type flatWire struct {
 	ResultQueueName  string          `json:"result_queue_name"`
 }
 
-// internalWire is the envelope's internal object; queue_id and labels are
-// not used by sluice and are left undecoded.
+// internalWire is the envelope's internal object; labels are not used by
+// sluice and are left undecoded, and a queue_id that is not a string is
+// ignored (it only labels metrics).
 type internalWire struct {
-	RetryCount       int    `json:"retry_count"`
-	RequestToken     string `json:"request_token"`
-	RequestQueueName string `json:"request_queue_name"`
-	ResultQueueName  string `json:"result_queue_name"`
+	RetryCount       int         `json:"retry_count"`
+	QueueID          looseString `json:"queue_id"`
+	RequestToken     string      `json:"request_token"`
+	RequestQueueName string      `json:"request_queue_name"`
+	ResultQueueName  string      `json:"result_queue_name"`
+}
+
+// looseString is a JSON string; any other JSON value decodes as "".
+type looseString string
+
+// UnmarshalJSON keeps a string and ignores any other value.
+func (s *looseString) UnmarshalJSON(b []byte) error {
+	var v string
+	if json.Unmarshal(b, &v) == nil {
+		*s = looseString(v)
+	}
+	return nil
 }
 
 // messageWire is either form, decoded in one pass: the flat fields at the top
@@ -152,6 +166,7 @@ func build(f *flatWire, env bool, kind string, in *internalWire) (*Request, *Dec
 		}
 		req.RetryCount = in.RetryCount
 		req.Token = in.RequestToken
+		req.QueueID = string(in.QueueID)
 		if in.RequestQueueName != "" {
 			req.RequestQueueName = in.RequestQueueName
 		}

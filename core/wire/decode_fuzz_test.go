@@ -115,7 +115,7 @@ func checkEncodeRoundTrip(t *testing.T, req *Request) {
 		t.Fatalf("Decode(EncodeRequest(_) = %s): %v", enc, err)
 	}
 	want := *req
-	want.Kind, want.RetryCount, want.Token = "", 0, ""
+	want.Kind, want.RetryCount, want.Token, want.QueueID = "", 0, "", ""
 	const roundingSlack = 500 * time.Microsecond
 	if d := got.Deadline.Sub(req.Deadline); d > roundingSlack || d < -roundingSlack {
 		t.Fatalf("deadline %v came back as %v", req.Deadline, got.Deadline)

@@ -40,6 +40,7 @@ func diffRequest(got, want *Request) string {
 		{"Endpoint", got.Endpoint, want.Endpoint},
 		{"Kind", got.Kind, want.Kind},
 		{"Token", got.Token, want.Token},
+		{"QueueID", got.QueueID, want.QueueID},
 		{"RequestQueueName", got.RequestQueueName, want.RequestQueueName},
 		{"ResultQueueName", got.ResultQueueName, want.ResultQueueName},
 	} {
@@ -142,7 +143,7 @@ func TestDecodeAccepts(t *testing.T) {
 			`"request_queue_name":"ireq","result_queue_name":"ires","labels":{"a":"b"}},` +
 			`"data":{"id":"a","deadline":1700086400,"payload":{},"request_queue_name":"dreq","result_queue_name":"dres"}}`,
 			minimal(func(r *Request) {
-				r.Kind, r.RetryCount, r.Token = "redis", 3, "00112233aabbccdd"
+				r.Kind, r.RetryCount, r.Token, r.QueueID = "redis", 3, "00112233aabbccdd", "q"
 				r.RequestQueueName, r.ResultQueueName = "ireq", "ires"
 			})},
 		{"envelope queue names from data when internal has none", `{"request_kind":"pubsub","internal":{"retry_count":0,"result_queue_name":""},` +

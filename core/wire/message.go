@@ -55,6 +55,8 @@ type Request struct {
 	Kind string
 	// RetryCount is the number of earlier attempts carried by the envelope.
 	RetryCount int
+	// QueueID is the envelope's internal.queue_id (upstream labels metrics with it).
+	QueueID string
 	// Token is the envelope's request_token, paired with upstream cancellation keys.
 	Token string
 	// RequestQueueName and ResultQueueName are the queue names the envelope named, if any.

@@ -107,7 +107,7 @@ var flatNames = [...]string{"id", "created", "deadline", "payload", "metadata", 
 var envelopeNames = append(flatNames[:len(flatNames):len(flatNames)], "data", "request_kind", "internal")
 
 // internalNames are internalWire's member names.
-var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name"}
+var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name", "queue_id"}
 
 // flatField returns the index of name in flatNames, or -1.
 func flatField(name []byte) int {
@@ -206,6 +206,17 @@ func (in *internalWire) scan(v []byte) bool {
 			return once(&seen, 2) && setString(&in.RequestQueueName, val)
 		case "result_queue_name":
 			return once(&seen, 3) && setString(&in.ResultQueueName, val)
+		case "queue_id":
+			if !once(&seen, 4) {
+				return false
+			}
+			if val[0] != '"' { // any other value is ignored, as looseString does
+				return true
+			}
+			var id string
+			ok := setString(&id, val)
+			in.QueueID = looseString(id)
+			return ok
 		}
 		return !foldsTo(name, internalNames)
 	})

@@ -142,6 +142,15 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	return g, nil
 }
 
+// Readings returns the readings of the inner gates that read a metric.
+func (g *Gate) Readings() []gate.Reading {
+	var out []gate.Reading
+	for _, in := range g.inner {
+		out = append(out, gate.ReadingsOf(in)...)
+	}
+	return out
+}
+
 // Budget returns the smallest inner budget. A failing inner gate counts
 // with what its failure policy says, and the failure is returned as a
 // *gate.FallbackError carrying the resulting minimum.

@@ -99,12 +99,15 @@ type Gate struct {
 	cfg     Config
 	queries []string
 	client  *promquery.Client
+
+	readings gate.ReadingRecorder
 }
 
 var (
 	_ gate.Gate           = (*Gate)(nil)
 	_ gate.Describer      = (*Gate)(nil)
 	_ gate.PolicyReporter = (*Gate)(nil)
+	_ gate.Reader         = (*Gate)(nil)
 )
 
 // New returns the gate; it takes ownership of client (Close closes it).
@@ -144,8 +147,10 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	d, err := g.free(ctx)
 	if err == nil {
+		g.readings.Record(g.cfg.Pool, d, g.cfg.Baseline)
 		return g.budget(d), nil
 	}
+	g.readings.Fail(g.cfg.Pool)
 	if g.cfg.Fallback != nil {
 		return 0, &gate.FallbackError{Budget: g.budget(*g.cfg.Fallback), Err: err}
 	}
@@ -189,6 +194,9 @@ func (g *Gate) Describe() string {
 
 // FailurePolicy is closed, as upstream's default fallback (D = 0).
 func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.FailClosed }
+
+// Readings returns the last free-share reading D against the baseline.
+func (g *Gate) Readings() []gate.Reading { return g.readings.Readings() }
 
 // Close releases the Prometheus client; it is idempotent.
 func (g *Gate) Close() error { return g.client.Close() }

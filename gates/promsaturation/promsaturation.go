@@ -64,12 +64,15 @@ type Gate struct {
 	cfg    Config
 	query  string
 	client *promquery.Client
+
+	readings gate.ReadingRecorder
 }
 
 var (
 	_ gate.Gate           = (*Gate)(nil)
 	_ gate.Describer      = (*Gate)(nil)
 	_ gate.PolicyReporter = (*Gate)(nil)
+	_ gate.Reader         = (*Gate)(nil)
 )
 
 // New returns the gate; it takes ownership of client (Close closes it).
@@ -109,10 +112,13 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	vals, err := g.client.Values(ctx, g.query)
 	if err == nil {
 		if sat, ok := promquery.Max(vals); ok {
+			// Upstream's reading: 1 − saturation against 1 − threshold.
+			g.readings.Record(g.cfg.Pool, 1-sat, 1-g.cfg.Threshold)
 			return g.budget(sat), nil
 		}
 		err = fmt.Errorf("query %s: only NaN samples: %w", g.query, promquery.ErrNoData)
 	}
+	g.readings.Fail(g.cfg.Pool)
 	if g.cfg.Fallback != nil {
 		return 0, &gate.FallbackError{Budget: g.budget(*g.cfg.Fallback), Err: err}
 	}
@@ -138,6 +144,10 @@ func (g *Gate) Describe() string {
 // FailurePolicy is open: with the default fallback a failure leaves the
 // gate open (at the threshold), as upstream.
 func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.FailOpen }
+
+// Readings returns the last saturation reading, as 1 − saturation against
+// 1 − threshold (upstream's gauges).
+func (g *Gate) Readings() []gate.Reading { return g.readings.Readings() }
 
 // Close releases the Prometheus client; it is idempotent.
 func (g *Gate) Close() error { return g.client.Close() }

@@ -388,3 +388,11 @@ func (t *Transport) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+var _ transport.MetricLabeler = (*Transport)(nil)
+
+// MetricLabels labels as upstream's Pub/Sub loop: queue_id "", queue_name
+// the subscription.
+func (t *Transport) MetricLabels(q transport.Queue) transport.MetricLabels {
+	return transport.MetricLabels{QueueName: q.Name}
+}

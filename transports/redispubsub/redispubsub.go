@@ -441,3 +441,11 @@ func (t *Transport) CheckHealth(ctx context.Context, _ []transport.Queue) error 
 }
 
 var _ transport.HealthChecker = (*Transport)(nil)
+
+var _ transport.MetricLabeler = (*Transport)(nil)
+
+// MetricLabels labels as upstream's pub/sub loop: queue_id "" unless the
+// envelope names one, queue_name the channel.
+func (t *Transport) MetricLabels(q transport.Queue) transport.MetricLabels {
+	return transport.MetricLabels{QueueName: q.Name, QueueIDFromMessage: true}
+}
