@@ -52,7 +52,7 @@ func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy config (JSON); checked, merge policies not implemented yet")
 	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
 	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms config (JSON); checked, transforms not implemented yet")
-	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll; accepted, the backlog gauges are not implemented yet")
+	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll (broker_backlog gauge); 0 disables it")
 	fs.BoolVar(&u.zapDevel, "zap-devel", true, "upstream: zap development mode; accepted and ignored")
 	fs.StringVar(&u.zapEncoder, "zap-encoder", "", "upstream: json or console; same as --log-format json or text")
 	fs.StringVar(&u.zapLogLevel, "zap-log-level", "", "upstream: no effect (as in upstream, -v decides)")
@@ -115,8 +115,11 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 		}
 		warn = append(warn, fmt.Sprintf("--%s=%s: file checked; %s", f.flag, f.path, f.instead))
 	}
-	if fs.Changed("metrics-backlog-poll-interval") && u.backlogPoll != 0 {
-		warn = append(warn, "--metrics-backlog-poll-interval is accepted and ignored: the broker backlog gauges are not implemented yet")
+	if fs.Changed("metrics-backlog-poll-interval") {
+		cfg.BacklogPollInterval = config.Duration(u.backlogPoll)
+		if u.backlogPoll <= 0 {
+			cfg.BacklogPollInterval = -1 // upstream: 0 disables the poll
+		}
 	}
 	u.guard = nil
 	if u.metricsAuth && cfg.MetricsPort != -1 {

@@ -54,6 +54,7 @@ func (a *App) build(o Options) error {
 		Queues:         queues,
 		Retry:          retryPolicy(a.cfg),
 		DrainTimeout:   a.cfg.DrainTimeout.D(),
+		DepthInterval:  a.cfg.BacklogPollInterval.D(),
 		Metrics:        m,
 		Logger:         a.log,
 		TracerProvider: tracer,

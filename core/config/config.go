@@ -72,6 +72,11 @@ type Config struct {
 	// DrainTimeout is how long requests in flight may finish on shutdown
 	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
+	// BacklogPollInterval is how often each queue's depth is read from the
+	// broker for the broker_backlog and sluice_delayed_requests gauges
+	// (0: the pipeline's gauge interval, 2s; negative: never; upstream's
+	// --metrics-backlog-poll-interval).
+	BacklogPollInterval Duration `json:"backlog_poll_interval,omitempty"`
 	// MetricsPort serves /metrics (default 9090; -1 disables).
 	MetricsPort int `json:"metrics_port,omitempty"`
 	// HealthPort serves /healthz and /readyz (default 8081; -1 disables).

@@ -170,9 +170,10 @@ const resultHTTPError = "http_error"
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// sampleQueue sets q's sampled gauges: credits, budget, depths, gate
-// readings; and counts one gate_closed decision while the gate holds the
-// queue shut with requests waiting (upstream counts one per poll tick).
+// sampleQueue sets q's sampled gauges: credits, budget, gate readings and,
+// when dr is not nil, the broker's depths; with the depths it counts one
+// gate_closed decision while the gate holds the queue shut with requests
+// waiting (upstream counts one per poll tick).
 func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.DepthReporter) {
 	own := q.metrics.own
 	inflight, limit, _ := q.credits.Snapshot()
@@ -182,7 +183,7 @@ func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.Depth
 	budget := q.Gate.Budget()
 	own.DispatchBudget.Set(budget)
 	if dr != nil {
-		dctx, cancel := context.WithTimeout(ctx, p.cfg.GaugeInterval)
+		dctx, cancel := context.WithTimeout(ctx, max(p.cfg.GaugeInterval, time.Second))
 		d, err := dr.Depth(dctx, q.Queue)
 		cancel()
 		if err == nil {

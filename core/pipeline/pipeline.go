@@ -87,8 +87,11 @@ type Config struct {
 	// HandBackTimeout bounds the wait for cancelled requests to be handed
 	// back after the drain (default 10s).
 	HandBackTimeout time.Duration
-	// GaugeInterval is how often gauges and queue depths are sampled (default 2s).
+	// GaugeInterval is how often gauges are sampled (default 2s).
 	GaugeInterval time.Duration
+	// DepthInterval is how often queue depths are read from the broker
+	// (0: GaugeInterval; negative: never).
+	DepthInterval time.Duration
 	// Metrics receives the metrics (required).
 	Metrics *metrics.Metrics
 	Logger  *slog.Logger
@@ -452,11 +455,25 @@ func (p *Pipeline) refreshers() []*gate.Refresher {
 func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
 	defer close(done)
 	dr, _ := p.cfg.Transport.(transport.DepthReporter)
-	t := time.NewTicker(p.cfg.GaugeInterval)
+	every, depthEvery := p.cfg.GaugeInterval, p.cfg.DepthInterval
+	switch {
+	case depthEvery == 0:
+		depthEvery = every
+	case depthEvery < 0:
+		dr = nil
+	case depthEvery < every:
+		every = depthEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
+	var lastDepth time.Time
 	for {
+		var depths transport.DepthReporter
+		if dr != nil && time.Since(lastDepth) >= depthEvery-every/2 {
+			depths, lastDepth = dr, time.Now()
+		}
 		for _, q := range p.queues {
-			p.sampleQueue(ctx, q, dr)
+			p.sampleQueue(ctx, q, depths)
 		}
 		select {
 		case <-ctx.Done():
