@@ -146,3 +146,38 @@ func TestTracingFromEnvironment(t *testing.T) {
 		t.Fatalf("unsupported protocol: %v", err)
 	}
 }
+
+// A request handed back at shutdown gets upstream's "re-enqueue" span,
+// linked to the span of the attempt that was cut short.
+func TestTracingReEnqueue(t *testing.T) {
+	gw, url := newGateway(t)
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	defer func() { _ = tp.Shutdown(t.Context()) }()
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(200 * time.Millisecond),
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
+			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: url}}},
+	}
+	h := startAppWith(t, cfg, Options{Transport: memory.New(memory.Options{}), TracerProvider: tp})
+	if err := h.mem.Enqueue(e2eQueue, request("long", time.Now().Add(time.Minute), map[string]any{"sleep_ms": 10_000})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(gw.attempts("long")) == 1 }, 5*time.Second)
+	if err := h.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]tracetest.SpanStub{}
+	for _, s := range exp.GetSpans() {
+		byName[s.Name] = s
+	}
+	proc, ok1 := byName["process-request"]
+	re, ok2 := byName["re-enqueue"]
+	if !ok1 || !ok2 {
+		t.Fatalf("spans %v, want process-request and re-enqueue", keys(byName))
+	}
+	if len(re.Links) != 1 || re.Links[0].SpanContext.SpanID() != proc.SpanContext.SpanID() {
+		t.Errorf("re-enqueue links %+v, want the process-request span %s", re.Links, proc.SpanContext.SpanID())
+	}
+}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"strconv"
 	"strings"
@@ -82,6 +83,14 @@ func Trace(tp trace.TracerProvider) message.HandlerMiddleware {
 			d.Ctx = ctx
 			out, err := next(m)
 			record(span, d, err)
+			if errors.Is(err, ErrShutdown) {
+				// Handed back at shutdown: upstream's "re-enqueue" span, a
+				// sibling linked to the attempt's span.
+				_, re := tracer.Start(parent, "re-enqueue",
+					trace.WithLinks(trace.LinkFromContext(ctx)),
+					trace.WithAttributes(attribute.String("request.id", req.ID), attribute.String("queue.id", d.Queue.ID)))
+				re.End()
+			}
 			return out, err
 		}
 	}
