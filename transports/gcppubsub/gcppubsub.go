@@ -151,6 +151,7 @@ type Transport struct {
 	log  *slog.Logger
 
 	closing chan struct{} // closed by Close: deliveries still un-acked are nacked
+	now     func() time.Time
 
 	mu         sync.Mutex
 	closed     bool
@@ -161,6 +162,7 @@ type Transport struct {
 	receives   sync.WaitGroup
 
 	receiveErrors atomic.Int64 // Receive calls that ended with an error
+	loops         sync.Map     // subscription → *loopHistory, for the health check
 }
 
 var (
@@ -186,7 +188,7 @@ func New(o Options, env transport.Env) (*Transport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Transport{opts: o, log: log.With("transport", Name), closing: make(chan struct{}),
-		publishers: map[string]*pubsub.Publisher{}, topics: map[string]string{}}, nil
+		publishers: map[string]*pubsub.Publisher{}, topics: map[string]string{}, now: time.Now}, nil
 }
 
 // Options returns the defaulted options.

@@ -3,6 +3,7 @@ package gcppubsub
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,11 +84,19 @@ func (s *source) Open(ctx context.Context) error {
 		// exist yet, lost permissions): keep trying, loudly, rather than sit
 		// silently with no work (sluice_transport_events_total{event="receive_errors"}).
 		backoff := time.Second
+		h := t.history(s.subscription)
 		for {
-			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) { s.handle(rctx, pm) })
+			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) {
+				h.received(t.now())
+				s.handle(rctx, pm)
+			})
 			if rctx.Err() != nil {
 				return
 			}
+			if err == nil {
+				err = errors.New("receive returned without an error")
+			}
+			h.failed(t.now(), err)
 			t.receiveErrors.Add(1)
 			t.log.Error("receiving stopped; trying again", "subscription", s.subscription, "err", err, "retry_in", backoff.String())
 			select {
