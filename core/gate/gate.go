@@ -39,6 +39,13 @@ type Gate interface {
 
 // Admitter is implemented by gates that also decide per request. Admit is on
 // the per-message path: keep it cheap, and never block past ctx.
+//
+// Admit may label the request (req.SetLabel, req.SetClassification): the
+// labels travel with the message and survive a re-queue. A gate that
+// reserves something for an admitted request returns the way to give it
+// back in Decision.Release; a gate that does not admit must not hold
+// anything (a chain of gates gives back what its earlier members reserved:
+// see Chain).
 type Admitter interface {
 	Admit(ctx context.Context, req *wire.Request) (Decision, error)
 }
@@ -51,8 +58,14 @@ const (
 	Admit Verdict = iota
 	// Defer puts the request back for Decision.Delay without counting an attempt.
 	Defer
-	// Reject ends the request with a GATE_DROPPED result carrying Decision.Reason.
+	// Reject ends the request with a GATE_DROPPED result carrying
+	// Decision.Reason, or with Decision.Result when set.
 	Reject
+	// Wait keeps the request in flight (its credit held) and asks again when
+	// capacity frees: on a release in its queue or pool, on a budget change,
+	// or after at most Decision.Delay (default 1s), until its deadline or the
+	// request timeout ends it with DEADLINE_EXCEEDED. Upstream's Wait.
+	Wait
 )
 
 // String returns the verdict's lower-case name, as used in metric labels.
@@ -64,6 +77,8 @@ func (v Verdict) String() string {
 		return "defer"
 	case Reject:
 		return "reject"
+	case Wait:
+		return "wait"
 	}
 	return fmt.Sprintf("verdict(%d)", int(v))
 }
@@ -71,10 +86,20 @@ func (v Verdict) String() string {
 // Decision is what Admit returns.
 type Decision struct {
 	Verdict Verdict
-	// Delay is how long to wait before asking again (Defer only).
+	// Delay is how long to wait before asking again (Defer: before the
+	// request is delivered again; Wait: the longest wait before asking again).
 	Delay time.Duration
-	// Reason explains a Defer or Reject; it ends up in logs, metrics and results.
+	// Reason explains a Defer, Reject or Wait; it ends up in logs and results.
 	Reason string
+	// Result, for Reject, is the result to write instead of GATE_DROPPED
+	// (upstream's tier-priority-admission answers 429 this way); the
+	// pipeline sets its id and metadata from the request.
+	Result *wire.Result
+	// Release, for Admit, gives back what the gate reserved for the request
+	// (a quota slot, a concurrency slot). The pipeline calls it exactly once,
+	// when the request ends: its result written, or it re-queued or handed
+	// back. nil: nothing was reserved.
+	Release func()
 }
 
 // Admitted is the decision that lets a request through.

@@ -62,7 +62,46 @@ type Request struct {
 	// RequestQueueName and ResultQueueName are the queue names the envelope named, if any.
 	RequestQueueName string
 	ResultQueueName  string
+	// Labels are the envelope's internal.labels: set by the queue's config
+	// when the request is taken and by gates (the classification), kept
+	// when the request is re-queued. nil when there are none.
+	Labels map[string]string
 }
+
+// Label names and values upstream gives a meaning to.
+const (
+	// LabelClassification holds ClassReserved or ClassOverflow (set by quota gates).
+	LabelClassification = "classification"
+	ClassReserved       = "reserved"
+	ClassOverflow       = "overflow"
+	// DefaultTierLabel is the label holding the tier, unless a gate or
+	// policy names another (tier_label).
+	DefaultTierLabel = "tier"
+	TierInteractive  = "interactive"
+	TierAsync        = "async"
+	TierBatch        = "batch"
+)
+
+// Label returns label k ("" when absent).
+func (r *Request) Label(k string) string { return r.Labels[k] }
+
+// SetLabel sets label k to v; an empty v removes it.
+func (r *Request) SetLabel(k, v string) {
+	if v == "" {
+		delete(r.Labels, k)
+		return
+	}
+	if r.Labels == nil {
+		r.Labels = map[string]string{}
+	}
+	r.Labels[k] = v
+}
+
+// Classification returns the classification label ("" when unclassified).
+func (r *Request) Classification() string { return r.Labels[LabelClassification] }
+
+// SetClassification sets the classification label ("" removes it).
+func (r *Request) SetClassification(c string) { r.SetLabel(LabelClassification, c) }
 
 // JobID returns metadata["job_id"], the key job-level cancellation works on.
 func (r *Request) JobID() string { return r.Metadata["job_id"] }
