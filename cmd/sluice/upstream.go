@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -48,7 +49,7 @@ type upstreamFlags struct {
 func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.IntVarP(&u.verbosity, "v", "v", 2, "upstream: log verbosity; 0 logs at info, 1 or more at debug (--log-level wins)")
 	fs.BoolVar(&u.metricsAuth, "metrics-endpoint-auth", upstream, "Kubernetes authn/authz in front of /metrics: each scrape's bearer token is checked by a TokenReview and a SubjectAccessReview (get /metrics) against the in-cluster API; true refuses to start outside a cluster")
-	fs.StringVar(&u.poolConfigFile, "pool-config-file", "", "worker pools config (JSON); checked, pools not implemented yet")
+	fs.StringVar(&u.poolConfigFile, "pool-config-file", "", "worker pools (JSON array of {id, workers, gate_type, gate_params}); needs a queue config; without it one pool \"default\" of --concurrency workers serves every queue")
 	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy config (JSON); checked, merge policies not implemented yet")
 	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
 	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms config (JSON); checked, transforms not implemented yet")
@@ -101,7 +102,6 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 		}
 	}
 	files := []struct{ flag, path, instead string }{
-		{"pool-config-file", u.poolConfigFile, "worker pools are not implemented yet: every queue is served with its own --concurrency in-flight limit"},
 		{"request-merge-policy-config-file", u.mergePolicyFile, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
 		{"request-merge-policy-config", u.mergePolicyAlias, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
 		{"transform-config-file", u.transformConfigFile, "request body transforms are not implemented yet: request bodies are sent to the gateway unchanged"},
@@ -114,6 +114,26 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 			return nil, err
 		}
 		warn = append(warn, fmt.Sprintf("--%s=%s: file checked; %s", f.flag, f.path, f.instead))
+	}
+	if u.poolConfigFile != "" {
+		if len(cfg.TransportConfig.Queues) == 0 {
+			return nil, errors.New("--pool-config-file: pool-config-file can only be specified when a transport/queues config is also specified")
+		}
+		if err := checkJSONFile("pool-config-file", u.poolConfigFile); err != nil {
+			return nil, err
+		}
+		data, err := os.ReadFile(u.poolConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("--pool-config-file: %w", err)
+		}
+		pools, err := config.ParseWorkerPools(data, u.poolConfigFile)
+		if err != nil {
+			return nil, fmt.Errorf("--pool-config-file: %w", err)
+		}
+		if len(cfg.WorkerPools) > 0 {
+			warn = append(warn, fmt.Sprintf("--pool-config-file=%s replaces the config's worker_pools", u.poolConfigFile))
+		}
+		cfg.WorkerPools = pools
 	}
 	if fs.Changed("metrics-backlog-poll-interval") {
 		cfg.BacklogPollInterval = config.Duration(u.backlogPoll)

@@ -39,6 +39,7 @@ func loadUpstream(t *testing.T, args ...string) (*config.Config, []string, error
 func TestUpstreamFlags(t *testing.T) {
 	t.Setenv("REDIS_URL", "redis://redis:6379/0")
 	anyJSON := writeFile(t, "any.json", `{"pools":[]}`)
+	poolsJSON := writeFile(t, "pools.json", `[{"id":"default","workers":8},{"id":"batch","workers":3}]`)
 	queues := writeFile(t, "queues.json", `[{"queue_name":"qf","igw_base_url":"http://gw:80"}]`)
 	// Upstream's chart always passes these two; the base keeps the
 	// redis-pubsub single queue valid.
@@ -72,7 +73,10 @@ func TestUpstreamFlags(t *testing.T) {
 		{"--concurrency", []string{"--concurrency=32"}, func(c *config.Config) bool { return c.Concurrency == 32 }, ""},
 		{"--request-timeout", []string{"--request-timeout=90s"}, func(c *config.Config) bool { return time.Duration(c.RequestTimeout) == 90*time.Second }, ""},
 		{"--drain-timeout", []string{"--drain-timeout=2m"}, func(c *config.Config) bool { return time.Duration(c.DrainTimeout) == 2*time.Minute }, ""},
-		{"--pool-config-file", []string{"--pool-config-file", anyJSON}, nil, "--pool-config-file=" + anyJSON + ": file checked; worker pools are not implemented yet"},
+		{"--pool-config-file", []string{"--pool-config-file", poolsJSON, "--redis.queues-config", `[{"queue_name":"qp","igw_base_url":"http://gw:80","worker_pool_id":"batch"}]`},
+			func(c *config.Config) bool {
+				return len(c.WorkerPools) == 2 && c.Pool("batch").Workers == 3 && q0(c).WorkerPoolID == "batch" && q0(c).MaxConcurrency == 3
+			}, ""},
 		{"--transport", []string{"--transport=redis-sortedset", "--transport-config-file", queues}, func(c *config.Config) bool { return c.Transport == "redis-sortedset" && q0(c).Name == "qf" }, ""},
 		{"--transport-config", []string{"--transport-config", `{"result_queue_name":"r","queues":[{"queue_name":"qi","igw_base_url":"http://gw:80"}]}`},
 			func(c *config.Config) bool {
@@ -295,7 +299,7 @@ func TestUpstreamChartArgsStart(t *testing.T) {
 // in the chart's order and argv forms.
 func TestUpstreamChartRenderedArgs(t *testing.T) {
 	t.Setenv("REDIS_URL", "redis://redis:6379/0")
-	pools := writeFile(t, "worker-pools.json", `{"pools":[{"id":"default","concurrency":64}]}`)
+	pools := writeFile(t, "worker-pools.json", `[{"id":"default","workers":64}]`)
 	transform := writeFile(t, "transform-config.json", `{"transforms":[]}`)
 	merge := writeFile(t, "request-merge-policy.json", `{"type":"random-robin"}`)
 	topics := writeFile(t, "pubsub-topics.json", `[{"queue_name":"sub-a","igw_base_url":"http://gw:80","gate_type":"constant","gate_params":{"budget":"1"}}]`)
@@ -345,7 +349,10 @@ func TestUpstreamChartRenderedArgs(t *testing.T) {
 				t.Errorf("config %+v", cfg)
 			}
 			all := strings.Join(warn, "\n")
-			for _, w := range []string{"--pool-config-file", "--transform-config-file", "--request-merge-policy-config", "--redis-tracing", "flag --message-queue-impl is deprecated"} {
+			if p := cfg.Pool("default"); p == nil || p.Workers != 64 {
+				t.Errorf("pools %+v, want the file's default of 64 workers", cfg.WorkerPools)
+			}
+			for _, w := range []string{"--transform-config-file", "--request-merge-policy-config", "--redis-tracing", "flag --message-queue-impl is deprecated"} {
 				if !strings.Contains(all, w) {
 					t.Errorf("no warning naming %s in:\n%s", w, all)
 				}

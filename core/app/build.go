@@ -40,6 +40,10 @@ func (a *App) build(o Options) error {
 	if err != nil {
 		return err
 	}
+	pools, err := a.newPools(o.Adapters.Gates, m)
+	if err != nil {
+		return err
+	}
 	tracer, err := a.newTracer(o.TracerProvider)
 	if err != nil {
 		return err
@@ -52,6 +56,8 @@ func (a *App) build(o Options) error {
 		Transport:      a.transport,
 		Dispatcher:     d,
 		Queues:         queues,
+		Pools:          pools,
+		GateTimeout:    a.cfg.RequestTimeout.D(),
 		Retry:          retryPolicy(a.cfg),
 		DrainTimeout:   a.cfg.DrainTimeout.D(),
 		DepthInterval:  a.cfg.BacklogPollInterval.D(),
@@ -155,7 +161,16 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 		if err != nil {
 			return nil, fmt.Errorf("queues[%d]: %w", i, err)
 		}
+		// Queues with the same definition share a budget-only gate (one
+		// refresh loop, one backend query); a gate that decides per request
+		// may keep state per instance (local-max-concurrency's count), so
+		// each queue gets its own, as upstream.
 		r, ok := byDef[def]
+		if ok {
+			if _, admits := r.Gate().(gate.Admitter); admits {
+				ok = false
+			}
+		}
 		if !ok {
 			g, err := newGate(gates, a.cfg, q, params)
 			if err != nil {
@@ -174,9 +189,35 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			Target:     dispatch.Target{BaseURL: q.IGWBaseURL, Path: q.RequestPathURL, InferenceObjective: q.InferenceObjective},
 			Gate:       r,
 			WorkerPool: q.WorkerPoolID,
+			Labels:     q.Labels,
 		})
 	}
 	return queues, nil
+}
+
+// newPools builds the worker pools and their gates (one instance per pool).
+func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Pool, error) {
+	pools := make([]pipeline.Pool, 0, len(a.cfg.WorkerPools))
+	for i, wp := range a.cfg.WorkerPools {
+		p := pipeline.Pool{ID: wp.ID, Workers: wp.Workers}
+		if wp.GateType != "" {
+			params, err := gate.ParseParams(wp.GateParams)
+			if err != nil {
+				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
+			}
+			g, err := gates.New(wp.GateType, params, gate.Env{
+				PrometheusURL: a.cfg.Prometheus.URL, PrometheusCacheTTL: a.cfg.Prometheus.CacheTTL.D(),
+				RedisURL: a.cfg.RedisURL, MaxConcurrency: wp.Workers,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
+			}
+			p.Gate = newRefresher(g, "pool:"+wp.ID, a.log, m)
+			a.gates = append(a.gates, p.Gate)
+		}
+		pools = append(pools, p)
+	}
+	return pools, nil
 }
 
 // newRefresher starts the refresh loop of gate g, named name in metrics.

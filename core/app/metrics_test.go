@@ -28,8 +28,8 @@ func (closedReadingGate) Readings() []gate.Reading {
 // The sampled metrics: a gate holding a queue shut with requests waiting
 // counts gate_closed decisions, the broker backlog is polled at
 // backlog_poll_interval, a metric gate's reading is exported under
-// upstream's gate gauges, and pool_worker_limit sums the worker pool's
-// in-flight limits.
+// upstream's gate gauges, and pool_worker_limit is the worker pool's
+// workers.
 func TestSampledMetrics(t *testing.T) {
 	ad := testAdapters(t)
 	if err := ad.Gates.Register("test-closed", func(gate.Params, gate.Env) (gate.Gate, error) { return closedReadingGate{}, nil }); err != nil {
@@ -37,7 +37,8 @@ func TestSampledMetrics(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	cfg := &config.Config{
-		Transport: memory.Name, Concurrency: 6, MetricsPort: -1, HealthPort: -1,
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1,
+		WorkerPools:         []config.WorkerPool{{ID: "batch", Workers: 10}},
 		DrainTimeout:        config.Duration(time.Second),
 		BacklogPollInterval: config.Duration(20 * time.Millisecond),
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{
@@ -73,7 +74,7 @@ func TestSampledMetrics(t *testing.T) {
 	if v, th, ok := value(up+"gate_metric_value", pool), value(up+"gate_metric_threshold", pool), value(up+"gate_metric_source_available", pool); v != 0.3 || th != 0.5 || ok != 1 {
 		t.Errorf("gate gauges: value %v threshold %v available %v", v, th, ok)
 	}
-	if got := value(up+"pool_worker_limit", map[string]string{"pool_name": "batch"}); got != 6+4 {
+	if got := value(up+"pool_worker_limit", map[string]string{"pool_name": "batch"}); got != 10 {
 		t.Errorf("pool_worker_limit{batch} = %v, want 10", got)
 	}
 	// Nothing was dispatched, and nothing else was counted as a decision.

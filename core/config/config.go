@@ -64,8 +64,15 @@ type Config struct {
 	Transport string `json:"transport,omitempty"`
 	// TransportConfig holds the queues and the transport's own options.
 	TransportConfig TransportConfig `json:"transport_config"`
-	// Concurrency is each queue's in-flight limit at budget 1 (default 64).
+	// Concurrency is the workers of the default worker pool, shared by
+	// every queue, when WorkerPools is empty (default 64): upstream's
+	// --concurrency.
 	Concurrency int `json:"concurrency,omitempty"`
+	// WorkerPools are upstream's worker pools (--pool-config-file): the
+	// requests in flight of all the queues naming a pool (worker_pool_id)
+	// stay within its workers, and its gate decides per request. Empty: one
+	// pool "default" of Concurrency workers shared by every queue.
+	WorkerPools []WorkerPool `json:"worker_pools,omitempty"`
 	// RequestTimeout bounds one gateway call when the deadline is further
 	// away (0: core/dispatch's default, 5m).
 	RequestTimeout Duration `json:"request_timeout,omitempty"`
@@ -259,6 +266,50 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 // none (upstream's default).
 const DefaultWorkerPoolID = "default"
 
+// WorkerPool is one of upstream's worker pools (an entry of the JSON array
+// of --pool-config-file).
+type WorkerPool struct {
+	// ID names the pool (required, unique); queues name it in worker_pool_id.
+	ID string `json:"id"`
+	// Workers is the most requests of the pool's queues in flight at once (≥ 1).
+	Workers int `json:"workers"`
+	// GateType is the pool gate's registry name (optional): it decides per
+	// request, after the queue's gate, for every queue of the pool.
+	GateType string `json:"gate_type,omitempty"`
+	// GateParams are the pool gate's parameters (as a queue's gate_params).
+	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
+}
+
+// ParseWorkerPools reads upstream's pool file: a JSON array of pools.
+// Unknown fields are reported (upstream ignores them).
+func ParseWorkerPools(data []byte, where string) ([]WorkerPool, error) {
+	var generic any
+	if err := json.Unmarshal(data, &generic); err != nil {
+		return nil, Problems{{where, "not valid JSON: " + jsonErr(data, err)}}
+	}
+	if ps := unknownFields(generic, reflect.TypeOf([]WorkerPool{}), ""); len(ps) > 0 {
+		for i := range ps {
+			ps[i].Where = where + ": " + ps[i].Where
+		}
+		return nil, ps
+	}
+	var pools []WorkerPool
+	if err := json.Unmarshal(data, &pools); err != nil {
+		return nil, Problems{{where, jsonErr(data, err)}}
+	}
+	return pools, nil
+}
+
+// Pool returns the worker pool named id (nil when there is none).
+func (c *Config) Pool(id string) *WorkerPool {
+	for i := range c.WorkerPools {
+		if c.WorkerPools[i].ID == id {
+			return &c.WorkerPools[i]
+		}
+	}
+	return nil
+}
+
 // Queue is one request queue (upstream's queue object, and upstream's GCP
 // topic object): the transport's queue (transport.Queue: id, queue_name,
 // result_queue_name, pool, max_concurrency) and the fields the assembly
@@ -382,6 +433,9 @@ func (c *Config) SetDefaults() {
 	if c.Log.Format == "" {
 		c.Log.Format = "text"
 	}
+	if len(c.WorkerPools) == 0 {
+		c.WorkerPools = []WorkerPool{{ID: DefaultWorkerPoolID, Workers: c.Concurrency}}
+	}
 	for i := range c.TransportConfig.Queues {
 		q := &c.TransportConfig.Queues[i]
 		if q.ID == "" {
@@ -398,7 +452,11 @@ func (c *Config) SetDefaults() {
 			q.GateType = "constant"
 		}
 		if q.MaxConcurrency == 0 {
+			// A queue alone may use its whole pool.
 			q.MaxConcurrency = c.Concurrency
+			if p := c.Pool(q.WorkerPoolID); p != nil && p.Workers > 0 {
+				q.MaxConcurrency = p.Workers
+			}
 		}
 	}
 }
@@ -503,6 +561,23 @@ func (c *Config) Validate(k Known) error {
 	default:
 		add("log.format", "%q: want text or json", c.Log.Format)
 	}
+	pools := map[string]int{}
+	for i, p := range c.WorkerPools {
+		where := fmt.Sprintf("worker_pools[%d]", i)
+		switch prev, dup := pools[p.ID]; {
+		case p.ID == "":
+			add(where+".id", "required")
+		case dup:
+			add(where+".id", "duplicate of worker_pools[%d] (%q)", prev, p.ID)
+		}
+		pools[p.ID] = i
+		if p.Workers < 1 {
+			add(where+".workers", "pool %q must have at least 1 worker, got %d", p.ID, p.Workers)
+		}
+		if p.GateType != "" && k.Gate != nil && !k.Gate(p.GateType) {
+			add(where+".gate_type", "unknown gate type %q (known: %s)", p.GateType, strings.Join(k.Gates, ", "))
+		}
+	}
 	qs := c.TransportConfig.Queues
 	if len(qs) == 0 {
 		add("transport_config.queues", "no queues configured")
@@ -534,11 +609,22 @@ func (c *Config) Validate(k Known) error {
 		if q.MaxConcurrency < 1 {
 			add(where+".max_concurrency", "must be at least 1")
 		}
+		if _, ok := pools[q.WorkerPoolID]; !ok && len(c.WorkerPools) > 0 {
+			add(where+".worker_pool_id", "worker pool %q specified in queue config not found in pool configuration (pools: %s)", q.WorkerPoolID, poolIDs(c.WorkerPools))
+		}
 	}
 	if len(ps) == 0 {
 		return nil
 	}
 	return ps
+}
+
+func poolIDs(ps []WorkerPool) string {
+	ids := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i] = strconv.Quote(p.ID)
+	}
+	return strings.Join(ids, ", ")
 }
 
 // Parse reads a config document strictly: every unknown field is reported

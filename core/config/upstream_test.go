@@ -109,6 +109,16 @@ func TestParseUpstreamFiles(t *testing.T) {
 			if c.TransportConfig.ResultQueueName == "" {
 				c.TransportConfig.ResultQueueName = "results"
 			}
+			// The pools the queues name, as upstream's --pool-config-file
+			// would give them (without it, upstream refuses such queues too).
+			for _, q := range c.TransportConfig.Queues {
+				if id := q.WorkerPoolID; id != "" && c.Pool(id) == nil {
+					c.WorkerPools = append(c.WorkerPools, WorkerPool{ID: id, Workers: 4})
+				}
+			}
+			if len(c.WorkerPools) > 0 && c.Pool(DefaultWorkerPoolID) == nil {
+				c.WorkerPools = append(c.WorkerPools, WorkerPool{ID: DefaultWorkerPoolID, Workers: 4})
+			}
 			c.SetDefaults()
 			for i, q := range c.TransportConfig.Queues {
 				if want := tc.want[i].WorkerPoolID; q.WorkerPoolID != want && !(want == "" && q.WorkerPoolID == DefaultWorkerPoolID) {

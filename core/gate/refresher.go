@@ -37,7 +37,7 @@ type Refresher struct {
 	gate Gate
 
 	mu       sync.Mutex
-	credits  []*credit.Pool
+	credits  []Follower
 	budget   float64
 	lastGood float64
 	hasGood  bool
@@ -73,9 +73,16 @@ func NewRefresher(g Gate, cfg RefresherConfig) *Refresher {
 // Gate returns the gate being refreshed.
 func (r *Refresher) Gate() Gate { return r.gate }
 
-// Attach makes c follow this gate's budget. Attach before Start, or the
-// credits get the budget at the next refresh.
-func (r *Refresher) Attach(c *credit.Pool) {
+// Follower is told each budget the refresher hands out (*credit.Pool is one).
+type Follower interface {
+	SetBudget(b float64)
+}
+
+var _ Follower = (*credit.Pool)(nil)
+
+// Attach makes c follow this gate's budget. Attach before Start, or c gets
+// the budget at the next refresh.
+func (r *Refresher) Attach(c Follower) {
 	r.mu.Lock()
 	r.credits = append(r.credits, c)
 	has := r.started

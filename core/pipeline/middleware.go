@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/dispatch"
-	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -64,6 +63,11 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 			d := From(m)
 			req, err := wire.Decode(m.Payload)
 			if err == nil {
+				for k, v := range d.Queue.Labels { // the queue's labels, unless the request carries its own
+					if _, ok := req.Labels[k]; !ok {
+						req.SetLabel(k, v)
+					}
+				}
 				d.Req = req
 				return next(m)
 			}
@@ -135,53 +139,6 @@ func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logge
 				d.Ctx = ctx
 			}
 			return next(m)
-		}
-	}
-}
-
-// Admission asks the queue's per-request gate hook, if any: a deferral
-// re-queues the request unchanged (no attempt counted), a rejection answers
-// GATE_DROPPED, an error defers by errDelay.
-func Admission(requeue Requeuer, errDelay time.Duration, log *slog.Logger) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
-			a := d.Queue.admitter
-			if a == nil {
-				return next(m)
-			}
-			ctx, cancel := boundedByDeadline(d)
-			dec, err := a.Admit(ctx, d.Req)
-			cancel()
-			mq := d.mq()
-			if err != nil {
-				mq.Verdict("error").Inc()
-				mq.Decision(metrics.ReasonError).Inc()
-				log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-				dec = gate.Decision{Verdict: gate.Defer, Delay: errDelay, Reason: err.Error()}
-			} else {
-				mq.Verdict(dec.Verdict.String()).Inc()
-			}
-			switch dec.Verdict {
-			case gate.Admit:
-				return next(m)
-			case gate.Reject:
-				mq.Decision(metrics.ReasonDropped).Inc()
-				return Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
-			}
-			if err == nil {
-				mq.Decision(metrics.ReasonGateClosed).Inc()
-			}
-			due := time.Now().Add(max(dec.Delay, time.Millisecond))
-			if !due.Before(d.Req.Deadline) {
-				return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
-			}
-			if err := requeue(context.WithoutCancel(d.Ctx), d, d.Msg.Payload, due); err != nil {
-				return nil, fmt.Errorf("defer %s: %w", d.Req.ID, err)
-			}
-			mq.Deferred.Inc()
-			d.Outcome = Requeued
-			return nil, nil
 		}
 	}
 }
@@ -282,7 +239,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 				d.DeadlineEnded = true
 				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error()))), nil
 			}
-			payload, perr := wire.WithRetryCount(m.Payload, attempts)
+			payload, perr := requeuePayload(d, attempts)
 			if perr != nil {
 				return Fail(d, wire.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
 			}
@@ -294,6 +251,12 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 			return nil, nil
 		}
 	}
+}
+
+// requeuePayload is the message's bytes for a re-queue: retry count n and
+// the request's labels as they are now (a gate's classification included).
+func requeuePayload(d *Delivery, n int) ([]byte, error) {
+	return wire.WithRetryCount(d.Msg.Payload, n)
 }
 
 // lastAnswer ends a request whose retries ran out: with the gateway's last

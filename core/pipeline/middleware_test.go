@@ -136,7 +136,7 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 		t.Error("dispatched although admission never admitted")
 		return nil, nil
 	}
-	for _, m := range []message.HandlerMiddleware{Admission(requeue, time.Second, log), Deadline(), setDeadline, Decode(dead, log), Recover(q, context.Background(), dead, log)} {
+	for _, m := range []message.HandlerMiddleware{Admission(requeue, time.Second, time.Minute, nil, log), Deadline(), setDeadline, Decode(dead, log), Recover(q, context.Background(), dead, log)} {
 		h = m(h)
 	}
 	done := make(chan []*message.Message, 1)

@@ -64,9 +64,14 @@ type Queue struct {
 	// Ramp bounds how fast credits return when the budget rises.
 	Ramp credit.Ramp
 	// WorkerPool is the worker pool the queue belongs to (the pool_name
-	// metric label; default "default").
+	// metric label; default "default"). When Config.Pools is not empty it
+	// must name one of them.
 	WorkerPool string
+	// Labels are set on each request taken from the queue that does not
+	// carry them already (upstream's queue labels: the tier, ...).
+	Labels map[string]string
 
+	pool     *Pool         // the worker pool (nil: none configured)
 	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
 	metrics  *queueMetrics // the queue's metrics
 	admitter gate.Admitter // Gate's per-request hook; nil: always admit
@@ -80,7 +85,13 @@ type Config struct {
 	Transport  transport.Transport
 	Dispatcher Dispatcher
 	Queues     []Queue
-	Retry      RetryPolicy
+	// Pools are the worker pools the queues name (none: each queue is
+	// bounded by its own credits only).
+	Pools []Pool
+	// GateTimeout bounds how long a request may wait on Wait decisions
+	// (default 5m; upstream's --request-timeout); its deadline bounds it too.
+	GateTimeout time.Duration
+	Retry       RetryPolicy
 	// DrainTimeout is how long requests in flight may finish after shutdown
 	// begins (default 2m).
 	DrainTimeout time.Duration
@@ -109,6 +120,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.GaugeInterval <= 0 {
 		c.GaugeInterval = 2 * time.Second
+	}
+	if c.GateTimeout <= 0 {
+		c.GateTimeout = 5 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -161,6 +175,8 @@ type Pipeline struct {
 	// (the router is not given them).
 	publishers []message.Publisher
 	delay      *delayQueue
+	pools      map[string]*Pool
+	draining   chan struct{} // closed when shutdown begins
 	ready      atomic.Bool
 	handlers   running
 }
@@ -171,7 +187,12 @@ func New(cfg Config) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Pipeline{cfg: cfg, log: cfg.Logger}
+	p := &Pipeline{cfg: cfg, log: cfg.Logger, draining: make(chan struct{})}
+	pools, err := initPools(&p.cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.pools = pools
 	if _, ok := cfg.Transport.(transport.CancelWatcher); ok {
 		p.inflight = NewInflight()
 	}
@@ -182,22 +203,22 @@ func New(cfg Config) (*Pipeline, error) {
 		}
 		p.delay = newDelayQueue(rp, cfg.Logger)
 	}
-	workers := map[string]int{}
 	for _, spec := range cfg.Queues {
 		q := spec
 		if q.WorkerPool == "" {
 			q.WorkerPool = DefaultWorkerPool
 		}
+		if len(pools) > 0 {
+			if q.pool = pools[q.WorkerPool]; q.pool == nil {
+				return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
+			}
+		}
 		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
 		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
 		q.admitter, _ = q.Gate.Gate().(gate.Admitter)
 		q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
-		workers[q.WorkerPool] += q.MaxConcurrency
 		q.Gate.Attach(q.credits)
 		p.queues = append(p.queues, &q)
-	}
-	for pool, n := range workers {
-		cfg.Metrics.PoolWorkerLimit.WithLabelValues(pool).Set(float64(n))
 	}
 	return p, nil
 }
@@ -296,6 +317,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 	<-ctx.Done()
 	p.ready.Store(false)
+	close(p.draining)
 	drained := p.drain(router)
 	stopWork(ErrShutdown)
 	<-gaugesDone
@@ -331,7 +353,11 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		checker = c
 	}
 	for _, q := range p.queues {
-		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, q.credits, p.log)
+		var credits credit.Credits = q.credits
+		if q.pool != nil {
+			credits = credit.Both(q.credits, q.pool.credits)
+		}
+		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, credits, p.log)
 		if err != nil {
 			return nil, fmt.Errorf("queue %s: subscriber: %w", q.ID, err)
 		}
@@ -352,7 +378,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		chain = append(chain,
 			Deadline(),
 			Cancel(checker, p.inflight, p.log),
-			Admission(p.requeue, time.Second, p.log),
+			Admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
 			Retry(p.cfg.Retry, p.requeue),
 		)
 		handler := Dispatch(p.cfg.Dispatcher)
@@ -446,6 +472,12 @@ func (p *Pipeline) refreshers() []*gate.Refresher {
 		if !seen[q.Gate] {
 			seen[q.Gate] = true
 			out = append(out, q.Gate)
+		}
+	}
+	for _, pl := range p.cfg.Pools {
+		if pl.Gate != nil && !seen[pl.Gate] {
+			seen[pl.Gate] = true
+			out = append(out, pl.Gate)
 		}
 	}
 	return out

@@ -79,7 +79,7 @@ const (
 // Subscribe may be called once, with q.Name; its channel closes when ctx
 // ends or the subscriber closes, and what was claimed but not delivered by
 // then is handed back.
-func NewSubscriber(tp Transport, q Queue, pool *credit.Pool, log *slog.Logger) (message.Subscriber, error) {
+func NewSubscriber(tp Transport, q Queue, pool credit.Credits, log *slog.Logger) (message.Subscriber, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("subscriber %s: no credits", q.Name)
 	}
@@ -107,7 +107,7 @@ var ErrSubscriberClosed = errors.New("subscriber closed")
 type subscriber struct {
 	src   Source
 	q     Queue
-	pool  *credit.Pool
+	pool  credit.Credits
 	log   *slog.Logger
 	batch int
 

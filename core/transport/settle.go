@@ -25,13 +25,13 @@ type settleKey struct{}
 type settleHook struct {
 	done    atomic.Bool
 	src     Source
-	pool    *credit.Pool
+	pool    credit.Credits
 	claimed time.Time
 }
 
 // onSettle makes m's first Ack or Nack settle it with src and free its
 // credit in pool; claimed is when its batch was claimed.
-func onSettle(m *message.Message, src Source, pool *credit.Pool, claimed time.Time) {
+func onSettle(m *message.Message, src Source, pool credit.Credits, claimed time.Time) {
 	m.SetContext(context.WithValue(m.Context(), settleKey{}, &settleHook{src: src, pool: pool, claimed: claimed}))
 }
 
