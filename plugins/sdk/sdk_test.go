@@ -211,7 +211,7 @@ func TestAdmitAcrossTheBoundary(t *testing.T) {
 		Metadata: map[string]string{"job_id": "j"}, Headers: map[string]string{"X-Tenant": "t"}, Endpoint: "/v1/x", RetryCount: 2,
 	}
 	d, err := c.remote.Admit(context.Background(), in)
-	if err != nil || d != (gate.Decision{Verdict: gate.Defer, Delay: 1500 * time.Millisecond, Reason: "later"}) {
+	if err != nil || d.Verdict != gate.Defer || d.Delay != 1500*time.Millisecond || d.Reason != "later" || d.Release != nil {
 		t.Errorf("decision %+v, %v", d, err)
 	}
 	p.mu.Lock()
@@ -233,7 +233,7 @@ func TestAdmitAcrossTheBoundary(t *testing.T) {
 
 	// A gate without Admit admits everything.
 	d, err = dial(t, gateFunc(nil)).remote.Admit(context.Background(), &wire.Request{ID: "x"})
-	if err != nil || d != gate.Admitted {
+	if err != nil || d.Verdict != gate.Admit || d.Release != nil {
 		t.Errorf("Admit on a budget-only gate = %+v, %v", d, err)
 	}
 }
