@@ -14,6 +14,7 @@
 //	results           print results from a Redis result list
 //	cancel            cancel a job or one request
 //	queues            show request queues and their depths
+//	migrate           move sorted-set queue state to or from upstream's layout
 //
 // Run with no subcommand, as upstream's Helm chart runs llm-d-async
 // (`/llm-d-async <flags>`), it is the dispatcher with upstream's flags and
@@ -89,6 +90,7 @@ exponential backoff; everything else ends as an error result.`,
 	}
 	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
 	root.AddCommand(redisCommands()...)
+	root.AddCommand(newMigrate())
 	return root
 }
 

@@ -65,7 +65,9 @@ type Options struct {
 	RetryQueueName string `json:"retry_queue_name,omitempty"`
 	// UpstreamRetryQueueName is a flat retry_queue_name as the config gave
 	// it (set by SetDefaults; empty for a template or no name): the shared
-	// retry set upstream writes, for taking over its state.
+	// retry set upstream writes, whose due entries the transport moves back
+	// into the queues it serves (see UpstreamRetrySet; when empty, upstream's
+	// default DefaultUpstreamRetryQueueName is adopted).
 	UpstreamRetryQueueName string `json:"-"`
 	// PoolSize is the Redis connection pool size (default: go-redis' default).
 	PoolSize int `json:"pool_size,omitempty"`

@@ -33,7 +33,9 @@ func (p *publisher) Publish(topic string, ms ...*message.Message) error {
 		if token == "" {
 			return fmt.Errorf("publish result %s to %s: message has no lease token", m.UUID, topic)
 		}
-		if err := p.t.settleRetrying(p.qs, topic, 'r', token, m.Payload, nil); err != nil {
+		it := settleItem{mode: 'r', token: token, result: m.Payload,
+			reqID: m.Metadata.Get(metaRequestID), reqToken: m.Metadata.Get(metaRequestToken)}
+		if err := p.t.settleRetrying(p.qs, topic, it); err != nil {
 			return err
 		}
 	}
@@ -50,7 +52,7 @@ var _ transport.ResultRouter = (*Transport)(nil)
 
 // settleRetrying settles one lease through the group-commit settler of
 // (qs, list), retrying while Redis fails, for up to result_retry_ms.
-func (t *Transport) settleRetrying(qs *queueState, list string, mode byte, token string, result, dead []byte) error {
+func (t *Transport) settleRetrying(qs *queueState, list string, it settleItem) error {
 	s, err := t.settler(qs, list)
 	if err != nil {
 		return err
@@ -58,9 +60,9 @@ func (t *Transport) settleRetrying(qs *queueState, list string, mode byte, token
 	give := time.Now().Add(ms(t.opts.ResultRetryMS))
 	backoff := 50 * time.Millisecond
 	for {
-		ok, err := s.submit(settleItem{mode: mode, token: token, result: result, dead: dead})
+		ok, err := s.submit(it)
 		if err == nil {
-			qs.settle(token)
+			qs.settle(it.token)
 			if !ok {
 				t.lateResults.Add(1)
 				t.log.Warn("late result discarded: the lease expired and the request was handed to another claim", "queue", qs.k.Name)
@@ -81,11 +83,15 @@ func (t *Transport) settleRetrying(qs *queueState, list string, mode byte, token
 }
 
 // settleItem is one lease to settle; see keys.Settle for the modes.
+// reqID and reqToken are the request's id and upstream request token when
+// the message carries one: the settle then also cleans upstream's
+// cancellation keys of that request.
 type settleItem struct {
-	mode         byte
-	token        string
-	result, dead []byte
-	done         chan settleOutcome
+	mode            byte
+	token           string
+	result, dead    []byte
+	reqID, reqToken string
+	done            chan settleOutcome
 }
 
 type settleOutcome struct {
@@ -136,7 +142,7 @@ func (s *settler) submit(it settleItem) (bool, error) {
 func (s *settler) run() {
 	defer s.t.wg.Done()
 	batch := make([]settleItem, 0, maxSettleBatch)
-	args := make([]any, 0, 4*maxSettleBatch)
+	args := make([]any, 0, keys.SettleArgs*maxSettleBatch)
 	for {
 		batch = batch[:0]
 		select {
@@ -156,7 +162,7 @@ func (s *settler) run() {
 		}
 		args = args[:0]
 		for _, it := range batch {
-			args = append(args, string(it.mode), it.token, it.result, it.dead)
+			args = append(args, string(it.mode), it.token, it.result, it.dead, it.reqID, it.reqToken)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := keys.Settle.Run(ctx, s.t.client, s.keys, args...).Int64Slice()

@@ -13,7 +13,10 @@
 // lease token: it writes the result and drops the lease, or, when the lease
 // was lost meanwhile, discards the result and counts it as late. Retries park
 // in a delay set scored by due time and return to the queue with their
-// original deadline as score. See docs/redis-sortedset.md for the key layout
+// original deadline as score. Taking over from upstream llm-d-async, the
+// transport honours the state it left (its retry set and its per-request
+// cancellation keys, see takeover.go), and Migrator moves queue state
+// between the two layouts. See docs/redis-sortedset.md for the key layout
 // and the reasoning behind the defaults.
 package redissortedset
 
@@ -100,6 +103,9 @@ type Stats struct {
 	LostLeases int64
 	// GaveUp counts requests dead-lettered after max_deliveries.
 	GaveUp int64
+	// AdoptedRetries counts due retries this replica moved from upstream's
+	// retry set back into their queue (see UpstreamRetrySet).
+	AdoptedRetries int64
 }
 
 // Transport is the Redis sorted-set transport. It is safe for concurrent use.
@@ -119,10 +125,12 @@ type Transport struct {
 	queues   map[string]*queueState
 	batchers map[[2]string]*settler
 	closed   bool
+	adopting bool // the loop adopting upstream's retry set runs
 
 	cancels cancelCache
 
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
+	adopted, adoptSkipped                                             atomic.Int64
 }
 
 var (
@@ -168,13 +176,15 @@ func (t *Transport) Client() *redis.Client { return t.client }
 // Stats returns the transport's counters.
 func (t *Transport) Stats() Stats {
 	return Stats{Claimed: t.claimed.Load(), LateResults: t.lateResults.Load(), LateRequeues: t.lateRequeues.Load(),
-		Reclaimed: t.reclaimed.Load(), LostLeases: t.lostLeases.Load(), GaveUp: t.gaveUp.Load()}
+		Reclaimed: t.reclaimed.Load(), LostLeases: t.lostLeases.Load(), GaveUp: t.gaveUp.Load(), AdoptedRetries: t.adopted.Load()}
 }
 
 // queueState is what the transport holds for one request queue.
 type queueState struct {
 	k       keys.Queue
 	started bool
+	served  bool   // a source was made for it (guarded by Transport.mu)
+	id      string // its queue id, when served
 
 	mu   sync.Mutex
 	held map[string]struct{} // tokens leased by this replica and not yet settled
@@ -220,7 +230,8 @@ func (qs *queueState) tokens() []string {
 	return out
 }
 
-// startLoops starts the heartbeat and reclaim loops of qs once.
+// startLoops starts the heartbeat and reclaim loops of qs once, and the
+// transport's loop adopting upstream's retry set with the first queue.
 func (t *Transport) startLoops(qs *queueState) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -234,6 +245,11 @@ func (t *Transport) startLoops(qs *queueState) error {
 	t.wg.Add(2)
 	go t.heartbeatLoop(qs)
 	go t.reclaimLoop(qs)
+	if !t.adopting {
+		t.adopting = true
+		t.wg.Add(1)
+		go t.adoptLoop()
+	}
 	return nil
 }
 
@@ -462,7 +478,7 @@ func (t *Transport) DeadLetter(_ context.Context, q transport.Queue, m *message.
 	}
 	qs := t.queue(q.Name)
 	t.log.Warn("dead-lettering a message", "queue", q.Name, "reason", reason)
-	return t.settleRetrying(qs, q.ResultName, 'd', token, nil, m.Payload)
+	return t.settleRetrying(qs, q.ResultName, settleItem{mode: 'd', token: token, dead: m.Payload})
 }
 
 // Depth implements transport.DepthReporter.
@@ -491,9 +507,15 @@ func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name str
 // Names returns the transport's key layout.
 func (t *Transport) Names() keys.Names { return t.names }
 
-// Source implements transport.Transport.
+// Source implements transport.Transport. The queue becomes one this
+// replica serves: due entries of upstream's retry set naming it are moved
+// back into it.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
-	return &source{t: t, q: q, qs: t.queue(q.Name)}, nil
+	qs := t.queue(q.Name)
+	t.mu.Lock()
+	qs.served, qs.id = true, q.ID
+	t.mu.Unlock()
+	return &source{t: t, q: q, qs: qs}, nil
 }
 
 // Publisher implements transport.Transport: results are written by the
@@ -506,7 +528,7 @@ func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
 func (t *Transport) Events() map[string]int64 {
 	s := t.Stats()
 	return map[string]int64{"claimed": s.Claimed, "late_results": s.LateResults, "late_requeues": s.LateRequeues,
-		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp}
+		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp, "adopted_retries": s.AdoptedRetries}
 }
 
 var _ transport.EventCounter = (*Transport)(nil)

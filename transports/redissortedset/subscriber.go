@@ -180,6 +180,9 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 		m := message.NewMessage(c.token, []byte(c.member))
 		m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
 			MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
+		if id, tok := upstreamKeysOf(m.Payload); tok != "" {
+			m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
+		}
 		out = append(out, m)
 	}
 	return out, nil
@@ -260,9 +263,10 @@ func (s *source) giveUp(c claimed) {
 	t.log.Error("dead-lettering a request that kept losing its lease", "queue", s.q.Name, "deliveries", c.deliveries-1)
 	var err error
 	if res != nil {
-		err = t.settleRetrying(s.qs, s.q.ResultName, 'b', c.token, res.Marshal(), nil)
+		id, tok := upstreamKeysOf([]byte(c.member))
+		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: id, reqToken: tok})
 	} else {
-		err = t.settleRetrying(s.qs, s.q.ResultName, 'd', c.token, nil, []byte(c.member))
+		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'd', token: c.token, dead: []byte(c.member)})
 	}
 	if err != nil {
 		t.log.Error("dead-lettering failed; the lease will expire and the request come back", "queue", s.q.Name, "err", err)

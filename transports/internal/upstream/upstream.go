@@ -17,6 +17,11 @@ import (
 // cancels a request by setting it to the request's token.
 func CancelKey(id string) string { return "request-cancel:" + id }
 
+// ActiveKey is upstream's key holding the token of a request id's latest
+// enqueue (its producer sets it, with the deadline as expiry, when it
+// enqueues; a cancellation copies it to CancelKey).
+func ActiveKey(id string) string { return "request-active:" + id }
+
 // Cancelled reports whether upstream's producer cancelled req: its cancel
 // key holds req's token. Requests without a token (the flat form) cost no
 // round trip.

@@ -26,6 +26,13 @@
 //	P:cancel                  pub/sub channel of cancellations
 //	P:jobq:<job>              request queues holding waiting messages of a job
 //	R:pending                 result leases of the durable result reader (R = result list)
+//
+// Upstream's keys, read and cleaned when sluice takes over from it (no prefix):
+//
+//	request-active:<id>       request token of the id's latest enqueue (upstream's producer)
+//	request-cancel:<id>       that token, when the request was cancelled
+//	retry-sortedset           upstream's retry set, shared by its queues: envelope -> due time
+//	                          (Unix s); the name is a flat retry_queue_name
 package keys
 
 import (
@@ -194,17 +201,21 @@ return out
 `)
 
 // Settle is the fenced acknowledgement of many leases at once. Each item is
-// a quadruple (mode, token, result, dead): mode "r" writes result to the
-// result list, "d" pushes dead to the dead-letter list, "b" does both with
-// the leased message as dead; all remove the lease. An item whose token no
-// longer holds a lease (it expired and was reclaimed) writes nothing and is
-// counted as late.
+// a sextuple (mode, token, result, dead, request id, request token): mode
+// "r" writes result to the result list, "d" pushes dead to the dead-letter
+// list, "b" does both with the leased message as dead; all remove the lease.
+// An item whose token no longer holds a lease (it expired and was
+// reclaimed) writes nothing and is counted as late. When a result is
+// written and the item carries upstream's request token, upstream's
+// cancellation keys request-active:<id> and request-cancel:<id> are deleted
+// if they still hold that token (a newer enqueue of the same id keeps its
+// keys), as upstream does after pushing a result.
 //
 //	KEYS: leases, leased, result list, dead list, stats
 //	returns: {status per item: 1 done, 0 late}
 var Settle = redis.NewScript(`
 local out, results, late = {}, {}, 0
-for i = 1, #ARGV, 4 do
+for i = 1, #ARGV, 6 do
   local mode, tok = ARGV[i], ARGV[i + 1]
   if redis.call('ZREM', KEYS[1], tok) == 1 then
     local rec
@@ -218,6 +229,12 @@ for i = 1, #ARGV, 4 do
       local p2 = string.find(rec, '|', p1 + 1, true)
       redis.call('LPUSH', KEYS[4], string.sub(rec, p2 + 1))
     end
+    local rt = ARGV[i + 5]
+    if rt ~= '' and mode ~= 'd' then
+      local ak, ck = '` + ActivePrefix + `' .. ARGV[i + 4], '` + CancelPrefix + `' .. ARGV[i + 4]
+      if redis.pcall('GET', ak) == rt then redis.call('DEL', ak) end
+      if redis.pcall('GET', ck) == rt then redis.call('DEL', ck) end
+    end
     out[#out + 1] = 1
   else
     late = late + 1
@@ -226,6 +243,40 @@ for i = 1, #ARGV, 4 do
 end
 if #results > 0 then redis.call('LPUSH', KEYS[3], unpack(results)) end
 if late > 0 then redis.call('HINCRBY', KEYS[5], 'late_results', late) end
+return out
+`)
+
+// SettleArgs is the number of ARGV entries per Settle item.
+const SettleArgs = 6
+
+// Upstream's per-request cancellation keys (no prefix): its producer sets
+// ActivePrefix+<id> to the request token at enqueue and cancels by copying
+// that token to CancelPrefix+<id>.
+const (
+	ActivePrefix = "request-active:"
+	CancelPrefix = "request-cancel:"
+)
+
+// Move moves members of one sorted set to others, each only if it is still
+// there: the ZREM decides, so a member moved concurrently by another mover
+// (another replica, upstream's own retry mover) is moved once. Each item is a
+// quadruple (member, destination, score, destination member; "" keeps the
+// member).
+//
+//	KEYS: source sorted set
+//	returns: {status per item: 1 moved, 0 gone}
+var Move = redis.NewScript(`
+local out = {}
+for i = 1, #ARGV, 4 do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    local m = ARGV[i + 3]
+    if m == '' then m = ARGV[i] end
+    redis.call('ZADD', ARGV[i + 1], ARGV[i + 2], m)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
 return out
 `)
 
