@@ -14,6 +14,11 @@ const benchEnvelope = `{"request_kind":"redis","internal":{"retry_count":2,"queu
 	`"request_queue_name":"llm-d-async:requests:pool-a","result_queue_name":"llm-d-async:results:pool-a:$batch","labels":{"tier":"gold"}},` +
 	`"data":` + benchFlat + `}`
 
+// benchEnvelopeNoLabels is benchEnvelope without internal.labels.
+const benchEnvelopeNoLabels = `{"request_kind":"redis","internal":{"retry_count":2,"queue_id":"pool-a","request_token":"0123456789abcdef",` +
+	`"request_queue_name":"llm-d-async:requests:pool-a","result_queue_name":"llm-d-async:results:pool-a:$batch"},` +
+	`"data":` + benchFlat + `}`
+
 // BenchmarkDecode measures Decode on the happy path of both forms.
 func BenchmarkDecode(b *testing.B) {
 	for _, bc := range []struct {
@@ -22,6 +27,7 @@ func BenchmarkDecode(b *testing.B) {
 	}{
 		{"flat", benchFlat},
 		{"envelope", benchEnvelope},
+		{"envelope-nolabels", benchEnvelopeNoLabels},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			msg := []byte(bc.msg)

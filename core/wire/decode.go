@@ -21,15 +21,43 @@ type flatWire struct {
 	ResultQueueName  string          `json:"result_queue_name"`
 }
 
-// internalWire is the envelope's internal object; labels are not used by
-// sluice and are left undecoded, and a queue_id that is not a string is
-// ignored (it only labels metrics).
+// internalWire is the envelope's internal object. A queue_id that is not a
+// string is ignored (it only labels metrics), and so is a labels value that
+// is not an object (see labelMap).
 type internalWire struct {
 	RetryCount       int         `json:"retry_count"`
 	QueueID          looseString `json:"queue_id"`
 	RequestToken     string      `json:"request_token"`
 	RequestQueueName string      `json:"request_queue_name"`
 	ResultQueueName  string      `json:"result_queue_name"`
+	Labels           labelMap    `json:"labels"`
+}
+
+// labelMap is the envelope's internal.labels. An object is read as metadata
+// is (see metadataMap): string values are kept, numbers and booleans are
+// taken as the text they were written as, null becomes "", and a nested
+// object or array refuses the message (an envelope's: a flat message's
+// internal is not read), naming the label. An empty object
+// gives nil, and null clears what an earlier labels member gave. Any other
+// value (a number, a string, an array) is ignored, as it was before sluice
+// read labels at all: the member is then as good as absent.
+type labelMap map[string]string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (l *labelMap) UnmarshalJSON(b []byte) error {
+	if k := jsonKind(b); k != "object" && k != "null" {
+		return nil
+	}
+	v, err := parseStringMap(b, true, nil)
+	if err != nil {
+		var ve *valueError
+		if errors.As(err, &ve) {
+			return &valueError{sub: ".labels" + ve.sub, msg: ve.msg}
+		}
+		return err
+	}
+	*l = v
+	return nil
 }
 
 // looseString is a JSON string; any other JSON value decodes as "".
@@ -167,6 +195,7 @@ func build(f *flatWire, env bool, kind string, in *internalWire) (*Request, *Dec
 		req.RetryCount = in.RetryCount
 		req.Token = in.RequestToken
 		req.QueueID = string(in.QueueID)
+		req.Labels = in.Labels
 		if in.RequestQueueName != "" {
 			req.RequestQueueName = in.RequestQueueName
 		}

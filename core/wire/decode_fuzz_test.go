@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"reflect"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 // a failure is a *DecodeError; a decoded request has an id, a deadline and a
 // payload that is a JSON object copied byte for byte from the input; the
 // fast path never disagrees with the field-by-field path; WithRetryCount,
-// EncodeRequest and the result JSON round-trip.
+// WithEnvelope, EncodeRequest and the result JSON round-trip.
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		seedFlat,
@@ -24,6 +25,10 @@ func FuzzDecode(f *testing.F) {
 		`{"id":7,"deadline":true,"payload":[]}`,
 		`{"id":"a","id":null,"deadline":-0,"data":"x","payload":{"a":[1,{"b":null}]}}`,
 		"  {\"id\":\"\\u0061\",\n\"deadline\":253402300799.9999,\"payload\":{\"\\\"\":\"\\\\\"}}\t",
+		`{"request_kind":"redis","internal":{"labels":{"a":1,"b":null,"c":true},"Labels":7,"retry_count":1},"internal":{"LABELS":{"t":"batch"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+		`{"internal":{"labels":{"k":[]}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+		`{"internal":{"labels":{"classification":"reserved"}},"internal":null,"request_kind":"plain","data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+		`{"id":"a","deadline":1700086400,"payload":{},"internal":{"labels":{"k\u00e9":"\ud83d\ude00"}}}`,
 		`[{"id":"a"}]`,
 		`{"id":"a","deadline":1700086400,"payload":{}`,
 		"\xff\xfe",
@@ -54,6 +59,9 @@ func FuzzDecode(f *testing.F) {
 			if _, err := WithRetryCount(b, 1); err == nil {
 				t.Fatalf("WithRetryCount accepts what Decode refuses")
 			}
+			if _, err := WithEnvelope(b, 1, nil); err == nil {
+				t.Fatalf("WithEnvelope accepts what Decode refuses")
+			}
 			return
 		}
 		if slowErr != nil || !reflect.DeepEqual(req, slow) || env != slowEnv {
@@ -78,6 +86,25 @@ func FuzzDecode(f *testing.F) {
 		}
 		checkRetryRoundTrip(t, out, again, n+1)
 
+		labels := fuzzLabels(b, req.Labels)
+		relabelled, err := WithEnvelope(b, n, labels)
+		if err != nil {
+			t.Fatalf("WithEnvelope(_, %d, %v): %v", n, labels, err)
+		}
+		checkEnvelopeRoundTrip(t, b, relabelled, n, labels)
+		if len(labels) == 0 && len(req.Labels) == 0 && !bytes.Equal(relabelled, out) {
+			t.Fatalf("WithEnvelope(_, %d, %v) = %q, WithRetryCount = %q", n, labels, relabelled, out)
+		}
+		labels2 := fuzzLabels(relabelled, labels)
+		if again, err = WithEnvelope(relabelled, n+2, labels2); err != nil {
+			t.Fatalf("WithEnvelope twice: %v", err)
+		}
+		checkEnvelopeRoundTrip(t, relabelled, again, n+2, labels2)
+		if again, err = WithRetryCount(relabelled, n+3); err != nil {
+			t.Fatalf("WithRetryCount after WithEnvelope: %v", err)
+		}
+		checkRetryRoundTrip(t, relabelled, again, n+3)
+
 		checkEncodeRoundTrip(t, req)
 
 		res := ErrorResult(req, CodeInferenceError, string(b))
@@ -92,6 +119,27 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("DecodeResult(%s): %v", std, err)
 		}
 	})
+}
+
+// fuzzLabels derives labels from the fuzz input b and the labels old a
+// request holds: none, old with the classification set, labels of text
+// taken from b (valid UTF-8, so they round-trip exactly), or an empty map.
+func fuzzLabels(b []byte, old map[string]string) map[string]string {
+	text := string([]rune(string(b[:len(b)/3])))
+	switch len(b) % 4 {
+	case 0:
+		return nil
+	case 1:
+		l := maps.Clone(old)
+		if l == nil {
+			l = map[string]string{}
+		}
+		l[LabelClassification] = ClassOverflow
+		return l
+	case 2:
+		return map[string]string{DefaultTierLabel: TierBatch, text: text + "\x00<&>\u2028", "": ""}
+	}
+	return map[string]string{}
 }
 
 // checkEncodeRoundTrip checks that EncodeRequest(req) decodes back to req,
@@ -115,7 +163,7 @@ func checkEncodeRoundTrip(t *testing.T, req *Request) {
 		t.Fatalf("Decode(EncodeRequest(_) = %s): %v", enc, err)
 	}
 	want := *req
-	want.Kind, want.RetryCount, want.Token, want.QueueID = "", 0, "", ""
+	want.Kind, want.RetryCount, want.Token, want.QueueID, want.Labels = "", 0, "", "", nil
 	const roundingSlack = 500 * time.Microsecond
 	if d := got.Deadline.Sub(req.Deadline); d > roundingSlack || d < -roundingSlack {
 		t.Fatalf("deadline %v came back as %v", req.Deadline, got.Deadline)

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -34,6 +35,11 @@ func diffRequest(got, want *Request) string {
 	if len(got.Headers) != 0 || len(want.Headers) != 0 {
 		if !reflect.DeepEqual(got.Headers, want.Headers) {
 			d = append(d, "Headers differ")
+		}
+	}
+	if len(got.Labels) != 0 || len(want.Labels) != 0 {
+		if !reflect.DeepEqual(got.Labels, want.Labels) {
+			d = append(d, fmt.Sprintf("Labels %v != %v", got.Labels, want.Labels))
 		}
 	}
 	for _, f := range []struct{ name, got, want string }{
@@ -145,6 +151,7 @@ func TestDecodeAccepts(t *testing.T) {
 			minimal(func(r *Request) {
 				r.Kind, r.RetryCount, r.Token, r.QueueID = "redis", 3, "00112233aabbccdd", "q"
 				r.RequestQueueName, r.ResultQueueName = "ireq", "ires"
+				r.Labels = map[string]string{"a": "b"}
 			})},
 		{"envelope queue names from data when internal has none", `{"request_kind":"pubsub","internal":{"retry_count":0,"result_queue_name":""},` +
 			`"data":{"id":"a","deadline":1700086400,"payload":{},"request_queue_name":"dreq","result_queue_name":"dres"}}`,
@@ -163,6 +170,38 @@ func TestDecodeAccepts(t *testing.T) {
 			minimal(func(r *Request) { r.Kind, r.RetryCount, r.Token = "redis", 5, "t" })},
 		{"envelope internal null drops earlier ones", `{"request_kind":"redis","internal":{"retry_count":2,"request_token":"t"},"internal":null,"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
 			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels", `{"request_kind":"redis","internal":{"labels":{"tier":"batch","classification":"overflow","k\u00e9":"v\n"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) {
+				r.Kind, r.Labels = "redis", map[string]string{"tier": "batch", "classification": "overflow", "ké": "v\n"}
+			})},
+		{"envelope labels numbers and bools become strings, null empty", `{"request_kind":"redis","internal":{"labels":{"i":42,"f":-1.50,"t":true,"n":null,"s":"x"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) {
+				r.Kind, r.Labels = "redis", map[string]string{"i": "42", "f": "-1.50", "t": "true", "n": "", "s": "x"}
+			})},
+		{"envelope labels empty object", `{"request_kind":"redis","internal":{"labels":{ }},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels null", `{"request_kind":"redis","internal":{"labels":null},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels not an object are ignored", `{"request_kind":"redis","internal":{"labels":[{"a":"b"}]},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels string ignored", `{"request_kind":"redis","internal":{"labels":"{\"a\":\"b\"}"},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels duplicate key: last wins", `{"request_kind":"redis","internal":{"labels":{"k":"1","k":"2"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind, r.Labels = "redis", map[string]string{"k": "2"} })},
+		{"envelope duplicate labels: the last object replaces", `{"request_kind":"redis","internal":{"labels":{"a":"1","b":"2"},"Labels":{"a":"3"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind, r.Labels = "redis", map[string]string{"a": "3"} })},
+		{"envelope duplicate labels: a later non-object is ignored", `{"request_kind":"redis","internal":{"labels":{"a":"1"},"LABELS":7},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind, r.Labels = "redis", map[string]string{"a": "1"} })},
+		{"envelope duplicate labels: a later null clears", `{"request_kind":"redis","internal":{"labels":{"a":"1"},"labels":null},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels kept from an earlier internal", `{"request_kind":"redis","internal":{"labels":{"a":"1"}},"internal":{"retry_count":2},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind, r.RetryCount, r.Labels = "redis", 2, map[string]string{"a": "1"} })},
+		{"envelope labels dropped with a null internal", `{"request_kind":"redis","internal":{"labels":{"a":"1"}},"internal":null,"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind = "redis" })},
+		{"envelope labels name in other case", `{"request_kind":"redis","internal":{"Labels":{"a":"1"}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`,
+			minimal(func(r *Request) { r.Kind, r.Labels = "redis", map[string]string{"a": "1"} })},
+		{"flat form ignores internal labels", `{"id":"a","deadline":1700086400,"payload":{},"internal":{"labels":{"a":"1"}}}`, minimal(nil)},
+		{"flat form ignores internal labels it would refuse", `{"id":"a","deadline":1700086400,"payload":{},"internal":{"labels":{"a":[]}}}`, minimal(nil)},
 		{"envelope with a lenient metadata value", `{"request_kind":"redis","data":{"id":"a","deadline":1700086400,"payload":{},"metadata":{"n":1}}}`,
 			minimal(func(r *Request) { r.Kind, r.Metadata = "redis", map[string]string{"n": "1"} })},
 	}
@@ -260,6 +299,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"envelope retry_count string", `{"request_kind":"redis","internal":{"retry_count":"1"},"data":{"id":"a","deadline":1700086400,"payload":{},"metadata":{"job_id":"j"}}}`, "a", md, "internal.retry_count: must be an integer, got string"},
 		{"envelope retry_count fraction", `{"request_kind":"redis","internal":{"retry_count":1.5},"data":{"id":"a","deadline":1700086400,"payload":{}}}`, "a", nil, "internal.retry_count: must be an integer, got number 1.5"},
 		{"envelope retry_count negative", `{"request_kind":"redis","internal":{"retry_count":-1},"data":{"id":"a","deadline":1700086400,"payload":{}}}`, "a", nil, "internal.retry_count: must not be negative"},
+		{"envelope label nested object", `{"request_kind":"redis","internal":{"labels":{"a":"b","k":{"x":1}}},"data":{"id":"a","deadline":1700086400,"payload":{},"metadata":{"job_id":"j"}}}`, "a", md, `internal.labels["k"]: must be a string, number or bool, got object`},
+		{"envelope label array", `{"request_kind":"redis","internal":{"labels":{"k":[]}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`, "a", nil, `internal.labels["k"]: must be a string, number or bool, got array`},
+		{"envelope label nested in a duplicate internal", `{"request_kind":"redis","internal":{"labels":{"k":[]}},"internal":{"labels":{}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`, "a", nil, `internal.labels["k"]: must be a string, number or bool, got array`},
 		{"envelope request_token number", `{"request_kind":"redis","internal":{"request_token":12},"data":{"id":"a","deadline":1700086400,"payload":{}}}`, "a", nil, "internal.request_token: must be a string, got number"},
 	}
 	for _, tt := range tests {

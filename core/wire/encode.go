@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -15,8 +16,9 @@ import (
 // as integers when whole ("1700000000") and as fractions otherwise
 // ("1700000000.25"); the payload bytes are written verbatim (surrounding
 // whitespace aside); created, metadata, headers, endpoint and the queue names
-// are omitted when empty. The envelope fields Kind, RetryCount and Token are
-// not part of the flat form and are not written (see WithRetryCount).
+// are omitted when empty. The envelope fields Kind, RetryCount, Token, QueueID
+// and Labels are not part of the flat form and are not written (see
+// WithRetryCount and WithEnvelope).
 //
 // r must be a request Decode would accept, so Decode(EncodeRequest(r))
 // returns r again (with times at millisecond precision).
@@ -109,36 +111,100 @@ func checkEncodableTime(t time.Time, positive bool) string {
 // raw, with RetryCount n. raw must decode (see Decode).
 //
 // An envelope is rewritten in place: only the value of internal.retry_count
-// changes (it is added when absent), every other byte, data included, is
-// kept. A flat message is wrapped verbatim in an envelope,
+// changes (it is added when absent), every other byte, data and labels
+// included, is kept. A flat message is wrapped verbatim in an envelope,
 //
 //	{"request_kind":"plain","internal":{"retry_count":n},"data":<raw>}
 //
-// so its request decodes with Kind "plain" from then on.
+// so its request decodes with Kind "plain" from then on. To write the
+// request's labels as well, use WithEnvelope.
 func WithRetryCount(raw []byte, n int) ([]byte, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("set retry count %d: must not be negative", n)
 	}
-	_, env, err := decode(raw)
+	out, err := setInternal(raw, n, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("set retry count: %w", err)
 	}
-	count := strconv.AppendInt(nil, int64(n), 10)
+	return out, nil
+}
+
+// WithEnvelope returns message bytes that decode to the same request as raw,
+// with RetryCount retryCount and Labels labels: what a request is re-queued
+// with. labels are the request's full current labels (Request.Labels), so
+// they replace whatever labels raw holds. raw must decode (see Decode).
+//
+// An envelope is rewritten in place: only the values of internal.retry_count
+// and internal.labels change (each is added when absent), every other byte,
+// data included, is kept. labels are written as a JSON object with sorted
+// keys, each key and value as json.Marshal writes a string. When labels is
+// empty and raw's request has no labels either, no labels member is written
+// (the result is then WithRetryCount's); when labels is empty and raw's
+// request has some, they are overwritten with {}. A flat message is wrapped
+// verbatim in an envelope,
+//
+//	{"request_kind":"plain","internal":{"retry_count":n,"labels":{..}},"data":<raw>}
+//
+// (labels left out when empty), so its request decodes with Kind "plain"
+// from then on.
+//
+// Decode of the result gives back labels exactly, except that empty labels
+// decode as nil and invalid UTF-8 in a key or value decodes as U+FFFD.
+func WithEnvelope(raw []byte, retryCount int, labels map[string]string) ([]byte, error) {
+	if retryCount < 0 {
+		return nil, fmt.Errorf("rewrite envelope: retry count %d must not be negative", retryCount)
+	}
+	out, err := setInternal(raw, retryCount, labels, true)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite envelope: %w", err)
+	}
+	return out, nil
+}
+
+// setInternal is WithRetryCount and, when setLabels is set, WithEnvelope;
+// its errors carry no context of their own.
+func setInternal(raw []byte, n int, labels map[string]string, setLabels bool) ([]byte, error) {
+	req, env, err := decode(raw)
+	if err != nil {
+		return nil, err
+	}
+	fields := make([]internalField, 1, 2)
+	fields[0] = internalField{"retry_count", strconv.AppendInt(nil, int64(n), 10)}
+	if setLabels && (len(labels) > 0 || len(req.Labels) > 0) {
+		fields = append(fields, internalField{"labels", appendStringMap(nil, labels)})
+	}
 	if !env {
 		body := raw[skipSpace(raw, 0):skipSpaceBack(raw)]
 		b := make([]byte, 0, len(body)+64)
-		b = append(b, `{"request_kind":"plain","internal":{"retry_count":`...)
-		b = append(b, count...)
+		b = append(b, `{"request_kind":"plain","internal":{`...)
+		b = appendFields(b, fields)
 		b = append(b, `},"data":`...)
 		b = append(b, body...)
 		return append(b, '}'), nil
 	}
-	out, err := rewriteRetryCount(raw, count)
-	if err != nil {
-		// raw decoded, so it is valid JSON and the scan cannot fail.
-		return nil, fmt.Errorf("set retry count: %w", err)
+	// raw decoded, so it is valid JSON and the scan cannot fail.
+	return rewriteInternal(raw, fields)
+}
+
+// internalField is a member of the envelope's internal object to set: its
+// name as encoding/json matches it and its value as raw JSON.
+type internalField struct {
+	name  string
+	value []byte
+}
+
+// appendFields appends fields as object members, comma-separated.
+func appendFields(b []byte, fields []internalField) []byte {
+	for i, f := range fields {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = append(b, f.name...)
+		b = append(b, `":`...)
+		b = append(b, f.value...)
 	}
-	return out, nil
+	return b
 }
 
 // splice is a replacement of raw[start:end] by with.
@@ -147,16 +213,19 @@ type splice struct {
 	with       []byte
 }
 
-// rewriteRetryCount sets internal.retry_count to count in the envelope raw,
-// matching member names as encoding/json does, so that the value decoded
-// afterwards is count whatever duplicates raw holds:
-//   - no internal: one is inserted first;
-//   - the last internal is an object: its last retry_count is replaced, or
-//     one is inserted first in it (after any earlier internal, so it wins);
-//   - the last internal is null (dropping all earlier ones): it becomes
-//     {"retry_count":count} and the earlier ones become null, so that
+// rewriteInternal sets each of fields in the internal object of the
+// envelope raw, matching member names as encoding/json does, so that the
+// value decoded afterwards is the one given whatever duplicates raw holds.
+// Every field's value must replace, not merge with, what an earlier
+// occurrence decoded to (a number for retry_count, an object for labels).
+//   - no internal: one holding just fields is inserted first;
+//   - the last internal is an object: the last member matching each field
+//     has its value replaced; the fields with no such member are inserted
+//     first in it (after any earlier internal, so they win);
+//   - the last internal is null (dropping all earlier ones): it becomes an
+//     object holding just fields and the earlier ones become null, so that
 //     nothing they held comes back.
-func rewriteRetryCount(raw, count []byte) ([]byte, error) {
+func rewriteInternal(raw []byte, fields []internalField) ([]byte, error) {
 	start := skipSpace(raw, 0)
 	members, _, err := objectMembers(raw, start)
 	if err != nil {
@@ -168,10 +237,13 @@ func rewriteRetryCount(raw, count []byte) ([]byte, error) {
 			internals = append(internals, m)
 		}
 	}
+	object := func() []byte {
+		return append(appendFields([]byte{'{'}, fields), '}')
+	}
 	var edits []splice
 	switch {
 	case len(internals) == 0:
-		with := []byte(`"internal":{"retry_count":` + string(count) + `}`)
+		with := append([]byte(`"internal":`), object()...)
 		if len(members) > 0 {
 			with = append(with, ',')
 		}
@@ -181,28 +253,36 @@ func rewriteRetryCount(raw, count []byte) ([]byte, error) {
 			edits = append(edits, splice{m.start, m.end, []byte("null")})
 		}
 		last := internals[len(internals)-1]
-		edits = append(edits, splice{last.start, last.end, []byte(`{"retry_count":` + string(count) + `}`)})
+		edits = append(edits, splice{last.start, last.end, object()})
 	default:
 		last := internals[len(internals)-1]
 		inner, _, err := objectMembers(raw, last.start)
 		if err != nil {
 			return nil, err
 		}
-		var target *member
-		for i := range inner {
-			if matchesField(inner[i].name, "retry_count") {
-				target = &inner[i]
+		var missing []internalField
+		for _, f := range fields {
+			target := -1
+			for i := range inner {
+				if matchesField(inner[i].name, f.name) {
+					target = i
+				}
 			}
+			if target < 0 {
+				missing = append(missing, f)
+				continue
+			}
+			edits = append(edits, splice{inner[target].start, inner[target].end, f.value})
 		}
-		if target != nil {
-			edits = append(edits, splice{target.start, target.end, count})
-		} else {
-			with := []byte(`"retry_count":` + string(count))
+		if len(missing) > 0 {
+			with := appendFields(nil, missing)
 			if len(inner) > 0 {
 				with = append(with, ',')
 			}
 			edits = append(edits, splice{last.start + 1, last.start + 1, with})
 		}
+		// Members are replaced in the order of fields, not of raw.
+		slices.SortFunc(edits, func(a, b splice) int { return a.start - b.start })
 	}
 	out := make([]byte, 0, len(raw)+32)
 	pos := 0

@@ -59,6 +59,7 @@ func TestEncodeRequestRoundTrip(t *testing.T) {
 			r.Headers = map[string]string{"X-A": "b\tc"}
 			r.Endpoint = "/v1/completions"
 			r.RequestQueueName, r.ResultQueueName = "llm-d-async:requests:p", "llm-d-async:results:p:$batch"
+			r.Labels = map[string]string{"tier": "batch"} // envelope-only, not written
 		}),
 		minimal(func(r *Request) { r.Deadline = ts(maxUnixSeconds, 999_000_000) }),
 		minimal(func(r *Request) { r.Deadline = ts(0, 1_000_000) }),
@@ -76,7 +77,7 @@ func TestEncodeRequestRoundTrip(t *testing.T) {
 			t.Fatalf("Decode(%s): %v", b, err)
 		}
 		want := *r
-		want.Kind, want.RetryCount, want.Token = "", 0, ""
+		want.Kind, want.RetryCount, want.Token, want.Labels = "", 0, "", nil
 		if d := diffRequest(got, &want); d != "" {
 			t.Errorf("round trip of %s: %s", b, d)
 		}
@@ -162,24 +163,135 @@ func TestWithRetryCount(t *testing.T) {
 // to raw's request with RetryCount n (and Kind "plain" when raw was flat).
 func checkRetryRoundTrip(t testing.TB, raw, out []byte, n int) {
 	t.Helper()
+	checkRequeued(t, "WithRetryCount", raw, out, n, nil, false)
+}
+
+// checkEnvelopeRoundTrip checks that out, made by WithEnvelope(raw, n,
+// labels), decodes to raw's request with RetryCount n and Labels labels (and
+// Kind "plain" when raw was flat).
+func checkEnvelopeRoundTrip(t testing.TB, raw, out []byte, n int, labels map[string]string) {
+	t.Helper()
+	checkRequeued(t, "WithEnvelope", raw, out, n, labels, true)
+}
+
+// checkRequeued checks what fn (WithRetryCount or WithEnvelope) made of raw:
+// out decodes as an envelope to raw's request with RetryCount n, Labels
+// labels when setLabels is set and raw's labels otherwise, and every other
+// field unchanged (Kind "plain" when raw was flat); the payload bytes are
+// kept.
+func checkRequeued(t testing.TB, fn string, raw, out []byte, n int, labels map[string]string, setLabels bool) {
+	t.Helper()
 	before, env, err := decode(raw)
 	if err != nil {
 		t.Fatalf("decode(raw): %v", err)
 	}
 	after, envAfter, err := decode(out)
 	if err != nil {
-		t.Fatalf("decode(WithRetryCount(%q, %d) = %q): %v", raw, n, out, err)
+		t.Fatalf("decode(%s(%q, %d) = %q): %v", fn, raw, n, out, err)
 	}
 	want := *before
 	want.RetryCount = n
+	if setLabels {
+		want.Labels = labels
+	}
 	if !env {
 		want.Kind = "plain"
 	}
 	if d := diffRequest(after, &want); d != "" || !envAfter {
-		t.Fatalf("WithRetryCount(%q, %d) = %q decodes differently (envelope %v): %s", raw, n, out, envAfter, d)
+		t.Fatalf("%s(%q, %d) = %q decodes differently (envelope %v): %s", fn, raw, n, out, envAfter, d)
 	}
 	if !bytes.Contains(out, before.Payload) {
-		t.Fatalf("WithRetryCount(%q, %d) = %q lost the payload bytes", raw, n, out)
+		t.Fatalf("%s(%q, %d) = %q lost the payload bytes", fn, raw, n, out)
+	}
+}
+
+func TestWithRetryCountKeepsLabels(t *testing.T) {
+	const raw = `{"request_kind":"redis","internal":{"labels":{"b":"2","a":"1"},"retry_count":1},"data":{"id":"a","deadline":1700086400,"payload":{}}}`
+	got, err := WithRetryCount([]byte(raw), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Replace(raw, `"retry_count":1`, `"retry_count":2`, 1); string(got) != want {
+		t.Errorf("WithRetryCount:\n got %s\nwant %s", got, want)
+	}
+	checkRetryRoundTrip(t, []byte(raw), got, 2)
+}
+
+func TestWithEnvelope(t *testing.T) {
+	const data = `{"id":"a","deadline":1700086400,"payload":{ "x" : "\u00e9" }}`
+	ab := map[string]string{"b": "2", "a": "1"}
+	tests := []struct {
+		name   string
+		raw    string
+		n      int
+		labels map[string]string
+		want   string
+	}{
+		{"flat is wrapped verbatim", data, 1, ab,
+			`{"request_kind":"plain","internal":{"retry_count":1,"labels":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"flat without labels", " " + data + "\n", 1, nil,
+			`{"request_kind":"plain","internal":{"retry_count":1},"data":` + data + `}`},
+		{"flat with empty labels", data, 1, map[string]string{},
+			`{"request_kind":"plain","internal":{"retry_count":1},"data":` + data + `}`},
+		{"keys sorted, strings escaped as json.Marshal does", data, 0, map[string]string{"z": "<\n>", "classification": "reserved", "é": "\u2028"},
+			`{"request_kind":"plain","internal":{"retry_count":0,"labels":{"classification":"reserved","z":"\u003c\n\u003e","é":"\u2028"}},"data":` + data + `}`},
+		{"envelope: only retry_count and labels change", `{"request_kind":"redis", "internal" : {"labels" : {"old":"x"} , "queue_id":"q", "retry_count" : 0 },"data":` + data + `,"extra":[1]}`, 12, ab,
+			`{"request_kind":"redis", "internal" : {"labels" : {"a":"1","b":"2"} , "queue_id":"q", "retry_count" : 12 },"data":` + data + `,"extra":[1]}`},
+		{"envelope without labels", `{"request_kind":"redis","internal":{"queue_id":"q","retry_count":0},"data":` + data + `}`, 3, ab,
+			`{"request_kind":"redis","internal":{"labels":{"a":"1","b":"2"},"queue_id":"q","retry_count":3},"data":` + data + `}`},
+		{"envelope without retry_count or labels", `{"request_kind":"redis","internal":{"queue_id":"q"},"data":` + data + `}`, 3, ab,
+			`{"request_kind":"redis","internal":{"retry_count":3,"labels":{"a":"1","b":"2"},"queue_id":"q"},"data":` + data + `}`},
+		{"envelope with empty internal", `{"request_kind":"redis","internal":{ },"data":` + data + `}`, 3, ab,
+			`{"request_kind":"redis","internal":{"retry_count":3,"labels":{"a":"1","b":"2"} },"data":` + data + `}`},
+		{"envelope without internal", `{"request_kind":"redis","data":` + data + `}`, 4, ab,
+			`{"internal":{"retry_count":4,"labels":{"a":"1","b":"2"}},"request_kind":"redis","data":` + data + `}`},
+		{"envelope with null internal", `{"request_kind":"redis","internal":null,"data":` + data + `}`, 5, ab,
+			`{"request_kind":"redis","internal":{"retry_count":5,"labels":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"existing labels replaced, not merged", `{"request_kind":"redis","internal":{"retry_count":1,"labels":{"a":"0","c":"3"}},"data":` + data + `}`, 2, ab,
+			`{"request_kind":"redis","internal":{"retry_count":2,"labels":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"existing labels cleared with {}", `{"request_kind":"redis","internal":{"retry_count":1,"labels":{"a":"0"}},"data":` + data + `}`, 2, nil,
+			`{"request_kind":"redis","internal":{"retry_count":2,"labels":{}},"data":` + data + `}`},
+		{"ignored labels left alone when there are none to write", `{"request_kind":"redis","internal":{"retry_count":1,"labels":7},"data":` + data + `}`, 2, nil,
+			`{"request_kind":"redis","internal":{"retry_count":2,"labels":7},"data":` + data + `}`},
+		{"ignored labels replaced", `{"request_kind":"redis","internal":{"retry_count":1,"labels":[]},"data":` + data + `}`, 2, ab,
+			`{"request_kind":"redis","internal":{"retry_count":2,"labels":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"last of duplicate labels is replaced", `{"request_kind":"redis","internal":{"labels":{"a":"0"},"LABELS":null},"data":` + data + `}`, 6, ab,
+			`{"request_kind":"redis","internal":{"retry_count":6,"labels":{"a":"0"},"LABELS":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"labels of an earlier internal overridden in the last", `{"request_kind":"redis","internal":{"retry_count":1,"labels":{"c":"3"}},"Internal":{"queue_id":"q"},"data":` + data + `}`, 7, ab,
+			`{"request_kind":"redis","internal":{"retry_count":1,"labels":{"c":"3"}},"Internal":{"retry_count":7,"labels":{"a":"1","b":"2"},"queue_id":"q"},"data":` + data + `}`},
+		{"labels of an earlier internal cleared in the last", `{"request_kind":"redis","internal":{"labels":{"c":"3"}},"internal":{"retry_count":1},"data":` + data + `}`, 7, nil,
+			`{"request_kind":"redis","internal":{"labels":{"c":"3"}},"internal":{"labels":{},"retry_count":7},"data":` + data + `}`},
+		{"names are matched after unescaping", `{"request_kind":"redis","intern\u0061l":{"l\u0061bels":{},"retry_\u0063ount":1},"data":` + data + `}`, 9, ab,
+			`{"request_kind":"redis","intern\u0061l":{"l\u0061bels":{"a":"1","b":"2"},"retry_\u0063ount":9},"data":` + data + `}`},
+		{"a null last internal stays the only one", `{"request_kind":"redis","internal":{"labels":{"c":"3"}},"internal":null,"data":` + data + `}`, 8, ab,
+			`{"request_kind":"redis","internal":null,"internal":{"retry_count":8,"labels":{"a":"1","b":"2"}},"data":` + data + `}`},
+		{"a null last internal, no labels", `{"request_kind":"redis","internal":{"labels":{"c":"3"}},"internal":null,"data":` + data + `}`, 8, nil,
+			`{"request_kind":"redis","internal":null,"internal":{"retry_count":8},"data":` + data + `}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := WithEnvelope([]byte(tt.raw), tt.n, tt.labels)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("WithEnvelope:\n got %s\nwant %s", got, tt.want)
+			}
+			checkEnvelopeRoundTrip(t, []byte(tt.raw), got, tt.n, tt.labels)
+		})
+	}
+}
+
+func TestWithEnvelopeRejects(t *testing.T) {
+	if _, err := WithEnvelope([]byte(seedFlat), -1, nil); err == nil || err.Error() != "rewrite envelope: retry count -1 must not be negative" {
+		t.Errorf("negative retry count: err = %v", err)
+	}
+	_, err := WithEnvelope([]byte(`{"request_kind":"redis","internal":{"labels":{"k":[]}},"data":{"id":"a","deadline":1700086400,"payload":{}}}`), 1, nil)
+	if de, ok := AsDecodeError(err); !ok || de.ID != "a" {
+		t.Errorf("invalid message: err = %v, want a *DecodeError for id a", err)
+	}
+	if err == nil || err.Error() != `rewrite envelope: invalid request a: internal.labels["k"]: must be a string, number or bool, got array` {
+		t.Errorf("invalid message: err = %v", err)
 	}
 }
 

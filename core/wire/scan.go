@@ -107,7 +107,7 @@ var flatNames = [...]string{"id", "created", "deadline", "payload", "metadata", 
 var envelopeNames = append(flatNames[:len(flatNames):len(flatNames)], "data", "request_kind", "internal")
 
 // internalNames are internalWire's member names.
-var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name", "queue_id"}
+var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name", "queue_id", "labels"}
 
 // flatField returns the index of name in flatNames, or -1.
 func flatField(name []byte) int {
@@ -217,6 +217,10 @@ func (in *internalWire) scan(v []byte) bool {
 			ok := setString(&id, val)
 			in.QueueID = looseString(id)
 			return ok
+		case "labels":
+			// The encoding/json path's own decoder: it ignores what is not
+			// an object and refuses what that path refuses.
+			return once(&seen, 5) && in.Labels.UnmarshalJSON(val) == nil
 		}
 		return !foldsTo(name, internalNames)
 	})
