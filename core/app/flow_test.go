@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
@@ -282,5 +284,60 @@ func TestWaitingRequestRequeuedAtShutdown(t *testing.T) {
 	defer gw.mu.Unlock()
 	if len(gw.started) != 1 {
 		t.Errorf("%d requests dispatched, want 1: the waiting one must not start during shutdown", len(gw.started))
+	}
+}
+
+// classifyingGate labels every request "overflow" and defers it once; it
+// records the classification and tier each request carries when asked.
+type classifyingGate struct {
+	mu   sync.Mutex
+	seen map[string][]string // id → "classification/tier" at each Admit
+}
+
+func (g *classifyingGate) Budget(context.Context) (float64, error) { return 1, nil }
+
+func (g *classifyingGate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.seen[req.ID] = append(g.seen[req.ID], req.Classification()+"/"+req.Label("tier"))
+	if len(g.seen[req.ID]) == 1 {
+		req.SetClassification(wire.ClassOverflow)
+		return gate.Decision{Verdict: gate.Defer, Delay: 10 * time.Millisecond}, nil
+	}
+	return gate.Admitted, nil
+}
+
+// A gate's classification survives the re-queue of a deferral, the queue's
+// labels are set on its requests, and the deferral counts as
+// quota_exhausted (an overflow refusal).
+func TestLabelsSurviveRequeue(t *testing.T) {
+	_, url := newPeakServer(t, 0)
+	g := &classifyingGate{seen: map[string][]string{}}
+	reg := prometheus.NewRegistry()
+	ad := testAdapters(t)
+	if err := ad.Gates.Register("test-classify", func(gate.Params, gate.Env) (gate.Gate, error) { return g, nil }); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{{
+			Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: url, GateType: "test-classify", Labels: map[string]string{"tier": "batch"}}}},
+	}
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: reg})
+	if err := h.mem.Enqueue(e2eQueue, idRequest("c1", time.Now().Add(time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.waitResults(1, 10*time.Second)["c1"]; !r.OK() {
+		t.Fatalf("c1: %+v", r)
+	}
+	g.mu.Lock()
+	seen := g.seen["c1"]
+	g.mu.Unlock()
+	if len(seen) != 2 || seen[0] != "/batch" || seen[1] != "overflow/batch" {
+		t.Errorf("labels at each admission %q, want [/batch overflow/batch]", seen)
+	}
+	labels := map[string]string{"queue_id": e2eQueue, "queue_name": e2eQueue, "pool_name": "default", "reason": "quota_exhausted"}
+	if got := metricValue(t, reg, "llm_d_async_async_gate_decisions_total", labels); got != 1 {
+		t.Errorf("quota_exhausted decisions = %v, want 1", got)
 	}
 }

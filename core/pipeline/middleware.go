@@ -256,7 +256,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 // requeuePayload is the message's bytes for a re-queue: retry count n and
 // the request's labels as they are now (a gate's classification included).
 func requeuePayload(d *Delivery, n int) ([]byte, error) {
-	return wire.WithRetryCount(d.Msg.Payload, n)
+	return wire.WithEnvelope(d.Msg.Payload, n, d.Req.Labels)
 }
 
 // lastAnswer ends a request whose retries ran out: with the gateway's last
