@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/plugins/host"
+	"github.com/sluice-io/sluice/transforms/gcsmultipart"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/memory"
 	"github.com/sluice-io/sluice/transports/redispubsub"
@@ -34,6 +35,8 @@ func adapters() (app.Adapters, error) {
 		ad.Gates.Register(prombudget.Type, prombudget.Factory),
 		ad.Gates.Register(composite.Type, composite.Factory),
 		ad.Gates.Register(host.Type, host.Factory),
+
+		ad.Transforms.Register(gcsmultipart.Type, gcsmultipart.Factory),
 	)
 	return ad, err
 }

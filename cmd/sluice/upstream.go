@@ -50,9 +50,9 @@ func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.IntVarP(&u.verbosity, "v", "v", 2, "upstream: log verbosity; 0 logs at info, 1 or more at debug (--log-level wins)")
 	fs.BoolVar(&u.metricsAuth, "metrics-endpoint-auth", upstream, "Kubernetes authn/authz in front of /metrics: each scrape's bearer token is checked by a TokenReview and a SubjectAccessReview (get /metrics) against the in-cluster API; true refuses to start outside a cluster")
 	fs.StringVar(&u.poolConfigFile, "pool-config-file", "", "worker pools (JSON array of {id, workers, gate_type, gate_params}); needs a queue config; without it one pool \"default\" of --concurrency workers serves every queue")
-	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy config (JSON); checked, merge policies not implemented yet")
+	fs.StringVar(&u.mergePolicyFile, "request-merge-policy-config-file", "", "request merge policy ({\"type\": \"random-robin\"|\"tier-priority\", \"parameters\": {...}}): how a pool's workers are shared, fairness and priority headers")
 	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
-	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms config (JSON); checked, transforms not implemented yet")
+	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms ({\"requestTransforms\": [{\"name\", \"type\", \"parameters\"}]}), e.g. gcs_uri_multipart")
 	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll (broker_backlog gauge); 0 disables it")
 	fs.BoolVar(&u.zapDevel, "zap-devel", true, "upstream: zap development mode; accepted and ignored")
 	fs.StringVar(&u.zapEncoder, "zap-encoder", "", "upstream: json or console; same as --log-format json or text")
@@ -101,19 +101,28 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 			warn = append(warn, fmt.Sprintf("--%s is accepted and ignored: sluice logs with log/slog (--log-level, --log-format)", name))
 		}
 	}
-	files := []struct{ flag, path, instead string }{
-		{"request-merge-policy-config-file", u.mergePolicyFile, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
-		{"request-merge-policy-config", u.mergePolicyAlias, "merge policies are not implemented yet: each queue is claimed from in deadline order, queues served side by side"},
-		{"transform-config-file", u.transformConfigFile, "request body transforms are not implemented yet: request bodies are sent to the gateway unchanged"},
+	policyFlag, policyFile := "request-merge-policy-config-file", u.mergePolicyFile
+	if policyFile == "" && u.mergePolicyAlias != "" {
+		policyFlag, policyFile = "request-merge-policy-config", u.mergePolicyAlias
+		warn = append(warn, "--request-merge-policy-config is deprecated: use --request-merge-policy-config-file")
 	}
-	for _, f := range files {
-		if f.path == "" {
-			continue
-		}
-		if err := checkJSONFile(f.flag, f.path); err != nil {
+	if policyFile != "" {
+		if err := checkJSONFile(policyFlag, policyFile); err != nil {
 			return nil, err
 		}
-		warn = append(warn, fmt.Sprintf("--%s=%s: file checked; %s", f.flag, f.path, f.instead))
+		data, err := os.ReadFile(policyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %w", policyFlag, err)
+		}
+		if cfg.MergePolicy, err = config.ParseMergePolicy(data, policyFile); err != nil {
+			return nil, fmt.Errorf("--%s: %w", policyFlag, err)
+		}
+	}
+	if u.transformConfigFile != "" {
+		if err := checkJSONFile("transform-config-file", u.transformConfigFile); err != nil {
+			return nil, err
+		}
+		cfg.TransformConfigFile = u.transformConfigFile
 	}
 	if u.poolConfigFile != "" {
 		if len(cfg.TransportConfig.Queues) == 0 {

@@ -38,8 +38,9 @@ func loadUpstream(t *testing.T, args ...string) (*config.Config, []string, error
 // land in the config, the others say what sluice does instead.
 func TestUpstreamFlags(t *testing.T) {
 	t.Setenv("REDIS_URL", "redis://redis:6379/0")
-	anyJSON := writeFile(t, "any.json", `{"pools":[]}`)
 	poolsJSON := writeFile(t, "pools.json", `[{"id":"default","workers":8},{"id":"batch","workers":3}]`)
+	policyJSON := writeFile(t, "policy.json", `{"type":"tier-priority","parameters":{"priority_header":"x-prio","fairness_header":""}}`)
+	transformJSON := writeFile(t, "transforms.json", `{"requestTransforms":[]}`)
 	queues := writeFile(t, "queues.json", `[{"queue_name":"qf","igw_base_url":"http://gw:80"}]`)
 	// Upstream's chart always passes these two; the base keeps the
 	// redis-pubsub single queue valid.
@@ -83,15 +84,19 @@ func TestUpstreamFlags(t *testing.T) {
 				return c.Transport == "redis-pubsub" && q0(c).Name == "qi" && c.TransportConfig.ResultQueueName == "r"
 			}, ""},
 		{"--transport-config-file", []string{"--transport-config-file", queues}, func(c *config.Config) bool { return c.Transport == "redis-pubsub" && q0(c).Name == "qf" }, ""},
-		{"--request-merge-policy-config-file", []string{"--request-merge-policy-config-file", anyJSON}, nil, "merge policies are not implemented yet"},
-		{"--request-merge-policy-config", []string{"--request-merge-policy-config", anyJSON}, nil, "merge policies are not implemented yet"},
+		{"--request-merge-policy-config-file", []string{"--request-merge-policy-config-file", policyJSON},
+			func(c *config.Config) bool {
+				return c.MergePolicy.Type == "tier-priority" && c.MergePolicy.Param("priority_header") == "x-prio"
+			}, ""},
+		{"--request-merge-policy-config", []string{"--request-merge-policy-config", policyJSON},
+			func(c *config.Config) bool { return c.MergePolicy.Type == "tier-priority" }, "--request-merge-policy-config is deprecated"},
 		{"--metrics-backlog-poll-interval", []string{"--metrics-backlog-poll-interval=30s"}, func(c *config.Config) bool { return c.BacklogPollInterval.D() == 30*time.Second }, ""},
 		{"--metrics-backlog-poll-interval=0 disables", []string{"--metrics-backlog-poll-interval=0"}, func(c *config.Config) bool { return c.BacklogPollInterval.D() < 0 }, ""},
 		{"--tls-ca-cert", []string{"--tls-ca-cert=/etc/tls/ca.crt"}, func(c *config.Config) bool { return c.TLS.CACert == "/etc/tls/ca.crt" }, ""},
 		{"--tls-cert", []string{"--tls-cert=/etc/tls/tls.crt", "--tls-key=/etc/tls/tls.key"}, func(c *config.Config) bool { return c.TLS.Cert == "/etc/tls/tls.crt" }, ""},
 		{"--tls-key", []string{"--tls-cert=/etc/tls/tls.crt", "--tls-key=/etc/tls/tls.key"}, func(c *config.Config) bool { return c.TLS.Key == "/etc/tls/tls.key" }, ""},
 		{"--tls-insecure-skip-verify", []string{"--tls-insecure-skip-verify=true"}, func(c *config.Config) bool { return c.TLS.InsecureSkipVerify }, ""},
-		{"--transform-config-file", []string{"--transform-config-file", anyJSON}, nil, "request body transforms are not implemented yet"},
+		{"--transform-config-file", []string{"--transform-config-file", transformJSON}, func(c *config.Config) bool { return c.TransformConfigFile == transformJSON }, ""},
 		{"--prometheus-url", []string{"--prometheus-url=http://prom:9090"}, func(c *config.Config) bool { return c.Prometheus.URL == "http://prom:9090" }, ""},
 		{"--prometheus-cache-ttl", []string{"--prometheus-cache-ttl=10s"}, func(c *config.Config) bool { return time.Duration(c.Prometheus.CacheTTL) == 10*time.Second }, ""},
 		{"--prometheus-cache-ttl=0s", []string{"--prometheus-cache-ttl=0s"}, func(c *config.Config) bool { return time.Duration(c.Prometheus.CacheTTL) == time.Nanosecond }, ""},
@@ -300,7 +305,7 @@ func TestUpstreamChartArgsStart(t *testing.T) {
 func TestUpstreamChartRenderedArgs(t *testing.T) {
 	t.Setenv("REDIS_URL", "redis://redis:6379/0")
 	pools := writeFile(t, "worker-pools.json", `[{"id":"default","workers":64}]`)
-	transform := writeFile(t, "transform-config.json", `{"transforms":[]}`)
+	transform := writeFile(t, "transform-config.json", `{"requestTransforms":[]}`)
 	merge := writeFile(t, "request-merge-policy.json", `{"type":"random-robin"}`)
 	topics := writeFile(t, "pubsub-topics.json", `[{"queue_name":"sub-a","igw_base_url":"http://gw:80","gate_type":"constant","gate_params":{"budget":"1"}}]`)
 	tail := []string{"--prometheus-url=http://prom:9090", "--prometheus-cache-ttl=5s",
@@ -352,7 +357,10 @@ func TestUpstreamChartRenderedArgs(t *testing.T) {
 			if p := cfg.Pool("default"); p == nil || p.Workers != 64 {
 				t.Errorf("pools %+v, want the file's default of 64 workers", cfg.WorkerPools)
 			}
-			for _, w := range []string{"--transform-config-file", "--request-merge-policy-config", "--redis-tracing", "flag --message-queue-impl is deprecated"} {
+			if cfg.TransformConfigFile != transform || cfg.MergePolicy.Type != "random-robin" {
+				t.Errorf("transform file %q, merge policy %+v", cfg.TransformConfigFile, cfg.MergePolicy)
+			}
+			for _, w := range []string{"--request-merge-policy-config", "--redis-tracing", "flag --message-queue-impl is deprecated"} {
 				if !strings.Contains(all, w) {
 					t.Errorf("no warning naming %s in:\n%s", w, all)
 				}

@@ -39,6 +39,7 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -51,11 +52,13 @@ type Adapters struct {
 	Transports *transport.Registry
 	// Gates maps each queue's "gate_type" to a factory.
 	Gates *gate.Registry
+	// Transforms maps a transform file's "type" to a factory.
+	Transforms *transform.Registry
 }
 
 // NewAdapters returns empty registries, ready for Register.
 func NewAdapters() Adapters {
-	return Adapters{Transports: transport.NewRegistry(), Gates: gate.NewRegistry()}
+	return Adapters{Transports: transport.NewRegistry(), Gates: gate.NewRegistry(), Transforms: transform.NewRegistry()}
 }
 
 func (ad *Adapters) setDefaults() {
@@ -64,6 +67,9 @@ func (ad *Adapters) setDefaults() {
 	}
 	if ad.Gates == nil {
 		ad.Gates = gate.NewRegistry()
+	}
+	if ad.Transforms == nil {
+		ad.Transforms = transform.NewRegistry()
 	}
 }
 
@@ -130,6 +136,7 @@ type App struct {
 	client    *dispatch.Client
 	transport transport.Transport
 	gates     []*gate.Refresher
+	transform *transform.Chain         // nil: no transforms
 	tracing   *sdktrace.TracerProvider // owned: shut down at the end of Run
 	pipe      *pipeline.Pipeline
 	servers   []*http.Server
@@ -158,6 +165,12 @@ func New(cfg *config.Config, o Options) (*App, error) {
 func (a *App) close() {
 	for _, g := range a.gates {
 		_ = g.Close()
+	}
+	if a.transform != nil {
+		if err := a.transform.Close(); err != nil {
+			a.log.Warn("closing transforms", "err", err)
+		}
+		a.transform = nil
 	}
 	if a.tracing != nil {
 		_ = a.tracing.Shutdown(context.Background())

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -48,6 +49,13 @@ func (a *App) build(o Options) error {
 	if err != nil {
 		return err
 	}
+	prio, err := priority(a.cfg, a.client)
+	if err != nil {
+		return err
+	}
+	if a.transform, err = transform.Load(a.cfg.TransformConfigFile, o.Adapters.Transforms, transform.Env{Logger: a.log}); err != nil {
+		return fmt.Errorf("transform_config_file: %w", err)
+	}
 	var d pipeline.Dispatcher = a.client
 	if o.Dispatcher != nil {
 		d = o.Dispatcher
@@ -57,6 +65,8 @@ func (a *App) build(o Options) error {
 		Dispatcher:     d,
 		Queues:         queues,
 		Pools:          pools,
+		Priority:       prio,
+		Transforms:     a.transform,
 		GateTimeout:    a.cfg.RequestTimeout.D(),
 		Retry:          retryPolicy(a.cfg),
 		DrainTimeout:   a.cfg.DrainTimeout.D(),
@@ -79,8 +89,13 @@ func newMetrics(reg *prometheus.Registry) (*metrics.Metrics, error) {
 
 // dispatchConfig is the HTTP client's part of cfg. Fields cfg leaves zero
 // take core/dispatch's defaults.
-func dispatchConfig(cfg *config.Config) dispatch.Config {
+func dispatchConfig(cfg *config.Config) (dispatch.Config, error) {
+	fair, err := dispatch.ParseFairness(cfg.MergePolicy.Parameters)
+	if err != nil {
+		return dispatch.Config{}, fmt.Errorf("merge_policy: %w", err)
+	}
 	return dispatch.Config{
+		Fairness:         fair,
 		MaxConns:         maxConcurrency(cfg),
 		RequestTimeout:   cfg.RequestTimeout.D(),
 		DeadlineHeader:   cfg.Dispatch.DeadlineHeader,
@@ -89,21 +104,40 @@ func dispatchConfig(cfg *config.Config) dispatch.Config {
 		Protocol:         cfg.Dispatch.Protocol,
 		TLS: dispatch.TLSConfig{CACert: cfg.TLS.CACert, Cert: cfg.TLS.Cert, Key: cfg.TLS.Key,
 			InsecureSkipVerify: cfg.TLS.InsecureSkipVerify},
-	}
+	}, nil
 }
 
 // newDispatcher builds the HTTP client to the gateways (its errors already
 // say "dispatch: ").
 func newDispatcher(cfg *config.Config) (*dispatch.Client, error) {
-	return dispatch.New(dispatchConfig(cfg))
+	dc, err := dispatchConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return dispatch.New(dc)
+}
+
+// priority is the tier-priority policy of cfg (nil for random-robin), its
+// header checked as a header the client may send.
+func priority(cfg *config.Config, c *dispatch.Client) (*pipeline.Priority, error) {
+	if cfg.MergePolicy.Type != config.PolicyTierPriority {
+		return nil, nil
+	}
+	p := &pipeline.Priority{Header: cfg.MergePolicy.Param("priority_header"), TierLabel: cfg.MergePolicy.Param("tier_label")}
+	if p.Header != "" {
+		if err := c.CheckHeaderName(p.Header); err != nil {
+			return nil, fmt.Errorf("merge_policy: priority_header: %w", err)
+		}
+	}
+	return p, nil
 }
 
 // maxConcurrency is the most requests in flight at once over all queues,
 // at least the config's concurrency: the idle connections kept per gateway.
 func maxConcurrency(cfg *config.Config) int {
 	n := 0
-	for _, q := range cfg.TransportConfig.Queues {
-		n += q.MaxConcurrency
+	for _, p := range cfg.WorkerPools {
+		n += p.Workers
 	}
 	return max(n, cfg.Concurrency)
 }

@@ -95,7 +95,10 @@ func TestLinksOnlyCore(t *testing.T) {
 func TestComponentDefaults(t *testing.T) {
 	cfg := checkConfig(nil)
 	cfg.SetDefaults()
-	d := dispatchConfig(cfg)
+	d, err := dispatchConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.SetDefaults()
 	if d.RequestTimeout != 5*time.Minute || d.DeadlineHeader != "x-request-deadline" ||
 		d.TimeoutHeader != "x-envoy-upstream-rq-timeout-ms" || d.MaxResponseBytes != 64<<20 || d.Protocol != "http1" {

@@ -79,6 +79,13 @@ type Config struct {
 	// DrainTimeout is how long requests in flight may finish on shutdown
 	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
+	// MergePolicy is upstream's request merge policy
+	// (--request-merge-policy-config-file): how a worker pool's workers are
+	// shared by its queues, and the fairness header.
+	MergePolicy MergePolicy `json:"merge_policy"`
+	// TransformConfigFile names upstream's request body transforms file
+	// (--transform-config-file; empty: none).
+	TransformConfigFile string `json:"transform_config_file,omitempty"`
 	// BacklogPollInterval is how often each queue's depth is read from the
 	// broker for the broker_backlog and sluice_delayed_requests gauges
 	// (0: the pipeline's gauge interval, 2s; negative: never; upstream's
@@ -265,6 +272,72 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 // DefaultWorkerPoolID is the worker pool a queue belongs to when it names
 // none (upstream's default).
 const DefaultWorkerPoolID = "default"
+
+// The merge policies.
+const (
+	// PolicyRandomRobin: a pool's workers are taken as requests are claimed,
+	// its queues served side by side (upstream's default).
+	PolicyRandomRobin = "random-robin"
+	// PolicyTierPriority: a pool's workers go to requests in six lanes by
+	// classification and tier, strictly in order.
+	PolicyTierPriority = "tier-priority"
+)
+
+// MergePolicy is upstream's merge-policy file: {"type", "parameters"}.
+// Parameters: fairness_header and fairness_attribute (both policies),
+// priority_header and tier_label (tier-priority); other keys are ignored,
+// as upstream ignores them.
+type MergePolicy struct {
+	// Type is PolicyRandomRobin (default) or PolicyTierPriority.
+	Type string `json:"type,omitempty"`
+	// Parameters are the policy's parameters (a JSON object).
+	Parameters json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ParseMergePolicy reads upstream's merge-policy file: unknown top-level
+// keys are errors, anything after the first JSON value is ignored (as
+// upstream), and the type must be known.
+func ParseMergePolicy(data []byte, where string) (MergePolicy, error) {
+	var mp MergePolicy
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&mp); err != nil {
+		return MergePolicy{}, fmt.Errorf("%s: %s", where, jsonErr(data, err))
+	}
+	if err := mp.check(); err != nil {
+		return MergePolicy{}, fmt.Errorf("%s: %w", where, err)
+	}
+	return mp, nil
+}
+
+func (mp MergePolicy) check() error {
+	switch mp.Type {
+	case "", PolicyRandomRobin, PolicyTierPriority:
+	default:
+		return fmt.Errorf("unknown request merge policy type: %s (known: %s, %s)", mp.Type, PolicyRandomRobin, PolicyTierPriority)
+	}
+	if len(mp.Parameters) > 0 && !bytes.Equal(bytes.TrimSpace(mp.Parameters), []byte("null")) {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(mp.Parameters, &obj); err != nil {
+			return fmt.Errorf("parameters: not a JSON object: %v", err)
+		}
+	}
+	return nil
+}
+
+// Param returns the string parameter key of the policy ("" when absent,
+// null or not a string).
+func (mp MergePolicy) Param(key string) string {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(mp.Parameters, &obj) != nil {
+		return ""
+	}
+	var v string
+	if json.Unmarshal(obj[key], &v) != nil {
+		return ""
+	}
+	return v
+}
 
 // WorkerPool is one of upstream's worker pools (an entry of the JSON array
 // of --pool-config-file).
@@ -560,6 +633,9 @@ func (c *Config) Validate(k Known) error {
 	case "text", "json":
 	default:
 		add("log.format", "%q: want text or json", c.Log.Format)
+	}
+	if err := c.MergePolicy.check(); err != nil {
+		add("merge_policy", "%v", err)
 	}
 	pools := map[string]int{}
 	for i, p := range c.WorkerPools {

@@ -59,6 +59,10 @@ type Config struct {
 	// requests share a few connections). https gateways negotiate HTTP/2 or
 	// HTTP/1.1 through ALPN either way.
 	Protocol string
+	// Fairness configures the fairness stamp (upstream's fairness_header
+	// and fairness_attribute). The zero value stamps metadata.userid as
+	// x-llm-d-inference-fairness-id.
+	Fairness FairnessConfig
 }
 
 // Gateway protocols for Config.Protocol.
@@ -99,6 +103,7 @@ func (c *Config) SetDefaults() {
 	if c.Protocol == "" {
 		c.Protocol = ProtocolHTTP1
 	}
+	c.Fairness.SetDefaults()
 }
 
 // Validate reports the first invalid field. It does not read the TLS files;
@@ -127,6 +132,12 @@ func (c Config) Validate() error {
 	d, t := headerName(c.DeadlineHeader), headerName(c.TimeoutHeader)
 	if d != "" && d == t {
 		return fmt.Errorf("dispatch: deadline header and timeout header are both %q", c.DeadlineHeader)
+	}
+	if err := c.Fairness.Validate(); err != nil {
+		return fmt.Errorf("dispatch: %w", err)
+	}
+	if f := c.Fairness.headerName(); f != "" && (f == d || f == t) {
+		return fmt.Errorf("dispatch: fairness_header %q is also the deadline or timeout header", *c.Fairness.Header)
 	}
 	return nil
 }

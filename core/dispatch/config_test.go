@@ -16,6 +16,10 @@ import (
 func TestSetDefaults(t *testing.T) {
 	var c Config
 	c.SetDefaults()
+	if c.Fairness.Header == nil || *c.Fairness.Header != "x-llm-d-inference-fairness-id" || c.Fairness.Attribute != "userid" {
+		t.Fatalf("fairness defaults = %+v", c.Fairness)
+	}
+	c.Fairness = FairnessConfig{} // a pointer: compared above
 	want := Config{
 		MaxConns:         64,
 		RequestTimeout:   5 * time.Minute,
@@ -27,13 +31,16 @@ func TestSetDefaults(t *testing.T) {
 	if c != want {
 		t.Fatalf("defaults = %+v, want %+v", c, want)
 	}
+	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
-	kept := Config{MaxConns: 3, RequestTimeout: time.Second, DeadlineHeader: "off", TimeoutHeader: "-", MaxResponseBytes: 10, Protocol: ProtocolH2C}
+	off := ""
+	kept := Config{MaxConns: 3, RequestTimeout: time.Second, DeadlineHeader: "off", TimeoutHeader: "-", MaxResponseBytes: 10, Protocol: ProtocolH2C,
+		Fairness: FairnessConfig{Header: &off, Attribute: "tenant"}}
 	c = kept
 	c.SetDefaults()
-	if c != kept {
+	if c != kept || *c.Fairness.Header != "" {
 		t.Fatalf("SetDefaults changed set fields: %+v", c)
 	}
 }
@@ -56,6 +63,12 @@ func TestValidate(t *testing.T) {
 		{"reserved timeout header", func(c *Config) { c.TimeoutHeader = "content-length" }, "reserved header"},
 		{"same header twice", func(c *Config) { c.DeadlineHeader, c.TimeoutHeader = "x-t", "X-T" }, "both"},
 		{"unknown protocol", func(c *Config) { c.Protocol = "spdy" }, `protocol "spdy"`},
+		{"fairness off", func(c *Config) { c.Fairness.Header = ptr("") }, ""},
+		{"fairness custom", func(c *Config) { c.Fairness.Header = ptr("X-Tenant") }, ""},
+		{"fairness bad name", func(c *Config) { c.Fairness.Header = ptr("x tenant") }, `fairness_header: "x tenant" is not a valid header name`},
+		{"fairness reserved", func(c *Config) { c.Fairness.Header = ptr("Content-Type") }, `fairness_header: "Content-Type" is a header`},
+		{"fairness is deadline", func(c *Config) { c.Fairness.Header = ptr("X-Request-Deadline") }, "also the deadline or timeout header"},
+		{"fairness is timeout", func(c *Config) { c.Fairness.Header = ptr("x-envoy-upstream-rq-timeout-ms") }, "also the deadline or timeout header"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,3 +186,5 @@ func TestTLSFileErrors(t *testing.T) {
 		})
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

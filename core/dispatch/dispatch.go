@@ -10,7 +10,9 @@
 //
 // Do is on the per-message path: targets and endpoint URLs are parsed once
 // and cached, headers are built without per-header allocations, and redirects
-// are not followed.
+// are not followed. DoWith is Do for a caller that decides more per call:
+// a transformed body (see package core/transform) with its content type,
+// and headers of its own that win over the message's.
 //
 // How a gateway is spoken to is a Poster's business, chosen per target by
 // Config.Protocol and the URL's scheme: http gateways under ProtocolHTTP1
@@ -58,6 +60,8 @@ type Client struct {
 	tls            Poster // https:// gateways
 	deadlineHeader string // canonical; "" when disabled
 	timeoutHeader  string // canonical; "" when disabled
+	fairHeader     string // canonical; "" when stamping is disabled
+	fairAttr       string // the metadata key of the fairness id
 	targets        cowmap.Map[Target, *preparedTarget]
 	names          cowmap.Map[string, string] // header name → canonical name
 	bufs           sync.Pool                  // *[]byte for bodies of unknown length
@@ -95,6 +99,8 @@ func New(cfg Config) (*Client, error) {
 		tls:            viaNetHTTP,
 		deadlineHeader: headerName(cfg.DeadlineHeader),
 		timeoutHeader:  headerName(cfg.TimeoutHeader),
+		fairHeader:     cfg.Fairness.headerName(),
+		fairAttr:       cfg.Fairness.Attribute,
 		targets:        cowmap.Map[Target, *preparedTarget]{Max: maxCachedTargets},
 		names:          cowmap.Map[string, string]{Max: maxCachedNames},
 	}
@@ -118,8 +124,8 @@ func (c *Client) Close() {
 	}
 }
 
-// RefusedHeaders returns how many message headers the client has refused to
-// forward since it was created.
+// RefusedHeaders returns how many message headers (and Overrides.Headers)
+// the client has refused to forward since it was created.
 func (c *Client) RefusedHeaders() uint64 { return c.refused.Load() }
 
 // Prepare checks t and caches its parsed form. Call it when a queue is
@@ -146,19 +152,65 @@ func (c *Client) target(t Target) (*preparedTarget, error) {
 }
 
 // Do POSTs req.Payload to t (or to req.Endpoint under t.BaseURL) and
-// classifies the result; see Class for the classes.
-//
-// Headers sent: Content-Type: application/json; x-gateway-inference-objective
-// when t.InferenceObjective is set; the message's headers except the refused
-// ones (see FilterHeaders), which win over the objective header;
-// x-llm-d-inference-fairness-id from req.Metadata["userid"] when the message's
-// headers do not set it; the deadline header (req.Deadline in Unix
-// milliseconds) and the timeout header (milliseconds left for the call, at
-// least 1) unless disabled.
-//
-// Do always reads the response body to its end and closes it, so that the
-// connection is reused.
+// classifies the result; see Class for the classes. It is DoWith without
+// overrides.
 func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
+	return c.DoWith(ctx, t, req, Overrides{})
+}
+
+// Overrides are what a caller decides per call on top of the message: the
+// body a request transform made, with its content type, and headers of its
+// own (such as upstream's tier-priority header). The zero value sends the
+// message as it is.
+type Overrides struct {
+	// Body, when non-nil, is sent instead of req.Payload. Like the payload,
+	// it is read-only to DoWith.
+	Body []byte
+	// ContentType, when non-empty, is sent as Content-Type instead of
+	// application/json: the content type of Body (for instance
+	// "multipart/form-data; boundary=..."). It must be a valid header
+	// value, or the call is Fatal without being sent.
+	ContentType string
+	// Headers are set after the message's headers and the fairness stamp,
+	// and win over both: each replaces the header of the same name in any
+	// letter case. A name the client refuses (see Client.CheckHeaderName)
+	// or an invalid value is refused like a message's header, and counted
+	// with them.
+	Headers []Header
+}
+
+// Header is one header name and value.
+type Header struct {
+	Name, Value string
+}
+
+// DoWith POSTs a request to t (or to req.Endpoint under t.BaseURL) and
+// classifies the result; see Class for the classes. It sends req.Payload as
+// application/json unless o says otherwise.
+//
+// Headers are assembled in upstream's order, each step overriding the
+// earlier ones:
+//  1. Content-Type: application/json, or o.ContentType;
+//  2. x-gateway-inference-objective when t.InferenceObjective is set;
+//  3. the message's headers except the refused ones (see FilterHeaders);
+//     they win over step 2;
+//  4. the fairness stamp (see FairnessConfig): the configured metadata
+//     attribute replaces the message's fairness header, when it is set and
+//     valid;
+//  5. o.Headers;
+//  6. the deadline header (req.Deadline in Unix milliseconds) and the
+//     timeout header (milliseconds left for the call, at least 1) unless
+//     disabled; no other step can set them.
+//
+// Unlike upstream, a message cannot set Content-Type (it is refused and
+// counted, see FilterHeaders): the content type belongs to the body sluice
+// sends (the producer's JSON, or a transform's body given in o), and a
+// message's value could only mislabel it (a multipart body with another
+// boundary, for instance).
+//
+// DoWith always reads the response body to its end and closes it, so that
+// the connection is reused.
+func (c *Client) DoWith(ctx context.Context, t Target, req *wire.Request, o Overrides) Outcome {
 	if req == nil {
 		return Outcome{Class: Fatal, Err: errors.New("dispatch: nil request")}
 	}
@@ -169,6 +221,13 @@ func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 	ep, err := pt.endpoint(req.Endpoint)
 	if err != nil {
 		return Outcome{Class: Fatal, Err: fmt.Errorf("dispatch: %w", err)}
+	}
+	if o.ContentType != "" && !validValue(o.ContentType) {
+		return Outcome{Class: Fatal, Err: fmt.Errorf("dispatch: content type %q is not a valid header value", o.ContentType)}
+	}
+	body := req.Payload
+	if o.Body != nil {
+		body = o.Body
 	}
 
 	now := time.Now()
@@ -191,8 +250,8 @@ func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 	callCtx, cancel := context.WithDeadlineCause(ctx, callDL, cause)
 	defer cancel()
 
-	h, refused := c.headers(pt, req, dl, effective, now)
-	resp, err := pt.poster.Post(callCtx, ep.u, h, req.Payload)
+	h, refused := c.headers(pt, req, &o, dl, effective, now)
+	resp, err := pt.poster.Post(callCtx, ep.u, h, body)
 	if err != nil {
 		out := c.failure(ctx, callCtx, dl, ep, err)
 		out.Refused = refused
@@ -204,10 +263,10 @@ func (c *Client) Do(ctx context.Context, t Target, req *wire.Request) Outcome {
 }
 
 // headers builds the request headers, names in canonical form (a Poster
-// writes them as its protocol wants); it returns how many message headers
-// were refused.
-func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, now time.Time) (http.Header, int) {
-	n := len(req.Headers) + 5
+// writes them as its protocol wants), in the order DoWith documents; it
+// returns how many message and override headers were refused.
+func (c *Client) headers(pt *preparedTarget, req *wire.Request, o *Overrides, dl, effective, now time.Time) (http.Header, int) {
+	n := len(req.Headers) + len(o.Headers) + 5
 	h := make(http.Header, n)
 	// One backing array for all the single-value slices.
 	vals := make([]string, 0, n)
@@ -228,19 +287,36 @@ func (c *Client) headers(pt *preparedTarget, req *wire.Request, dl, effective, n
 		}
 		set(ck, v)
 	}
-	if refused > 0 {
-		c.refused.Add(uint64(refused))
+	// Content-Type is refused above: set here, it is the only value.
+	if o.ContentType != "" {
+		set(headerContentType, o.ContentType)
+	} else {
+		set(headerContentType, contentTypeJSON)
 	}
-	set(headerContentType, contentTypeJSON)
 	if pt.objective != "" {
 		if _, ok := h[headerObjective]; !ok {
 			set(headerObjective, pt.objective)
 		}
 	}
-	if uid := req.Metadata["userid"]; uid != "" && validValue(uid) {
-		if _, ok := h[headerFairness]; !ok {
-			set(headerFairness, uid)
+	// The stamp wins over the message: its header, in every letter case
+	// the message wrote it, is one canonical key here.
+	if c.fairHeader != "" {
+		if id := req.Metadata[c.fairAttr]; id != "" && len(id) <= MaxFairnessIDBytes && validValue(id) {
+			delete(h, c.fairHeader)
+			set(c.fairHeader, id)
 		}
+	}
+	for _, x := range o.Headers {
+		ck, ok := c.allowHeader(x.Name, x.Value)
+		if !ok {
+			refused++
+			continue
+		}
+		delete(h, ck)
+		set(ck, x.Value)
+	}
+	if refused > 0 {
+		c.refused.Add(uint64(refused))
 	}
 	// Both numbers are formatted into one buffer and converted to one string.
 	var arr [48]byte

@@ -194,18 +194,19 @@ func testHeaders(t *testing.T, proto string) {
 		}
 	})
 
-	t.Run("message headers win", func(t *testing.T) {
+	t.Run("stamp wins over message, message over objective", func(t *testing.T) {
 		req := newRequest(time.Minute)
 		req.Metadata = map[string]string{"userid": "from-metadata"}
 		req.Headers = map[string]string{
 			"x-llm-d-inference-fairness-id": "from-header",
+			"X-LLM-D-Inference-Fairness-ID": "from-header-2",
 			"x-gateway-inference-objective": "interactive",
 		}
 		if out := c.Do(t.Context(), target, req); out.Class != Success || out.Refused != 0 {
 			t.Fatalf("outcome: %+v", out)
 		}
 		r := <-got
-		if vs := r.Header.Values("X-Llm-D-Inference-Fairness-Id"); len(vs) != 1 || vs[0] != "from-header" {
+		if vs := r.Header.Values("X-Llm-D-Inference-Fairness-Id"); len(vs) != 1 || vs[0] != "from-metadata" {
 			t.Errorf("fairness = %q", vs)
 		}
 		if vs := r.Header.Values("X-Gateway-Inference-Objective"); len(vs) != 1 || vs[0] != "interactive" {
@@ -310,7 +311,7 @@ func TestDeadlineHeaders(t *testing.T) {
 		}
 		now := time.Now()
 		for _, left := range []time.Duration{0, 300 * time.Microsecond, 1999 * time.Microsecond} {
-			h, _ := c.headers(pt, newRequest(time.Minute), now.Add(left), now.Add(left), now)
+			h, _ := c.headers(pt, newRequest(time.Minute), &Overrides{}, now.Add(left), now.Add(left), now)
 			if v := h.Get("X-Envoy-Upstream-Rq-Timeout-Ms"); v != "1" {
 				t.Errorf("%v left: timeout header = %q, want 1", left, v)
 			}

@@ -9,7 +9,6 @@ import (
 const (
 	headerContentType   = "Content-Type"
 	headerObjective     = "X-Gateway-Inference-Objective"
-	headerFairness      = "X-Llm-D-Inference-Fairness-Id"
 	headerRetryAfter    = "Retry-After"
 	headerDroppedReason = "X-Llm-D-Request-Dropped-Reason"
 	contentTypeJSON     = "application/json"
@@ -17,8 +16,10 @@ const (
 
 // refusedHeader reports whether a message may not set the header with this
 // canonical name: hop-by-hop and framing headers, proxy credentials, the
-// content type (always application/json) and the content coding (the result
-// must carry the body as the gateway wrote it).
+// content type (the body's own: application/json, or the one a transform
+// gave DoWith with its body; upstream lets a message override it, sluice
+// does not, so that a message cannot mislabel the body) and the content
+// coding (the result must carry the body as the gateway wrote it).
 func refusedHeader(canonical string) bool {
 	switch canonical {
 	case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te",

@@ -67,7 +67,8 @@ type Outcome struct {
 	// DroppedReason is the response header x-llm-d-request-dropped-reason.
 	DroppedReason string
 	// Refused counts the message headers that were not forwarded (see
-	// Client.FilterHeaders), so the caller can log them with the request id.
+	// Client.FilterHeaders), and the Overrides.Headers refused likewise, so
+	// the caller can log them with the request id.
 	Refused int
 	// Err says why the call did not succeed; nil on Success.
 	Err error

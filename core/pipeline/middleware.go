@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/metrics"
+	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -107,6 +108,20 @@ func Deadline() message.HandlerMiddleware {
 // boundedByDeadline returns d's context bounded by the request's deadline.
 func boundedByDeadline(d *Delivery) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(d.Ctx, d.Req.Deadline)
+}
+
+// Validate runs the transforms' checks once per delivery, before the gates:
+// a request they refuse is answered INVALID_REQUEST, as upstream.
+func Validate(transforms *transform.Chain) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			if err := transforms.Validate(d.Ctx, d.Req.Payload, d.Req.Metadata, d.Req.Deadline); err != nil {
+				return Fail(d, wire.CodeInvalidRequest, "Failed to validate request for transform: "+err.Error()), nil
+			}
+			return next(m)
+		}
+	}
 }
 
 // Cancel answers CANCELLED for a request the transport says was cancelled
@@ -274,23 +289,39 @@ func answer(req *wire.Request, o dispatch.Outcome) *wire.Result {
 	return &wire.Result{ID: req.ID, StatusCode: o.StatusCode, Payload: string(o.Body), Metadata: req.Metadata}
 }
 
-// Dispatcher sends a request to the gateway; *dispatch.Client implements it.
+// Dispatcher sends a request to the gateway; *dispatch.Client implements
+// it. o carries a transformed body and the headers that win over the
+// request's (the priority lane).
 type Dispatcher interface {
-	Do(ctx context.Context, t dispatch.Target, req *wire.Request) dispatch.Outcome
+	DoWith(ctx context.Context, t dispatch.Target, req *wire.Request, o dispatch.Overrides) dispatch.Outcome
 }
 
 // Dispatch is the handler at the end of the chain: one HTTP call, whose
 // outcome the dispatch client classified (the one place that tells a
 // deadline from a cancellation or a timeout); here each class becomes what
-// the request gets.
-func Dispatch(client Dispatcher) message.HandlerFunc {
+// the request gets. The transforms (nil: none) rewrite the body of each
+// attempt; a failure is INVALID_REQUEST, as upstream.
+func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
 		d := From(m)
+		var ov dispatch.Overrides
+		if p := d.Queue.priority; p != nil {
+			ov.Headers = p.headers[p.Lane(d.Req)]
+		}
+		if transforms != nil && transforms.Len() > 0 {
+			body, ct, handled, err := transforms.Apply(d.Ctx, d.Req.Payload, d.Req.Metadata)
+			if err != nil {
+				return Fail(d, wire.CodeInvalidRequest, "Failed to transform request body: "+err.Error()), nil
+			}
+			if handled {
+				ov.Body, ov.ContentType = body, ct
+			}
+		}
 		mq := d.mq()
 		mq.Inflight.Inc()
 		d.Dispatched = time.Now()
 		ctx, req, end := httpSpan(d)
-		o := client.Do(ctx, d.Queue.Target, req)
+		o := client.DoWith(ctx, d.Queue.Target, req, ov)
 		mq.InferenceMs.Observe(metrics.Millis(time.Since(d.Dispatched)))
 		mq.Inflight.Dec()
 		end(o.StatusCode)

@@ -172,7 +172,7 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 
 type fixedDispatcher dispatch.Outcome
 
-func (f fixedDispatcher) Do(context.Context, dispatch.Target, *wire.Request) dispatch.Outcome {
+func (f fixedDispatcher) DoWith(context.Context, dispatch.Target, *wire.Request, dispatch.Overrides) dispatch.Outcome {
 	return dispatch.Outcome(f)
 }
 
@@ -205,7 +205,7 @@ func TestDispatchOutcomes(t *testing.T) {
 			m := message.NewMessage("1", nil)
 			d := &Delivery{Queue: q, Msg: m, Ctx: context.Background(), Req: &wire.Request{ID: "r"}}
 			m.SetContext(context.WithValue(m.Context(), deliveryKey{}, d))
-			out, err := Dispatch(fixedDispatcher(tc.o))(m)
+			out, err := Dispatch(fixedDispatcher(tc.o), nil)(m)
 			var re *RetryableError
 			if tc.retry {
 				if !errors.As(err, &re) {

@@ -49,6 +49,7 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
+	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
 
@@ -72,6 +73,7 @@ type Queue struct {
 	Labels map[string]string
 
 	pool     *Pool         // the worker pool (nil: none configured)
+	priority *Priority     // the tier-priority policy (nil: random-robin)
 	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
 	metrics  *queueMetrics // the queue's metrics
 	admitter gate.Admitter // Gate's per-request hook; nil: always admit
@@ -88,6 +90,13 @@ type Config struct {
 	// Pools are the worker pools the queues name (none: each queue is
 	// bounded by its own credits only).
 	Pools []Pool
+	// Transforms rewrite request bodies (nil: none): checked once per
+	// delivery before the gates, applied to each attempt.
+	Transforms *transform.Chain
+	// Priority, when set, is upstream's tier-priority merge policy: a
+	// pool's workers go to requests by lane (see lanes.go). nil: upstream's
+	// random-robin, the pool's workers taken when requests are claimed.
+	Priority *Priority
 	// GateTimeout bounds how long a request may wait on Wait decisions
 	// (default 5m; upstream's --request-timeout); its deadline bounds it too.
 	GateTimeout time.Duration
@@ -187,6 +196,11 @@ func New(cfg Config) (*Pipeline, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Priority != nil {
+		pr := *cfg.Priority
+		pr.init()
+		cfg.Priority = &pr
+	}
 	p := &Pipeline{cfg: cfg, log: cfg.Logger, draining: make(chan struct{})}
 	pools, err := initPools(&p.cfg)
 	if err != nil {
@@ -214,6 +228,7 @@ func New(cfg Config) (*Pipeline, error) {
 			}
 		}
 		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
+		q.priority = cfg.Priority
 		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
 		q.admitter, _ = q.Gate.Gate().(gate.Admitter)
 		q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
@@ -354,7 +369,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 	}
 	for _, q := range p.queues {
 		var credits credit.Credits = q.credits
-		if q.pool != nil {
+		if q.pool != nil && q.pool.lanes == nil {
 			credits = credit.Both(q.credits, q.pool.credits)
 		}
 		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, credits, p.log)
@@ -378,10 +393,15 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		chain = append(chain,
 			Deadline(),
 			Cancel(checker, p.inflight, p.log),
+		)
+		if p.cfg.Transforms != nil && p.cfg.Transforms.Len() > 0 {
+			chain = append(chain, Validate(p.cfg.Transforms))
+		}
+		chain = append(chain,
 			Admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
 			Retry(p.cfg.Retry, p.requeue),
 		)
-		handler := Dispatch(p.cfg.Dispatcher)
+		handler := Dispatch(p.cfg.Dispatcher, p.cfg.Transforms)
 		for i := len(chain) - 1; i >= 0; i-- {
 			handler = chain[i](handler)
 		}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -42,7 +43,8 @@ type Pool struct {
 	// Gate is the refresh loop of the pool's gate (nil: none).
 	Gate *gate.Refresher
 
-	credits  *credit.Pool
+	credits  *credit.Pool  // taken at claim (random-robin policy)
+	lanes    *lanes        // taken after the queue's gate (tier-priority policy)
 	admitter gate.Admitter // Gate's per-request hook (nil: none)
 	metrics  *metrics.Queue
 	freed    *waker
@@ -83,6 +85,7 @@ func (w *waker) Wake() {
 // gate acts: open while the budget is above 0, closed at 0.
 type poolFollower struct {
 	credits *credit.Pool
+	lanes   *lanes // nil without the tier-priority policy
 	freed   *waker
 }
 
@@ -92,6 +95,9 @@ func (f poolFollower) SetBudget(b float64) {
 		f.credits.SetBudget(1)
 	} else {
 		f.credits.SetBudget(0)
+	}
+	if f.lanes != nil {
+		f.lanes.SetBudget(b)
 	}
 	f.freed.Wake()
 }
@@ -112,10 +118,13 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 		}
 		p.credits = credit.NewPool(p.Workers, credit.Ramp{})
 		p.freed = &waker{}
+		if cfg.Priority != nil {
+			p.lanes = newLanes(p.Workers)
+		}
 		p.metrics = cfg.Metrics.For(metrics.Labels{Pool: p.ID}) // upstream: pool gates count with empty queue labels
 		if p.Gate != nil {
 			p.admitter, _ = p.Gate.Gate().(gate.Admitter)
-			p.Gate.Attach(poolFollower{p.credits, p.freed})
+			p.Gate.Attach(poolFollower{p.credits, p.lanes, p.freed})
 		} else {
 			p.credits.SetBudget(1)
 		}
@@ -125,113 +134,142 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 	return pools, nil
 }
 
-// Admission asks the queue's gate and then its pool's, per request (see
-// the package notes above). gateTimeout bounds the waits of a request
-// (upstream's --request-timeout); draining closes when shutdown begins.
+// errDraining ends a wait when shutdown begins: the request is re-queued.
+var errDraining = errors.New("shutdown began while the request waited")
+
+// Admission asks the queue's gate, then takes a worker of the pool's lanes
+// (tier-priority policy only), then asks the pool's gate, per request (see
+// the notes above). gateTimeout bounds the waits of a request (upstream's
+// --request-timeout); draining closes when shutdown begins.
 func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <-chan struct{}, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
-			q := d.Queue
-			if q.admitter == nil && (q.pool == nil || q.pool.admitter == nil) {
-				if q.pool != nil {
-					defer q.pool.freed.Wake() // capacity for a waiter of another queue
-				}
-				return next(m)
+			q, pool := d.Queue, d.Queue.pool
+			if pool != nil {
+				defer pool.freed.Wake() // capacity for a waiter, once this request ends
 			}
 			bound := d.Req.Deadline
 			if gateTimeout > 0 {
 				bound = minTime(bound, time.Now().Add(gateTimeout))
 			}
-			waited := false
-			for {
-				var freed <-chan struct{}
-				if q.pool != nil {
-					freed = q.pool.freed.C() // before asking: no wake-up is lost
-				}
-				dec, by, err := admit(d, bound)
-				mq := by
-				if err != nil {
-					mq.Verdict("error").Inc()
-					mq.Decision(metrics.ReasonError).Inc()
-					log.Warn("gate admission failed; deferring", "queue", q.ID, "id", d.Req.ID, "err", err)
-					dec = gate.Decision{Verdict: gate.Defer, Delay: errDelay, Reason: err.Error()}
-				} else {
-					mq.Verdict(dec.Verdict.String()).Inc()
-				}
-				switch dec.Verdict {
-				case gate.Admit:
-					if dec.Release != nil {
-						defer func() {
-							dec.Release()
-							if q.pool != nil {
-								q.pool.freed.Wake()
-							}
-						}()
-					} else if q.pool != nil {
-						defer q.pool.freed.Wake()
-					}
-					return next(m)
-				case gate.Reject:
-					mq.Decision(metrics.ReasonDropped).Inc()
-					if dec.Result != nil {
-						res := *dec.Result
-						res.ID, res.Metadata = d.Req.ID, d.Req.Metadata
-						return Finish(d, &res), nil
-					}
-					return Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), nil
-				case gate.Wait:
-					if !waited && err == nil {
-						mq.Decision(refusal(d.Req)).Inc()
-					}
-					waited = true
-					if out, done, err := wait(d, freed, dec.Delay, bound, draining); done {
-						if out == nil && err == nil { // shutdown: back to the queue, no attempt counted
-							return deferTo(d, requeue, time.Now(), "shutdown while waiting for the gate")
-						}
-						return out, err
-					}
-					continue
-				}
-				if err == nil && !waited {
-					mq.Decision(refusal(d.Req)).Inc()
-				}
-				due := time.Now().Add(max(dec.Delay, time.Millisecond))
-				if !due.Before(d.Req.Deadline) {
-					return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
-				}
-				return deferTo(d, requeue, due, dec.Reason)
+			a := asker{d: d, bound: bound, draining: draining, errDelay: errDelay, log: log}
+
+			// The queue's gate.
+			dec, out, done, err := a.ask(q.admitter, d.mq(), pool)
+			if done {
+				return a.end(dec, out, err, requeue)
 			}
+			if dec.Release != nil {
+				defer dec.Release()
+			}
+			// A worker of the pool, by lane.
+			if pool != nil && pool.lanes != nil {
+				ctx, cancel := context.WithDeadline(d.Ctx, bound)
+				err := pool.lanes.acquire(ctx, q.priority.Lane(d.Req), q.ID, draining)
+				cancel()
+				switch {
+				case errors.Is(err, errDraining):
+					return deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
+				case err != nil && d.Ctx.Err() != nil:
+					return nil, context.Cause(d.Ctx)
+				case err != nil:
+					return Fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
+				}
+				defer pool.lanes.release()
+			}
+			// The pool's gate.
+			if pool != nil {
+				pdec, out, done, err := a.ask(pool.admitter, pool.metrics, pool)
+				if done {
+					return a.end(pdec, out, err, requeue)
+				}
+				if pdec.Release != nil {
+					defer pdec.Release()
+				}
+			}
+			return next(m)
 		}
 	}
 }
 
-// admit asks the queue's gate, then the pool's; a reservation the queue's
-// gate made is given back when the pool's does not admit. It returns the
-// metrics view the deciding gate counts under.
-func admit(d *Delivery, bound time.Time) (gate.Decision, *metrics.Queue, error) {
-	ctx, cancel := context.WithDeadline(d.Ctx, bound)
-	defer cancel()
-	q := d.Queue
-	dec := gate.Admitted
-	if q.admitter != nil {
-		var err error
-		if dec, err = q.admitter.Admit(ctx, d.Req); err != nil || dec.Verdict != gate.Admit {
-			return dec, d.mq(), err
+// asker asks one gate for one request until it admits or ends the request.
+type asker struct {
+	d        *Delivery
+	bound    time.Time
+	draining <-chan struct{}
+	errDelay time.Duration
+	log      *slog.Logger
+}
+
+// ask asks adm (nil: admit) until it does not answer Wait; done says the
+// request does not go further: dec is the decision that stopped it (a
+// Defer to re-queue when out and err are nil), or out and err end it.
+func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.Decision, out []*message.Message, done bool, err error) {
+	if adm == nil {
+		return gate.Admitted, nil, false, nil
+	}
+	d := a.d
+	waited := false
+	for {
+		var freed <-chan struct{}
+		if pool != nil {
+			freed = pool.freed.C() // before asking: no wake-up is lost
 		}
-	}
-	if q.pool == nil || q.pool.admitter == nil {
-		return dec, d.mq(), nil
-	}
-	pdec, err := q.pool.admitter.Admit(ctx, d.Req)
-	if err != nil || pdec.Verdict != gate.Admit {
-		if dec.Release != nil {
-			dec.Release()
+		ctx, cancel := context.WithDeadline(d.Ctx, a.bound)
+		dec, err := adm.Admit(ctx, d.Req)
+		cancel()
+		if err != nil {
+			mq.Verdict("error").Inc()
+			mq.Decision(metrics.ReasonError).Inc()
+			a.log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
+			return gate.Decision{Verdict: gate.Defer, Delay: a.errDelay, Reason: err.Error()}, nil, true, nil
 		}
-		return pdec, q.pool.metrics, err
+		mq.Verdict(dec.Verdict.String()).Inc()
+		switch dec.Verdict {
+		case gate.Admit:
+			return dec, nil, false, nil
+		case gate.Reject:
+			mq.Decision(metrics.ReasonDropped).Inc()
+			if dec.Result != nil {
+				res := *dec.Result
+				res.ID, res.Metadata = d.Req.ID, d.Req.Metadata
+				return dec, Finish(d, &res), true, nil
+			}
+			return dec, Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), true, nil
+		case gate.Wait:
+			if !waited {
+				mq.Decision(refusal(d.Req)).Inc()
+			}
+			waited = true
+			out, done, err := wait(d, freed, dec.Delay, a.bound, a.draining)
+			switch {
+			case done && out == nil && err == nil: // shutdown: back to the queue now
+				return gate.Decision{Verdict: gate.Defer, Reason: "shutdown while waiting for the gate"}, nil, true, nil
+			case done:
+				return dec, out, true, err
+			}
+			continue
+		}
+		if !waited {
+			mq.Decision(refusal(d.Req)).Inc()
+		}
+		return dec, nil, true, nil
 	}
-	pdec.Release = gate.JoinReleases(nonNil(dec.Release, pdec.Release)...)
-	return pdec, d.mq(), nil
+}
+
+// end finishes a request a gate stopped: a Defer re-queues it (without an
+// attempt), anything else is already its result or error.
+func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue Requeuer) ([]*message.Message, error) {
+	if out != nil || err != nil || dec.Verdict != gate.Defer {
+		return out, err
+	}
+	d := a.d
+	due := time.Now().Add(max(dec.Delay, time.Millisecond))
+	if !due.Before(d.Req.Deadline) {
+		return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
+	}
+	return deferTo(d, requeue, due, dec.Reason)
 }
 
 // wait waits for a Wait decision to be asked again: done is false when it
@@ -290,14 +328,4 @@ func minTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func nonNil(fs ...func()) []func() {
-	out := fs[:0:0]
-	for _, f := range fs {
-		if f != nil {
-			out = append(out, f)
-		}
-	}
-	return out
 }

@@ -14,7 +14,7 @@ import (
 // the framework's own cost per message (claim, router, middleware, result).
 type okDispatcher struct{}
 
-func (okDispatcher) Do(context.Context, dispatch.Target, *wire.Request) dispatch.Outcome {
+func (okDispatcher) DoWith(context.Context, dispatch.Target, *wire.Request, dispatch.Overrides) dispatch.Outcome {
 	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
 }
 

@@ -10,7 +10,7 @@ import (
 
 type okDispatcher struct{}
 
-func (okDispatcher) Do(context.Context, dispatch.Target, *wire.Request) dispatch.Outcome {
+func (okDispatcher) DoWith(context.Context, dispatch.Target, *wire.Request, dispatch.Overrides) dispatch.Outcome {
 	return dispatch.Outcome{Class: dispatch.Success, StatusCode: 200, Body: []byte(`{"ok":true}`)}
 }
 

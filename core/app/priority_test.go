@@ -1,0 +1,194 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/transforms/gcsmultipart"
+	"github.com/sluice-io/sluice/transports/memory"
+)
+
+// switchGate reports budget 0 until opened.
+type switchGate struct{ open atomic.Bool }
+
+func (g *switchGate) Budget(context.Context) (float64, error) {
+	if g.open.Load() {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// Under the tier-priority policy a pool's single worker goes to the lowest
+// lane first (reserved before overflow, interactive before async before
+// batch), each request carries its lane in the priority header, and within a
+// lane the queues take turns.
+func TestTierPriorityLanes(t *testing.T) {
+	var mu sync.Mutex
+	var lanes []string
+	var sources []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		lanes = append(lanes, r.Header.Get("x-prio"))
+		sources = append(sources, r.Header.Get("x-test-id")[:2])
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	poolGate := &switchGate{}
+	ad := testAdapters(t)
+	if err := ad.Gates.Register("test-switch", func(gate.Params, gate.Env) (gate.Gate, error) { return poolGate, nil }); err != nil {
+		t.Fatal(err)
+	}
+	queue := func(name, tier string) config.Queue {
+		return config.Queue{Queue: transport.Queue{Name: name, MaxConcurrency: 20}, IGWBaseURL: srv.URL, WorkerPoolID: "p", Labels: map[string]string{"tier": tier}}
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		WorkerPools: []config.WorkerPool{{ID: "p", Workers: 1, GateType: "test-switch"}},
+		MergePolicy: config.MergePolicy{Type: config.PolicyTierPriority, Parameters: []byte(`{"priority_header":"x-prio"}`)},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{
+			queue("ib", "batch"), queue("ia", "async"), queue("ii", "interactive"), queue("ij", "interactive"),
+		}},
+	}
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{})})
+	far := time.Now().Add(time.Minute)
+	reserved := func(id string) []byte {
+		return []byte(`{"request_kind":"redis","internal":{"labels":{"classification":"reserved"}},"data":` + string(idRequest(id, far)) + `}`)
+	}
+	n := 0
+	enqueue := func(q string, b []byte) {
+		t.Helper()
+		if err := h.mem.Enqueue(q, b); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	for i := range 5 {
+		enqueue("ib", idRequest(fmt.Sprintf("ib-%d", i), far))
+		enqueue("ia", idRequest(fmt.Sprintf("ia-%d", i), far))
+		enqueue("ii", idRequest(fmt.Sprintf("ii-%d", i), far))
+		enqueue("ij", idRequest(fmt.Sprintf("ij-%d", i), far))
+	}
+	for i := range 3 {
+		enqueue("ib", reserved(fmt.Sprintf("ib-r%d", i))) // reserved batch: lane 2, before every overflow lane
+	}
+	// Everything is claimed and waits for the closed pool; then it opens.
+	waitFor(t, func() bool {
+		d := 0
+		for _, q := range []string{"ib", "ia", "ii", "ij"} {
+			dp, _ := h.mem.Depth(context.Background(), transport.Queue{Name: q})
+			d += int(dp.Waiting)
+		}
+		return d == 0
+	}, 5*time.Second)
+	time.Sleep(100 * time.Millisecond)
+	poolGate.open.Store(true)
+	res := h.waitResults(n, 20*time.Second)
+	for id, r := range res {
+		if !r.OK() {
+			t.Errorf("%s: %+v", id, r)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := strings.Repeat("2", 3) + strings.Repeat("3", 10) + strings.Repeat("4", 5) + strings.Repeat("5", 5)
+	if got := strings.Join(lanes, ""); got != want {
+		t.Errorf("lanes in dispatch order %s, want %s", got, want)
+	}
+	// Lane 3 holds two queues: they take turns.
+	lane3 := strings.Join(sources[3:13], ",")
+	if lane3 != "ii,ij,ii,ij,ii,ij,ii,ij,ii,ij" && lane3 != "ij,ii,ij,ii,ij,ii,ij,ii,ij,ii" {
+		t.Errorf("lane 3 served %s, want the two queues in turn", lane3)
+	}
+}
+
+// A transform file turns owned requests into multipart bodies; a signed
+// URL expiring before the deadline is refused with INVALID_REQUEST before
+// any gate or call.
+func TestTransforms(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ct, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		id := r.Header.Get("x-test-id")
+		desc := ct
+		if ct == "multipart/form-data" {
+			mr := multipart.NewReader(r.Body, params["boundary"])
+			for {
+				p, err := mr.NextPart()
+				if err != nil {
+					break
+				}
+				b, _ := io.ReadAll(p)
+				desc += " " + p.FormName() + "=" + string(b)
+			}
+		}
+		mu.Lock()
+		got[id] = desc
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	file := filepath.Join(t.TempDir(), "transforms.json")
+	if err := os.WriteFile(file, []byte(`{"requestTransforms":[{"name":"gcs","type":"gcs_uri_multipart","parameters":{"providers":["gcs"]}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ad := testAdapters(t)
+	if err := ad.Transforms.Register(gcsmultipart.Type, gcsmultipart.Factory); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		TransformConfigFile: file,
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{
+			{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: srv.URL}}},
+	}
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{})})
+	deadline := time.Now().Add(time.Minute)
+	req := func(id, expires string) []byte {
+		return []byte(fmt.Sprintf(`{"id":%q,"deadline":%d,"metadata":{"provider":"gcs"},"headers":{"x-test-id":%q},`+
+			`"payload":{"gcs_uri":"https://storage.example/a.wav?Expires=%s","model":"whisper"}}`, id, deadline.Unix(), id, expires))
+	}
+	for _, b := range [][]byte{
+		req("fresh", fmt.Sprint(deadline.Add(time.Hour).Unix())),
+		req("stale", fmt.Sprint(deadline.Add(-time.Second).Unix())),
+		idRequest("plain", deadline),
+	} {
+		if err := h.mem.Enqueue(e2eQueue, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := h.waitResults(3, 10*time.Second)
+	if r := res["stale"]; r.ErrorCode != wire.CodeInvalidRequest || !strings.Contains(r.ErrorMessage, "Failed to validate request for transform: transform gcs/gcs_uri_multipart: signed URL expires at") {
+		t.Errorf("stale: %+v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	wantFresh := fmt.Sprintf("multipart/form-data url=https://storage.example/a.wav?Expires=%d model=whisper", deadline.Add(time.Hour).Unix())
+	if got["fresh"] != wantFresh {
+		t.Errorf("fresh arrived as %q, want %q", got["fresh"], wantFresh)
+	}
+	if got["plain"] != "application/json" {
+		t.Errorf("plain arrived as %q", got["plain"])
+	}
+	if _, ok := got["stale"]; ok {
+		t.Error("the refused request was sent")
+	}
+}
