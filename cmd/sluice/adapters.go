@@ -6,9 +6,15 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/endpointscrape"
+	"github.com/sluice-io/sluice/gates/localconcurrency"
 	"github.com/sluice-io/sluice/gates/prombudget"
+	"github.com/sluice-io/sluice/gates/promql"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/gates/redisquota"
+	"github.com/sluice-io/sluice/gates/tieradmission"
+	"github.com/sluice-io/sluice/gates/waitonrefuse"
 	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transforms/gcsmultipart"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
@@ -31,9 +37,15 @@ func adapters() (app.Adapters, error) {
 
 		ad.Gates.Register(constant.Type, constant.Factory),
 		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
+		ad.Gates.Register(redisquota.Type, redisquota.NewFactory()),
 		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
 		ad.Gates.Register(prombudget.Type, prombudget.Factory),
 		ad.Gates.Register(composite.Type, composite.Factory),
+		ad.Gates.Register(localconcurrency.Type, localconcurrency.Factory),
+		ad.Gates.Register(waitonrefuse.Type, waitonrefuse.Factory),
+		ad.Gates.Register(tieradmission.Type, tieradmission.Factory),
+		ad.Gates.Register(promql.Type, promql.Factory),
+		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),
 		ad.Gates.Register(host.Type, host.Factory),
 
 		ad.Transforms.Register(gcsmultipart.Type, gcsmultipart.Factory),

@@ -52,18 +52,40 @@ func runReverse(fs []func()) {
 
 // BudgetAdmitter is upstream's adapter for a gate without a per-request
 // decision: it defers a request while the gate's budget is 0 and admits it
-// otherwise. Budget is asked each time (gates cache their sources).
-type BudgetAdmitter struct{ Gate Gate }
+// otherwise. Budget is asked each time (gates cache their sources); a failed
+// query counts as the gate's failure policy says (as the refresh loop
+// counts it), so a gate configured to fail open keeps admitting.
+type BudgetAdmitter struct {
+	gate   Gate
+	policy FailurePolicy
 
-// Admit defers while the budget is 0; a failed budget query is an error.
-func (b BudgetAdmitter) Admit(ctx context.Context, _ *wire.Request) (Decision, error) {
-	v, err := b.Gate.Budget(ctx)
-	if err != nil {
-		var fb *FallbackError
-		if !errors.As(err, &fb) {
-			return Decision{}, err
-		}
+	mu      sync.Mutex
+	last    float64
+	hasLast bool
+}
+
+// NewBudgetAdmitter returns the adapter of g, with g's failure policy.
+func NewBudgetAdmitter(g Gate) *BudgetAdmitter {
+	return &BudgetAdmitter{gate: g, policy: PolicyOf(g)}
+}
+
+// Admit defers while the budget is 0.
+func (b *BudgetAdmitter) Admit(ctx context.Context, _ *wire.Request) (Decision, error) {
+	v, err := b.gate.Budget(ctx)
+	var fb *FallbackError
+	switch {
+	case err == nil && v >= 0 && v <= 1:
+		b.mu.Lock()
+		b.last, b.hasLast = v, true
+		b.mu.Unlock()
+	case errors.As(err, &fb) && fb.Budget >= 0 && fb.Budget <= 1:
 		v = fb.Budget
+	case ctx.Err() != nil:
+		return Decision{}, err // the request's own deadline, not the gate's failure
+	default:
+		b.mu.Lock()
+		v = b.policy.Fallback(b.last, b.hasLast)
+		b.mu.Unlock()
 	}
 	if v <= 0 {
 		return Decision{Verdict: Defer, Reason: "gate closed"}, nil
@@ -72,10 +94,10 @@ func (b BudgetAdmitter) Admit(ctx context.Context, _ *wire.Request) (Decision, e
 }
 
 // AdmitterOf returns g's per-request decision: g itself when it decides per
-// request (looking through wrappers), else its BudgetAdmitter.
+// request (looking through wrappers), else a BudgetAdmitter.
 func AdmitterOf(g Gate) Admitter {
 	if a, ok := g.(Admitter); ok {
 		return a
 	}
-	return BudgetAdmitter{Gate: g}
+	return NewBudgetAdmitter(g)
 }

@@ -251,3 +251,44 @@ func (p Params) Unused() error {
 	}
 	return fmt.Errorf("unknown gate_params: %s", strings.Join(unknown, ", "))
 }
+
+// GateSpec is one gate configuration as upstream writes it inside
+// gate_params (wait-on-refuse's "gate", a composite's "gates"):
+// {"gate_type": "...", "gate_params": {...}}. Unknown keys are errors.
+type GateSpec struct {
+	// GateType is the inner gate's registry name (required).
+	GateType string `json:"gate_type"`
+	// GateParams are the inner gate's gate_params, keeping their JSON types.
+	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
+}
+
+// Gate reads key as one required gate configuration (upstream's single-gate
+// reader): an object, or a JSON string holding one. It returns the inner
+// gate's type and its parameters, parsed as ParseParams parses a queue's
+// gate_params, ready for Env.Build.
+func (p Params) Gate(key string) (string, Params, error) {
+	raw := p.Raw(key)
+	if raw == nil {
+		if p.Has(key) {
+			return "", Params{}, fmt.Errorf("gate_params.%s: want an object {\"gate_type\":...,\"gate_params\":{...}} or a JSON string holding one", key)
+		}
+		return "", Params{}, fmt.Errorf("gate_params.%s is required: one {\"gate_type\":...,\"gate_params\":{...}}", key)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var spec GateSpec
+	if err := dec.Decode(&spec); err != nil {
+		return "", Params{}, fmt.Errorf("gate_params.%s: %w", key, err)
+	}
+	if dec.More() {
+		return "", Params{}, fmt.Errorf("gate_params.%s: more than one JSON value", key)
+	}
+	if spec.GateType == "" {
+		return "", Params{}, fmt.Errorf("gate_params.%s: gate_type is required", key)
+	}
+	params, err := ParseParams(spec.GateParams)
+	if err != nil {
+		return "", Params{}, fmt.Errorf("gate_params.%s: %w", key, err)
+	}
+	return spec.GateType, params, nil
+}

@@ -11,8 +11,23 @@
 // keep-last its last good budget) and reports the failure as a
 // *gate.FallbackError, so it is counted and logged. failure_policy on the
 // composite itself is therefore an error: set it on the inner gates.
-// Inner gates that decide per request are all asked; the first that does
-// not admit decides.
+//
+// gates is an array of gate configurations or, as upstream's own configs
+// write it, a JSON string holding that array; each inner gate is built
+// through the same registry (env.Build), so any type nests in either form,
+// to any depth.
+//
+// Per request, the composite is an Admitter only when at least one inner
+// gate is, and then only those inner gates take part: they are asked in
+// order under gate.Chain (upstream's chain rule): the first error or
+// decision other than Admit is returned as it is, after every reservation
+// the earlier members made was given back; when all admit, one Release
+// gives back every reservation, in reverse order. Inner gates that only
+// report a budget act through the composite's budget, which scales the
+// credits of the queue (or worker pool) using it; they are not asked again
+// per request. Upstream applies those per message too (as "budget ≤ 0:
+// refuse"), which differs only while the credits lag the budget by a
+// refresh interval.
 package composite
 
 import (
@@ -33,10 +48,7 @@ import (
 const Type = "composite"
 
 // Spec is one inner gate in gate_params.gates.
-type Spec struct {
-	GateType   string                     `json:"gate_type"`
-	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
-}
+type Spec = gate.GateSpec
 
 // Gate is the minimum of its inner gates. It is safe for concurrent use.
 type Gate struct {
@@ -91,7 +103,8 @@ func New(inner []gate.Gate, names []string) (gate.Gate, error) {
 }
 
 // Factory builds the composite from gate_params.gates, a JSON array of
-// {"gate_type":..., "gate_params":{...}}, building each with env.Build.
+// {"gate_type":..., "gate_params":{...}} or a JSON string holding one,
+// building each with env.Build.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if p.Has(gate.ParamFailurePolicy) {
 		return nil, errors.New("gate_params.failure_policy: set it on the inner gates; a composite applies theirs")
@@ -231,13 +244,10 @@ func closeGate(g gate.Gate) error {
 	return nil
 }
 
-// Admit asks every per-request inner gate; the first that does not admit decides.
+// Admit asks the per-request inner gates in order, all or nothing
+// (gate.Chain): the first error or decision other than Admit decides, and
+// what the earlier ones reserved is given back; when all admit, the
+// decision's Release gives back every reservation.
 func (a *admitter) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
-	for _, in := range a.adms {
-		d, err := in.Admit(ctx, req)
-		if err != nil || d.Verdict != gate.Admit {
-			return d, err
-		}
-	}
-	return gate.Admitted, nil
+	return gate.Chain(ctx, req, a.adms...)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/gates/internal/fakeprom"
+	"github.com/sluice-io/sluice/gates/localconcurrency"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -214,4 +215,156 @@ func TestConformance(t *testing.T) {
 			return mustBuild(t, `{"gates":[`+redisSpec("127.0.0.1:"+strconv.Itoa(testenv.FreePort(t)), "")+`]}`)
 		},
 	})
+}
+
+// chainFixture is a registry with two scripted per-request gates and a
+// local concurrency cap, for the per-request chain.
+type chainFixture struct {
+	reg  *gate.Registry
+	a, b *gatetest.Ledger
+}
+
+func newChainFixture(t testing.TB) *chainFixture {
+	t.Helper()
+	f := &chainFixture{reg: registry(t), a: gatetest.NewLedger(), b: gatetest.NewLedger()}
+	for typ, fac := range map[string]gate.Factory{
+		"a": f.a.Factory(), "b": f.b.Factory(), localconcurrency.Type: localconcurrency.Factory,
+	} {
+		if err := f.reg.Register(typ, fac); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+func (f *chainFixture) build(t testing.TB, params string) gate.Admitter {
+	t.Helper()
+	g, err := gatetest.Build(t, f.reg, composite.Type, params, gate.Env{})
+	if err != nil {
+		t.Fatalf("build %s: %v", params, err)
+	}
+	a, ok := g.(gate.Admitter)
+	if !ok {
+		t.Fatalf("%T is not an Admitter", g)
+	}
+	return a
+}
+
+// TestChain: the per-request gates are asked in order under gate.Chain:
+// the first decision other than Admit (or error) decides and what earlier
+// members reserved is given back; all admitting, one Release gives back
+// every reservation, once.
+func TestChain(t *testing.T) {
+	f := newChainFixture(t)
+	g := f.build(t, `{"gates":[{"gate_type":"a"},`+constSpec(1)+`,{"gate_type":"b"}]}`)
+	req := &wire.Request{ID: "x", Deadline: time.Now().Add(time.Minute)}
+
+	d, err := g.Admit(context.Background(), req)
+	if err != nil || d.Verdict != gate.Admit || d.Release == nil || f.a.Held() != 1 || f.b.Held() != 1 {
+		t.Fatalf("both admit: %+v, %v (held %d, %d)", d, err, f.a.Held(), f.b.Held())
+	}
+	d.Release()
+	d.Release()
+	if f.a.Held() != 0 || f.b.Held() != 0 || f.a.ExtraReleases()+f.b.ExtraReleases() != 0 {
+		t.Fatalf("after the joint release (twice): held %d, %d; extra %d, %d",
+			f.a.Held(), f.b.Held(), f.a.ExtraReleases(), f.b.ExtraReleases())
+	}
+
+	res := &wire.Result{Payload: "no"}
+	f.b.SetResult(res)
+	boom := errors.New("boom")
+	for _, c := range []struct {
+		v   gate.Verdict
+		err error
+	}{{gate.Defer, nil}, {gate.Wait, nil}, {gate.Reject, nil}, {gate.Admit, boom}} {
+		f.b.Set(c.v, time.Second, "b says", c.err)
+		d, err := g.Admit(context.Background(), req)
+		if !errors.Is(err, c.err) || (c.err == nil && (d.Verdict != c.v || d.Reason != "b says" || d.Delay != time.Second)) {
+			t.Fatalf("b %v/%v: %+v, %v; want b's answer as it is", c.v, c.err, d, err)
+		}
+		if c.v == gate.Reject && d.Result != res {
+			t.Fatalf("b's Reject lost its result: %+v", d)
+		}
+		if d.Release != nil || f.a.Held() != 0 {
+			t.Fatalf("b %v: a still holds %d, decision release %v; want all given back", c.v, f.a.Held(), d.Release != nil)
+		}
+	}
+	if f.a.Acquired() != 5 || f.a.ExtraReleases() != 0 {
+		t.Fatalf("a: acquired %d, extra releases %d; want 5, 0", f.a.Acquired(), f.a.ExtraReleases())
+	}
+
+	// The first member refusing: the later ones are not asked.
+	f.b.Set(gate.Admit, 0, "", nil)
+	f.a.Set(gate.Defer, 0, "", nil)
+	asked := f.b.Asked()
+	if d, _ := g.Admit(context.Background(), req); d.Verdict != gate.Defer || f.b.Asked() != asked {
+		t.Fatalf("a defers: %v, b asked %d more times", d.Verdict, f.b.Asked()-asked)
+	}
+}
+
+// TestChainLeavesBudgetGatesToCredits: members without a per-request
+// decision are not asked per request (they act through the budget), and a
+// composite without such members is no Admitter at all.
+func TestChainLeavesBudgetGatesToCredits(t *testing.T) {
+	f := newChainFixture(t)
+	g := f.build(t, `{"gates":[`+constSpec(0)+`,{"gate_type":"a"}]}`)
+	if b, _ := gatetest.Query(t, g.(gate.Gate)); b != 0 {
+		t.Fatalf("budget %v, want 0 (the closed constant)", b)
+	}
+	d, err := g.Admit(context.Background(), &wire.Request{ID: "x"})
+	if err != nil || d.Verdict != gate.Admit {
+		t.Fatalf("Admit = %+v, %v; want Admit (the closed budget acts through credits)", d, err)
+	}
+	d.Release()
+}
+
+// TestNestingForms: composites nest to any depth with gates as an array or
+// a JSON string at every level, and the inner per-request gates chain.
+func TestNestingForms(t *testing.T) {
+	f := newChainFixture(t)
+	lmc := `{"gate_type":"local-max-concurrency","gate_params":{"limit":2}}`
+	level3 := `{"gate_type":"composite","gate_params":{"gates":[` + constSpec(0.4) + `,` + lmc + `]}}`
+	level2 := `{"gate_type":"composite","gate_params":{"gates":` + strconv.Quote(`[`+constSpec(0.9)+`,`+level3+`]`) + `}}`
+	forms := map[string]string{
+		"array of string of array":  `{"gates":[` + level2 + `,{"gate_type":"a"}]}`,
+		"string of string of array": `{"gates":` + strconv.Quote(`[`+level2+`,{"gate_type":"a"}]`) + `}`,
+	}
+	for name, params := range forms {
+		t.Run(name, func(t *testing.T) {
+			g := f.build(t, params)
+			if b, err := gatetest.Query(t, g.(gate.Gate)); b != 0.4 || err != nil {
+				t.Fatalf("budget %v, %v; want the deepest 0.4", b, err)
+			}
+			req := &wire.Request{ID: "x"}
+			var held []gate.Decision
+			for i, want := range []gate.Verdict{gate.Admit, gate.Admit, gate.Defer} {
+				d, err := g.Admit(context.Background(), req)
+				if err != nil || d.Verdict != want {
+					t.Fatalf("admission %d: %+v, %v; want %v", i, d, err, want)
+				}
+				held = append(held, d)
+			}
+			if f.a.Held() != 2 {
+				t.Fatalf("a holds %d, want 2 (the deferred request gave its slot back)", f.a.Held())
+			}
+			gatetest.ReleaseAll(t, held)
+			if f.a.Held() != 0 {
+				t.Fatalf("a holds %d after every release", f.a.Held())
+			}
+			if b, _ := gatetest.Query(t, g.(gate.Gate)); b != 0.4 {
+				t.Fatalf("budget %v after every release", b)
+			}
+		})
+	}
+}
+
+func TestConformanceChain(t *testing.T) {
+	f := newChainFixture(t)
+	gatetest.Run(t, func(t testing.TB) gate.Gate {
+		return f.build(t, `{"gates":[{"gate_type":"a"},{"gate_type":"local-max-concurrency","gate_params":{"limit":3}},{"gate_type":"b"}]}`).(gate.Gate)
+	}, gatetest.Features{Admissions: 5})
+	if f.a.Held() != 0 || f.b.Held() != 0 || f.a.ExtraReleases()+f.b.ExtraReleases() != 0 {
+		t.Fatalf("after the suite: held %d, %d; extra releases %d, %d",
+			f.a.Held(), f.b.Held(), f.a.ExtraReleases(), f.b.ExtraReleases())
+	}
 }

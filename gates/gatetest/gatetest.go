@@ -13,13 +13,22 @@
 // concurrent use (run the suite with -race); optional interfaces answer
 // sensibly. Features lets a gate's test drive its backend, so the suite can
 // also check that the budget follows it and that failures are reported.
+//
+// For gates that decide per request (gate.Admitter) it also checks the
+// decisions: a known verdict (Admit, Defer, Reject, Wait) with no negative
+// delay, a Release only with Admit, and releases that never leak: N
+// requests admitted and given back (each Release called twice, the second
+// call doing nothing) leave the gate where it was (CheckReleases). Ledger
+// is a scripted per-request gate for testing gates that wrap others.
 package gatetest
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +58,9 @@ type Features struct {
 	Hanging func(t testing.TB) gate.Gate
 	// Prompt bounds how long a query may outlive its context (default 1s).
 	Prompt time.Duration
+	// Admissions is how many requests CheckReleases admits at once, for a
+	// gate that decides per request (default 10).
+	Admissions int
 }
 
 func (f *Features) setDefaults() {
@@ -63,6 +75,9 @@ func (f *Features) setDefaults() {
 	}
 	if f.Prompt <= 0 {
 		f.Prompt = time.Second
+	}
+	if f.Admissions <= 0 {
+		f.Admissions = 10
 	}
 }
 
@@ -87,6 +102,9 @@ func Run(t *testing.T, newGate func(t testing.TB) gate.Gate, f Features) {
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, build(t)) })
 	t.Run("OptionalInterfaces", func(t *testing.T) { testOptional(t, build(t)) })
 	t.Run("Refresher", func(t *testing.T) { testRefresher(t, build(t)) })
+	if _, ok := build(t).(gate.Admitter); ok {
+		t.Run("Releases", func(t *testing.T) { CheckReleases(t, build(t), f.Admissions) })
+	}
 	if f.Set != nil {
 		t.Run("FollowsBackend", func(t *testing.T) { testFollows(t, build(t), f) })
 	}
@@ -167,6 +185,7 @@ func testCancelled(t *testing.T, g gate.Gate, f Features) {
 			t.Errorf("Admit with a cancelled context took %v (want ≤ %v)", el, f.Prompt)
 		}
 		checkDecision(t, d)
+		release(d)
 	}
 }
 
@@ -205,9 +224,11 @@ func testConcurrent(t *testing.T, g gate.Gate) {
 					t.Errorf("concurrent Budget = %v, %v: %v", b, err, cerr)
 				}
 				if adm != nil {
-					if d, err := adm.Admit(ctx, testRequest()); err == nil {
+					d, err := adm.Admit(ctx, testRequest())
+					if err == nil {
 						checkDecision(t, d)
 					}
+					release(d)
 				}
 				if desc != nil && w == 0 {
 					_ = desc.Describe()
@@ -263,6 +284,7 @@ func testOptional(t *testing.T, g gate.Gate) {
 		if err == nil {
 			checkDecision(t, d)
 		}
+		release(d)
 	}
 }
 
@@ -331,15 +353,127 @@ func testHanging(t *testing.T, g gate.Gate, f Features) {
 
 func checkDecision(t testing.TB, d gate.Decision) {
 	t.Helper()
-	switch d.Verdict {
-	case gate.Admit, gate.Reject:
-	case gate.Defer:
-		if d.Delay < 0 {
-			t.Errorf("Defer with a negative delay %v", d.Delay)
-		}
-	default:
-		t.Errorf("unknown verdict %v", d.Verdict)
+	if err := CheckDecision(d); err != nil {
+		t.Errorf("Admit = %+v: %v", d, err)
 	}
+}
+
+// CheckDecision reports what is wrong with one decision of Admit, or nil:
+// an unknown verdict, a negative delay, or a Release with a decision other
+// than Admit (a gate that does not admit must hold nothing).
+func CheckDecision(d gate.Decision) error {
+	switch d.Verdict {
+	case gate.Admit, gate.Reject, gate.Defer, gate.Wait:
+	default:
+		return fmt.Errorf("unknown verdict %v", d.Verdict)
+	}
+	if d.Delay < 0 {
+		return fmt.Errorf("%v with a negative delay %v", d.Verdict, d.Delay)
+	}
+	if d.Verdict != gate.Admit && d.Release != nil {
+		return fmt.Errorf("%v carries a Release: a gate that does not admit must hold nothing", d.Verdict)
+	}
+	return nil
+}
+
+// release gives back what d reserved, if anything.
+func release(d gate.Decision) {
+	if d.Release != nil {
+		d.Release()
+	}
+}
+
+// outcome is one Admit's answer, as CheckReleases compares them.
+type outcome struct {
+	verdict gate.Verdict
+	failed  bool
+}
+
+// AdmitN asks a for n decisions on fresh requests, one after another,
+// holding every reservation; each Admit is bounded by timeout. errs holds
+// each call's error (nil where there was none); a decision that came with
+// an error holds nothing (a Release it carried anyway is called, and the
+// test fails).
+func AdmitN(t testing.TB, a gate.Admitter, n int, timeout time.Duration) (ds []gate.Decision, errs []error) {
+	t.Helper()
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		req := testRequest()
+		req.ID = fmt.Sprintf("gatetest-%d", i)
+		d, err := a.Admit(ctx, req)
+		cancel()
+		if err != nil {
+			if d.Release != nil {
+				t.Errorf("Admit %d: an error (%v) with a Release: nothing may be held", i, err)
+				d.Release()
+				d.Release = nil
+			}
+		} else {
+			checkDecision(t, d)
+		}
+		ds, errs = append(ds, d), append(errs, err)
+	}
+	return ds, errs
+}
+
+// ReleaseAll gives back every reservation in ds, calling each Release twice
+// (the pipeline calls it once; a second call must do nothing), and fails
+// the test when a call does not return within a second.
+func ReleaseAll(t testing.TB, ds []gate.Decision) {
+	t.Helper()
+	for i, d := range ds {
+		if d.Release == nil {
+			continue
+		}
+		for call := 1; call <= 2; call++ {
+			done := make(chan struct{})
+			go func() { defer close(done); d.Release() }()
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				t.Fatalf("decision %d: Release call %d did not return within 1s", i, call)
+			}
+		}
+	}
+}
+
+// CheckReleases checks that g's reservations never leak: it admits n
+// requests holding every reservation, gives them all back (ReleaseAll),
+// and checks the gate is back where it started: a second round of n
+// admissions gets the same verdicts, and after giving those back the
+// budget is what it was before the first. g must be an Admitter whose
+// backend does not change meanwhile.
+func CheckReleases(t testing.TB, g gate.Gate, n int) {
+	t.Helper()
+	a, ok := g.(gate.Admitter)
+	if !ok {
+		t.Fatalf("%T does not decide per request", g)
+	}
+	const timeout = 250 * time.Millisecond
+	before, beforeErr := Query(t, g)
+	var rounds [2][]outcome
+	for r := range rounds {
+		ds, errs := AdmitN(t, a, n, timeout)
+		for i, d := range ds {
+			rounds[r] = append(rounds[r], outcome{verdict: d.Verdict, failed: errs[i] != nil})
+		}
+		ReleaseAll(t, ds)
+	}
+	if !slices.Equal(rounds[0], rounds[1]) {
+		t.Errorf("admissions after giving back every reservation differ (a reservation leaked or was given back twice):\n first %v\nsecond %v",
+			rounds[0], rounds[1])
+	}
+	after, afterErr := Query(t, g)
+	if (beforeErr == nil) != (afterErr == nil) || math.Abs(before-after) > 1e-9 {
+		t.Errorf("budget %v (err %v) after giving back every reservation, %v (err %v) before", after, afterErr, before, beforeErr)
+	}
+}
+
+func (o outcome) String() string {
+	if o.failed {
+		return "error"
+	}
+	return o.verdict.String()
 }
 
 func testRequest() *wire.Request {

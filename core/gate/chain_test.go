@@ -1,0 +1,79 @@
+package gate
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/wire"
+)
+
+// failingGate fails every budget query.
+type failingGate struct{ policy FailurePolicy }
+
+func (failingGate) Budget(context.Context) (float64, error) { return 0, errors.New("backend down") }
+func (g failingGate) FailurePolicy() FailurePolicy          { return g.policy }
+
+type fixedGate float64
+
+func (g fixedGate) Budget(context.Context) (float64, error) { return float64(g), nil }
+
+// The budget adapter defers at budget 0 and counts a failed query as the
+// gate's failure policy says.
+func TestBudgetAdmitter(t *testing.T) {
+	req := &wire.Request{ID: "r", Deadline: time.Now().Add(time.Minute)}
+	for _, tt := range []struct {
+		name string
+		g    Gate
+		want Verdict
+	}{
+		{"open", fixedGate(0.5), Admit},
+		{"closed", fixedGate(0), Defer},
+		{"failing, fail open", failingGate{FailOpen}, Admit},
+		{"failing, fail closed", failingGate{FailClosed}, Defer},
+		{"failing, keep last with none", failingGate{FailKeepLast}, Defer},
+	} {
+		d, err := AdmitterOf(tt.g).Admit(context.Background(), req)
+		if err != nil || d.Verdict != tt.want {
+			t.Errorf("%s: %+v, %v; want %v", tt.name, d, err, tt.want)
+		}
+	}
+	// The policy of a configured wrapper (failure_policy) is seen through.
+	wrapped := wrapConfigured(failingGate{FailClosed}, FailOpen, 0)
+	if d, err := AdmitterOf(wrapped).Admit(context.Background(), req); err != nil || d.Verdict != Admit {
+		t.Errorf("failure_policy open over a closed gate: %+v, %v", d, err)
+	}
+}
+
+// Chain gives back what earlier members reserved when a later one does not
+// admit, and joins the reservations of an admission into one release that
+// runs each once, in reverse order.
+func TestChain(t *testing.T) {
+	var order []string
+	reserve := func(name string) Admitter {
+		return admitFunc(func() (Decision, error) {
+			return Decision{Verdict: Admit, Release: func() { order = append(order, name) }}, nil
+		})
+	}
+	deny := admitFunc(func() (Decision, error) { return Decision{Verdict: Defer, Reason: "full"}, nil })
+	req := &wire.Request{ID: "r"}
+	d, err := Chain(context.Background(), req, reserve("a"), reserve("b"), deny)
+	if err != nil || d.Verdict != Defer || d.Release != nil || len(order) != 2 || order[0] != "b" || order[1] != "a" {
+		t.Fatalf("refused chain: %+v, %v, released %v", d, err, order)
+	}
+	order = nil
+	d, err = Chain(context.Background(), req, reserve("a"), reserve("b"))
+	if err != nil || d.Verdict != Admit || d.Release == nil || len(order) != 0 {
+		t.Fatalf("admitted chain: %+v, %v, released %v", d, err, order)
+	}
+	d.Release()
+	d.Release()
+	if len(order) != 2 || order[0] != "b" || order[1] != "a" {
+		t.Errorf("released %v, want [b a] once", order)
+	}
+}
+
+type admitFunc func() (Decision, error)
+
+func (f admitFunc) Admit(context.Context, *wire.Request) (Decision, error) { return f() }

@@ -1,0 +1,547 @@
+// Package endpointscrape is the gate of type "endpoint-scrape": it scrapes a
+// Prometheus text-exposition endpoint (a model server's or an endpoint
+// picker's /metrics) directly, without a Prometheus server, as upstream's.
+//
+//	{"gate_type":"endpoint-scrape","gate_params":{
+//	  "url":"http://vllm-0:8000/metrics","metric":"vllm:num_requests_running",
+//	  "labels":{"model_name":"m"},"max_count_per_pod":64,"baseline":0.1}}
+//
+// One evaluation: GET url (bounded by the caller's context and a 10 s
+// timeout; a status other than 200 is an error), parse the whole body as
+// text exposition (one bad line fails the scrape), take the series of the
+// family named metric that match every label filter (a filter value ""
+// also matches a series without the label), in exposition order, reading
+// gauge, counter and untyped values (histograms and summaries are skipped).
+// With v the first such value:
+//
+//	maxCount = max_count_per_pod, or pods × max_count_per_pod when pods_url
+//	           and pods_metric are set (pods: the first matching sample of
+//	           pods_metric at pods_url, filtered by pods_labels; none, or
+//	           one ≤ 0, is an error)
+//	s        = v / maxCount when maxCount > 0, else v
+//	D        = 1 − clamp(s, 0, 1)
+//	budget   = 0 if D ≤ baseline, else min(1, D − baseline)
+//
+// Evaluations (failures included, as upstream) are reused for cache_ttl
+// (default --prometheus-cache-ttl, 5 s), and concurrent callers share one
+// scrape. When the scrape fails, the metric or a matching series is
+// missing, or D is NaN, the gate uses the fallback budget (default 0:
+// closed), clamped to [0,1], and reports the failure as a
+// *gate.FallbackError. Setting failure_policy instead hands failures to the
+// refresh loop's policy; setting both is an error.
+package endpointscrape
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/gates/internal/promquery"
+)
+
+// Type is the gate's registry name.
+const Type = "endpoint-scrape"
+
+// ScrapeTimeout bounds one HTTP GET, as upstream's client timeout.
+const ScrapeTimeout = 10 * time.Second
+
+// DefaultTTL is how long an evaluation is reused when neither cache_ttl nor
+// --prometheus-cache-ttl says otherwise.
+const DefaultTTL = promquery.DefaultTTL
+
+// maxBody bounds a scraped body; a /metrics page is kilobytes to a few MB.
+const maxBody = 64 << 20
+
+// ErrNoSample means the scrape worked but the metric, or a series matching
+// the label filters, is missing.
+var ErrNoSample = errors.New("no sample")
+
+// ErrClosed is returned by evaluations of a closed gate.
+var ErrClosed = errors.New("endpoint-scrape gate closed")
+
+// Config configures a Gate.
+type Config struct {
+	// URL is the endpoint scraped (http or https; required).
+	URL string
+	// Metric is the exact metric family name (required).
+	Metric string
+	// Labels are equality filters a series must all match ("" also matches
+	// a series without the label).
+	Labels map[string]string
+	// MaxCountPerPod is the capacity the value is divided by (per pod with
+	// PodsURL and PodsMetric); 0 takes the value as a share already.
+	MaxCountPerPod float64
+	// Baseline is the threshold D is compared with, in [0,1).
+	Baseline float64
+	// Fallback is the budget used on failure, clamped to [0,1]; nil hands
+	// failures to the refresh loop's policy.
+	Fallback *float64
+	// PodsURL, PodsMetric and PodsLabels name the ready-pod count that
+	// multiplies MaxCountPerPod (dynamic capacity): both URL and metric, or
+	// neither.
+	PodsURL, PodsMetric string
+	PodsLabels          map[string]string
+	// Pool names the inference pool, for the inference_pool label of the
+	// gate's readings only.
+	Pool string
+	// TTL is how long an evaluation is reused (default DefaultTTL).
+	TTL time.Duration
+	// Now is the clock (default time.Now); for tests.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Fallback != nil && !math.IsNaN(*c.Fallback) {
+		f := min(1, max(0, *c.Fallback))
+		c.Fallback = &f
+	}
+}
+
+// Validate reports an unusable configuration, naming the parameter.
+func (c Config) Validate() error {
+	var errs []error
+	if err := checkURL("url", c.URL, true); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Metric == "" {
+		errs = append(errs, errors.New("gate_params.metric is required: the metric family's name"))
+	}
+	if !(c.MaxCountPerPod >= 0) || math.IsInf(c.MaxCountPerPod, 0) {
+		errs = append(errs, fmt.Errorf("gate_params.max_count_per_pod: %v must be a finite number ≥ 0", c.MaxCountPerPod))
+	}
+	if !(c.Baseline >= 0 && c.Baseline < 1) {
+		errs = append(errs, fmt.Errorf("gate_params.baseline: %v outside [0,1)", c.Baseline))
+	}
+	if c.Fallback != nil && math.IsNaN(*c.Fallback) {
+		errs = append(errs, errors.New("gate_params.fallback: NaN is not a budget"))
+	}
+	switch {
+	case (c.PodsURL == "") != (c.PodsMetric == ""):
+		errs = append(errs, errors.New("gate_params.pods_url and pods_metric: set both (dynamic capacity) or neither"))
+	case c.PodsURL != "":
+		if err := checkURL("pods_url", c.PodsURL, true); err != nil {
+			errs = append(errs, err)
+		}
+	case len(c.PodsLabels) > 0:
+		errs = append(errs, errors.New("gate_params.pods_labels: needs pods_url and pods_metric"))
+	}
+	if c.TTL < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.cache_ttl: %v is negative", c.TTL))
+	}
+	return errors.Join(errs...)
+}
+
+func checkURL(param, s string, required bool) error {
+	if s == "" {
+		if required {
+			return fmt.Errorf("gate_params.%s is required: the endpoint's http(s) URL", param)
+		}
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("gate_params.%s: %w", param, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("gate_params.%s: %q is not an http(s)://host[:port]/path URL", param, s)
+	}
+	return nil
+}
+
+// Gate is the scrape gate. It is safe for concurrent use.
+type Gate struct {
+	cfg    Config
+	client *http.Client
+	tr     *http.Transport
+
+	mu     sync.Mutex
+	cached *evaluation // the last evaluation that may be reused
+	flight *evaluation // the evaluation running now, if any
+	closed bool
+
+	readings gate.ReadingRecorder
+}
+
+// evaluation is one scrape's outcome: D of the first matching series, or
+// the error.
+type evaluation struct {
+	done chan struct{}
+	at   time.Time
+	d    float64
+	err  error
+	// callerGone is true when the scrape ended with its caller's context,
+	// so the outcome says nothing about the endpoint (not cached, and a
+	// waiter whose context is alive asks again).
+	callerGone bool
+}
+
+var (
+	_ gate.Gate      = (*Gate)(nil)
+	_ gate.Describer = (*Gate)(nil)
+	_ gate.Reader    = (*Gate)(nil)
+)
+
+// New returns the gate; it does no I/O.
+func New(cfg Config) (*Gate, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	// An own transport, so that Close can drop its idle connections.
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 5 * time.Second,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Gate{cfg: cfg, tr: tr, client: &http.Client{Transport: tr, Timeout: ScrapeTimeout}}, nil
+}
+
+// Factory builds the gate from gate_params: url, metric (required), labels,
+// max_count_per_pod, baseline, fallback, pods_url, pods_metric, pods_labels,
+// pool (alias inference_pool; descriptive), cache_ttl (default
+// --prometheus-cache-ttl).
+func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
+	cfg := Config{
+		URL: p.String("url", ""), Metric: p.String("metric", ""),
+		PodsURL: p.String("pods_url", ""), PodsMetric: p.String("pods_metric", ""),
+	}
+	var err error
+	if cfg.Labels, err = p.StringMap("labels"); err != nil {
+		return nil, err
+	}
+	if cfg.PodsLabels, err = p.StringMap("pods_labels"); err != nil {
+		return nil, err
+	}
+	if cfg.MaxCountPerPod, err = p.Float("max_count_per_pod", 0); err != nil {
+		return nil, err
+	}
+	if cfg.Baseline, err = p.Float("baseline", 0); err != nil {
+		return nil, err
+	}
+	zero := 0.0 // upstream's default fallback: closed
+	if cfg.Fallback, err = promquery.Fallback(p, &zero); err != nil {
+		return nil, err
+	}
+	if cfg.Pool, err = pool(p); err != nil {
+		return nil, err
+	}
+	if cfg.TTL, err = p.Duration("cache_ttl", env.PrometheusCacheTTL); err != nil {
+		return nil, err
+	}
+	if p.Has("cache_ttl") && cfg.TTL == 0 {
+		return nil, errors.New("gate_params.cache_ttl: 0 (use a tiny duration such as 1ns to turn the cache off)")
+	}
+	if err := p.Unused(); err != nil {
+		return nil, err
+	}
+	g, err := New(cfg)
+	if err != nil {
+		return nil, err // not g: a nil *Gate would make a non-nil gate.Gate
+	}
+	return g, nil
+}
+
+// pool reads gate_params.pool or its alias inference_pool (optional).
+func pool(p gate.Params) (string, error) {
+	a, b := p.String("pool", ""), p.String("inference_pool", "")
+	if a != "" && b != "" && a != b {
+		return "", fmt.Errorf("gate_params.pool %q and inference_pool %q disagree", a, b)
+	}
+	if a != "" {
+		return a, nil
+	}
+	return b, nil
+}
+
+// Free is D for one value: 1 − clamp(value / maxCount, 0, 1), or
+// 1 − clamp(value, 0, 1) when maxCount ≤ 0. A NaN stays NaN.
+func Free(value, maxCount float64) float64 {
+	s := value
+	if maxCount > 0 {
+		s = value / maxCount
+	}
+	if !math.IsNaN(s) {
+		s = min(1, max(0, s))
+	}
+	return 1 - s
+}
+
+// Budget is the gate's formula: 0 when D ≤ baseline (or NaN), else
+// min(1, D − baseline).
+func Budget(d, baseline float64) float64 {
+	if math.IsNaN(d) || d <= baseline {
+		return 0
+	}
+	return min(1, d-baseline)
+}
+
+// Budget scrapes (or reuses an evaluation younger than the TTL) and returns
+// the budget of the first matching series.
+func (g *Gate) Budget(ctx context.Context) (float64, error) {
+	d, err := g.free(ctx)
+	if err == nil && (math.IsNaN(d) || math.IsInf(d, 0)) {
+		err = fmt.Errorf("scrape %s: %s is %v: %w", g.cfg.URL, g.cfg.Metric, d, ErrNoSample)
+	}
+	if err == nil {
+		g.readings.Record(g.cfg.Pool, d, g.cfg.Baseline)
+		return Budget(d, g.cfg.Baseline), nil
+	}
+	g.readings.Fail(g.cfg.Pool)
+	if g.cfg.Fallback != nil {
+		return 0, &gate.FallbackError{Budget: *g.cfg.Fallback, Err: err}
+	}
+	return 0, err
+}
+
+// free returns D from the cache, from a scrape another caller runs, or
+// from a scrape of its own.
+func (g *Gate) free(ctx context.Context) (float64, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		g.mu.Lock()
+		if g.closed {
+			g.mu.Unlock()
+			return 0, ErrClosed
+		}
+		if c := g.cached; c != nil && g.cfg.Now().Sub(c.at) < g.cfg.TTL {
+			g.mu.Unlock()
+			return c.d, c.err
+		}
+		if f := g.flight; f != nil {
+			g.mu.Unlock()
+			select {
+			case <-f.done:
+				if f.callerGone {
+					continue // its caller gave up; ask again with ours
+				}
+				return f.d, f.err
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		e := &evaluation{done: make(chan struct{}), at: g.cfg.Now()}
+		g.flight = e
+		g.mu.Unlock()
+
+		e.d, e.err = g.evaluate(ctx)
+		e.callerGone = e.err != nil && ctx.Err() != nil
+		g.mu.Lock()
+		g.flight = nil
+		if !e.callerGone && !g.closed {
+			g.cached = e
+		}
+		g.mu.Unlock()
+		close(e.done)
+		return e.d, e.err
+	}
+}
+
+// evaluate scrapes the metric (and the pods metric) and returns D of the
+// first matching series.
+func (g *Gate) evaluate(ctx context.Context) (float64, error) {
+	pages := map[string]map[string]*dto.MetricFamily{} // one scrape per distinct URL
+	vals, err := g.values(ctx, pages, g.cfg.URL, g.cfg.Metric, g.cfg.Labels)
+	if err != nil {
+		return 0, err
+	}
+	maxCount := g.cfg.MaxCountPerPod
+	if g.cfg.PodsURL != "" {
+		pods, err := g.values(ctx, pages, g.cfg.PodsURL, g.cfg.PodsMetric, g.cfg.PodsLabels)
+		if err != nil {
+			return 0, fmt.Errorf("pods metric: %w", err)
+		}
+		if len(pods) == 0 {
+			return 0, fmt.Errorf("pods metric %s%s not found at %s: %w", g.cfg.PodsMetric, filterString(g.cfg.PodsLabels), g.cfg.PodsURL, ErrNoSample)
+		}
+		if !(pods[0] > 0) {
+			return 0, fmt.Errorf("pods metric %s at %s is %v: no capacity", g.cfg.PodsMetric, g.cfg.PodsURL, pods[0])
+		}
+		maxCount = pods[0] * g.cfg.MaxCountPerPod
+	}
+	if len(vals) == 0 {
+		return 0, fmt.Errorf("metric %s%s not found at %s: %w", g.cfg.Metric, filterString(g.cfg.Labels), g.cfg.URL, ErrNoSample)
+	}
+	return Free(vals[0], maxCount), nil
+}
+
+// values returns the values of metric's series at u matching filters, in
+// exposition order.
+func (g *Gate) values(ctx context.Context, pages map[string]map[string]*dto.MetricFamily, u, metric string, filters map[string]string) ([]float64, error) {
+	fams, ok := pages[u]
+	if !ok {
+		var err error
+		if fams, err = g.scrape(ctx, u); err != nil {
+			return nil, err
+		}
+		pages[u] = fams
+	}
+	return Values(fams[metric], filters), nil
+}
+
+// scrape fetches u and parses it as text exposition.
+func (g *Gate) scrape(ctx context.Context, u string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", u, err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		return nil, fmt.Errorf("scrape %s: status %s", u, resp.Status)
+	}
+	body := &limitedReader{r: resp.Body, n: maxBody}
+	fams, err := Parse(body)
+	if body.over {
+		return nil, fmt.Errorf("scrape %s: body larger than %d bytes", u, maxBody)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", u, err)
+	}
+	return fams, nil
+}
+
+// limitedReader reads at most n bytes and notes whether there was more.
+type limitedReader struct {
+	r    io.Reader
+	n    int64
+	over bool
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		var one [1]byte
+		if k, _ := l.r.Read(one[:]); k > 0 {
+			l.over = true
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	k, err := l.r.Read(p)
+	l.n -= int64(k)
+	return k, err
+}
+
+// Parse parses a Prometheus text-exposition page; one bad line fails it.
+func Parse(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse text exposition: %w", err)
+	}
+	return fams, nil
+}
+
+// Values returns the gauge, counter and untyped values of mf's series that
+// match every filter (a filter value "" also matches a series without the
+// label), in exposition order. Histograms and summaries are skipped.
+func Values(mf *dto.MetricFamily, filters map[string]string) []float64 {
+	if mf == nil {
+		return nil
+	}
+	var out []float64
+	for _, m := range mf.GetMetric() {
+		if !matches(m, filters) {
+			continue
+		}
+		switch {
+		case m.GetGauge() != nil:
+			out = append(out, m.GetGauge().GetValue())
+		case m.GetCounter() != nil:
+			out = append(out, m.GetCounter().GetValue())
+		case m.GetUntyped() != nil:
+			out = append(out, m.GetUntyped().GetValue())
+		}
+	}
+	return out
+}
+
+func matches(m *dto.Metric, filters map[string]string) bool {
+	for k, want := range filters {
+		got := ""
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == k {
+				got = lp.GetValue()
+				break
+			}
+		}
+		if got != want {
+			return false
+		}
+	}
+	return true
+}
+
+// filterString renders filters as {k="v",...}, sorted; "" when none.
+func filterString(filters map[string]string) string {
+	if len(filters) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(filters))
+	for _, k := range slices.Sorted(maps.Keys(filters)) {
+		parts = append(parts, fmt.Sprintf("%s=%q", k, filters[k]))
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// Describe says when the gate closes.
+func (g *Gate) Describe() string {
+	capacity := "the value itself is the used share"
+	switch {
+	case g.cfg.PodsURL != "":
+		capacity = fmt.Sprintf("capacity = %s%s at %s × %g", g.cfg.PodsMetric, filterString(g.cfg.PodsLabels), g.cfg.PodsURL, g.cfg.MaxCountPerPod)
+	case g.cfg.MaxCountPerPod > 0:
+		capacity = fmt.Sprintf("capacity %g", g.cfg.MaxCountPerPod)
+	}
+	s := fmt.Sprintf("when D ≤ baseline %g (budget = D − %g), D = 1 − used share of %s%s scraped from %s (%s)",
+		g.cfg.Baseline, g.cfg.Baseline, g.cfg.Metric, filterString(g.cfg.Labels), g.cfg.URL, capacity)
+	if g.cfg.Fallback != nil {
+		s += fmt.Sprintf("; on a failed scrape, no sample or NaN: budget %g", *g.cfg.Fallback)
+	}
+	return s
+}
+
+// Readings returns the last D against the baseline.
+func (g *Gate) Readings() []gate.Reading { return g.readings.Readings() }
+
+// Close drops the cache and the idle connections; later evaluations fail
+// with ErrClosed. It is idempotent.
+func (g *Gate) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	g.cached = nil
+	g.mu.Unlock()
+	g.tr.CloseIdleConnections()
+	return nil
+}
