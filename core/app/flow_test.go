@@ -341,3 +341,50 @@ func TestLabelsSurviveRequeue(t *testing.T) {
 		t.Errorf("quota_exhausted decisions = %v, want 1", got)
 	}
 }
+
+// Under random-robin, the queues of a saturated pool share its workers:
+// none of three busy queues is starved while another has work.
+func TestRandomRobinSharesThePool(t *testing.T) {
+	var mu sync.Mutex
+	var order []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		order = append(order, r.Header.Get("x-test-id")[:2])
+		mu.Unlock()
+		time.Sleep(3 * time.Millisecond)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	var queues []config.Queue
+	for _, name := range []string{"qa", "qb", "qc"} {
+		queues = append(queues, config.Queue{Queue: transport.Queue{Name: name}, IGWBaseURL: srv.URL, WorkerPoolID: "shared"})
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		WorkerPools:     []config.WorkerPool{{ID: "shared", Workers: 2}},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: queues},
+	}
+	h := startAppWith(t, cfg, Options{Transport: memory.New(memory.Options{})})
+	const per = 40
+	for i := range per {
+		for _, q := range queues {
+			if err := h.mem.Enqueue(q.Name, idRequest(q.Name+"-"+strconv.Itoa(i), time.Now().Add(time.Minute))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.waitResults(3*per, 20*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	// While every queue still has work (the first 2/3 of the calls), each
+	// gets a fair share: at least a fifth of them.
+	counts := map[string]int{}
+	for _, q := range order[:2*per] {
+		counts[q]++
+	}
+	for _, q := range queues {
+		if counts[q.Name] < 2*per/5 {
+			t.Errorf("queue %s got %d of the first %d calls (%v): starved", q.Name, counts[q.Name], 2*per, counts)
+		}
+	}
+}

@@ -370,7 +370,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 	for _, q := range p.queues {
 		var credits credit.Credits = q.credits
 		if q.pool != nil && q.pool.lanes == nil {
-			credits = credit.Both(q.credits, q.pool.credits)
+			credits = credit.Both(q.credits, q.pool.shared)
 		}
 		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, credits, p.log)
 		if err != nil {

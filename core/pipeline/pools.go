@@ -43,7 +43,8 @@ type Pool struct {
 	// Gate is the refresh loop of the pool's gate (nil: none).
 	Gate *gate.Refresher
 
-	credits  *credit.Pool  // taken at claim (random-robin policy)
+	credits  *credit.Pool  // taken at claim (random-robin policy), through shared
+	shared   *credit.Shared
 	lanes    *lanes        // taken after the queue's gate (tier-priority policy)
 	admitter gate.Admitter // Gate's per-request hook (nil: none)
 	metrics  *metrics.Queue
@@ -117,6 +118,7 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 			return nil, fmt.Errorf("pipeline: pool %q: %d workers < 1", p.ID, p.Workers)
 		}
 		p.credits = credit.NewPool(p.Workers, credit.Ramp{})
+		p.shared = credit.NewShared(p.credits)
 		p.freed = &waker{}
 		if cfg.Priority != nil {
 			p.lanes = newLanes(p.Workers)
