@@ -43,7 +43,7 @@ type Pool struct {
 	// Gate is the refresh loop of the pool's gate (nil: none).
 	Gate *gate.Refresher
 
-	credits  *credit.Pool  // taken at claim (random-robin policy), through shared
+	credits  *credit.Pool // taken at claim (random-robin policy), through shared
 	shared   *credit.Shared
 	lanes    *lanes        // taken after the queue's gate (tier-priority policy)
 	admitter gate.Admitter // Gate's per-request hook (nil: none)
