@@ -90,11 +90,11 @@ func TestWorkerPoolSharedByItsQueues(t *testing.T) {
 // answers Wait (or, with deferring set, Defer), and the Release of the
 // admitted request frees it. It counts admissions and releases.
 type slotGate struct {
-	mu                  sync.Mutex
-	taken               bool
-	admits, releases    int
-	waits, defers       int
-	deferring, reserves bool
+	mu               sync.Mutex
+	taken            bool
+	admits, releases int
+	waits, defers    int
+	deferring        bool
 }
 
 func (g *slotGate) Budget(context.Context) (float64, error) { return 1, nil }

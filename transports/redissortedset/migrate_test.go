@@ -192,7 +192,7 @@ func TestMigrateToUpstream(t *testing.T) {
 	// Upstream's retry mover, once e2 is due: ZRANGEBYSCORE -inf now, parse
 	// the envelope, ZADD into internal.request_queue_name at the deadline.
 	later := float64(due.Unix() + 5)
-	entries, err := c.ZRangeByScore(ctx, rss.DefaultUpstreamRetryQueueName, &redis.ZRangeBy{Min: "-inf", Max: strconv.FormatFloat(later, 'f', -1, 64)}).Result()
+	entries, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: rss.DefaultUpstreamRetryQueueName, ByScore: true, Start: "-inf", Stop: strconv.FormatFloat(later, 'f', -1, 64)}).Result()
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("due retries for upstream: %q %v", entries, err)
 	}
