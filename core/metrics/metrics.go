@@ -41,7 +41,7 @@ const (
 var DecisionReasons = []string{ReasonGateClosed, ReasonQuotaExhausted, ReasonDropped, ReasonError}
 
 // Verdicts are the values of the verdict label of sluice_gate_verdicts_total.
-var Verdicts = []string{"admit", "defer", "reject", "error"}
+var Verdicts = []string{"admit", "defer", "reject", "wait", "error"}
 
 // ResultCodes are the values of the code label of sluice_results_total:
 // "ok", "http_error" (the gateway's final answer of status 400 or above,
@@ -137,7 +137,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		DeadLettered:   cv("sluice_dead_lettered_total", "Messages without a readable id, sent to the dead-letter destination."),
 		HandedBack:     cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown, result write failure)."),
 		Deferred:       cv("sluice_deferred_total", "Requests a gate deferred (re-queued without counting an attempt)."),
-		GateVerdicts:   cv("sluice_gate_verdicts_total", "Per-request gate verdicts, admissions included (admit, defer, reject, error).", "verdict"),
+		GateVerdicts:   cv("sluice_gate_verdicts_total", "Per-request gate verdicts, admissions included (admit, defer, reject, wait, error).", "verdict"),
 		GatewayDropped: cv("sluice_gateway_dropped_total", "Gateway responses that carried x-llm-d-request-dropped-reason."),
 		WaitMs:         hv("sluice_dispatch_wait_millis", "Time from the request's creation to the start of its last dispatch, in milliseconds.", waitBuckets),
 		Claimed:        qgv("sluice_claimed_requests", "Requests claimed from the broker and not yet settled (sampled)."),
