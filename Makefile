@@ -52,3 +52,25 @@ proto:
 		--go_out=plugins/gatepb --go_opt=paths=source_relative \
 		--go-grpc_out=plugins/gatepb --go-grpc_opt=paths=source_relative \
 		plugins/gatepb/gate.proto
+
+## image: the container image (Dockerfile), built with docker or podman, whichever is
+## installed (CONTAINER_TOOL=... to choose). IMAGE names it; VERSION is stamped into the
+## binary (`sluice version`) and the image's labels; PLATFORM=linux/arm64 builds for another
+## platform (cross-compiled, no emulation).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null)
+IMAGE   ?= ghcr.io/sluice-io/sluice:$(VERSION)
+PLATFORM ?=
+CONTAINER_TOOL ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+.PHONY: image
+image:
+	@if [ -z "$(CONTAINER_TOOL)" ]; then \
+		echo "make image: neither docker nor podman is installed (looked for both in PATH); install one, or set CONTAINER_TOOL" >&2; \
+		exit 1; \
+	fi; \
+	case "$$(basename "$(CONTAINER_TOOL)")" in docker*) \
+		"$(CONTAINER_TOOL)" buildx version >/dev/null 2>&1 || { \
+			echo "make image: $(CONTAINER_TOOL) has no buildx plugin, and the Dockerfile needs BuildKit (RUN --mount, \$$BUILDPLATFORM): install docker-buildx-plugin, or use podman (CONTAINER_TOOL=podman)" >&2; \
+			exit 1; };; \
+	esac
+	$(CONTAINER_TOOL) build $(if $(PLATFORM),--platform $(PLATFORM)) --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t $(IMAGE) .
