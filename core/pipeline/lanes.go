@@ -73,13 +73,45 @@ var laneValues = func() (v [NumLanes]string) {
 	return v
 }()
 
+// LaneEvent is one step of a worker pool's lanes, as the function given to
+// Pipeline.ObserveLanes sees it.
+type LaneEvent struct {
+	// Kind is what happened to the request.
+	Kind LaneEventKind
+	// Lane is the request's lane (0…NumLanes-1).
+	Lane int
+	// Queue is the id of the request's queue (its source within the lane).
+	Queue string
+	// Seq numbers the requests in the order they reached the pool's lanes
+	// (from 1, counted only while observed): a request's Waiting, Granted
+	// and Abandoned steps carry the same Seq.
+	Seq uint64
+}
+
+// LaneEventKind says what a LaneEvent reports.
+type LaneEventKind uint8
+
+// The steps of a request in the lanes.
+const (
+	// LaneWaiting: no worker could go to the request, so it waits in its lane.
+	LaneWaiting LaneEventKind = iota
+	// LaneGranted: the request was given a worker, at once (no LaneWaiting
+	// step before) or after waiting.
+	LaneGranted
+	// LaneAbandoned: the request stopped waiting without a worker (its
+	// deadline or the gate timeout passed, or shutdown began).
+	LaneAbandoned
+)
+
 // lanes hands a pool's workers out by lane.
 type lanes struct {
-	mu     sync.Mutex
-	free   int
-	open   bool
-	queues [NumLanes]laneQueue
-	served [NumLanes]int // grants per lane, for tests and the bench's order check
+	mu      sync.Mutex
+	free    int
+	open    bool
+	queues  [NumLanes]laneQueue
+	served  [NumLanes]int   // grants per lane, for tests
+	observe func(LaneEvent) // Pipeline.ObserveLanes (nil: not observed)
+	seq     uint64          // the last LaneEvent.Seq given
 }
 
 // laneQueue holds one lane's waiters by source, served in turn.
@@ -93,6 +125,7 @@ type laneQueue struct {
 type laneWaiter struct {
 	ready   chan struct{}
 	granted bool
+	seq     uint64 // LaneEvent.Seq, when observed
 }
 
 func newLanes(workers int) *lanes {
@@ -119,6 +152,10 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 	if l.open && l.free > 0 && l.waitingBefore(lane+1) == 0 {
 		l.free--
 		l.served[lane]++
+		if l.observe != nil {
+			l.seq++
+			l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: source, Seq: l.seq})
+		}
 		l.mu.Unlock()
 		return nil
 	}
@@ -129,6 +166,11 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 	}
 	q.waiting[source] = append(q.waiting[source], w)
 	q.nwaiting++
+	if l.observe != nil {
+		l.seq++
+		w.seq = l.seq
+		l.observe(LaneEvent{Kind: LaneWaiting, Lane: lane, Queue: source, Seq: w.seq})
+	}
 	l.mu.Unlock()
 	select {
 	case <-w.ready:
@@ -156,6 +198,9 @@ func (l *lanes) abandon(w *laneWaiter, lane int, source string, err error) error
 		if x == w {
 			q.waiting[source] = append(ws[:i:i], ws[i+1:]...)
 			q.nwaiting--
+			if l.observe != nil && w.seq != 0 {
+				l.observe(LaneEvent{Kind: LaneAbandoned, Lane: lane, Queue: source, Seq: w.seq})
+			}
 			break
 		}
 	}
@@ -195,6 +240,9 @@ func (l *lanes) grantLocked() {
 				w.granted = true
 				l.free--
 				l.served[lane]++
+				if l.observe != nil && w.seq != 0 {
+					l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
+				}
 				close(w.ready)
 				break
 			}

@@ -251,6 +251,25 @@ func (p *Pipeline) Credits(id string) *credit.Pool {
 	return nil
 }
 
+// ObserveLanes makes f see every step of the tier-priority lanes of worker
+// pool id (see LaneEvent), in the order the lanes took them, from now on;
+// for tests and benchmarks that check the dispatch order (internal/bench's
+// flow-control scenario). f is called with the pool's lanes locked: it must
+// return quickly and must not call into the pipeline. A nil f stops the
+// observation. It reports false when the pool has no lanes (no such pool,
+// or not the tier-priority policy). Unobserved, the lanes pay one nil check
+// per step.
+func (p *Pipeline) ObserveLanes(id string, f func(LaneEvent)) bool {
+	pool := p.pools[id]
+	if pool == nil || pool.lanes == nil {
+		return false
+	}
+	pool.lanes.mu.Lock()
+	pool.lanes.observe = f
+	pool.lanes.mu.Unlock()
+	return true
+}
+
 // requeue re-queues through the transport, or through the generic delay queue.
 func (p *Pipeline) requeue(ctx context.Context, d *Delivery, payload []byte, due time.Time) error {
 	if rq, ok := p.cfg.Transport.(transport.Requeuer); ok {

@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/gates/redisquota"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/memory"
 	"github.com/sluice-io/sluice/transports/redispubsub"
@@ -27,6 +28,7 @@ func adapters() (app.Adapters, error) {
 		ad.Transports.Register(gcppubsub.Name, gcppubsub.Factory),
 		ad.Gates.Register(constant.Type, constant.Factory),
 		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
+		ad.Gates.Register(redisquota.Type, redisquota.NewFactory()),
 	)
 	return ad, err
 }
