@@ -27,6 +27,7 @@ type serveFlags struct {
 	metricsPort         int
 	healthPort          int
 	listenHost          string
+	statusPage          bool
 	tlsCA, tlsCert      string
 	tlsKey              string
 	tlsInsecure         bool
@@ -64,6 +65,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.metricsPort, "metrics-port", 0, "port of /metrics (default 9090; -1 disables)")
 	fs.IntVar(&f.healthPort, "health-port", 0, "port of /healthz and /readyz (default 8081; -1 disables)")
 	fs.StringVar(&f.listenHost, "listen-host", "", "address the metrics and health ports bind to (default all interfaces)")
+	fs.BoolVar(&f.statusPage, "status-page", true, "serve the live status page (GET / and /status.json) on the metrics port")
 	fs.StringVar(&f.tlsCA, "tls-ca-cert", "", "CA bundle to verify the gateway's certificate")
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "client certificate for the gateway (with --tls-key)")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "client key for the gateway")
@@ -133,6 +135,7 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("metrics-port", func() { cfg.MetricsPort = f.metricsPort })
 	set("health-port", func() { cfg.HealthPort = f.healthPort })
 	set("listen-host", func() { cfg.ListenHost = f.listenHost })
+	set("status-page", func() { cfg.StatusPage = &f.statusPage })
 	set("tls-ca-cert", func() { cfg.TLS.CACert = f.tlsCA })
 	set("tls-cert", func() { cfg.TLS.Cert = f.tlsCert })
 	set("tls-key", func() { cfg.TLS.Key = f.tlsKey })
@@ -231,7 +234,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	for _, w := range f.warnings {
 		log.Warn(w)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard()})
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version})
 	if err != nil {
 		return err
 	}

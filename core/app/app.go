@@ -39,6 +39,7 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
@@ -103,11 +104,14 @@ type Options struct {
 	// TracerProvider, when set, is used instead of the one the config's
 	// tracing section would build.
 	TracerProvider trace.TracerProvider
-	// MetricsGuard, when set, checks every request to /metrics
-	// (core/metricsauth: Kubernetes TokenReview and SubjectAccessReview, as
-	// upstream's --metrics-endpoint-auth). Run closes it when it is an
-	// io.Closer.
+	// MetricsGuard, when set, checks every request to /metrics and to the
+	// status page (core/metricsauth: Kubernetes TokenReview and
+	// SubjectAccessReview, as upstream's --metrics-endpoint-auth). Run
+	// closes it when it is an io.Closer.
 	MetricsGuard MetricsGuard
+	// Version is shown on the status page (default: the main module's
+	// version from the build information, else "dev").
+	Version string
 }
 
 // MetricsGuard puts a check in front of the /metrics handler.
@@ -141,7 +145,10 @@ type App struct {
 	pipe      *pipeline.Pipeline
 	servers   []*http.Server
 	addrs     map[string]string
-	guard     MetricsGuard // nil: /metrics is open
+	guard     MetricsGuard  // nil: /metrics is open
+	gateState *status.Gates // the gates' state, for the status page
+	version   string
+	started   time.Time
 }
 
 // New defaults and validates cfg against o.Adapters, then builds the
@@ -153,7 +160,8 @@ func New(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(o.Adapters.known(o.Transport != nil)); err != nil {
 		return nil, err
 	}
-	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard}
+	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard,
+		gateState: status.NewGates(), version: o.Version, started: time.Now()}
 	if err := a.build(o); err != nil {
 		a.close()
 		return nil, err
@@ -268,6 +276,15 @@ func (a *App) mux(name string) *http.ServeMux {
 			h = a.guard.Wrap(h)
 		}
 		m.Handle("/metrics", h)
+		if a.cfg.StatusPageEnabled() { // core/status: GET / and /status.json, behind the same guard
+			var page http.Handler = status.New(status.Config{Pipeline: a.pipe, Gates: a.gateState,
+				Transport: a.cfg.Transport, Version: a.version, Started: a.started})
+			if a.guard != nil {
+				page = a.guard.Wrap(page)
+			}
+			m.Handle("GET /{$}", page)
+			m.Handle("GET /status.json", page)
+		}
 	case "health":
 		m.HandleFunc("/healthz", handleHealthz) // health.go: upstream's bodies and checks
 		m.HandleFunc("/readyz", a.handleReadyz)

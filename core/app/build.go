@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
@@ -214,7 +215,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			if len(byDef) > 0 {
 				name += "#" + strconv.Itoa(len(byDef))
 			}
-			r = newRefresher(g, name, a.log, m)
+			r = newRefresher(g, name, q.GateType, a.log, m, a.gateState)
 			byDef[def] = r
 			a.gates = append(a.gates, r)
 		}
@@ -246,7 +247,7 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}
-			p.Gate = newRefresher(g, "pool:"+wp.ID, a.log, m)
+			p.Gate = newRefresher(g, "pool:"+wp.ID, wp.GateType, a.log, m, a.gateState)
 			a.gates = append(a.gates, p.Gate)
 		}
 		pools = append(pools, p)
@@ -254,11 +255,14 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 	return pools, nil
 }
 
-// newRefresher starts the refresh loop of gate g, named name in metrics.
-func newRefresher(g gate.Gate, name string, log *slog.Logger, m *metrics.Metrics) *gate.Refresher {
-	return gate.NewRefresher(g, gate.RefresherConfig{
+// newRefresher starts the refresh loop of gate g, named name in metrics,
+// of type typ; its state is recorded in gs for the status page.
+func newRefresher(g gate.Gate, name, typ string, log *slog.Logger, m *metrics.Metrics, gs *status.Gates) *gate.Refresher {
+	st := gs.Add(name, typ)
+	r := gate.NewRefresher(g, gate.RefresherConfig{
 		Name: name, Logger: log,
 		Observe: func(b float64, err error) {
+			st.Observe(b, err)
 			m.GateBudget.WithLabelValues(name).Set(b)
 			if err != nil {
 				m.GateFailures.WithLabelValues(name).Inc()
@@ -268,6 +272,8 @@ func newRefresher(g gate.Gate, name string, log *slog.Logger, m *metrics.Metrics
 			}
 		},
 	})
+	st.SetRefresher(r)
+	return r
 }
 
 // newTracer returns the tracer provider of the deployment: the one given,

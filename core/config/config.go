@@ -97,6 +97,9 @@ type Config struct {
 	HealthPort int `json:"health_port,omitempty"`
 	// ListenHost is the address the two ports bind to (default all interfaces).
 	ListenHost string `json:"listen_host,omitempty"`
+	// StatusPage serves the live status page (GET / and /status.json,
+	// core/status) on the metrics port (default true; see StatusPageEnabled).
+	StatusPage *bool `json:"status_page,omitempty"`
 	// Retry is the backoff of retryable failures.
 	Retry Retry `json:"retry"`
 	// Dispatch configures the HTTP calls to the gateway.
@@ -478,6 +481,10 @@ type Log struct {
 	Level  string `json:"level,omitempty"`  // debug, info (default), warn, error
 	Format string `json:"format,omitempty"` // text (default) or json
 }
+
+// StatusPageEnabled reports whether the status page is on: StatusPage, true
+// when unset.
+func (c *Config) StatusPageEnabled() bool { return c.StatusPage == nil || *c.StatusPage }
 
 // SetDefaults fills the unset fields that only the assembly reads; the
 // settings of components stay zero (see the package doc).

@@ -50,6 +50,7 @@ type queueMetrics struct {
 	warned   bool        // the overflow was logged (sampler goroutine only)
 
 	handling atomic.Int64 // deliveries inside the handler
+	history  queueHistory // for Snapshot (status.go)
 }
 
 func newQueueMetrics(all *metrics.Metrics, labels transport.MetricLabels, pool string) *queueMetrics {
@@ -187,6 +188,7 @@ func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.Depth
 		d, err := dr.Depth(dctx, q.Queue)
 		cancel()
 		if err == nil {
+			q.metrics.history.observeDepth(time.Now(), d)
 			own.BrokerBacklog.Set(float64(d.Waiting))
 			own.Delayed.Set(float64(d.Delayed))
 			if budget <= 0 && d.Waiting > 0 {
@@ -194,6 +196,7 @@ func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.Depth
 			}
 		}
 	}
+	q.metrics.history.sample(time.Now(), budget, q.metrics.resultTotal())
 	l := own.Labels
 	for _, r := range gate.ReadingsOf(q.Gate.Gate()) {
 		lv := []string{l.QueueID, l.QueueName, l.Pool, r.Pool}
