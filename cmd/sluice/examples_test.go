@@ -237,3 +237,92 @@ func pstestServer(t *testing.T, queue, results string) exampleServer {
 		},
 	}
 }
+
+// multiTenantExample is the worked multi-tenant config (examples/multi-tenant).
+var multiTenantExample = filepath.Join("..", "..", "examples", "multi-tenant", "sluice.json")
+
+// TestMultiTenantExample: `sluice validate` accepts the multi-tenant example,
+// and `sluice serve` runs it (which also builds its pool gate, which validate
+// does not), with the test's addresses, against a real redis-server,
+// Prometheus and gateway simulator, until one request of each tier is
+// answered and counted against its tenant's quota in Redis.
+func TestMultiTenantExample(t *testing.T) {
+	out, err := run(t, "validate", "--config", multiTenantExample, "--redis.url", "redis://127.0.0.1:6379/0")
+	if err != nil || !strings.HasPrefix(out, "ok: transport redis-sortedset, 3 queue(s)") {
+		t.Fatalf("validate: %q %v", out, err)
+	}
+
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	c := testenv.RedisClient(t, r.URL)
+	gauges := testenv.StartGauges(t)
+	gauges.Set("inference_extension_flow_control_pool_saturation", 0.1, "inference_pool", "pool-a")
+	prom := testenv.StartPrometheus(t, []string{gauges.URL()}, 500*time.Millisecond)
+	gw := startSim(t, simulator.Config{})
+
+	data, err := os.ReadFile(multiTenantExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["prometheus"].(map[string]any)["url"] = prom.URL
+	tc := doc["transport_config"].(map[string]any)
+	tc["url"], tc["poll_interval_ms"] = r.URL, 100
+	queues := map[string]string{} // tier → queue name
+	for _, q := range tc["queues"].([]any) {
+		q := q.(map[string]any)
+		q["igw_base_url"] = gw
+		q["gate_params"].(map[string]any)["address"] = r.Addr
+		queues[q["labels"].(map[string]any)["tier"].(string)] = q["queue_name"].(string)
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := writeFile(t, "sluice.json", string(b))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := runCLI(t, ctx, "", "serve", "--config", f, "--metrics-port", "-1", "--health-port", "-1", "--drain-timeout", "5s")
+		done <- err
+	}()
+	deadline := time.Now().Add(time.Hour)
+	for tier, queue := range queues {
+		payload := fmt.Sprintf(`{"id":"mt-%s","deadline":%d,"payload":{"model":"m","messages":[{"role":"user","content":"hi"}]},"metadata":{"userid":"acme"}}`,
+			tier, deadline.Unix())
+		if err := c.ZAdd(ctx, queue, redis.Z{Score: float64(deadline.Unix()), Member: payload}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]bool{}
+	for range queues {
+		v, err := c.BRPop(context.Background(), 20*time.Second, tc["result_queue_name"].(string)).Result()
+		if err != nil {
+			cancel()
+			t.Fatalf("results so far %v; no more within 20s: %v", got, err)
+		}
+		res, err := wire.DecodeResult([]byte(v[1]))
+		if err != nil || !res.OK() {
+			t.Errorf("result %s: %+v, %v; want a success", v[1], res, err)
+			continue
+		}
+		got[res.ID] = true
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+	for tier := range queues {
+		if !got["mt-"+tier] {
+			t.Errorf("no result for the %s request (results: %v)", tier, got)
+		}
+		// Each request took a slot of acme's quota for its tier (the
+		// counter stays, at 0, once the slot is given back).
+		if n := c.Exists(context.Background(), "quota:"+tier+":userid:acme").Val(); n != 1 {
+			t.Errorf("quota:%s:userid:acme: not in Redis; the queue's quota gate did not count the request", tier)
+		}
+	}
+}

@@ -179,10 +179,15 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 
 // newGate builds queue q's gate of params from the registry.
 func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params) (gate.Gate, error) {
-	return gates.New(q.GateType, params, gate.Env{
+	return gates.New(q.GateType, params, gateEnv(cfg, q.MaxConcurrency))
+}
+
+// gateEnv is what a gate factory gets from the deployment.
+func gateEnv(cfg *config.Config, maxConcurrency int) gate.Env {
+	return gate.Env{
 		PrometheusURL: cfg.Prometheus.URL, PrometheusCacheTTL: cfg.Prometheus.CacheTTL.D(),
-		RedisURL: cfg.RedisURL, MaxConcurrency: q.MaxConcurrency,
-	})
+		RedisURL: cfg.RedisURL, MaxConcurrency: maxConcurrency,
+	}
 }
 
 // newQueues builds the pipeline's queues and their gates: one gate, and one
@@ -240,10 +245,7 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
 			}
-			g, err := gates.New(wp.GateType, params, gate.Env{
-				PrometheusURL: a.cfg.Prometheus.URL, PrometheusCacheTTL: a.cfg.Prometheus.CacheTTL.D(),
-				RedisURL: a.cfg.RedisURL, MaxConcurrency: wp.Workers,
-			})
+			g, err := gates.New(wp.GateType, params, gateEnv(a.cfg, wp.Workers))
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}

@@ -45,6 +45,23 @@ func Check(cfg *config.Config, ad Adapters) error {
 			errs = append(errs, fmt.Errorf("transport_config.queues[%d].gate_params: %w", i, err))
 		}
 	}
+	for i, wp := range cfg.WorkerPools {
+		if wp.GateType == "" {
+			continue
+		}
+		params, err := gate.ParseParams(wp.GateParams)
+		if err == nil {
+			var g gate.Gate
+			if g, err = ad.Gates.New(wp.GateType, params, gateEnv(cfg, wp.Workers)); err == nil {
+				if c, ok := g.(interface{ Close() error }); ok {
+					_ = c.Close()
+				}
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("worker_pools[%d] (%s).gate_params: %w", i, wp.ID, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -3,6 +3,7 @@ package gate
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/sluice-io/sluice/core/wire"
@@ -34,7 +35,12 @@ func Chain(ctx context.Context, req *wire.Request, admitters ...Admitter) (Decis
 
 // JoinReleases returns one release running fs in reverse order, at most
 // once however often it is called; nil when there is nothing to release.
+// A nil member holds nothing and is skipped.
 func JoinReleases(fs ...func()) func() {
+	isNil := func(f func()) bool { return f == nil }
+	if slices.ContainsFunc(fs, isNil) {
+		fs = slices.DeleteFunc(slices.Clone(fs), isNil) // fs may be the caller's slice
+	}
 	switch len(fs) {
 	case 0:
 		return nil

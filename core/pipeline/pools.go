@@ -51,6 +51,11 @@ type Pool struct {
 	freed    *waker
 }
 
+// minDefer is the delay of a deferral whose gate gave none: upstream takes
+// such a request again at once, which spins through the gates (a quota
+// script per pass) while the gate stays shut.
+const minDefer = 250 * time.Millisecond
+
 // maxWait bounds one wait of a Wait decision before the gates are asked
 // again, for capacity no event announces (a metric falling).
 const maxWait = time.Second
@@ -80,6 +85,15 @@ func (w *waker) Wake() {
 		w.ch = nil
 	}
 	w.mu.Unlock()
+}
+
+// gateAdmitter returns r's gate's per-request decision, if it has one.
+func gateAdmitter(r *gate.Refresher) (gate.Admitter, bool) {
+	if r == nil {
+		return nil, false
+	}
+	a, ok := r.Gate().(gate.Admitter)
+	return a, ok
 }
 
 // poolFollower makes a pool's credits follow its gate as upstream's pool
@@ -124,10 +138,19 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 			p.lanes = newLanes(p.Workers)
 		}
 		p.metrics = cfg.Metrics.For(metrics.Labels{Pool: p.ID}) // upstream: pool gates count with empty queue labels
-		if p.Gate != nil {
-			p.admitter, _ = p.Gate.Gate().(gate.Admitter)
+		switch adm, ok := gateAdmitter(p.Gate); {
+		case ok:
+			// A gate that decides per request owns the decision, budget
+			// included (tier-priority-admission answers Wait or 429 while
+			// saturated): the pool stays open, as upstream never reads a
+			// pool gate's budget.
+			p.admitter = adm
+			p.credits.SetBudget(1)
+		case p.Gate != nil:
+			// A budget-only gate: upstream refuses every request while its
+			// budget is 0; sluice stops claiming for the pool instead.
 			p.Gate.Attach(poolFollower{p.credits, p.lanes, p.freed})
-		} else {
+		default:
 			p.credits.SetBudget(1)
 		}
 		cfg.Metrics.PoolWorkerLimit.WithLabelValues(p.ID).Set(float64(p.Workers))
@@ -267,7 +290,11 @@ func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue
 		return out, err
 	}
 	d := a.d
-	due := time.Now().Add(max(dec.Delay, time.Millisecond))
+	delay := dec.Delay
+	if delay <= 0 {
+		delay = minDefer
+	}
+	due := time.Now().Add(delay)
 	if !due.Before(d.Req.Deadline) {
 		return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
 	}
