@@ -13,22 +13,18 @@ package redisbudget
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
-	"net"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
 )
 
 // Type is the gate's registry name.
@@ -69,71 +65,20 @@ func (c *Config) setDefaults() {
 	}
 }
 
-func isURL(addr string) bool {
-	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
-}
-
 // options validates c and returns the go-redis options it stands for.
 func (c Config) options() (*redis.Options, error) {
 	if c.Address == "" {
 		return nil, errors.New("no Redis address (set gate_params.address or REDIS_URL)")
 	}
-	var o *redis.Options
-	if isURL(c.Address) {
-		if c.Username != "" || c.Password != "" || c.DB != 0 || c.TLS {
-			return nil, errors.New("username, password, db and tls go in the address URL when address is a URL")
-		}
-		var err error
-		if o, err = redis.ParseURL(c.Address); err != nil {
-			return nil, fmt.Errorf("address: %w", err)
-		}
-	} else {
-		if _, _, err := net.SplitHostPort(c.Address); err != nil {
-			return nil, fmt.Errorf("address %q: want host:port or a redis:// or rediss:// URL", c.Address)
-		}
-		if c.DB < 0 {
-			return nil, fmt.Errorf("db %d is negative", c.DB)
-		}
-		o = &redis.Options{Addr: c.Address, Username: c.Username, Password: c.Password, DB: c.DB}
-		if c.TLS {
-			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: hostOf(c.Address)}
-		}
-	}
-	if c.TLSCACert != "" || c.TLSInsecureSkipVerify {
-		if o.TLSConfig == nil {
-			return nil, errors.New("tls_ca_cert and tls_insecure_skip_verify need tls=true or a rediss:// address")
-		}
-		o.TLSConfig.InsecureSkipVerify = c.TLSInsecureSkipVerify
-		if c.TLSCACert != "" {
-			pem, err := os.ReadFile(c.TLSCACert)
-			if err != nil {
-				return nil, fmt.Errorf("tls_ca_cert: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tls_ca_cert %s: no PEM certificate", c.TLSCACert)
-			}
-			o.TLSConfig.RootCAs = pool
-		}
-	}
-	// One query at a time, bounded by the caller's context; no retries (the
-	// refresh loop asks again soon) and no background maintenance goroutines.
-	o.PoolSize = 2
-	o.MinIdleConns = 0
-	o.MaxRetries = -1
-	o.DialTimeout = 2 * time.Second
-	o.ContextTimeoutEnabled = true
-	o.DisableIdentity = true
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	return o, nil
-}
-
-func hostOf(addr string) string {
-	h, _, err := net.SplitHostPort(addr)
+	o, err := redisconn.Config{Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB,
+		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
 	if err != nil {
-		return addr
+		return nil, err
 	}
-	return h
+	// One query at a time, bounded by the caller's context; the refresh
+	// loop asks again soon.
+	o.PoolSize = 2
+	return o, nil
 }
 
 // Gate reads its budget from a Redis key. It is safe for concurrent use.
