@@ -122,6 +122,9 @@ func TestAlertsFire(t *testing.T) {
 		`sluice_transport_events_total{` + ns + `,pod="p",transport="redis-sortedset",event="reclaimed"}`:    "0+5x40",
 		`sluice_dead_lettered_total{` + ns + `,pod="p",queue_id="q",queue_name="q",pool_name="default"}`:     "0x20 1x20",
 		`sluice_dead_lettered_total{` + ns + `,pod="p",queue_id="r",queue_name="r",pool_name="default"}`:     "0x40",
+		`sluice_gate_events_total{` + ns + `,pod="p",gate="plugin",event="plugin_losses"}`:                   "0+1x40",
+		`sluice_gate_events_total{` + ns + `,pod="p",gate="plugin",event="plugin_starts"}`:                   "1+1x40",
+		`sluice_gate_events_total{` + ns + `,pod="p",gate="steady",event="plugin_losses"}`:                   "0x40",
 	}
 	type alert struct {
 		labels map[string]string
@@ -134,6 +137,7 @@ func TestAlertsFire(t *testing.T) {
 		"SluiceGateFailing":                      {{map[string]string{"severity": "warning", "namespace": namespace, "gate": "prometheus-budget#1"}}},
 		"SluiceLateResults":                      {{map[string]string{"severity": "warning", "namespace": namespace, "transport": "redis-sortedset"}}},
 		"SluiceDeadLettered":                     {{map[string]string{"severity": "warning", "namespace": namespace, "queue_name": "q"}}},
+		"SluicePluginRestarting":                 {{map[string]string{"severity": "warning", "namespace": namespace, "gate": "plugin"}}},
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "rule_files: [%s]\nevaluation_interval: 1m\ntests:\n- interval: 1m\n  input_series:\n", filepath.Base(rules))

@@ -129,6 +129,7 @@ func TestChartObservability(t *testing.T) {
 			{"SluiceGateFailing", `max by (namespace, gate) (sluice_gate_failing{namespace="` + namespace + `"}) == 1`, "5m", map[string]string{"severity": "warning"}, nil},
 			{"SluiceLateResults", `sum by (namespace, transport) (rate(sluice_transport_events_total{namespace="` + namespace + `",event="late_results"}[5m])) > 0`, "1m", map[string]string{"severity": "warning"}, nil},
 			{"SluiceDeadLettered", `sum by (namespace, queue_name) (increase(sluice_dead_lettered_total{namespace="` + namespace + `"}[15m])) > 0`, "0m", map[string]string{"severity": "warning"}, nil},
+			{"SluicePluginRestarting", `sum by (namespace, gate) (increase(sluice_gate_events_total{namespace="` + namespace + `",event=~"plugin_losses|plugin_start_failures"}[10m])) > 0`, "10m", map[string]string{"severity": "warning"}, nil},
 		}
 		if len(groups[1].Rules) != len(wantSluice) {
 			t.Fatalf("sluice group %q", alertNames(groups[1]))
@@ -155,7 +156,7 @@ func TestChartObservability(t *testing.T) {
 		if low.Expr != upstreamExpr("successful_requests_total", "<", "0.75") || low.For != "20m" || !strings.Contains(low.Annotations["description"], "0.75") {
 			t.Errorf("tuned rule %+v", low)
 		}
-		if got := alertNames(groups[1]); !slices.Equal(got, []string{"SluiceLateResults", "SluiceDeadLettered"}) {
+		if got := alertNames(groups[1]); !slices.Equal(got, []string{"SluiceLateResults", "SluiceDeadLettered", "SluicePluginRestarting"}) {
 			t.Errorf("sluice alerts %q", got)
 		}
 		dl := groups[1].Rules[1]
@@ -163,7 +164,8 @@ func TestChartObservability(t *testing.T) {
 			t.Errorf("tuned sluice rules %+v", groups[1].Rules)
 		}
 		objs = render(t, "--set", "ap.prometheusRule.enabled=true", "--set", "sluice.alerts.gateFailing.enabled=false",
-			"--set", "sluice.alerts.lateResults.enabled=false", "--set", "sluice.alerts.deadLettered.enabled=false")
+			"--set", "sluice.alerts.lateResults.enabled=false", "--set", "sluice.alerts.deadLettered.enabled=false",
+			"--set", "sluice.alerts.pluginRestarting.enabled=false")
 		if groups := groupsOf(t, objs); len(groups) != 1 {
 			t.Errorf("groups %+v: want no sluice group when its alerts are off", groups)
 		}

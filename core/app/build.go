@@ -46,6 +46,9 @@ func (a *App) build(o Options) error {
 	if err != nil {
 		return err
 	}
+	if err := a.reg.Register(metrics.NewGateEventsCollector(a.gateEvents)); err != nil {
+		return err
+	}
 	tracer, err := a.newTracer(o.TracerProvider)
 	if err != nil {
 		return err
@@ -153,6 +156,17 @@ func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
 	return transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log, RedisURL: cfg.RedisURL})
+}
+
+// gateEvents reads what the gates count on their own, by gate name.
+func (a *App) gateEvents() map[string]map[string]int64 {
+	out := map[string]map[string]int64{}
+	for _, r := range a.gates {
+		if ec := gate.EventsOf(r.Gate()); ec != nil {
+			out[r.Name()] = ec.Events()
+		}
+	}
+	return out
 }
 
 // registerTransportEvents exports what a transport counts on its own.

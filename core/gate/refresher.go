@@ -70,6 +70,9 @@ func NewRefresher(g Gate, cfg RefresherConfig) *Refresher {
 	return &Refresher{cfg: cfg, gate: g, done: make(chan struct{})}
 }
 
+// Name returns the gate's name in logs and metrics.
+func (r *Refresher) Name() string { return r.cfg.Name }
+
 // Gate returns the gate being refreshed.
 func (r *Refresher) Gate() Gate { return r.gate }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redissortedset"
@@ -97,6 +98,12 @@ func sluiceExports(t testing.TB) *exports {
 		maps.Copy(events, ec.Events())
 	}
 	rec.MustRegister(metrics.NewEventsCollector("all", func() map[string]int64 { return events }))
+	// The gates that count events of their own: the plugin gate.
+	gateEvents := new(host.Gate).Events()
+	rec.MustRegister(metrics.NewGateEventsCollector(func() map[string]map[string]int64 {
+		return map[string]map[string]int64{"plugin": gateEvents}
+	}))
+	maps.Copy(events, gateEvents)
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	kinds := map[string]dto.MetricType{}
@@ -203,6 +210,7 @@ func TestExportsAreBuiltFromTheRegistry(t *testing.T) {
 		metrics.Upstream + "gate_metric_value":                  {"queue_id", "queue_name", "pool_name", "inference_pool"},
 		"sluice_gate_budget":                                    {"gate"},
 		"sluice_transport_events_total":                         {"transport", "event"},
+		"sluice_gate_events_total":                              {"gate", "event"},
 		"go_gc_duration_seconds":                                {"quantile"},
 	} {
 		got, ok := ex.series[series]

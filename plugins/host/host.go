@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -66,6 +67,20 @@ type Gate struct {
 	failures int           // consecutive failures, for the backoff
 	desc     string        // the plugin's Describe, once known
 	wg       sync.WaitGroup
+
+	starts, losses, startFailures atomic.Int64 // for Events
+}
+
+var _ gate.EventCounter = (*Gate)(nil)
+
+// Events counts the plugin's process starts, losses (a process that exited
+// or stopped answering) and failed starts: sluice_gate_events_total.
+func (g *Gate) Events() map[string]int64 {
+	return map[string]int64{
+		"plugin_starts":         g.starts.Load(),
+		"plugin_losses":         g.losses.Load(),
+		"plugin_start_failures": g.startFailures.Load(),
+	}
 }
 
 // AdmitGate is a Gate that also asks the plugin per request (admit=true).

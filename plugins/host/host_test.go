@@ -272,6 +272,9 @@ func TestCrashAndRestart(t *testing.T) {
 			if np := g.PID(); np == pid || np <= 0 {
 				t.Fatalf("recovered with PID %d (killed %d)", np, pid)
 			}
+			if ev := g.Events(); ev["plugin_starts"] != 2 || ev["plugin_losses"] != 1 || ev["plugin_start_failures"] != 0 {
+				t.Errorf("events %v, want 2 starts and 1 loss", ev)
+			}
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -294,6 +297,9 @@ func TestMissingBinary(t *testing.T) {
 	_, err2 := g.Budget(ctx(t))
 	if err2 == nil || !strings.Contains(err2.Error(), "next start in") || time.Since(start) > 100*time.Millisecond {
 		t.Errorf("second Budget = %v after %v, want a prompt backoff error", err2, time.Since(start))
+	}
+	if ev := g.Events(); ev["plugin_start_failures"] != 1 || ev["plugin_starts"] != 0 {
+		t.Errorf("events %v, want 1 failed start (the second query waits for the backoff)", ev)
 	}
 }
 

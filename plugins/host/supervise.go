@@ -89,6 +89,7 @@ func (g *Gate) lostLocked(p *proc, err error) error {
 		defer g.wg.Done()
 		p.client.Kill()
 	}()
+	g.losses.Add(1)
 	g.failLocked(err)
 	g.log.Warn("plugin lost; restarting after backoff", "pid", p.pid, "err", err, "backoff", time.Until(g.retryAt).Round(time.Millisecond))
 	return err
@@ -132,9 +133,11 @@ func (g *Gate) start(done chan struct{}) {
 		g.cfgErr = cfgErr
 		g.log.Error("plugin refused its gate_params", "err", cfgErr)
 	case err != nil:
+		g.startFailures.Add(1)
 		g.failLocked(err)
 		g.log.Warn("plugin failed to start", "err", err)
 	default:
+		g.starts.Add(1)
 		g.cur = p
 		g.desc = desc
 		g.log.Info("plugin started", "pid", p.pid)
