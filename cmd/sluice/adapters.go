@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/transform/gcsmultipart"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/endpointscrape"
@@ -16,7 +17,6 @@ import (
 	"github.com/sluice-io/sluice/gates/tieradmission"
 	"github.com/sluice-io/sluice/gates/waitonrefuse"
 	"github.com/sluice-io/sluice/plugins/host"
-	"github.com/sluice-io/sluice/transforms/gcsmultipart"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/memory"
 	"github.com/sluice-io/sluice/transports/redispubsub"

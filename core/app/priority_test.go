@@ -18,9 +18,9 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transform/gcsmultipart"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/transforms/gcsmultipart"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 

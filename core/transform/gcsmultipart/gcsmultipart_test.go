@@ -16,8 +16,8 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/transform"
+	"github.com/sluice-io/sluice/core/transform/gcsmultipart"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/transforms/gcsmultipart"
 )
 
 var whisper = map[string]string{"provider": "whisper"}
