@@ -29,7 +29,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
@@ -57,10 +56,9 @@ func (c *Config) setDefaults() {
 // Gate decides by tier and classification while its inner gate is
 // saturated. It is safe for concurrent use when the inner gate is.
 type Gate struct {
-	cfg       Config
-	inner     gate.Gate
-	innerType string
-	adm       gate.Admitter
+	cfg Config
+	gate.Wrapper
+	adm gate.Admitter
 }
 
 var (
@@ -78,7 +76,7 @@ func New(cfg Config, inner gate.Gate, innerType string) (*Gate, error) {
 		return nil, errors.New("tier-priority-admission: no saturation gate")
 	}
 	cfg.setDefaults()
-	return &Gate{cfg: cfg, inner: inner, innerType: innerType, adm: gate.AdmitterOf(inner)}, nil
+	return &Gate{cfg: cfg, Wrapper: gate.Wrapper{Inner: inner, InnerType: innerType}, adm: gate.AdmitterOf(inner)}, nil
 }
 
 // Factory builds the gate from gate_params: saturation_gate (a gate type,
@@ -130,9 +128,6 @@ func objectParams(p gate.Params, key string) (gate.Params, error) {
 	return params, nil
 }
 
-// Budget returns the saturation gate's budget (and its error, as it is).
-func (g *Gate) Budget(ctx context.Context) (float64, error) { return g.inner.Budget(ctx) }
-
 // Admit decides by the saturation gate, then by classification and tier.
 func (g *Gate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	d, err := g.adm.Admit(ctx, req)
@@ -183,27 +178,7 @@ func giveBack(d *gate.Decision) {
 
 // Describe says how the gate decides.
 func (g *Gate) Describe() string {
-	inner := "(no description)"
-	if ds, ok := g.inner.(gate.Describer); ok {
-		inner = ds.Describe()
-	}
+	inner := g.InnerDescription()
 	return fmt.Sprintf("when its %s saturation gate refuses (%s): reserved requests wait, %s=%s overflow requests get 429, others are deferred",
-		g.innerType, inner, g.cfg.TierLabel, wire.TierInteractive)
-}
-
-// RefreshInterval is the saturation gate's.
-func (g *Gate) RefreshInterval() time.Duration { return gate.IntervalOf(g.inner) }
-
-// FailurePolicy is the saturation gate's.
-func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.PolicyOf(g.inner) }
-
-// Unwrap returns the saturation gate (gate.ReadingsOf looks through it).
-func (g *Gate) Unwrap() gate.Gate { return g.inner }
-
-// Close closes the saturation gate when it holds resources.
-func (g *Gate) Close() error {
-	if c, ok := g.inner.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+		g.InnerType, inner, g.cfg.TierLabel, wire.TierInteractive)
 }

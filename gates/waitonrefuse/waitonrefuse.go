@@ -25,7 +25,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
@@ -37,9 +36,8 @@ const Type = "wait-on-refuse"
 // Gate waits where its inner gate refuses. It is safe for concurrent use
 // when the inner gate is.
 type Gate struct {
-	inner     gate.Gate
-	innerType string
-	adm       gate.Admitter
+	gate.Wrapper
+	adm gate.Admitter
 }
 
 var (
@@ -56,7 +54,7 @@ func New(inner gate.Gate, innerType string) (*Gate, error) {
 	if inner == nil {
 		return nil, errors.New("wait-on-refuse: no inner gate")
 	}
-	return &Gate{inner: inner, innerType: innerType, adm: gate.AdmitterOf(inner)}, nil
+	return &Gate{Wrapper: gate.Wrapper{Inner: inner, InnerType: innerType}, adm: gate.AdmitterOf(inner)}, nil
 }
 
 // Factory builds the gate from gate_params.gate (required): one gate
@@ -79,21 +77,18 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	return New(inner, typ)
 }
 
-// Budget returns the inner gate's budget (and its error, as it is).
-func (g *Gate) Budget(ctx context.Context) (float64, error) { return g.inner.Budget(ctx) }
-
 // Admit asks the inner gate; its Defer becomes Wait.
 func (g *Gate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
 	d, err := g.adm.Admit(ctx, req)
 	if err != nil {
 		giveBack(&d)
-		return gate.Decision{}, fmt.Errorf("wait-on-refuse: inner gate %s: %w", g.innerType, err)
+		return gate.Decision{}, fmt.Errorf("wait-on-refuse: inner gate %s: %w", g.InnerType, err)
 	}
 	if d.Verdict == gate.Defer {
 		giveBack(&d) // a refusal holds nothing; nothing may leak if it did
 		d.Verdict = gate.Wait
 		if d.Reason == "" {
-			d.Reason = "inner gate " + g.innerType + " refused"
+			d.Reason = "inner gate " + g.InnerType + " refused"
 		}
 	}
 	if d.Release != nil {
@@ -113,26 +108,6 @@ func giveBack(d *gate.Decision) {
 
 // Describe says when the gate waits.
 func (g *Gate) Describe() string {
-	inner := "(no description)"
-	if ds, ok := g.inner.(gate.Describer); ok {
-		inner = ds.Describe()
-	}
-	return fmt.Sprintf("waits (instead of deferring) when its inner %s gate refuses: %s", g.innerType, inner)
-}
-
-// RefreshInterval is the inner gate's.
-func (g *Gate) RefreshInterval() time.Duration { return gate.IntervalOf(g.inner) }
-
-// FailurePolicy is the inner gate's.
-func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.PolicyOf(g.inner) }
-
-// Unwrap returns the inner gate (gate.ReadingsOf looks through it).
-func (g *Gate) Unwrap() gate.Gate { return g.inner }
-
-// Close closes the inner gate when it holds resources.
-func (g *Gate) Close() error {
-	if c, ok := g.inner.(interface{ Close() error }); ok {
-		return c.Close()
-	}
-	return nil
+	inner := g.InnerDescription()
+	return fmt.Sprintf("waits (instead of deferring) when its inner %s gate refuses: %s", g.InnerType, inner)
 }
