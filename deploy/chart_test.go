@@ -724,13 +724,20 @@ func TestChartMetricsAuthRBAC(t *testing.T) {
 	}
 	var rr role
 	decode(t, objs.find("ClusterRole", reader), &rr)
-	if !reflect.DeepEqual(rr.Rules, []rule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}) {
-		t.Errorf("ClusterRole %s rules %+v", reader, rr.Rules)
+	if !reflect.DeepEqual(rr.Rules, []rule{{NonResourceURLs: []string{"/metrics", "/", "/status.json"}, Verbs: []string{"get"}}}) {
+		t.Errorf("ClusterRole %s rules %+v: the reader may get /metrics and the status page", reader, rr.Rules)
 	}
 	var rb role
 	decode(t, objs.find("ClusterRoleBinding", reader), &rb)
 	if rb.RoleRef.Name != reader || len(rb.Subjects) != 1 || rb.Subjects[0]["name"] != "prometheus-k8s" {
 		t.Errorf("ClusterRoleBinding %s: %+v", reader, rb)
+	}
+	// Without the status page, the reader may get /metrics only.
+	objs = render(t, withSuite("--set", "ap.metrics.secure=true", "--set", "sluice.statusPage=false")...)
+	var off role
+	decode(t, objs.find("ClusterRole", reader), &off)
+	if !reflect.DeepEqual(off.Rules, []rule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}}) {
+		t.Errorf("ClusterRole %s rules %+v with the status page off", reader, off.Rules)
 	}
 }
 
