@@ -424,7 +424,9 @@ type Queue struct {
 	// (gate.ParseParams): values may be strings, numbers or booleans, and a
 	// composite's "gates" may be an array or a JSON string holding one.
 	GateParams map[string]json.RawMessage `json:"gate_params,omitempty"`
-	// Labels are free-form labels (upstream compatibility; logged).
+	// Labels are upstream's queue labels: set on each request taken from the
+	// queue that does not carry them (its tier, for instance); gates and the
+	// tier-priority policy read them.
 	Labels map[string]string `json:"labels,omitempty"`
 }
 

@@ -109,7 +109,6 @@ type lanes struct {
 	free    int
 	open    bool
 	queues  [NumLanes]laneQueue
-	served  [NumLanes]int   // grants per lane, for tests
 	observe func(LaneEvent) // Pipeline.ObserveLanes (nil: not observed)
 	seq     uint64          // the last LaneEvent.Seq given
 }
@@ -151,7 +150,6 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 	l.mu.Lock()
 	if l.open && l.free > 0 && l.waitingBefore(lane+1) == 0 {
 		l.free--
-		l.served[lane]++
 		if l.observe != nil {
 			l.seq++
 			l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: source, Seq: l.seq})
@@ -188,7 +186,6 @@ func (l *lanes) abandon(w *laneWaiter, lane int, source string, err error) error
 	defer l.mu.Unlock()
 	if w.granted {
 		l.free++
-		l.served[lane]--
 		l.grantLocked()
 		return err
 	}
@@ -239,7 +236,6 @@ func (l *lanes) grantLocked() {
 				q.nwaiting--
 				w.granted = true
 				l.free--
-				l.served[lane]++
 				if l.observe != nil && w.seq != 0 {
 					l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
 				}

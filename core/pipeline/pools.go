@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -61,30 +61,33 @@ const minDefer = 250 * time.Millisecond
 const maxWait = time.Second
 
 // waker wakes every waiter at once: C returns a channel closed by the next
-// Wake.
+// Wake. Every request of a pool calls Wake when it ends, so Wake without
+// waiters is one atomic load, no lock.
 type waker struct {
-	mu sync.Mutex
-	ch chan struct{}
+	ch atomic.Pointer[chan struct{}]
 }
 
 // C returns the channel the next Wake closes.
 func (w *waker) C() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.ch == nil {
-		w.ch = make(chan struct{})
+	for {
+		if p := w.ch.Load(); p != nil {
+			return *p
+		}
+		ch := make(chan struct{})
+		if w.ch.CompareAndSwap(nil, &ch) {
+			return ch
+		}
 	}
-	return w.ch
 }
 
 // Wake wakes the waiters of the current channel.
 func (w *waker) Wake() {
-	w.mu.Lock()
-	if w.ch != nil {
-		close(w.ch)
-		w.ch = nil
+	if w.ch.Load() == nil { // nobody waits: a read, no write to a shared line
+		return
 	}
-	w.mu.Unlock()
+	if p := w.ch.Swap(nil); p != nil {
+		close(*p)
+	}
 }
 
 // gateAdmitter returns r's gate's per-request decision, if it has one.
