@@ -41,6 +41,8 @@ type RedisOptions struct {
 	Dir string
 	// Port reuses a port (0: a free one).
 	Port int
+	// Args are extra redis-server arguments (e.g. cluster mode), appended last.
+	Args []string
 }
 
 // LookPath finds a server binary or fails t with the package to install.
@@ -113,6 +115,7 @@ func StartRedisProcess(o RedisOptions) (*Redis, error) {
 	if o.Password != "" {
 		args = append(args, "--requirepass", o.Password)
 	}
+	args = append(args, o.Args...)
 	cmd := exec.Command(bin, args...)
 	DieWithParent(cmd)
 	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
