@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// runOrdering measures how far earliest-deadline-first holds across
+// replicas: a backlog of requests with distinct deadlines, enqueued in a
+// random order, is drained by two sluice replicas sharing one sorted set into
+// a gateway that records the order requests arrive in. A request's
+// displacement is |arrival position − deadline rank|; max_displacement is
+// the largest. Requests in flight at once may arrive in any order among
+// themselves, so the target is max_displacement <= inflight_limit (both
+// replicas' limits summed). It runs with 4 and with 32 in flight per
+// replica (keys suffixed _4 and _32).
+func runOrdering(ctx context.Context, o options) (figures, error) {
+	r, err := testenv.StartRedisProcess(testenv.RedisOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Stop()
+	p, err := producer.Dial(r.URL, producer.Config{})
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	f := figures{}
+	for _, limit := range []int{4, 32} {
+		var disp []float64
+		for range o.runs {
+			d, err := orderingRun(ctx, r.URL, p, 2, limit, 3000)
+			if err != nil {
+				return nil, fmt.Errorf("%d in flight per replica: %w", limit, err)
+			}
+			disp = append(disp, float64(d))
+		}
+		sfx := "_" + strconv.Itoa(limit)
+		// The worst run, not the median: the target is a bound.
+		f["max_displacement"+sfx] = maxOf(disp)
+		f["inflight_limit"+sfx] = float64(2 * limit)
+	}
+	return f, nil
+}
+
+func maxOf(xs []float64) float64 {
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = max(m, x)
+	}
+	return m
+}
+
+// orderingRun enqueues n requests, drains them with the given number of
+// replicas of limit in flight each, and returns the largest displacement.
+func orderingRun(ctx context.Context, url string, p *producer.Producer, replicas, limit, n int) (int, error) {
+	if err := p.Client().FlushDB(ctx).Err(); err != nil {
+		return 0, err
+	}
+	queue := rss.RequestQueueName("ordering")
+	results := rss.ResultQueueName("ordering", "")
+	base := time.Now().Add(time.Hour).Truncate(time.Second)
+	reqs := make([]*wire.Request, n)
+	for i, rank := range rand.Perm(n) {
+		reqs[i] = &wire.Request{ID: "o-" + strconv.Itoa(rank), Deadline: base.Add(time.Duration(rank) * time.Millisecond),
+			Created: time.Now(), Payload: json.RawMessage(`{"model":"m","rank":` + strconv.Itoa(rank) + `}`)}
+	}
+	if err := p.EnqueueMany(ctx, queue, reqs); err != nil {
+		return 0, err
+	}
+	gw := &orderGateway{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, replicas)
+	for range replicas {
+		cfg := &config.Config{
+			Transport:   rss.Name,
+			Concurrency: limit,
+			TransportConfig: config.TransportConfig{ResultQueueName: results,
+				Queues: []config.Queue{{Queue: transport.Queue{Name: queue, MaxConcurrency: limit},
+					IGWBaseURL: "http://" + ln.Addr().String()}}},
+			MetricsPort: -1, HealthPort: -1, RedisURL: url,
+		}
+		a, err := newApp(cfg, app.Options{})
+		if err != nil {
+			return 0, err
+		}
+		go func() { errs <- a.Run(rctx) }()
+	}
+	_, werr := waitResults(ctx, p.Client(), results, n, time.Now())
+	cancel()
+	for range replicas {
+		if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
+			return 0, err
+		}
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	order := gw.arrivals()
+	if len(order) < n {
+		return 0, fmt.Errorf("gateway saw %d requests, want %d", len(order), n)
+	}
+	worst := 0
+	for pos, rank := range order[:n] {
+		worst = max(worst, abs(pos-rank))
+	}
+	return worst, nil
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// orderGateway records the rank of every request in arrival order and
+// answers after a short service time, so that requests overlap in flight.
+type orderGateway struct {
+	mu    sync.Mutex
+	order []int
+}
+
+func (g *orderGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	i := bytes.Index(body, []byte(`"rank":`))
+	if i < 0 {
+		http.Error(w, "no rank", http.StatusBadRequest)
+		return
+	}
+	rest := body[i+len(`"rank":`):]
+	end := bytes.IndexAny(rest, ",}")
+	if end < 0 {
+		http.Error(w, "bad rank", http.StatusBadRequest)
+		return
+	}
+	rank, err := strconv.Atoi(string(bytes.TrimSpace(rest[:end])))
+	if err != nil {
+		http.Error(w, "bad rank", http.StatusBadRequest)
+		return
+	}
+	g.mu.Lock()
+	g.order = append(g.order, rank)
+	g.mu.Unlock()
+	time.Sleep(2 * time.Millisecond)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"ok":true}`))
+}
+
+func (g *orderGateway) arrivals() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.order...)
+}
