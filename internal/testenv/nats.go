@@ -177,7 +177,9 @@ func (c *NATSCluster) ready() error {
 func (c *NATSCluster) Nodes() int { return len(c.nodes) }
 
 // NodeURL is node i's client URL.
-func (c *NATSCluster) NodeURL(i int) string { return "nats://127.0.0.1:" + strconv.Itoa(c.nodes[i].port) }
+func (c *NATSCluster) NodeURL(i int) string {
+	return "nats://127.0.0.1:" + strconv.Itoa(c.nodes[i].port)
+}
 
 // Kill kills node i with SIGKILL (by its PID) and waits for it to exit.
 func (c *NATSCluster) Kill(i int) {

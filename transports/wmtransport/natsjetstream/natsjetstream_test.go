@@ -144,4 +144,6 @@ func publish(t testing.TB, js jetstream.JetStream, topic string, payload []byte)
 	}
 }
 
-func errorsIsInUse(err error) bool { return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) }
+func errorsIsInUse(err error) bool {
+	return err != nil && errors.Is(err, jetstream.ErrStreamNameAlreadyInUse)
+}
