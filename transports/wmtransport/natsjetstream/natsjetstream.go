@@ -431,7 +431,10 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 			}
 			continue
 		}
-		batch, err := cons.Fetch(free, jetstream.FetchMaxWait(wait))
+		// The fetch's own context, so that closing the subscription or a
+		// server that never answers (it died) cannot hold it.
+		fctx, fcancel := context.WithTimeout(ctx, wait)
+		batch, err := cons.Fetch(free, jetstream.FetchContext(fctx))
 		if err == nil {
 			for msg := range batch.Messages() {
 				s.outstanding.Add(1)
@@ -447,6 +450,7 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 			}
 			err = batch.Error()
 		}
+		fcancel()
 		if err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 			backoff = 10 * time.Millisecond
 			continue
