@@ -142,7 +142,9 @@ func New(o Options, env transport.Env) (*Broker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Broker{opts: o, log: watermill.NewSlogLogger(log.With("broker", Name))}
+	// watermill-sql logs every reader's start and stop at info: debug here.
+	b := &Broker{opts: o, log: watermill.NewSlogLoggerWithLevelMapping(log.With("broker", Name),
+		map[slog.Level]slog.Level{slog.LevelInfo: slog.LevelDebug})}
 	b.schema = schema{wsql.PostgreSQLQueueSchema{
 		GeneratePayloadType: func(string) string { return o.PayloadType },
 		SubscribeBatchSize:  1,
@@ -235,10 +237,21 @@ type subscriber struct {
 }
 
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if err := s.sub.SubscribeInitialize(topic); err != nil {
-		return nil, fmt.Errorf("create the table of %s: %w", topic, err)
+	// CREATE TABLE IF NOT EXISTS racing another one (a producer creating
+	// the table at the same moment) fails on a unique index of the catalog:
+	// try again.
+	var err error
+	for attempt := range 5 {
+		if err = s.sub.SubscribeInitialize(topic); err == nil {
+			return s.par.Subscribe(ctx, topic)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
+		}
 	}
-	return s.par.Subscribe(ctx, topic)
+	return nil, fmt.Errorf("create the table of %s: %w", topic, err)
 }
 
 func (s *subscriber) Close() error {
