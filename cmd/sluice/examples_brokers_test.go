@@ -169,4 +169,3 @@ func postgresExampleServer(t *testing.T, _, _ string) exampleServer {
 		},
 	}
 }
-
