@@ -326,9 +326,9 @@ func natsBaseline(ctx context.Context, js jetstream.JetStream, queue, results, g
 	return ctx.Err()
 }
 
-// runPostgres: 5k requests in a fresh PostgreSQL.
+// runPostgres: 3k requests in a fresh PostgreSQL.
 func runPostgres(ctx context.Context, o options) (figures, error) {
-	const n = 5_000
+	const n = 3_000
 	pg, err := testenv.StartPostgresProcess()
 	if err != nil {
 		return nil, err
@@ -384,7 +384,8 @@ func runPostgres(ctx context.Context, o options) (figures, error) {
 
 // postgresBaseline is the plain loop: 64 workers, each in a transaction per
 // request: take one row (FOR UPDATE SKIP LOCKED), POST it, INSERT the
-// result, DELETE the row, COMMIT.
+// result, DELETE the row, COMMIT (sluice's postgres broker writes the
+// result in the same transaction too).
 func postgresBaseline(ctx context.Context, url, queue, results, gw string, n int) error {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {

@@ -19,7 +19,11 @@ type Broker interface {
 	// Publisher returns the broker's publisher, shared by every queue: it
 	// writes results, re-queued retries, dead letters and new requests. It
 	// returns only once the broker has the message durably (as far as the
-	// broker promises durability). The transport never closes it; Close does.
+	// broker promises durability). A message that ends a delivery (its
+	// result, its re-queued retry, its dead letter) has a context whose
+	// values fall back to those of the broker message delivered, so a
+	// broker may write it in the delivery's own transaction (postgres does).
+	// The transport never closes it; Close does.
 	Publisher() message.Publisher
 	// Subscriber returns a subscriber for request topic. The transport
 	// calls Subscribe on it once, with topic, and closes it when the queue's

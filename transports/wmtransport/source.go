@@ -103,6 +103,9 @@ func (s *source) take(bm *message.Message, now time.Time) bool {
 func (s *source) deliver(bm *message.Message) *message.Message {
 	cm := message.NewMessage(bm.UUID, bm.Payload)
 	cm.Metadata = requestMetadata(bm.Metadata)
+	id := strconv.FormatUint(s.t.seq.Add(1), 36)
+	cm.Metadata.Set(metaDelivery, id)
+	s.t.deliveries.Store(id, bm)
 	s.mu.Lock()
 	s.inflight[cm] = bm
 	s.mu.Unlock()
@@ -179,6 +182,7 @@ func (s *source) Settle(m *message.Message, acked bool) {
 	delete(s.inflight, m)
 	drained := s.closing && len(s.inflight) == 0
 	s.mu.Unlock()
+	s.t.deliveries.Delete(m.Metadata.Get(metaDelivery))
 	if bm != nil {
 		if acked {
 			bm.Ack()
@@ -250,7 +254,8 @@ func (s *source) drainInflight(d time.Duration) {
 	left := s.inflight
 	s.inflight = map[*message.Message]*message.Message{}
 	s.mu.Unlock()
-	for _, bm := range left {
+	for cm, bm := range left {
+		s.t.deliveries.Delete(cm.Metadata.Get(metaDelivery))
 		bm.Nack()
 	}
 	if len(left) > 0 {

@@ -44,6 +44,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -61,6 +62,9 @@ const (
 	MetaNotBefore = "sluice_not_before"
 	// MetaDeadLetterReason says why a message was dead-lettered.
 	MetaDeadLetterReason = "sluice_dead_letter_reason"
+	// metaDelivery links a delivery (and the result message that carries
+	// its metadata) to the broker message behind it; never published.
+	metaDelivery = "sluice_wm_delivery"
 )
 
 // Options are the transport's options.
@@ -121,6 +125,9 @@ type Transport struct {
 	broker Broker
 	log    *slog.Logger
 
+	seq        atomic.Uint64
+	deliveries sync.Map // metaDelivery value → broker message, while in flight
+
 	mu      sync.Mutex
 	closed  bool
 	sources map[*source]struct{}
@@ -174,22 +181,49 @@ func (t *Transport) Options() Options { return t.opts }
 // Broker returns the transport's broker.
 func (t *Transport) Broker() Broker { return t.broker }
 
-func (t *Transport) publish(ctx context.Context, topic string, m *message.Message) error {
+// publish publishes m to topic; for is the delivery the write ends (nil
+// for none): its broker message's context values go along (see
+// Broker.Publisher).
+func (t *Transport) publish(ctx context.Context, topic string, m *message.Message, delivery message.Metadata) error {
 	t.mu.Lock()
 	closed := t.closed
 	t.mu.Unlock()
 	if closed {
 		return ErrClosed
 	}
-	m.SetContext(ctx)
+	m.SetContext(t.deliveryContext(ctx, delivery))
 	return t.broker.Publisher().Publish(topic, m)
+}
+
+// deliveryContext is ctx, whose values fall back to those of the broker
+// message behind the delivery with metadata md.
+func (t *Transport) deliveryContext(ctx context.Context, md message.Metadata) context.Context {
+	if id := md.Get(metaDelivery); id != "" {
+		if bm, ok := t.deliveries.Load(id); ok {
+			return withValues{Context: ctx, values: bm.(*message.Message).Context()}
+		}
+	}
+	return ctx
+}
+
+// withValues is a context whose values fall back to another context's.
+type withValues struct {
+	context.Context
+	values context.Context
+}
+
+func (c withValues) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.values.Value(key)
 }
 
 // requestMetadata copies a delivery's metadata without the transport's own keys.
 func requestMetadata(md message.Metadata) message.Metadata {
 	out := make(message.Metadata, len(md))
 	for k, v := range md {
-		if k != MetaNotBefore && k != MetaDeadLetterReason {
+		if k != MetaNotBefore && k != MetaDeadLetterReason && k != metaDelivery {
 			out[k] = v
 		}
 	}
@@ -198,7 +232,7 @@ func requestMetadata(md message.Metadata) message.Metadata {
 
 // PublishRequest implements transport.RequestPublisher.
 func (t *Transport) PublishRequest(ctx context.Context, q transport.Queue, payload []byte) error {
-	if err := t.publish(ctx, q.Name, message.NewMessage(watermill.NewUUID(), payload)); err != nil {
+	if err := t.publish(ctx, q.Name, message.NewMessage(watermill.NewUUID(), payload), nil); err != nil {
 		return fmt.Errorf("publish request to %s: %w", q.Name, err)
 	}
 	return nil
@@ -213,7 +247,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 	if time.Until(due) > 0 {
 		nm.Metadata.Set(MetaNotBefore, strconv.FormatInt(due.UnixMilli(), 10))
 	}
-	if err := t.publish(ctx, q.Name, nm); err != nil {
+	if err := t.publish(ctx, q.Name, nm, m.Metadata); err != nil {
 		return fmt.Errorf("requeue on %s: %w", q.Name, err)
 	}
 	return nil
@@ -226,22 +260,39 @@ func (t *Transport) DeadLetter(ctx context.Context, q transport.Queue, m *messag
 	dm.Metadata = requestMetadata(m.Metadata)
 	dm.Metadata.Set(MetaDeadLetterReason, reason)
 	topic := q.Name + t.opts.DeadLetterSuffix
-	if err := t.publish(ctx, topic, dm); err != nil {
+	if err := t.publish(ctx, topic, dm, m.Metadata); err != nil {
 		return fmt.Errorf("dead-letter from %s to %s: %w", q.Name, topic, err)
 	}
 	return nil
 }
 
 // Publisher implements transport.Transport: results go through the
-// broker's publisher (shared; its Close does nothing).
+// broker's publisher (shared; Close does nothing). A result carries its
+// delivery's metadata: the broker message's context values go along with
+// it, so a broker can write it in the delivery's own transaction.
 func (t *Transport) Publisher(transport.Queue) (message.Publisher, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return nil, ErrClosed
 	}
-	return transport.NopCloserPublisher{Publisher: t.broker.Publisher()}, nil
+	return resultPublisher{t}, nil
 }
+
+type resultPublisher struct{ t *Transport }
+
+func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
+	out := make([]*message.Message, len(ms))
+	for i, m := range ms {
+		nm := message.NewMessage(m.UUID, m.Payload)
+		nm.Metadata = requestMetadata(m.Metadata)
+		nm.SetContext(p.t.deliveryContext(m.Context(), m.Metadata))
+		out[i] = nm
+	}
+	return p.t.broker.Publisher().Publish(topic, out...)
+}
+
+func (resultPublisher) Close() error { return nil }
 
 // Source implements transport.Transport.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {

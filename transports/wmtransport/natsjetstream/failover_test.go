@@ -26,7 +26,7 @@ func TestNodeKilledMidRun(t *testing.T) {
 	}
 	cl := testenv.StartNATSCluster(t, 3)
 	js := client(t, cl.URL)
-	const queue, results, n = "fo-requests", "fo-results", 600
+	const queue, results, n = "fo-requests", "fo-results", 400
 	tp := newTransport(t, cl.URL, map[string]any{"replicas": 3}).(*wmtransport.Transport)
 	// The producer creates the replicated request stream, as an operator would.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

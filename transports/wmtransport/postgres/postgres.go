@@ -16,6 +16,14 @@
 // one's lock, and it reads batches of 100 rows in one transaction (with
 // more than one row a close can mark unread rows done).
 //
+// Writes that end a delivery (its result, re-queued retry or dead letter)
+// are inserted in the delivery's own transaction (watermill-sql puts it in
+// the message's context; the transport passes its values along): the
+// result and the delete of the request row commit together, so a crash or
+// restart at any point neither loses a request nor writes its result twice
+// (results to another database are not possible this way; every topic is a
+// table of the same database).
+//
 // Retries use PostgreSQL natively: the publisher turns the transport's
 // sluice_not_before into watermill's _watermill_delayed_until (the
 // components/delay key), and readers skip rows not yet due, so a waiting
@@ -123,6 +131,8 @@ type Broker struct {
 	pool   *pgxpool.Pool
 	pub    *wsql.Publisher
 
+	tables sync.Map // topics whose table exists
+
 	mu    sync.Mutex
 	pools []*pgxpool.Pool // the readers' pools
 }
@@ -193,10 +203,59 @@ func (p publisher) Publish(topic string, ms ...*message.Message) error {
 			}
 		}
 	}
-	if err := p.b.pub.Publish(topic, ms...); err != nil {
-		return fmt.Errorf("insert into %s: %w", p.b.schema.MessagesTable(topic), err)
+	for _, m := range ms {
+		tx, ok := wsql.TxFromContext(m.Context())
+		if !ok {
+			if err := p.b.pub.Publish(topic, m); err != nil {
+				return fmt.Errorf("insert into %s: %w", p.b.schema.MessagesTable(topic), err)
+			}
+			continue
+		}
+		// The write that ends a delivery goes into the transaction that
+		// read it: committed with the delete of the request row, or rolled
+		// back with it (no second result after a crash).
+		if err := p.b.ensureTable(m.Context(), topic); err != nil {
+			return err
+		}
+		txPub, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: p.b.schema}, p.b.log)
+		if err != nil {
+			return fmt.Errorf("publisher in the delivery's transaction: %w", err)
+		}
+		if err := txPub.Publish(topic, m); err != nil {
+			return fmt.Errorf("insert into %s in the delivery's transaction: %w", p.b.schema.MessagesTable(topic), err)
+		}
 	}
 	return nil
+}
+
+// ensureTable creates topic's table unless done before (outside any delivery's transaction).
+func (b *Broker) ensureTable(ctx context.Context, topic string) error {
+	if _, ok := b.tables.Load(topic); ok {
+		return nil
+	}
+	qs, err := b.schema.SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return err
+	}
+	// CREATE TABLE IF NOT EXISTS racing another one (another replica, a
+	// producer) fails on the catalog's unique index: the second try sees
+	// the table.
+	for attempt := 0; ; attempt++ {
+		err = nil
+		for _, q := range qs {
+			if _, err = b.pool.Exec(ctx, q.Query, q.Args...); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			b.tables.Store(topic, struct{}{})
+			return nil
+		}
+		if attempt == 3 || ctx.Err() != nil {
+			return fmt.Errorf("create the table of %s: %w", topic, err)
+		}
+		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
+	}
 }
 
 // Close does nothing: Broker.Close closes the pool.

@@ -21,7 +21,7 @@ func TestServerRestartMidRun(t *testing.T) {
 	}
 	srv := testenv.StartPostgres(t)
 	db := pool(t, srv.URL)
-	const queue, results, n = "rs-requests", "rs-results", 600
+	const queue, results, n = "rs-requests", "rs-results", 400
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ids := e2e.IDs("rs", n)
