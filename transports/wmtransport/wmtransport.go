@@ -139,7 +139,17 @@ var (
 	_ transport.RequestPublisher = (*Transport)(nil)
 	_ transport.DeadLetterer     = (*Transport)(nil)
 	_ transport.HealthChecker    = (*Transport)(nil)
+	_ transport.EventCounter     = (*Transport)(nil)
 )
+
+// Events implements transport.EventCounter with the broker's counts, when
+// the broker is a transport.EventCounter itself (none otherwise).
+func (t *Transport) Events() map[string]int64 {
+	if ec, ok := t.broker.(transport.EventCounter); ok {
+		return ec.Events()
+	}
+	return map[string]int64{}
+}
 
 // New builds the transport and its broker (from reg, by o.Broker).
 func New(reg *Brokers, o Options, env transport.Env) (*Transport, error) {

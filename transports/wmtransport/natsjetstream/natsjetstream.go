@@ -208,6 +208,14 @@ func (b *Broker) Options() Options { return b.opts }
 // AckErrors counts acks the server did not confirm (the message is redelivered after ack_wait).
 func (b *Broker) AckErrors() int64 { return b.ackErrors.Load() }
 
+var _ transport.EventCounter = (*Broker)(nil)
+
+// Events implements transport.EventCounter (sluice_transport_events_total):
+// ack_unconfirmed counts acks the server did not confirm.
+func (b *Broker) Events() map[string]int64 {
+	return map[string]int64{"ack_unconfirmed": b.ackErrors.Load()}
+}
+
 // conn returns the shared connection, connecting on first use. It
 // reconnects forever (to any server of the cluster) once connected.
 func (b *Broker) conn() (jetstream.JetStream, error) {
