@@ -191,9 +191,9 @@ func (t *Transport) Options() Options { return t.opts }
 // Broker returns the transport's broker.
 func (t *Transport) Broker() Broker { return t.broker }
 
-// publish publishes m to topic; for is the delivery the write ends (nil
-// for none): its broker message's context values go along (see
-// Broker.Publisher).
+// publish publishes m to topic; delivery is the metadata of the delivery
+// the write ends (nil for none): its broker message's context values go
+// along (see Broker.Publisher).
 func (t *Transport) publish(ctx context.Context, topic string, m *message.Message, delivery message.Metadata) error {
 	t.mu.Lock()
 	closed := t.closed
