@@ -204,21 +204,24 @@ func runNATSJetStream(ctx context.Context, o options) (figures, error) {
 					return err
 				}
 			}
-			acks := make([]jetstream.PubAckFuture, 0, n)
-			for i := range n {
-				f, err := js.PublishAsync(queue, benchPayload(i, dl))
-				if err != nil {
-					return err
+			// Asynchronous publishes, 500 outstanding at most.
+			for i := 0; i < n; i += 500 {
+				acks := make([]jetstream.PubAckFuture, 0, 500)
+				for j := i; j < min(i+500, n); j++ {
+					f, err := js.PublishAsync(queue, benchPayload(j, dl))
+					if err != nil {
+						return err
+					}
+					acks = append(acks, f)
 				}
-				acks = append(acks, f)
-			}
-			for _, f := range acks {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					return err
-				case <-ctx.Done():
-					return ctx.Err()
+				for _, f := range acks {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						return err
+					case <-ctx.Done():
+						return ctx.Err()
+					}
 				}
 			}
 			return nil
