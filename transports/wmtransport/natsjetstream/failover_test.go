@@ -9,7 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 	"github.com/sluice-io/sluice/transports/wmtransport/internal/e2e"
@@ -43,7 +45,7 @@ func TestNodeKilledMidRun(t *testing.T) {
 			t.Fatalf("publish %s: %v", id, err)
 		}
 	}
-	e2e.Run(t, tp, queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
+	e2e.Run(t, tp, adapters(t), queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
 
 	tally := e2e.NewTally()
 	reader := resultReader(t, js, results)
@@ -122,3 +124,13 @@ func resultReader(t testing.TB, js jetstream.JetStream, topic string) func(ctx c
 }
 
 var _ transport.Transport = (*wmtransport.Transport)(nil)
+
+// adapters are the gates the deployment needs (the constant gate).
+func adapters(t testing.TB) app.Adapters {
+	t.Helper()
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
+		t.Fatal(err)
+	}
+	return ad
+}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 	"github.com/sluice-io/sluice/transports/wmtransport/internal/e2e"
@@ -31,7 +33,7 @@ func TestServerRestartMidRun(t *testing.T) {
 		}
 	}
 	tp := newTransport(t, srv.URL).(*wmtransport.Transport)
-	e2e.Run(t, tp, queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
+	e2e.Run(t, tp, adapters(t), queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
 
 	tally := e2e.NewTally()
 	read := func() {
@@ -67,4 +69,14 @@ func TestServerRestartMidRun(t *testing.T) {
 	}
 	dups := tally.Check(t, ids)
 	t.Logf("%d requests, %d answered, %d duplicate results", n, tally.Answered(), dups)
+}
+
+// adapters are the gates the deployment needs (the constant gate).
+func adapters(t testing.TB) app.Adapters {
+	t.Helper()
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
+		t.Fatal(err)
+	}
+	return ad
 }

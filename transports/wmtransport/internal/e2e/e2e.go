@@ -14,7 +14,6 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 )
@@ -34,9 +33,10 @@ func Gateway(t testing.TB, latency time.Duration) string {
 	return base
 }
 
-// Run runs sluice with tp on queue → results (through gateway) until the
-// returned stop is called (also at cleanup).
-func Run(t testing.TB, tp *wmtransport.Transport, queue, results, gateway string, concurrency int) (stop func()) {
+// Run runs sluice with tp and the gates of ad (the test registers the
+// constant gate: an adapter package imports no other) on queue → results
+// (through gateway) until the returned stop is called (also at cleanup).
+func Run(t testing.TB, tp *wmtransport.Transport, ad app.Adapters, queue, results, gateway string, concurrency int) (stop func()) {
 	t.Helper()
 	cfg := &config.Config{
 		Transport:   wmtransport.Name,
@@ -49,10 +49,6 @@ func Run(t testing.TB, tp *wmtransport.Transport, queue, results, gateway string
 		HealthPort:   -1,
 		DrainTimeout: config.Duration(5 * time.Second),
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
-	}
-	ad := app.NewAdapters()
-	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
-		t.Fatal(err)
 	}
 	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp})
 	if err != nil {
