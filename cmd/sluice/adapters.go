@@ -22,13 +22,21 @@ import (
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redisstream"
+	"github.com/sluice-io/sluice/transports/wmtransport"
+	"github.com/sluice-io/sluice/transports/wmtransport/natsjetstream"
+	"github.com/sluice-io/sluice/transports/wmtransport/postgres"
 )
 
 // adapters chooses the transports and gates the sluice binary links: the one
 // place they are named. Add an adapter by adding its line here.
 func adapters() (app.Adapters, error) {
 	ad := app.NewAdapters()
+	brokers := wmtransport.NewBrokers() // the Watermill brokers of transport "watermill"
 	err := errors.Join(
+		brokers.Register(natsjetstream.Name, natsjetstream.Factory),
+		brokers.Register(postgres.Name, postgres.Factory),
+		ad.Transports.Register(wmtransport.Name, wmtransport.Factory(brokers)),
+
 		ad.Transports.Register(memory.Name, memory.Factory),
 		ad.Transports.Register(redissortedset.Name, redissortedset.Factory),
 		ad.Transports.Register(redispubsub.Name, redispubsub.Factory),

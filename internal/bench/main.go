@@ -43,6 +43,7 @@ func scenarios() []scenario {
 		{"redis-sortedset", runRedisSortedSet},
 	}
 	all = append(all, transportScenarios()...)
+	all = append(all, brokerScenarios()...)
 	return append(all,
 		scenario{"gate-reaction", runGateReaction},
 		scenario{"no-herd", runNoHerd},
