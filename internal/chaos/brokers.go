@@ -67,11 +67,11 @@ type brokerTweak struct {
 func transportCases() []transportCase {
 	return []transportCase{
 		{name: "redis-sortedset", open: openSortedSet,
-			kill9: kill9Size{requests: 3000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "redis-stream", open: openStream,
-			kill9: kill9Size{requests: 3000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "gcp-pubsub", dupOnCrash: true, open: openPubSub,
-			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 200 * time.Second, quiet: 10 * time.Second, trickle: 5}},
+			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 150 * time.Second, quiet: 10 * time.Second, trickle: 5}},
 	}
 }
 

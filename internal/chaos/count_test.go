@@ -125,3 +125,37 @@ func TestResultID(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSchedule feeds the schedule check known gaps: on time, too
+// early, too late, and a 429 whose Retry-After wins over the backoff.
+func TestCheckSchedule(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	call := func(startMs, endMs int, outcome string) attempt {
+		return attempt{start: t0.Add(time.Duration(startMs) * time.Millisecond), end: t0.Add(time.Duration(endMs) * time.Millisecond), outcome: outcome}
+	}
+	calls := map[string][]attempt{
+		// retry 0 after 200 ms (base), retry 1 after 400 ms: on time.
+		"good": {call(0, 10, "503"), call(210, 220, "reset"), call(620, 630, "ok")},
+		// retry 0 after 20 ms: early by 140 ms past the 160 ms floor.
+		"early": {call(0, 10, "503"), call(30, 40, "ok")},
+		// retry 0 after 2 s: late.
+		"late": {call(0, 10, "stall"), call(2010, 2020, "ok")},
+		// a 429 (Retry-After 1 s): 1 s later is on time, 250 ms is early.
+		"ra-ok":    {call(0, 10, "429"), call(1010, 1020, "ok")},
+		"ra-early": {call(0, 10, "429"), call(260, 270, "ok")},
+		"single":   {call(0, 10, "ok")},
+	}
+	sc := checkSchedule(calls)
+	if sc.retries != 6 {
+		t.Errorf("retries = %d, want 6", sc.retries)
+	}
+	if sc.violations != 3 {
+		t.Errorf("violations = %d, want 3 (early, late, ra-early)", sc.violations)
+	}
+	if sc.byOutcome["503"] != 1 || sc.byOutcome["stall"] != 1 || sc.byOutcome["429"] != 1 {
+		t.Errorf("by outcome = %v, want one each after 503, stall, 429", sc.byOutcome)
+	}
+	if !strings.HasPrefix(sc.first, "early ") {
+		t.Errorf("first violation %q, want the id early (ids in order)", sc.first)
+	}
+}

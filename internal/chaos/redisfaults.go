@@ -42,7 +42,7 @@ func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone 
 	var answeredBefore []int
 	var last time.Time
 	for i := 0; i < restarts && ctx.Err() == nil; i++ {
-		sleep(ctx, 2*time.Second)
+		sleep(ctx, 1500*time.Millisecond)
 		answeredBefore = append(answeredBefore, s.l.tally().answered)
 		if err := s.r.restartRedis(gone); err != nil {
 			v.fail("%v", err)
@@ -74,9 +74,9 @@ func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone 
 	return v
 }
 
-// runRedisRestartAOF: three restarts, each at once (the AOF brings the data back).
+// runRedisRestartAOF: five restarts, each at once (the AOF brings the data back).
 func runRedisRestartAOF(ctx context.Context, e *env) *verdict {
-	return redisRestarts(ctx, e, "redis-restart-aof", 3, 0)
+	return redisRestarts(ctx, e, "redis-restart-aof", 5, 0)
 }
 
 // runRedisOutage: the process gone for 10 s, then back on the same port and data.
