@@ -45,7 +45,6 @@ type gateway struct {
 	attempts map[string][]attempt
 	inflight map[string]int
 	calls    int
-	paused   bool
 }
 
 func startGateway(f gatewayFaults) (*gateway, error) {
@@ -165,8 +164,7 @@ func (g *gateway) inflightIDs() []string {
 	return ids
 }
 
-// startedIDs returns every id the gateway has received a call for, with
-// the start of its first call.
+// snapshot returns every call the gateway has finished, per request id.
 func (g *gateway) snapshot() map[string][]attempt {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -10,14 +10,13 @@ import (
 // session is one fault's run on one broker: the rig, the broker, the
 // gateway, the ledger and the result reader.
 type session struct {
-	r       *rig
-	b       broker
-	gw      *gateway
-	l       *ledger
-	v       *verdict
-	stopRd  context.CancelFunc
-	rdDone  chan struct{}
-	lastSet time.Time
+	r      *rig
+	b      broker
+	gw     *gateway
+	l      *ledger
+	v      *verdict
+	stopRd context.CancelFunc
+	rdDone chan struct{}
 }
 
 // open starts a session: servers, broker, gateway and the result reader.
