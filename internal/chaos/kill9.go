@@ -31,6 +31,23 @@ const kill9Kills = 20
 // for and whose result had not been read when the kill came, summed over
 // the kills — an upper bound of what the killed replica held).
 func kill9Fault(tc transportCase) func(ctx context.Context, e *env) *verdict {
+	return kill9Run(tc, false)
+}
+
+// runKill9PubSubBare is kill9-gcp-pubsub with the bare client (bare.go) in
+// place of sluice: the control that tells the emulator's part.
+func runKill9PubSubBare(ctx context.Context, e *env) *verdict {
+	for _, tc := range transportCases() {
+		if tc.name == "gcp-pubsub" {
+			return kill9Run(tc, true)(ctx, e)
+		}
+	}
+	v := &verdict{extra: figures{}}
+	v.fail("no gcp-pubsub transport case")
+	return v
+}
+
+func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *verdict {
 	return func(ctx context.Context, e *env) *verdict {
 		sz := tc.kill9
 		s, v := open(ctx, e, "kill9-"+tc.name, tc, brokerTweak{}, gatewayFaults{latencyMin: sz.latencyMin, latencyMax: sz.latencyMax})
@@ -42,6 +59,9 @@ func kill9Fault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 		if err != nil {
 			v.fail("config: %v", err)
 			return v
+		}
+		if bare {
+			cfgPath = bareSpec(s.b.(*pubSub), 2*sz.concurrency+16)
 		}
 		reps := make([]*replica, 2)
 		for i := range reps {
@@ -109,6 +129,10 @@ func kill9Fault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 		s.quiet(ctx, q, 2*q)
 		s.checkCrashes()
 		for _, p := range reps {
+			if bare {
+				p.kill() // the bare client has no SIGTERM handling
+				continue
+			}
 			if _, err := p.term(30 * time.Second); err != nil {
 				v.fail("%v", err)
 			}

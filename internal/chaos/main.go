@@ -36,6 +36,9 @@ import (
 type fault struct {
 	name string
 	run  func(ctx context.Context, e *env) *verdict
+	// optIn: run only when named in -only (a control experiment, not a
+	// check of sluice).
+	optIn bool
 }
 
 // env is what every fault gets: the built binaries and a scratch dir.
@@ -50,25 +53,29 @@ type env struct {
 func faults() []fault {
 	var all []fault
 	for _, tc := range transportCases() {
-		all = append(all, fault{"kill9-" + tc.name, kill9Fault(tc)})
+		all = append(all, fault{name: "kill9-" + tc.name, run: kill9Fault(tc)})
 	}
+	all = append(all, fault{name: "kill9-gcp-pubsub-bare", run: runKill9PubSubBare, optIn: true})
 	all = append(all,
-		fault{"redis-restart-aof", runRedisRestartAOF},
-		fault{"redis-outage", runRedisOutage},
-		fault{"pubsub-emulator-restart", runEmulatorRestart},
-		fault{"gateway-faults", runGatewayFaults},
+		fault{name: "redis-restart-aof", run: runRedisRestartAOF},
+		fault{name: "redis-outage", run: runRedisOutage},
+		fault{name: "pubsub-emulator-restart", run: runEmulatorRestart},
+		fault{name: "gateway-faults", run: runGatewayFaults},
 	)
 	for _, tc := range transportCases() {
-		all = append(all, fault{"fuzz-" + tc.name, fuzzFault(tc)})
+		all = append(all, fault{name: "fuzz-" + tc.name, run: fuzzFault(tc)})
 	}
 	return append(all,
-		fault{"plugin-kill", runPluginKill},
-		fault{"prometheus-gone", runPrometheusGone},
-		fault{"sigterm-burst", runSigtermBurst},
+		fault{name: "plugin-kill", run: runPluginKill},
+		fault{name: "prometheus-gone", run: runPrometheusGone},
+		fault{name: "sigterm-burst", run: runSigtermBurst},
 	)
 }
 
 func main() {
+	if bareMain() {
+		return
+	}
 	only := flag.String("only", "", "comma-separated faults to run (default all)")
 	list := flag.Bool("list", false, "list the faults and exit")
 	selfcheck := flag.Bool("selfcheck", false, "run only the self-check: the harness removes one request and adds one result itself, and must report lost=1 duplicated=1 and exit non-zero")
@@ -79,11 +86,15 @@ func main() {
 
 	all := faults()
 	if *selfcheck {
-		all, *only = []fault{{"selfcheck", runSelfcheck}}, ""
+		all, *only = []fault{{name: "selfcheck", run: runSelfcheck}}, ""
 	}
 	if *list {
 		for _, f := range all {
-			fmt.Println(f.name)
+			if f.optIn {
+				fmt.Println(f.name, "(only with -only)")
+			} else {
+				fmt.Println(f.name)
+			}
 		}
 		return
 	}
@@ -137,7 +148,7 @@ func main() {
 
 	failed := 0
 	for _, f := range all {
-		if len(want) > 0 && !want[f.name] {
+		if (len(want) > 0 || f.optIn) && !want[f.name] {
 			continue
 		}
 		if ctx.Err() != nil {

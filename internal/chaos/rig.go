@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -184,7 +185,21 @@ func (r *rig) startReplica(name, cfgPath string) (*replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(r.bin, "serve", "--config", cfgPath, "--health-port", strconv.Itoa(port), "--listen-host", "127.0.0.1")
+	var cmd *exec.Cmd
+	health := "http://127.0.0.1:" + strconv.Itoa(port)
+	if spec, ok := strings.CutPrefix(cfgPath, bareSpecPrefix); ok {
+		// The control: a bare Pub/Sub client (this program) instead of sluice.
+		self, err := os.Executable()
+		if err != nil {
+			logf.Close()
+			return nil, err
+		}
+		cmd = exec.Command(self)
+		cmd.Env = append(os.Environ(), bareSubscriberEnv+"="+spec)
+		health = ""
+	} else {
+		cmd = exec.Command(r.bin, "serve", "--config", cfgPath, "--health-port", strconv.Itoa(port), "--listen-host", "127.0.0.1")
+	}
 	cmd.Dir = r.dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	testenv.DieWithParent(cmd)
@@ -192,7 +207,7 @@ func (r *rig) startReplica(name, cfgPath string) (*replica, error) {
 		logf.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &replica{name: name, cmd: cmd, health: "http://127.0.0.1:" + strconv.Itoa(port), logPath: logPath,
+	p := &replica{name: name, cmd: cmd, health: health, logPath: logPath,
 		exited: make(chan struct{}), started: time.Now()}
 	go func() {
 		_ = cmd.Wait()
@@ -210,6 +225,9 @@ func (r *rig) startReplica(name, cfgPath string) (*replica, error) {
 
 // waitReady polls /readyz until it answers 200 or within passes.
 func (p *replica) waitReady(ctx context.Context, within time.Duration) error {
+	if p.health == "" {
+		return nil // the bare subscriber has no health port
+	}
 	c := &http.Client{Timeout: time.Second}
 	defer c.CloseIdleConnections()
 	deadline := time.Now().Add(within)
