@@ -23,6 +23,13 @@ test-short:
 bench:
 	$(GO) run ./internal/bench
 
+## chaos: every fault the harness can cause (kill -9, Redis and emulator restarts, a faulty
+## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each;
+## exits non-zero on any loss (docs/chaos.md). Not part of `make test`; about 10 minutes.
+.PHONY: chaos
+chaos:
+	$(GO) run ./internal/chaos
+
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
 

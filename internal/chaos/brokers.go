@@ -1,0 +1,385 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// outMsg is one message the harness sends: its id ("" when the message
+// carries no readable id) and its bytes.
+type outMsg struct {
+	id   string
+	body []byte
+}
+
+// broker is one transport's broker as the harness drives it: what to put
+// in sluice's config, how to send requests, how to read results and
+// dead letters.
+type broker interface {
+	// deployment returns the sluice config's transport, transport_config
+	// and redis_url for a deployment whose gateway is gw.
+	deployment(gw string) (transport string, tc map[string]any, redisURL string)
+	// send enqueues messages.
+	send(ctx context.Context, msgs []outMsg) error
+	// readResults reads results into l until ctx ends; a broker that is
+	// away (a restart) is waited for, not an error.
+	readResults(ctx context.Context, l *ledger)
+	// deadLetters counts the dead-lettered messages.
+	deadLetters(ctx context.Context) (int, error)
+	// close releases what the broker holds (not the servers).
+	close()
+}
+
+// transportCase is one transport under test: adding a broker (NATS,
+// Postgres, ...) is one entry in transportCases.
+type transportCase struct {
+	name string
+	// dupOnCrash: a crash may repeat a result (publishing the result and
+	// acking the request cannot be one step); up to the requests in flight.
+	dupOnCrash bool
+	// open starts what the transport needs in r and returns its broker.
+	open func(ctx context.Context, r *rig, tweak brokerTweak) (broker, error)
+	// kill9 sizes the kill -9 case for this broker.
+	kill9 kill9Size
+}
+
+// brokerTweak adjusts a broker for one fault.
+type brokerTweak struct {
+	persist bool // Redis with appendonly yes, appendfsync always
+}
+
+// transportCases lists the transports every per-transport fault runs on.
+func transportCases() []transportCase {
+	return []transportCase{
+		{name: "redis-sortedset", open: openSortedSet,
+			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+		{name: "redis-stream", open: openStream,
+			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+		{name: "gcp-pubsub", dupOnCrash: true, open: openPubSub,
+			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 150 * time.Second, quiet: 10 * time.Second, trickle: 5}},
+	}
+}
+
+// flatRequest is a good request: flat form, the id in a header the
+// gateway records.
+func flatRequest(id string, deadline time.Time) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"id": id, "created": time.Now().Unix(), "deadline": float64(deadline.UnixMilli()) / 1000,
+		"payload":  map[string]any{"model": "m", "prompt": "What is 2+2?", "max_tokens": 4},
+		"headers":  map[string]string{idHeader: id},
+		"metadata": map[string]string{"job_id": "chaos"},
+	})
+	return b
+}
+
+// resultID decodes a result's id and code ("ok" for a 2xx answer,
+// "http_<status>" for another answer, the error code otherwise).
+func resultID(b []byte) (string, string) {
+	var r struct {
+		ID         string `json:"id"`
+		StatusCode int    `json:"status_code"`
+		ErrorCode  string `json:"error_code"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return "", "undecodable"
+	}
+	switch {
+	case r.ErrorCode != "":
+		return r.ID, r.ErrorCode
+	case r.StatusCode >= 200 && r.StatusCode < 300:
+		return r.ID, "ok"
+	default:
+		return r.ID, "http_" + strconv.Itoa(r.StatusCode)
+	}
+}
+
+// readList pops results from a Redis list until ctx ends, tolerating a
+// Redis that is away.
+func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
+	for ctx.Err() == nil {
+		vals, err := c.RPopCount(ctx, key, 500).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			sleep(ctx, 100*time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		for _, v := range vals {
+			id, code := resultID([]byte(v))
+			l.record(id, code, now)
+		}
+		if len(vals) < 500 {
+			sleep(ctx, 20*time.Millisecond)
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func newRedisClient(url string) (*redis.Client, error) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	o.MaxRetries = -1
+	return redis.NewClient(o), nil
+}
+
+// ---- redis-sortedset ----
+
+type sortedSet struct {
+	url, queue, results string
+	c                   *redis.Client
+	p                   *producer.Producer
+}
+
+func openSortedSet(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
+	srv, err := r.redis(tw.persist)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newRedisClient(srv.URL)
+	if err != nil {
+		return nil, err
+	}
+	p, err := producer.Dial(srv.URL, producer.Config{})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &sortedSet{url: srv.URL, queue: "llm-d-async:requests:chaos", results: "chaos-results", c: c, p: p}, nil
+}
+
+func (s *sortedSet) deployment(gw string) (string, map[string]any, string) {
+	return "redis-sortedset", map[string]any{
+		"lease_ms": 2000, "heartbeat_ms": 400, "reclaim_interval_ms": 300, "max_deliveries": 100, "poll_interval_ms": 100,
+		"result_queue_name": s.results,
+		"queues":            []map[string]any{{"queue_name": s.queue, "igw_base_url": gw}},
+	}, s.url
+}
+
+func (s *sortedSet) send(ctx context.Context, msgs []outMsg) error {
+	var reqs []*wire.Request
+	raw := s.c.Pipeline()
+	nraw := 0
+	for _, m := range msgs {
+		var rq wire.Request
+		if m.id != "" && json.Unmarshal(m.body, &struct{}{}) == nil && isFlatGood(m.body, &rq) {
+			reqs = append(reqs, &rq)
+			continue
+		}
+		// Fuzzed bytes go in as they are, scored one hour out.
+		raw.ZAdd(ctx, s.queue, redis.Z{Score: float64(time.Now().Add(time.Hour).Unix()), Member: m.body})
+		nraw++
+	}
+	if len(reqs) > 0 {
+		if err := s.p.EnqueueMany(ctx, s.queue, reqs); err != nil {
+			return err
+		}
+	}
+	if nraw > 0 {
+		if _, err := raw.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isFlatGood decodes a good request the harness made into rq (for the
+// producer library); fuzzed messages are not decoded.
+func isFlatGood(b []byte, rq *wire.Request) bool {
+	var f struct {
+		ID       string            `json:"id"`
+		Deadline float64           `json:"deadline"`
+		Payload  json.RawMessage   `json:"payload"`
+		Headers  map[string]string `json:"headers"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	if err := json.Unmarshal(b, &f); err != nil || f.Headers[idHeader] != f.ID || f.ID == "" {
+		return false
+	}
+	*rq = wire.Request{ID: f.ID, Created: time.Now(), Deadline: time.UnixMilli(int64(f.Deadline * 1000)),
+		Payload: f.Payload, Headers: f.Headers, Metadata: f.Metadata}
+	return true
+}
+
+func (s *sortedSet) readResults(ctx context.Context, l *ledger) { readList(ctx, s.c, s.results, l) }
+
+func (s *sortedSet) deadLetters(ctx context.Context) (int, error) {
+	n, err := s.c.LLen(ctx, s.queue+":dead").Result()
+	return int(n), err
+}
+
+func (s *sortedSet) close() { s.p.Close(); s.c.Close() }
+
+// ---- redis-stream ----
+
+type stream struct {
+	url, queue, results string
+	c                   *redis.Client
+}
+
+func openStream(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
+	srv, err := r.redis(tw.persist)
+	if err != nil {
+		return nil, err
+	}
+	c, err := newRedisClient(srv.URL)
+	if err != nil {
+		return nil, err
+	}
+	return &stream{url: srv.URL, queue: "chaos-stream", results: "chaos-stream-results", c: c}, nil
+}
+
+func (s *stream) deployment(gw string) (string, map[string]any, string) {
+	return "redis-stream", map[string]any{
+		"claim_idle_ms": 2000, "heartbeat_ms": 400, "block_ms": 200, "retry_poll_interval_ms": 100,
+		"result_mode": "list", "result_queue_name": s.results,
+		"queues": []map[string]any{{"queue_name": s.queue, "igw_base_url": gw}},
+	}, s.url
+}
+
+func (s *stream) send(ctx context.Context, msgs []outMsg) error {
+	for i := 0; i < len(msgs); i += 500 {
+		pipe := s.c.Pipeline()
+		for j, m := range msgs[i:min(i+500, len(msgs))] {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: s.queue, Values: []any{"_watermill_message_uuid", fmt.Sprintf("u-%d-%d", i, j), "payload", m.body}})
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *stream) readResults(ctx context.Context, l *ledger) { readList(ctx, s.c, s.results, l) }
+
+func (s *stream) deadLetters(ctx context.Context) (int, error) {
+	n, err := s.c.XLen(ctx, s.queue+":dead").Result()
+	return int(n), err
+}
+
+func (s *stream) close() { s.c.Close() }
+
+// ---- gcp-pubsub (emulator) ----
+
+// pubSubProject is the emulator project the harness uses.
+const pubSubProject = "sluice-chaos"
+
+type pubSub struct {
+	r      *rig
+	c      *pubsub.Client
+	prefix string
+	dead   atomic.Int64
+}
+
+func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
+	emu, err := r.emulator()
+	if err != nil {
+		return nil, err
+	}
+	c, err := pubsub.NewClient(ctx, pubSubProject, option.WithEndpoint(emu), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		return nil, err
+	}
+	p := &pubSub{r: r, c: c, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	if err := p.createTopics(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *pubSub) name(kind, id string) string {
+	return "projects/" + pubSubProject + "/" + kind + "/" + p.prefix + "-" + id
+}
+
+// createTopics creates the request, result and dead-letter topics and a
+// subscription of each, with a 10-s ack deadline (the emulator's
+// shortest), so a killed subscriber's leases come back soon.
+func (p *pubSub) createTopics(ctx context.Context) error {
+	for _, id := range []string{"requests", "results", "dead"} {
+		if _, err := p.c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: p.name("topics", id)}); err != nil {
+			return fmt.Errorf("create topic %s: %w", id, err)
+		}
+		if _, err := p.c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
+			Name: p.name("subscriptions", id+"-sub"), Topic: p.name("topics", id), AckDeadlineSeconds: 10}); err != nil {
+			return fmt.Errorf("create subscription %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+func (p *pubSub) deployment(gw string) (string, map[string]any, string) {
+	return "gcp-pubsub", map[string]any{
+		"project_id": pubSubProject, "emulator_host": p.r.emu.Addr,
+		"dead_letter_topic": p.prefix + "-dead", "result_queue_name": p.prefix + "-results",
+		"max_extension_seconds": 60,
+		"queues":                []map[string]any{{"queue_name": p.prefix + "-requests-sub", "igw_base_url": gw}},
+	}, ""
+}
+
+func (p *pubSub) send(ctx context.Context, msgs []outMsg) error {
+	pub := p.c.Publisher(p.name("topics", "requests"))
+	defer pub.Stop()
+	res := make([]*pubsub.PublishResult, len(msgs))
+	for i, m := range msgs {
+		res[i] = pub.Publish(ctx, &pubsub.Message{Data: m.body})
+	}
+	for _, r := range res {
+		if _, err := r.Get(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *pubSub) receive(ctx context.Context, sub string, fn func(*pubsub.Message)) {
+	for ctx.Err() == nil {
+		err := p.c.Subscriber(p.name("subscriptions", sub)).Receive(ctx, func(_ context.Context, m *pubsub.Message) {
+			fn(m)
+			m.Ack()
+		})
+		if err != nil && ctx.Err() == nil {
+			sleep(ctx, 200*time.Millisecond)
+		}
+	}
+}
+
+func (p *pubSub) readResults(ctx context.Context, l *ledger) {
+	done := make(chan struct{})
+	go func() { defer close(done); p.receive(ctx, "dead-sub", func(*pubsub.Message) { p.dead.Add(1) }) }()
+	defer func() { <-done }()
+	p.receive(ctx, "results-sub", func(m *pubsub.Message) {
+		id, code := resultID(m.Data)
+		l.record(id, code, time.Now())
+	})
+}
+
+// deadLetters is how many messages the dead-letter subscription has
+// delivered so far (readResults reads it alongside the results).
+func (p *pubSub) deadLetters(context.Context) (int, error) { return int(p.dead.Load()), nil }
+
+func (p *pubSub) close() { p.c.Close() }

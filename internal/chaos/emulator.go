@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"time"
+)
+
+// runEmulatorRestart: the Pub/Sub emulator is killed and started again on
+// its port while one replica works. The emulator keeps no state: topics,
+// subscriptions and every message it held are gone, so the harness
+// creates the topics and subscriptions again (as an operator's Terraform
+// would). What the emulator dropped is the broker's loss, not sluice's,
+// so the case is built to tell them apart:
+//
+//   - batch a (100) is sent and fully answered before the restart;
+//   - batch b (100) is sent against a slow gateway (1–2 s, 8 workers), so
+//     at the restart some of it is in sluice (its gateway call started:
+//     inflight_at_restart) and the rest still in the emulator
+//     (waiting_at_restart);
+//   - batch c (100) is sent after the restart, once the topics exist again.
+//
+// sluice_lost counts lost ids of a, c and b's in-flight part: sluice had
+// them, or had the broker back, and must answer them. broker_lost counts
+// lost ids of b that were still in the emulator when it died. Only
+// sluice_lost fails the case; lost= is the sum.
+func runEmulatorRestart(ctx context.Context, e *env) *verdict {
+	var tc transportCase
+	for _, c := range transportCases() {
+		if c.name == "gcp-pubsub" {
+			tc = c
+		}
+	}
+	s, v := open(ctx, e, "pubsub-emulator-restart", tc, brokerTweak{}, gatewayFaults{latencyMin: time.Second, latencyMax: 2 * time.Second})
+	if s == nil {
+		return v
+	}
+	defer s.close()
+	ps := s.b.(*pubSub)
+	cfgPath, err := s.r.writeConfig(baseConfig(s.b, s.gw.URL, 8))
+	if err != nil {
+		v.fail("config: %v", err)
+		return v
+	}
+	p, err := s.r.startReplica("replica", cfgPath)
+	if err == nil {
+		err = p.waitReady(ctx, 60*time.Second)
+	}
+	if err != nil {
+		v.fail("%v", err)
+		return v
+	}
+	a := s.goodMessages("ea", 100, 10*time.Minute)
+	if err := s.b.send(ctx, a); err != nil {
+		v.fail("send a: %v", err)
+		return v
+	}
+	if !s.waitComplete(ctx, 90*time.Second) {
+		v.fail("batch a not answered before the restart")
+	}
+	b := s.goodMessages("eb", 100, 10*time.Minute)
+	if err := s.b.send(ctx, b); err != nil {
+		v.fail("send b: %v", err)
+		return v
+	}
+	sleep(ctx, 3*time.Second)
+	restartAt := time.Now()
+	called := s.gw.snapshot()
+	for _, id := range s.gw.inflightIDs() {
+		called[id] = nil
+	}
+	inSluice := map[string]bool{}
+	waiting := 0
+	for _, m := range b {
+		if _, ok := called[m.id]; ok || s.l.answeredBy(m.id, restartAt) {
+			inSluice[m.id] = true
+		} else {
+			waiting++
+		}
+	}
+	if err := s.r.restartEmulator(); err != nil {
+		v.fail("%v", err)
+		return v
+	}
+	if err := ps.createTopics(ctx); err != nil {
+		v.fail("recreate topics: %v", err)
+		return v
+	}
+	back := time.Since(restartAt)
+	c := s.goodMessages("ec", 100, 10*time.Minute)
+	if err := s.b.send(ctx, c); err != nil {
+		v.fail("send c: %v", err)
+		return v
+	}
+	s.waitComplete(ctx, 60*time.Second)
+	s.quiet(ctx, 5*time.Second, 10*time.Second)
+	s.checkCrashes()
+	if _, err := p.term(30 * time.Second); err != nil {
+		v.fail("%v", err)
+	}
+	v.t = s.l.tally()
+	sluiceLost, brokerLost := 0, 0
+	for _, id := range v.t.lostIDs {
+		if id[:2] == "eb" && !inSluice[id] {
+			brokerLost++
+		} else {
+			sluiceLost++
+		}
+	}
+	if sluiceLost > 0 {
+		v.fail("%d ids lost that sluice held or could have had (first: %s)", sluiceLost, firstFew(v.t.lostIDs))
+	}
+	if v.t.duplicated > len(inSluice) {
+		v.fail("%d ids duplicated, more than the %d sluice held at the restart", v.t.duplicated, len(inSluice))
+	}
+	if v.t.unknown > 0 {
+		v.fail("%d results for ids never sent", v.t.unknown)
+	}
+	v.extra["inflight_at_restart"] = float64(len(inSluice))
+	v.extra["waiting_at_restart"] = float64(waiting)
+	v.extra["sluice_lost"] = float64(sluiceLost)
+	v.extra["broker_lost"] = float64(brokerLost)
+	v.extra["emulator_back_seconds"] = back.Seconds()
+	s.l.codeFigures(v.extra)
+	return v
+}
