@@ -18,11 +18,14 @@ package producer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -76,12 +79,17 @@ type Producer struct {
 	cfg    Config
 	names  keys.Names
 	load   sync.Once
+	// id and calls name each enqueue call's mark (see keys.Enqueue).
+	id    string
+	calls atomic.Uint64
 }
 
 // New returns a producer on client; Close leaves the client open.
 func New(client *redis.Client, cfg Config) *Producer {
 	cfg.setDefaults()
-	return &Producer{client: client, cfg: cfg, names: keys.Names{Prefix: cfg.Prefix}}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &Producer{client: client, cfg: cfg, names: keys.Names{Prefix: cfg.Prefix}, id: hex.EncodeToString(b[:])}
 }
 
 // Dial connects to the Redis URL (redis://, rediss://, with user:password@
@@ -147,10 +155,17 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	ks := []string{queue, k.Seq, p.names.Registry()}
 	for len(chunks) > 0 {
 		n := min(len(chunks), 64)
-		err := p.runChunks(ctx, ks, k.Notify, chunks[:n])
+		// Each chunk's call mark is fixed before the first attempt, so
+		// that neither go-redis' retry nor the NOSCRIPT reload below can
+		// enqueue a chunk twice.
+		marks := make([]string, n)
+		for i := range marks {
+			marks[i] = k.CallMarks + p.id + ":" + strconv.FormatUint(p.calls.Add(1), 36)
+		}
+		err := p.runChunks(ctx, ks, marks, k.Notify, chunks[:n])
 		if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
 			if err = keys.Enqueue.Load(ctx, p.client).Err(); err == nil {
-				err = p.runChunks(ctx, ks, k.Notify, chunks[:n])
+				err = p.runChunks(ctx, ks, marks, k.Notify, chunks[:n])
 			}
 		}
 		if err != nil {
@@ -161,11 +176,11 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	return nil
 }
 
-func (p *Producer) runChunks(ctx context.Context, ks []string, notify string, chunks [][]any) error {
+func (p *Producer) runChunks(ctx context.Context, ks, marks []string, notify string, chunks [][]any) error {
 	_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		pl.SAdd(ctx, ks[2], ks[0])
-		for _, c := range chunks {
-			keys.Enqueue.EvalSha(ctx, pl, ks, c...)
+		for i, c := range chunks {
+			keys.Enqueue.EvalSha(ctx, pl, []string{ks[0], ks[1], ks[2], marks[i]}, c...)
 		}
 		pl.Publish(ctx, notify, "1")
 		return nil

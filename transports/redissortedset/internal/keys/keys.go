@@ -15,6 +15,7 @@
 //	Q:job:<job>       waiting messages of a job enqueued by the producer (set)
 //	Q:notify          pub/sub channel: new work was enqueued
 //	Q:stats           counters (late_results, late_requeues, reclaimed, ...)
+//	Q:call:<id>       mark of one enqueue call (10 minutes), so a retried call adds nothing
 //
 // Global, under the prefix P (default llm-d-async):
 //
@@ -111,12 +112,15 @@ func (n Names) Queue(name string) Queue {
 		JobPrefix:    name + ":job:",
 		Notify:       name + ":notify",
 		Stats:        name + ":stats",
+		CallMarks:    name + ":call:",
 	}
 }
 
 // Queue holds the key names of one request queue.
 type Queue struct {
 	Name, Leases, Leased, Redeliveries, Delayed, Dead, Seq, JobPrefix, Notify, Stats string
+	// CallMarks prefixes the marks that make an enqueue call run once.
+	CallMarks string
 }
 
 // Pending is the lease set of the durable result reader of result list r.
@@ -143,6 +147,12 @@ const SeqWidth = 20
 // Claim promotes due retries, then claims up to n waiting requests into
 // leases.
 //
+// The token prefix must be new for every claim. A claim whose reply was
+// lost (the connection or the server died after the script ran) and that
+// the client sends again with the same arguments finds its own leases and
+// returns them instead of claiming more under the same tokens, which would
+// overwrite the first claim's lease records and lose those requests.
+//
 //	KEYS: queue, leases, leased, redeliveries, delayed, cancel-epoch
 //	ARGV: n, lease ms, token prefix, job index prefix
 //	returns: {next delayed due ms or -1, cancel epoch, now ms,
@@ -150,6 +160,23 @@ const SeqWidth = 20
 var Claim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('HEXISTS', KEYS[3], ARGV[3] .. '1') == 1 then
+  local out = {-1, redis.call('GET', KEYS[6]) or '0', now}
+  for i = 1, tonumber(ARGV[1]) do
+    local tok = ARGV[3] .. i
+    local rec = redis.call('HGET', KEYS[3], tok)
+    if not rec then break end
+    local a = string.find(rec, '|', 1, true)
+    local b = string.find(rec, '|', a + 1, true)
+    out[#out + 1] = tok
+    out[#out + 1] = string.sub(rec, 1, a - 1)
+    out[#out + 1] = tonumber(string.sub(rec, a + 1, b - 1))
+    out[#out + 1] = string.sub(rec, b + 1)
+  end
+  local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+  if nxt[2] then out[1] = nxt[2] end
+  return out
+end
 local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 512)
 if #due > 0 then
   local add = {}
@@ -362,12 +389,20 @@ return lost
 // Requests with a job are indexed for cancellation until ttl after their
 // deadline.
 //
-//	KEYS: queue, seq, registry
+// KEYS[4] marks the call: a call the client sends again after losing the
+// reply (the script ran, the connection died) finds its mark and adds
+// nothing, so a request is never enqueued twice by a retry. The mark lives
+// ten minutes.
+//
+//	KEYS: queue, seq, registry, call mark (unique per call)
 //	ARGV: job index prefix, jobq prefix, index ttl ms after deadline, now ms, triples...
 //	returns: the last sequence number
 var Enqueue = redis.NewScript(`
 local n = (#ARGV - 4) / 3
 if n < 1 then return 0 end
+if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', 600000) then
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
 local last = redis.call('INCRBY', KEYS[2], n)
 local first = last - n + 1
 local add = {}
