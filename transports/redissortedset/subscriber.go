@@ -255,16 +255,17 @@ func (s *source) giveUp(c claimed) {
 	text := fmt.Sprintf("gave up after %d deliveries: each time the lease expired before a result was written (max_deliveries %d)",
 		c.deliveries-1, t.opts.MaxDeliveries)
 	var res *wire.Result
+	var reqID, reqToken string
 	if req, err := wire.Decode([]byte(c.member)); err == nil {
 		res = wire.ErrorResult(req, wire.CodeInferenceError, text)
+		reqID, reqToken = upstreamKeysOf([]byte(c.member))
 	} else if de, ok := wire.AsDecodeError(err); ok && de.ID != "" {
 		res = &wire.Result{ID: de.ID, Payload: wire.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: wire.CodeInferenceError, ErrorMessage: text}
 	}
 	t.log.Error("dead-lettering a request that kept losing its lease", "queue", s.q.Name, "deliveries", c.deliveries-1)
 	var err error
 	if res != nil {
-		id, tok := upstreamKeysOf([]byte(c.member))
-		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: id, reqToken: tok})
+		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: reqID, reqToken: reqToken})
 	} else {
 		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'd', token: c.token, dead: []byte(c.member)})
 	}
