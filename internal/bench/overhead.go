@@ -52,11 +52,11 @@ func runOverhead(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer gw.close()
-	p, err := producer.Dial(r.URL, producer.Config{})
+	p, pc, err := benchProducer(r.URL)
 	if err != nil {
 		return nil, err
 	}
-	defer p.Close()
+	defer pc.Close()
 
 	per := map[string][]float64{}
 	for range o.runs {

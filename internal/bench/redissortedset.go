@@ -42,11 +42,11 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer sim.Close()
-	p, err := producer.Dial(r.URL, producer.Config{})
+	p, pc, err := benchProducer(r.URL)
 	if err != nil {
 		return nil, err
 	}
-	defer p.Close()
+	defer pc.Close()
 	reqs := make([]*wire.Request, n)
 	dl := time.Now().Add(time.Hour)
 	for i := range reqs {
@@ -131,4 +131,17 @@ func waitResults(ctx context.Context, c *redis.Client, list string, n int, start
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// benchProducer is the producer library on a client whose timeouts allow a
+// large pipelined enqueue on a busy machine (the default 3 s does not
+// always); close the client when done.
+func benchProducer(url string) (*producer.Producer, *redis.Client, error) {
+	ro, err := rss.RedisOptions(url, rss.Options{})
+	if err != nil {
+		return nil, nil, err
+	}
+	ro.ReadTimeout, ro.WriteTimeout = time.Minute, time.Minute
+	c := redis.NewClient(ro)
+	return producer.New(c, producer.Config{}), c, nil
 }
