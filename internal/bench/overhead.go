@@ -38,7 +38,9 @@ import (
 //   - trickle: 500 req/s, one Enqueue each, into a queue that was idle long
 //     enough for the claim loop to reach its longest idle wait;
 //   - zadd: the trickle again, written with a plain ZADD (upstream's
-//     producers: no wake-up), so the figures show the fallback.
+//     producers: no wake-up), so the figures show the fallback (the poll);
+//   - zadd_keyspace: the same with the server's keyspace notifications on
+//     (notify-keyspace-events Kz), which wake the claim loop.
 //
 // Figures are p50/p99/max in ms per load, medians over the runs.
 func runOverhead(ctx context.Context, o options) (figures, error) {
@@ -81,6 +83,7 @@ const (
 	phaseHalf
 	phaseTrickle
 	phaseZadd
+	phaseZaddKeyspace
 	phases
 )
 
@@ -139,8 +142,18 @@ func overheadRun(ctx context.Context, url string, gw *stampGateway, p *producer.
 		{"half", phaseHalf, rate / 2, 0, func(ctx context.Context, rs []*wire.Request) error { return p.EnqueueMany(ctx, q, rs) }},
 		{"trickle", phaseTrickle, 500, 1500 * time.Millisecond, func(ctx context.Context, rs []*wire.Request) error { return p.EnqueueMany(ctx, q, rs) }},
 		{"zadd", phaseZadd, 500, 1500 * time.Millisecond, func(ctx context.Context, rs []*wire.Request) error { return plainZadd(ctx, c, q, rs) }},
+		{"zadd_keyspace", phaseZaddKeyspace, 500, 1500 * time.Millisecond, func(ctx context.Context, rs []*wire.Request) error { return plainZadd(ctx, c, q, rs) }},
 	}
+	defer c.ConfigSet(context.WithoutCancel(ctx), "notify-keyspace-events", "")
 	for _, l := range loads {
+		events := ""
+		if l.phase == phaseZaddKeyspace {
+			events = "Kz"
+		}
+		if err := c.ConfigSet(ctx, "notify-keyspace-events", events).Err(); err != nil {
+			_ = stop()
+			return nil, err
+		}
 		if !sleep(ctx, l.idle) {
 			_ = stop()
 			return nil, ctx.Err()
