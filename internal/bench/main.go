@@ -41,6 +41,7 @@ func scenarios() []scenario {
 		{"core", runCore},
 		{"memory", runMemory},
 		{"redis-sortedset", runRedisSortedSet},
+		{"overhead", runOverhead},
 	}
 	all = append(all, transportScenarios()...)
 	all = append(all, brokerScenarios()...)

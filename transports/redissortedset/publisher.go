@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -102,9 +103,10 @@ type settleOutcome struct {
 // settler batches the settles of concurrent handlers into one script call
 // (group commit): while one call runs, the next batch gathers.
 type settler struct {
-	t    *Transport
-	keys []string
-	ch   chan settleItem
+	t     *Transport
+	keys  []string
+	ch    chan settleItem
+	dones sync.Pool // chan settleOutcome, empty, for reuse by submit
 }
 
 // maxSettleBatch bounds one settle call.
@@ -129,14 +131,34 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 }
 
 func (s *settler) submit(it settleItem) (bool, error) {
-	it.done = make(chan settleOutcome, 1)
+	done, _ := s.dones.Get().(chan settleOutcome)
+	if done == nil {
+		done = make(chan settleOutcome, 1)
+	}
+	it.done = done
 	select {
 	case s.ch <- it:
 	case <-s.t.closing:
+		s.dones.Put(done)
 		return false, ErrClosed
 	}
-	o := <-it.done
+	o := <-done // run sends exactly once per item: done is empty again
+	s.dones.Put(done)
 	return o.ok, o.err
+}
+
+// modeArg is the settle script's mode argument for mode (a constant, so
+// passing it costs no allocation).
+func modeArg(mode byte) string {
+	switch mode {
+	case 'r':
+		return "r"
+	case 'd':
+		return "d"
+	case 'b':
+		return "b"
+	}
+	return string(mode)
 }
 
 func (s *settler) run() {
@@ -162,7 +184,7 @@ func (s *settler) run() {
 		}
 		args = args[:0]
 		for _, it := range batch {
-			args = append(args, string(it.mode), it.token, it.result, it.dead, it.reqID, it.reqToken)
+			args = append(args, modeArg(it.mode), it.token, it.result, it.dead, it.reqID, it.reqToken)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := keys.Settle.Run(ctx, s.t.client, s.keys, args...).Int64Slice()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,8 +98,13 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 }
 
 // Open starts the queue's heartbeat and reclaim loops (once per queue),
-// registers the queue for `sluice queues`, and listens to the queue's notify
-// channel so that a producer's enqueue ends an idle wait at once.
+// registers the queue for `sluice queues`, and listens for new work so that
+// an enqueue ends an idle wait at once: on the queue's notify channel
+// (written by the producer library, `sluice enqueue`, hand-backs and
+// reclaims) and on the queue key's keyspace channel, whose "zadd" events
+// the server publishes for any producer (upstream's plain ZADD) when its
+// notify-keyspace-events include K and z. Without either, the idle poll
+// finds the work.
 func (s *source) Open(ctx context.Context) error {
 	t := s.t
 	select {
@@ -118,7 +124,9 @@ func (s *source) Open(ctx context.Context) error {
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
 	s.idle = minIdle
-	ps := t.client.Subscribe(ctx, s.qs.k.Notify)
+	keyspace := keyspaceChannel(t.client.Options().DB, s.q.Name)
+	t.checkKeyspaceEvents(ctx, s.q.Name)
+	ps := t.client.Subscribe(ctx, s.qs.k.Notify, keyspace)
 	s.bg.Add(2)
 	go func() {
 		defer s.bg.Done()
@@ -130,8 +138,10 @@ func (s *source) Open(ctx context.Context) error {
 	}()
 	go func() {
 		defer s.bg.Done()
-		for range ps.Channel() {
-			s.signal()
+		for m := range ps.Channel() {
+			if m.Channel != keyspace || m.Payload == "zadd" {
+				s.signal()
+			}
 		}
 		s.signal() // closed: let a waiting loop look again (and find the transport closing)
 	}()
@@ -255,22 +265,54 @@ func (s *source) giveUp(c claimed) {
 	text := fmt.Sprintf("gave up after %d deliveries: each time the lease expired before a result was written (max_deliveries %d)",
 		c.deliveries-1, t.opts.MaxDeliveries)
 	var res *wire.Result
+	var reqID, reqToken string
 	if req, err := wire.Decode([]byte(c.member)); err == nil {
 		res = wire.ErrorResult(req, wire.CodeInferenceError, text)
+		reqID, reqToken = upstreamKeysOf([]byte(c.member))
 	} else if de, ok := wire.AsDecodeError(err); ok && de.ID != "" {
 		res = &wire.Result{ID: de.ID, Payload: wire.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: wire.CodeInferenceError, ErrorMessage: text}
 	}
 	t.log.Error("dead-lettering a request that kept losing its lease", "queue", s.q.Name, "deliveries", c.deliveries-1)
 	var err error
 	if res != nil {
-		id, tok := upstreamKeysOf([]byte(c.member))
-		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: id, reqToken: tok})
+		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: reqID, reqToken: reqToken})
 	} else {
 		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'd', token: c.token, dead: []byte(c.member)})
 	}
 	if err != nil {
 		t.log.Error("dead-lettering failed; the lease will expire and the request come back", "queue", s.q.Name, "err", err)
 	}
+}
+
+// keyspaceChannel is the keyspace notification channel of key in database db.
+func keyspaceChannel(db int, key string) string {
+	return "__keyspace@" + strconv.Itoa(db) + "__:" + key
+}
+
+// checkKeyspaceEvents logs, once per queue opened, whether the server
+// publishes the keyspace events that wake an idle claim loop when a
+// producer writes with a plain ZADD. A server that refuses CONFIG GET
+// (managed Redis) is not asked again; the subscription costs nothing when
+// the events are off.
+func (t *Transport) checkKeyspaceEvents(ctx context.Context, queue string) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	v, err := t.client.ConfigGet(cctx, "notify-keyspace-events").Result()
+	if err != nil {
+		t.log.Debug("cannot read notify-keyspace-events; plain ZADDs wake the claim loop only if the server publishes keyspace events", "queue", queue, "err", err)
+		return
+	}
+	if flags := v["notify-keyspace-events"]; !keyspaceZsetEvents(flags) {
+		t.log.Info("keyspace notifications for sorted sets are off: requests written with a plain ZADD (not the producer library or `sluice enqueue`) wait for the idle poll; set notify-keyspace-events to include K and z (e.g. Kz) to wake the claim loop at once",
+			"queue", queue, "notify_keyspace_events", flags, "poll_interval_ms", t.opts.PollIntervalMS)
+	}
+}
+
+// keyspaceZsetEvents reports whether notify-keyspace-events flags make the
+// server publish sorted-set events on keyspace channels: K, and z or A
+// (every class but key-miss and new-key).
+func keyspaceZsetEvents(flags string) bool {
+	return strings.ContainsRune(flags, 'K') && strings.ContainsAny(flags, "zA")
 }
 
 // redisNil reports a missing key.

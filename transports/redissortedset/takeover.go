@@ -1,7 +1,6 @@
 package redissortedset
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -52,20 +51,12 @@ const (
 	metaRequestToken = "sluice_request_token"
 )
 
-var requestTokenMember = []byte(`"request_token"`)
-
 // upstreamKeysOf returns the id and request token of an envelope that
-// carries one (upstream's producer writes them); "" otherwise. Messages
-// without the member name anywhere (flat requests) cost one byte search.
+// carries one (upstream's producer writes them); "" otherwise. It reads only
+// those two members (wire.RequestToken), not the whole request: the core
+// decodes the message once, later.
 func upstreamKeysOf(msg []byte) (id, token string) {
-	if !bytes.Contains(msg, requestTokenMember) {
-		return "", ""
-	}
-	r, err := wire.Decode(msg)
-	if err != nil || r.Token == "" {
-		return "", ""
-	}
-	return r.ID, r.Token
+	return wire.RequestToken(msg)
 }
 
 // envelopeRoute is what routes an entry of upstream's retry set: the

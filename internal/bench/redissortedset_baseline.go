@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/wire"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+)
+
+// The redis-sortedset scenario's baseline: the fastest plain loop we could
+// write doing the same crash-safe work as sluice, without any framework.
+//
+// baseWorkers goroutines each loop: one Lua call moves up to baseBatch
+// members from the queue into a lease set (token → expiry, Redis clock)
+// and a lease hash (token → member); each member is decoded and POSTed to
+// the gateway in turn; then one Lua call writes the batch's results and
+// removes its leases, each item fenced by its lease token (a lease that was
+// lost writes nothing). Per message that is 1/baseBatch of two Redis round
+// trips and one HTTP call; there is no credit accounting, gate, cancel
+// check, retry, heartbeat or metrics.
+//
+// 256 goroutines × 32 is the shape the issue measured at ~30,000 msg/s on
+// a quiet machine. On the shared 2-core bench machine, interleaved runs of
+// 64×32, 128×32, 256×16, 256×32 and 512×32 were within the noise of each
+// other (load average 15-25 from other work), so none was reliably
+// faster; benchBaselineRedisWith takes the shape as parameters to re-check.
+const (
+	baseWorkers = 256
+	baseBatch   = 32
+	baseLeaseMS = 15000
+)
+
+var (
+	// KEYS: queue, leases, leased; ARGV: n, token prefix.
+	// returns: {token, member, ...}
+	baseClaim = redis.NewScript(`
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ` + strconv.Itoa(baseLeaseMS) + `
+local p = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
+local out, h, z = {}, {}, {}
+for i = 1, #p, 2 do
+  local tok = ARGV[2] .. i
+  h[#h + 1] = tok; h[#h + 1] = p[i]
+  z[#z + 1] = exp; z[#z + 1] = tok
+  out[#out + 1] = tok; out[#out + 1] = p[i]
+end
+if #p > 0 then
+  redis.call('HSET', KEYS[3], unpack(h))
+  redis.call('ZADD', KEYS[2], unpack(z))
+end
+return out
+`)
+	// KEYS: leases, leased, results; ARGV: token, result, ...
+	// returns: how many results were written (leases still held).
+	baseSettle = redis.NewScript(`
+local res = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    res[#res + 1] = ARGV[i + 1]
+  end
+end
+if #res > 0 then redis.call('LPUSH', KEYS[3], unpack(res)) end
+return #res
+`)
+)
+
+// benchBaselineRedis drains n requests from the bench queue with the plain
+// loop and returns requests per second (from start to the last result
+// written).
+func benchBaselineRedis(ctx context.Context, c *redis.Client, gw string, n int) (float64, error) {
+	return benchBaselineRedisWith(ctx, c, gw, n, baseWorkers, baseBatch)
+}
+
+// benchBaselineRedisWith is the loop with workers goroutines claiming up to
+// batch members at once.
+func benchBaselineRedisWith(ctx context.Context, c *redis.Client, gw string, n, workers, batch int) (float64, error) {
+	q := rss.RequestQueueName("bench")
+	ks := []string{q, q + ":base-leases", q + ":base-leased"}
+	results := rss.ResultQueueName("bench", "")
+	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
+	client := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	if err := baseClaim.Load(ctx, c).Err(); err != nil {
+		return 0, err
+	}
+	if err := baseSettle.Load(ctx, c).Err(); err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		done     atomic.Int64
+		seq      atomic.Int64
+		firstErr error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		cancel()
+	}
+	url := gw + "/v1/completions"
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			args := make([]any, 0, 2*batch)
+			for rctx.Err() == nil {
+				prefix := "base:" + strconv.FormatInt(seq.Add(1), 36) + ":"
+				got, err := baseClaim.EvalSha(rctx, c, ks, batch, prefix).StringSlice()
+				if err != nil {
+					fail(fmt.Errorf("claim: %w", err))
+					return
+				}
+				if len(got) == 0 {
+					return // the queue was filled beforehand: empty means drained
+				}
+				args = args[:0]
+				for i := 0; i+1 < len(got); i += 2 {
+					req, err := wire.Decode([]byte(got[i+1]))
+					if err != nil {
+						fail(err)
+						return
+					}
+					hr, _ := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(req.Payload))
+					hr.Header.Set("Content-Type", "application/json")
+					resp, err := client.Do(hr)
+					if err != nil {
+						fail(err)
+						return
+					}
+					body, err := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if err != nil {
+						fail(err)
+						return
+					}
+					res := wire.Result{ID: req.ID, StatusCode: resp.StatusCode, Payload: string(body), Metadata: req.Metadata}
+					args = append(args, got[i], res.Marshal())
+				}
+				w, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], results}, args...).Int64()
+				if err != nil {
+					fail(fmt.Errorf("settle: %w", err))
+					return
+				}
+				done.Add(w)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
+		return 0, firstErr
+	}
+	if got := done.Load(); got < int64(n) {
+		return 0, fmt.Errorf("baseline finished %d of %d", got, n)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
