@@ -65,19 +65,21 @@ func (a *App) build(o Options) error {
 		d = o.Dispatcher
 	}
 	a.pipe, err = pipeline.New(pipeline.Config{
-		Transport:      a.transport,
-		Dispatcher:     d,
-		Queues:         queues,
-		Pools:          pools,
-		Priority:       prio,
-		Transforms:     a.transform,
-		GateTimeout:    a.cfg.RequestTimeout.D(),
-		Retry:          retryPolicy(a.cfg),
-		DrainTimeout:   a.cfg.DrainTimeout.D(),
-		DepthInterval:  a.cfg.BacklogPollInterval.D(),
-		Metrics:        m,
-		Logger:         a.log,
-		TracerProvider: tracer,
+		Transport:           a.transport,
+		Dispatcher:          d,
+		Queues:              queues,
+		Pools:               pools,
+		Priority:            prio,
+		Transforms:          a.transform,
+		GateTimeout:         a.cfg.RequestTimeout.D(),
+		Retry:               retryPolicy(a.cfg),
+		DrainTimeout:        a.cfg.DrainTimeout.D(),
+		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
+		ResultHandBackDelay: a.cfg.ResultHandBackDelay.D(),
+		DepthInterval:       a.cfg.BacklogPollInterval.D(),
+		Metrics:             m,
+		Logger:              a.log,
+		TracerProvider:      tracer,
 	})
 	return err
 }

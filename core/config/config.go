@@ -79,6 +79,13 @@ type Config struct {
 	// DrainTimeout is how long requests in flight may finish on shutdown
 	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
+	// ResultWriteTimeout is how long writing a result is retried while the
+	// request is held (0: the default, 5m); then the request is handed back
+	// with its result kept, so it is not sent to the gateway again.
+	ResultWriteTimeout Duration `json:"result_write_timeout,omitempty"`
+	// ResultHandBackDelay is when a request handed back with its result
+	// kept comes back to be written again (0: the default, 30s).
+	ResultHandBackDelay Duration `json:"result_hand_back_delay,omitempty"`
 	// MergePolicy is upstream's request merge policy
 	// (--request-merge-policy-config-file): how a worker pool's workers are
 	// shared by its queues, and the fairness header.
@@ -586,6 +593,12 @@ func (c *Config) Validate(k Known) error {
 	}
 	if c.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")
+	}
+	if c.ResultWriteTimeout < 0 {
+		add("result_write_timeout", "must not be negative")
+	}
+	if c.ResultHandBackDelay < 0 {
+		add("result_hand_back_delay", "must not be negative")
 	}
 	for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
 		if port < -1 || port > 65535 {

@@ -70,6 +70,16 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 					}
 				}
 				d.Req = req
+				if req.KeptResult != nil {
+					// Answered by an earlier delivery whose result could not be
+					// written: write that result, do not call the gateway again.
+					if res, rerr := wire.DecodeResult(req.KeptResult); rerr == nil && res.ID == req.ID {
+						out := Finish(d, res)
+						d.kept = true
+						return out, nil
+					}
+					log.Warn("ignoring a kept result that does not decode or answers another id; handling the request anew", "queue", d.Queue.ID, "id", req.ID)
+				}
 				return next(m)
 			}
 			de, ok := wire.AsDecodeError(err)

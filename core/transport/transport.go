@@ -14,17 +14,29 @@
 //   - Requeuer: delayed re-queue for retries and deferrals (without it the
 //     core holds the message in its own timer heap, DelayQueue, which holds no
 //     worker but does not survive a crash);
+//
 //   - CancelChecker and CancelWatcher: cancellation before and during dispatch;
+//
 //   - DepthReporter: queue depths for metrics and `sluice queues`;
+//
 //   - DeadLetterer: a place for messages that cannot even be answered;
+//
 //   - EventCounter: transport-specific counts for metrics;
+//
 //   - HealthChecker: the broker probe behind /readyz.
+//
+//   - HoldLimiter: how long a delivery may be held (a lease the broker stops
+//     extending), which bounds how long the core retries writing a result.
 //
 // Ack means "done with this delivery": the result (if any) was published, or
 // the message was re-queued through Requeue or dead-lettered. Nack means
 // "hand it back": the transport must make it available again (at once)
-// without losing it; the core nacks on shutdown and when writing a result
-// failed. transporttest is the conformance suite every transport passes.
+// without losing it. The core nacks on shutdown, and when a result could
+// neither be written (retried with a backoff for as long as the delivery may
+// be held) nor handed back through Requeue with the result kept in the
+// message (wire.WithKeptResult), so that a result that cannot be written
+// never makes the core call the gateway again in a hot loop.
+// transporttest is the conformance suite every transport passes.
 //
 // Implementations live in transports/; cmd/sluice chooses them.
 package transport
@@ -86,6 +98,18 @@ type Requeuer interface {
 	// count) due again at due, replacing delivery m. After it returns nil the
 	// core acks m; the transport must not deliver m's old bytes again.
 	Requeue(ctx context.Context, q Queue, m *message.Message, payload []byte, due time.Time) error
+}
+
+// HoldLimiter is implemented by transports that can hold a delivery only
+// for a bounded time after it was claimed: a lease the broker extends up to
+// a limit (Pub/Sub's max extension). The core retries writing a result for
+// at most that long (less a margin) before it hands the delivery back.
+// Transports without it hold a delivery for as long as the process runs
+// (their leases are renewed by a heartbeat, or live in memory).
+type HoldLimiter interface {
+	// MaxHold returns how long a delivery of q may be held after its
+	// claim; 0 means no limit.
+	MaxHold(q Queue) time.Duration
 }
 
 // ResultRouter is implemented by transports whose result publisher writes
