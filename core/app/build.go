@@ -75,6 +75,7 @@ func (a *App) build(o Options) error {
 		Retry:               retryPolicy(a.cfg),
 		DrainTimeout:        a.cfg.DrainTimeout.D(),
 		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
+		Limits:              a.cfg.Limits,
 		ResultHandBackDelay: a.cfg.ResultHandBackDelay.D(),
 		DepthInterval:       a.cfg.BacklogPollInterval.D(),
 		Metrics:             m,

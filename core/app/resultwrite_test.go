@@ -199,4 +199,3 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 	}
 	return sum
 }
-

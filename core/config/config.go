@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
@@ -107,6 +108,9 @@ type Config struct {
 	// StatusPage serves the live status page (GET / and /status.json,
 	// core/status) on the metrics port (default true; see StatusPageEnabled).
 	StatusPage *bool `json:"status_page,omitempty"`
+	// Limits bound what one request may carry (zero fields: the defaults
+	// of wire.Limits; negative: off).
+	Limits wire.Limits `json:"limits"`
 	// Retry is the backoff of retryable failures.
 	Retry Retry `json:"retry"`
 	// Dispatch configures the HTTP calls to the gateway.

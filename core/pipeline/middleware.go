@@ -97,6 +97,20 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 	}
 }
 
+// Limit answers INVALID_REQUEST, naming the limit, for a request over one
+// of limits (wire.Limits.Check), before anything else is done with it.
+func Limit(limits wire.Limits) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			if err := limits.Check(d.Req); err != nil {
+				return Fail(d, wire.CodeInvalidRequest, err.Error()), nil
+			}
+			return next(m)
+		}
+	}
+}
+
 // Deadline answers DEADLINE_EXCEEDED for a request whose deadline passed
 // before dispatch. It adds no context of its own: the steps that can block
 // are bounded by the deadline where they run (the HTTP call by
@@ -349,7 +363,9 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 			switch {
 			case errors.Is(o.Err, dispatch.ErrInvalidEndpoint):
 				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
-			case errors.Is(o.Err, dispatch.ErrResponseTooLarge) || o.StatusCode == 0:
+			case errors.Is(o.Err, dispatch.ErrResponseTooLarge):
+				return Fail(d, wire.CodeInferenceError, fmt.Sprintf("%v (limit: dispatch.max_response_bytes)", o.Err)), nil
+			case o.StatusCode == 0:
 				return Fail(d, wire.CodeInferenceError, fmt.Sprint(o.Err)), nil
 			}
 			// A non-retryable answer (4xx other than 429), empty body or not:

@@ -51,6 +51,7 @@ import (
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Queue is one queue of the pipeline: the transport's queue (names and
@@ -112,6 +113,8 @@ type Config struct {
 	// ResultHandBackDelay is when a request handed back with its result
 	// kept comes back (default 30s; at shutdown: at once).
 	ResultHandBackDelay time.Duration
+	// Limits bound what a request may carry (zero fields: wire's defaults).
+	Limits wire.Limits
 	// HandBackTimeout bounds the wait for cancelled requests to be handed
 	// back after the drain (default 10s).
 	HandBackTimeout time.Duration
@@ -141,6 +144,7 @@ func (c *Config) setDefaults() {
 	if c.HandBackTimeout <= 0 {
 		c.HandBackTimeout = 10 * time.Second
 	}
+	c.Limits.SetDefaults()
 	if c.GaugeInterval <= 0 {
 		c.GaugeInterval = 2 * time.Second
 	}
@@ -412,6 +416,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 			Recover(q, work, p.deadLetter, p.log),
 			Metrics(q),
 			Decode(p.deadLetter, p.log),
+			Limit(p.cfg.Limits),
 		}
 		if p.cfg.TracerProvider != nil {
 			chain = append(chain, Trace(p.cfg.TracerProvider))
