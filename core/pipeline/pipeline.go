@@ -353,7 +353,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.watchCancellations(work)
 	routerDone, err := p.startRouter(ctx, router)
 	if err != nil {
-		return err
+		// Nothing was claimed: release the transport's clients and report why.
+		return errors.Join(err, p.cfg.Transport.Close())
 	}
 	p.ready.Store(true)
 	p.log.Info("pipeline running", "queues", len(p.queues))
