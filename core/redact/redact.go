@@ -137,4 +137,3 @@ func attr(a slog.Attr) slog.Attr {
 }
 
 var credKey = regexp.MustCompile(`(?i)^` + credName + `$`)
-
