@@ -158,7 +158,15 @@ func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
-	return transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log, RedisURL: cfg.RedisURL})
+	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL}
+	if t := cfg.RedisTLS; t != (config.TLS{}) {
+		tc, err := dispatch.TLSConfig{CACert: t.CACert, Cert: t.Cert, Key: t.Key, InsecureSkipVerify: t.InsecureSkipVerify}.Build()
+		if err != nil {
+			return nil, fmt.Errorf("redis_tls: %w", err)
+		}
+		env.RedisTLS = tc
+	}
+	return transports.New(cfg.Transport, cfg.TransportConfig.Options, env)
 }
 
 // gateEvents reads what the gates count on their own, by gate name.

@@ -121,6 +121,10 @@ type Config struct {
 	TLS TLS `json:"tls"`
 	// RedisURL is the deployment's Redis (REDIS_URL); used by Redis transports and gates.
 	RedisURL string `json:"redis_url,omitempty"`
+	// RedisTLS is the TLS of rediss:// connections of the redis-stream and
+	// redis-pubsub transports: CAs to trust, a client certificate (mutual
+	// TLS), and insecure_skip_verify (off by default; testing only).
+	RedisTLS TLS `json:"redis_tls"`
 	// Log configures the structured logs.
 	Log Log `json:"log"`
 	// Tracing configures OpenTelemetry tracing (off unless an endpoint is set).
@@ -481,7 +485,8 @@ type Prometheus struct {
 	CacheTTL Duration `json:"cache_ttl,omitempty"`
 }
 
-// TLS configures gateway calls over https.
+// TLS configures gateway calls over https (tls), or Redis connections over
+// rediss:// (redis_tls).
 type TLS struct {
 	CACert             string `json:"ca_cert,omitempty"`
 	Cert               string `json:"cert,omitempty"`
@@ -632,7 +637,11 @@ func (c *Config) Validate(k Known) error {
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
 		add("tls", "cert and key go together")
 	}
-	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}} {
+	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
+		add("redis_tls", "cert and key go together")
+	}
+	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key},
+		{"redis_tls.ca_cert", c.RedisTLS.CACert}, {"redis_tls.cert", c.RedisTLS.Cert}, {"redis_tls.key", c.RedisTLS.Key}} {
 		if f.path != "" {
 			if _, err := os.Stat(f.path); err != nil {
 				add(f.where, "%v", err)

@@ -43,6 +43,7 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -168,6 +169,12 @@ type Env struct {
 	Logger *slog.Logger
 	// RedisURL is the deployment's Redis URL (REDIS_URL or --redis.url / --redis.url-file).
 	RedisURL string
+	// RedisTLS, when set, is the TLS configuration of rediss:// connections
+	// (the deployment's redis_tls: CAs to trust, a client certificate); a
+	// Redis transport uses it, with the URL's host as server name, for a
+	// rediss:// URL. nil: go-redis's default (the system's CAs, no client
+	// certificate).
+	RedisTLS *tls.Config
 }
 
 // Factory builds a transport from its options (the transport config object
@@ -213,6 +220,21 @@ func DecodeOptions(options json.RawMessage, dst any) error {
 		return fmt.Errorf("transport options: %w", err)
 	}
 	return nil
+}
+
+// RedisTLSFor returns the TLS configuration of a Redis connection given the
+// one go-redis parsed from its URL (nil for redis://, else one naming the
+// URL's host): env.RedisTLS with that server name when both are set, else
+// parsed.
+func (env Env) RedisTLSFor(parsed *tls.Config) *tls.Config {
+	if parsed == nil || env.RedisTLS == nil {
+		return parsed
+	}
+	c := env.RedisTLS.Clone()
+	if c.ServerName == "" {
+		c.ServerName = parsed.ServerName
+	}
+	return c
 }
 
 // NopCloserPublisher wraps a publisher so that Close leaves it open; use it
