@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redispubsub"
+	"github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redisstream"
 )
 
@@ -37,6 +38,13 @@ func TestUnwritableResultIsNotReinferred(t *testing.T) {
 				t.Fatal(err)
 			}
 			return tp, redisstream.Name
+		}},
+		{"redis-sortedset", func(t *testing.T) (transport.Transport, string) {
+			tp, err := redissortedset.New(redissortedset.Options{URL: srv.URL, ResultRetryMS: 200}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tp, redissortedset.Name
 		}},
 		{"redis-pubsub", func(t *testing.T) (transport.Transport, string) {
 			tp, err := redispubsub.New(redispubsub.Options{URL: srv.URL, ResultMode: redispubsub.ResultList,
@@ -93,6 +101,14 @@ func testUnwritableResult(t *testing.T, url string, tp transport.Transport, name
 		publishRetrying(t, rp, transport.Queue{Name: queue}, request(id, far, nil))
 	}
 	// Every request was answered and its write failed at least once...
+	defer func() {
+		if t.Failed() {
+			t.Logf("gateway calls of %s-0: %d; results_total %v; write errors %v; result key type %s",
+				name, len(gw.attempts(name+"-0")), counterValue(t, reg, "sluice_results_total", "", ""),
+				counterValue(t, reg, "sluice_result_write_errors_total", "", ""), rc.Type(ctx, results).Val())
+			t.Logf("keys %v", rc.Keys(ctx, "*").Val())
+		}
+	}()
 	waitUntil(t, 20*time.Second, "a failed write per request", func() bool {
 		return counterValue(t, reg, "sluice_result_write_errors_total", "", "") >= n
 	})
