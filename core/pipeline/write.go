@@ -114,28 +114,10 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 	if w.routes && d != nil && d.Req != nil && d.Req.ResultQueueName != "" {
 		topic = d.Req.ResultQueueName
 	}
-	first := true
-	publish := func() (struct{}, error) {
-		if !first && d != nil {
-			d.mq().ResultWriteErrors.Inc()
-		}
-		first = false
-		return struct{}{}, w.pub.Publish(topic, out...)
+	err := w.pub.Publish(topic, out...) // the common case: no backoff state at all
+	if err != nil {
+		err = w.retry(m, d, topic, out, err)
 	}
-	exp := backoff.NewExponentialBackOff()
-	exp.InitialInterval, exp.MaxInterval = resultBackoffInitial, resultBackoffMax
-	opts := []backoff.RetryOption{
-		backoff.WithBackOff(exp),
-		backoff.WithNotify(func(err error, next time.Duration) {
-			w.logFailure("cannot write a result; keeping it and retrying", topic, err, "retry_in", next.Round(time.Millisecond).String())
-		}),
-	}
-	if b := w.budget(m); b > 0 {
-		opts = append(opts, backoff.WithMaxElapsedTime(b))
-	} else {
-		opts = append(opts, backoff.WithMaxTries(1)) // no time left to hold it: one try
-	}
-	_, err := backoff.Retry(w.work, publish, opts...)
 	if err == nil {
 		if d != nil && d.Result != nil {
 			code := d.resultCode
@@ -146,9 +128,6 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 		}
 		transport.Ack(m)
 		return nil
-	}
-	if d != nil {
-		d.mq().ResultWriteErrors.Inc()
 	}
 	due := time.Now().Add(w.p.cfg.ResultHandBackDelay)
 	if w.work.Err() != nil {
@@ -165,6 +144,38 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 	d.mq().HandedBack.Inc()
 	transport.Ack(m)
 	return nil
+}
+
+// retry retries publishing out after its first failure, err, with the
+// backoff, for as long as m may be held; it returns nil once written.
+func (w *resultWriter) retry(m *message.Message, d *Delivery, topic string, out []*message.Message, err error) error {
+	failed := func() {
+		if d != nil {
+			d.mq().ResultWriteErrors.Inc()
+		}
+	}
+	failed()
+	w.logFailure("cannot write a result; keeping it and retrying", topic, err)
+	publish := func() (struct{}, error) {
+		err := w.pub.Publish(topic, out...)
+		if err != nil {
+			failed()
+		}
+		return struct{}{}, err
+	}
+	exp := backoff.NewExponentialBackOff()
+	exp.InitialInterval, exp.MaxInterval = resultBackoffInitial, resultBackoffMax
+	b := w.budget(m)
+	if b <= 0 {
+		return err // no time left to hold it
+	}
+	_, err = backoff.Retry(w.work, publish,
+		backoff.WithBackOff(exp),
+		backoff.WithMaxElapsedTime(b),
+		backoff.WithNotify(func(err error, next time.Duration) {
+			w.logFailure("cannot write a result; keeping it and retrying", topic, err, "retry_in", next.Round(time.Millisecond).String())
+		}))
+	return err
 }
 
 // handBackKept re-queues d's request with its result kept, due at due.
