@@ -34,6 +34,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice/core/redact"
 )
 
 // Set by the linker: -ldflags "-X main.version=..."
@@ -52,7 +54,7 @@ func main() {
 		if errors.As(err, &ee) {
 			os.Exit(ee.code)
 		}
-		fmt.Fprintln(os.Stderr, "sluice:", err)
+		fmt.Fprintln(os.Stderr, "sluice:", redact.Error(err)) // every subcommand: no URL password on stderr
 		if len(os.Args) == 1 {
 			fmt.Fprintln(os.Stderr, "sluice: run with no arguments, sluice starts as upstream's llm-d-async does; \"sluice help\" lists the subcommands")
 		}

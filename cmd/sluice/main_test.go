@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/sluice-io/sluice/core/config"
 )
 
 // run executes the CLI with args and returns its stdout and error.
@@ -160,5 +162,33 @@ func TestSubcommandsDocumented(t *testing.T) {
 		if !strings.Contains(string(readme), "| `sluice "+c.Name()) {
 			t.Errorf("README's Commands table lacks %q", c.Name())
 		}
+	}
+}
+
+func TestSecretFlags(t *testing.T) {
+	p := writeFile(t, "prom", "https://user:pw@prom:9090\n")
+	f := &serveFlags{}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse([]string{"--prometheus-url-file", p, "--redis.tls-ca-cert", "ca.pem", "--redis.tls-cert", "c.pem",
+		"--redis.tls-key", "c.key", "--redis.tls-insecure-skip-verify"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := f.load(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.TLS{CACert: "ca.pem", Cert: "c.pem", Key: "c.key", InsecureSkipVerify: true}
+	if cfg.Prometheus.URL != "https://user:pw@prom:9090" || cfg.RedisTLS != want {
+		t.Errorf("prometheus url %q, redis tls %+v", cfg.Prometheus.URL, cfg.RedisTLS)
+	}
+	f = &serveFlags{}
+	fs = pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f.register(fs)
+	if err := fs.Parse([]string{"--prometheus-url-file", p + ".missing"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.load(fs); err == nil || !strings.Contains(err.Error(), "--prometheus-url-file") {
+		t.Errorf("missing file: %v", err)
 	}
 }

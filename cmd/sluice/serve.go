@@ -33,6 +33,8 @@ type serveFlags struct {
 	tlsInsecure         bool
 	redisURL            string
 	redisURLFile        string
+	redisTLS            config.TLS
+	prometheusURLFile   string
 	retryBase           time.Duration
 	retryMax            time.Duration
 	retryMaxAttempts    int
@@ -72,6 +74,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.tlsInsecure, "tls-insecure-skip-verify", false, "do not verify the gateway's certificate (testing only)")
 	fs.StringVar(&f.redisURL, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
 	fs.StringVar(&f.redisURLFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
+	fs.StringVar(&f.redisTLS.CACert, "redis.tls-ca-cert", "", "CA bundle to verify the Redis server's certificate (rediss://; redis-stream and redis-pubsub)")
+	fs.StringVar(&f.redisTLS.Cert, "redis.tls-cert", "", "client certificate for Redis (mutual TLS, with --redis.tls-key)")
+	fs.StringVar(&f.redisTLS.Key, "redis.tls-key", "", "client key for Redis")
+	fs.BoolVar(&f.redisTLS.InsecureSkipVerify, "redis.tls-insecure-skip-verify", false, "do not verify the Redis server's certificate (testing only)")
+	fs.StringVar(&f.prometheusURLFile, "prometheus-url-file", "", "file holding the Prometheus URL (a mounted secret, when it carries credentials)")
 	fs.DurationVar(&f.retryBase, "retry-base", 0, "first retry backoff, doubling per attempt (default 2s)")
 	fs.DurationVar(&f.retryMax, "retry-max", 0, "backoff cap (default 60s)")
 	fs.IntVar(&f.retryMaxAttempts, "retry-max-attempts", 0, "give up after this many attempts (default 0: retry until the deadline)")
@@ -140,6 +147,10 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("tls-cert", func() { cfg.TLS.Cert = f.tlsCert })
 	set("tls-key", func() { cfg.TLS.Key = f.tlsKey })
 	set("tls-insecure-skip-verify", func() { cfg.TLS.InsecureSkipVerify = f.tlsInsecure })
+	set("redis.tls-ca-cert", func() { cfg.RedisTLS.CACert = f.redisTLS.CACert })
+	set("redis.tls-cert", func() { cfg.RedisTLS.Cert = f.redisTLS.Cert })
+	set("redis.tls-key", func() { cfg.RedisTLS.Key = f.redisTLS.Key })
+	set("redis.tls-insecure-skip-verify", func() { cfg.RedisTLS.InsecureSkipVerify = f.redisTLS.InsecureSkipVerify })
 	set("retry-base", func() { cfg.Retry.Base = config.Duration(f.retryBase) })
 	set("retry-max", func() { cfg.Retry.Max = config.Duration(f.retryMax) })
 	set("retry-max-attempts", func() { cfg.Retry.MaxAttempts = f.retryMaxAttempts })
@@ -160,6 +171,13 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	}
 	if cfg.RedisURL == "" {
 		cfg.RedisURL = os.Getenv("REDIS_URL")
+	}
+	if f.prometheusURLFile != "" {
+		data, err := os.ReadFile(f.prometheusURLFile)
+		if err != nil {
+			return nil, fmt.Errorf("--prometheus-url-file: %w", err)
+		}
+		cfg.Prometheus.URL = strings.TrimSpace(string(data))
 	}
 	warn, err := f.legacy.apply(fs, cfg, f.upstream)
 	if err != nil {

@@ -39,6 +39,7 @@ import (
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/pipeline"
+	"github.com/sluice-io/sluice/core/redact"
 	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
@@ -155,7 +156,15 @@ type App struct {
 // deployment (build.go has its steps). On error, what was built is closed,
 // including o.Transport.
 func New(cfg *config.Config, o Options) (*App, error) {
+	a, err := newApp(cfg, o)
+	return a, redact.Error(err) // a Redis URL's password never leaves in an error
+}
+
+func newApp(cfg *config.Config, o Options) (*App, error) {
 	o.setDefaults()
+	// Every log line of the deployment passes through here: URL passwords
+	// and credential values are masked (core/redact).
+	o.Logger = slog.New(redact.NewHandler(o.Logger.Handler()))
 	cfg.SetDefaults()
 	if err := cfg.Validate(o.Adapters.known(o.Transport != nil)); err != nil {
 		return nil, err
@@ -215,7 +224,7 @@ func (a *App) Run(ctx context.Context) error {
 	if err := a.listen(); err != nil {
 		a.stopServers(context.Background())
 		a.close()
-		return err
+		return redact.Error(err)
 	}
 	defer a.client.Close()
 	err := a.pipe.Run(ctx)
@@ -228,7 +237,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	a.stopServers(sctx)
 	a.closeGuard()
-	return err
+	return redact.Error(err)
 }
 
 func (a *App) stopServers(ctx context.Context) {

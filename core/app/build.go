@@ -65,19 +65,22 @@ func (a *App) build(o Options) error {
 		d = o.Dispatcher
 	}
 	a.pipe, err = pipeline.New(pipeline.Config{
-		Transport:      a.transport,
-		Dispatcher:     d,
-		Queues:         queues,
-		Pools:          pools,
-		Priority:       prio,
-		Transforms:     a.transform,
-		GateTimeout:    a.cfg.RequestTimeout.D(),
-		Retry:          retryPolicy(a.cfg),
-		DrainTimeout:   a.cfg.DrainTimeout.D(),
-		DepthInterval:  a.cfg.BacklogPollInterval.D(),
-		Metrics:        m,
-		Logger:         a.log,
-		TracerProvider: tracer,
+		Transport:           a.transport,
+		Dispatcher:          d,
+		Queues:              queues,
+		Pools:               pools,
+		Priority:            prio,
+		Transforms:          a.transform,
+		GateTimeout:         a.cfg.RequestTimeout.D(),
+		Retry:               retryPolicy(a.cfg),
+		DrainTimeout:        a.cfg.DrainTimeout.D(),
+		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
+		Limits:              a.cfg.Limits,
+		ResultHandBackDelay: a.cfg.ResultHandBackDelay.D(),
+		DepthInterval:       a.cfg.BacklogPollInterval.D(),
+		Metrics:             m,
+		Logger:              a.log,
+		TracerProvider:      tracer,
 	})
 	return err
 }
@@ -155,7 +158,15 @@ func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
-	return transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log, RedisURL: cfg.RedisURL})
+	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL}
+	if t := cfg.RedisTLS; t != (config.TLS{}) {
+		tc, err := dispatch.TLSConfig{CACert: t.CACert, Cert: t.Cert, Key: t.Key, InsecureSkipVerify: t.InsecureSkipVerify}.Build()
+		if err != nil {
+			return nil, fmt.Errorf("redis_tls: %w", err)
+		}
+		env.RedisTLS = tc
+	}
+	return transports.New(cfg.Transport, cfg.TransportConfig.Options, env)
 }
 
 // gateEvents reads what the gates count on their own, by gate name.

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
@@ -79,6 +80,13 @@ type Config struct {
 	// DrainTimeout is how long requests in flight may finish on shutdown
 	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
+	// ResultWriteTimeout is how long writing a result is retried while the
+	// request is held (0: the default, 5m); then the request is handed back
+	// with its result kept, so it is not sent to the gateway again.
+	ResultWriteTimeout Duration `json:"result_write_timeout,omitempty"`
+	// ResultHandBackDelay is when a request handed back with its result
+	// kept comes back to be written again (0: the default, 30s).
+	ResultHandBackDelay Duration `json:"result_hand_back_delay,omitempty"`
 	// MergePolicy is upstream's request merge policy
 	// (--request-merge-policy-config-file): how a worker pool's workers are
 	// shared by its queues, and the fairness header.
@@ -100,6 +108,9 @@ type Config struct {
 	// StatusPage serves the live status page (GET / and /status.json,
 	// core/status) on the metrics port (default true; see StatusPageEnabled).
 	StatusPage *bool `json:"status_page,omitempty"`
+	// Limits bound what one request may carry (zero fields: the defaults
+	// of wire.Limits; negative: off).
+	Limits wire.Limits `json:"limits"`
 	// Retry is the backoff of retryable failures.
 	Retry Retry `json:"retry"`
 	// Dispatch configures the HTTP calls to the gateway.
@@ -110,6 +121,10 @@ type Config struct {
 	TLS TLS `json:"tls"`
 	// RedisURL is the deployment's Redis (REDIS_URL); used by Redis transports and gates.
 	RedisURL string `json:"redis_url,omitempty"`
+	// RedisTLS is the TLS of rediss:// connections of the redis-stream and
+	// redis-pubsub transports: CAs to trust, a client certificate (mutual
+	// TLS), and insecure_skip_verify (off by default; testing only).
+	RedisTLS TLS `json:"redis_tls"`
 	// Log configures the structured logs.
 	Log Log `json:"log"`
 	// Tracing configures OpenTelemetry tracing (off unless an endpoint is set).
@@ -470,7 +485,8 @@ type Prometheus struct {
 	CacheTTL Duration `json:"cache_ttl,omitempty"`
 }
 
-// TLS configures gateway calls over https.
+// TLS configures gateway calls over https (tls), or Redis connections over
+// rediss:// (redis_tls).
 type TLS struct {
 	CACert             string `json:"ca_cert,omitempty"`
 	Cert               string `json:"cert,omitempty"`
@@ -587,6 +603,12 @@ func (c *Config) Validate(k Known) error {
 	if c.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")
 	}
+	if c.ResultWriteTimeout < 0 {
+		add("result_write_timeout", "must not be negative")
+	}
+	if c.ResultHandBackDelay < 0 {
+		add("result_hand_back_delay", "must not be negative")
+	}
 	for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
 		if port < -1 || port > 65535 {
 			add(name, "%d is not a port (-1 disables)", port)
@@ -615,7 +637,11 @@ func (c *Config) Validate(k Known) error {
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
 		add("tls", "cert and key go together")
 	}
-	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}} {
+	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
+		add("redis_tls", "cert and key go together")
+	}
+	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key},
+		{"redis_tls.ca_cert", c.RedisTLS.CACert}, {"redis_tls.cert", c.RedisTLS.Cert}, {"redis_tls.key", c.RedisTLS.Key}} {
 		if f.path != "" {
 			if _, err := os.Stat(f.path); err != nil {
 				add(f.where, "%v", err)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 func known() Known {
@@ -139,6 +140,9 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"zero", func(*Config) {}, ""},
 		{"negative request timeout", func(c *Config) { c.RequestTimeout = -1 }, "request_timeout: must not be negative"},
 		{"negative drain", func(c *Config) { c.DrainTimeout = -1 }, "drain_timeout: must not be negative"},
+		{"negative result write timeout", func(c *Config) { c.ResultWriteTimeout = -1 }, "result_write_timeout: must not be negative"},
+		{"negative result hand-back delay", func(c *Config) { c.ResultHandBackDelay = -1 }, "result_hand_back_delay: must not be negative"},
+		{"a limit off", func(c *Config) { c.Limits.MaxHeaders = -1 }, ""},
 		{"negative retry base", func(c *Config) { c.Retry.Base = Duration(-time.Second) }, "retry: base and max must not be negative"},
 		{"max below base", func(c *Config) { c.Retry.Base, c.Retry.Max = Duration(time.Minute), Duration(time.Second) },
 			"retry: need base ≤ max, got base 1m0s, max 1s"},
@@ -205,5 +209,23 @@ func TestResultFromMessage(t *testing.T) {
 	}
 	if b.ResultName != "own" || b.ResultFromMessage {
 		t.Errorf("queue b: result %q, from message %v; want its own, false", b.ResultName, b.ResultFromMessage)
+	}
+}
+
+func TestLimitsAndResultWriteKeys(t *testing.T) {
+	c, err := Parse([]byte(`{"limits":{"max_payload_bytes":10,"max_headers":2,"max_header_bytes":-1,"max_metadata_keys":3,"max_metadata_bytes":40},
+		"result_write_timeout":"90s","result_hand_back_delay":"5s"}`), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := wire.Limits{MaxPayloadBytes: 10, MaxHeaders: 2, MaxHeaderBytes: -1, MaxMetadataKeys: 3, MaxMetadataBytes: 40}
+	if c.Limits != want || c.ResultWriteTimeout.D() != 90*time.Second || c.ResultHandBackDelay.D() != 5*time.Second {
+		t.Errorf("got %+v %v %v", c.Limits, c.ResultWriteTimeout.D(), c.ResultHandBackDelay.D())
+	}
+}
+
+func TestLimitsUnknownKey(t *testing.T) {
+	if _, err := Parse([]byte(`{"limits":{"max_payload":1}}`), "f"); err == nil || !strings.Contains(err.Error(), "max_payload") {
+		t.Errorf("unknown limits key: %v", err)
 	}
 }

@@ -97,6 +97,9 @@ type Metrics struct {
 	GateBudget     *prometheus.GaugeVec
 	GateFailures   *prometheus.CounterVec
 	GateFailing    *prometheus.GaugeVec
+
+	// ResultWriteErrors counts failed attempts to write a result.
+	ResultWriteErrors *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them on reg.
@@ -133,9 +136,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		GateMetricThreshold: qgv(Upstream+"gate_metric_threshold", "The threshold a metric gate compares its reading with (for prometheus-saturation, 1 − threshold).", "inference_pool"),
 		GateMetricAvailable: qgv(Upstream+"gate_metric_source_available", "1 when a metric gate's last reading was usable, 0 when it fell back.", "inference_pool"),
 
-		Results:        cv("sluice_results_total", "Results written, by code: ok, http_error (a final answer ≥ 400) or the error code.", "code"),
+		Results:        cv("sluice_results_total", "Results written (once, when the write succeeded), by code: ok, http_error (a final answer ≥ 400) or the error code.", "code"),
 		DeadLettered:   cv("sluice_dead_lettered_total", "Messages without a readable id, sent to the dead-letter destination."),
-		HandedBack:     cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown, result write failure)."),
+		HandedBack:     cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown; a result that could not be written, kept in the message)."),
 		Deferred:       cv("sluice_deferred_total", "Requests a gate deferred (re-queued without counting an attempt)."),
 		GateVerdicts:   cv("sluice_gate_verdicts_total", "Per-request gate verdicts, admissions included (admit, defer, reject, wait, error).", "verdict"),
 		GatewayDropped: cv("sluice_gateway_dropped_total", "Gateway responses that carried x-llm-d-request-dropped-reason."),
@@ -148,12 +151,14 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		GateFailures:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gate_failures_total", Help: "Failed gate budget queries."}, []string{"gate"}),
 		GateFailing:    gv("sluice_gate_failing", "1 while a gate's budget queries fail (its failure policy is in force).", "gate"),
 	}
+	m.ResultWriteErrors = cv("sluice_result_write_errors_total", "Failed attempts to write a result (retried with a backoff; the request is not dispatched again).")
 	for _, c := range []prometheus.Collector{
 		m.Requests, m.Retries, m.Succeeded, m.Failed, m.Expired, m.Shedded, m.GateDecisions,
 		m.InferenceMs, m.ResidenceMs, m.MessageMs, m.QueueDepth, m.Inflight, m.BrokerBacklog, m.DispatchBudget,
 		m.PoolWorkerLimit, m.GateMetricValue, m.GateMetricThreshold, m.GateMetricAvailable,
 		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
+		m.ResultWriteErrors,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -172,6 +177,8 @@ type Queue struct {
 	InferenceMs, ResidenceMs, MessageMs, WaitMs            prometheus.Observer
 	QueueDepth, Inflight, BrokerBacklog, DispatchBudget    prometheus.Gauge
 	Claimed, Delayed, InflightMax, CreditLimit             prometheus.Gauge
+
+	ResultWriteErrors prometheus.Counter
 
 	results   map[string]prometheus.Counter
 	decisions map[string]prometheus.Counter
@@ -198,6 +205,7 @@ func (m *Metrics) For(l Labels) *Queue {
 		InflightMax: m.InflightMax.WithLabelValues(v...), CreditLimit: m.CreditLimit.WithLabelValues(v...),
 		results: map[string]prometheus.Counter{}, decisions: map[string]prometheus.Counter{}, verdicts: map[string]prometheus.Counter{},
 	}
+	q.ResultWriteErrors = m.ResultWriteErrors.WithLabelValues(v...)
 	for _, c := range ResultCodes {
 		q.results[c] = m.Results.WithLabelValues(l.values(c)...)
 	}

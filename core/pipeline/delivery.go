@@ -69,7 +69,9 @@ type Delivery struct {
 	// response).
 	DeadlineEnded bool
 
-	view *metrics.Queue // the metrics view of Req, once decoded
+	view       *metrics.Queue // the metrics view of Req, once decoded
+	kept       bool           // Result was kept by an earlier delivery (wire.Request.KeptResult)
+	resultCode string         // the code label the result is counted under once written
 }
 
 type deliveryKey struct{}

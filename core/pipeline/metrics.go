@@ -130,6 +130,10 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 			case Requeued:
 				return out, err
 			}
+			if d.kept { // answered and counted by an earlier delivery: only the write is left
+				d.resultCode = resultCode(d)
+				return out, err
+			}
 			now := time.Now()
 			if d.Req != nil && !d.Req.Created.IsZero() {
 				if !d.Dispatched.IsZero() {
@@ -140,29 +144,37 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 			if d.Result == nil {
 				return out, err
 			}
-			code := string(d.Result.ErrorCode)
 			switch d.Result.ErrorCode {
 			case wire.CodeNone:
 				switch {
 				case d.Result.OK():
 					mq.Succeeded.Inc()
-					code = "ok"
 				case d.DeadlineEnded: // retries ended by the deadline: the last answer
 					mq.Expired.Inc()
-					code = resultHTTPError
 				default: // the gateway's final answer, 400 or above
 					mq.Failed.Inc()
-					code = resultHTTPError
 				}
 			case wire.CodeDeadlineExceeded:
 				mq.Expired.Inc()
 			case wire.CodeInferenceError, wire.CodeInvalidRequest:
 				mq.Failed.Inc()
 			}
-			mq.Result(code).Inc()
+			// sluice_results_total counts the result once it is written (the settler).
+			d.resultCode = resultCode(d)
 			return out, err
 		}
 	}
+}
+
+// resultCode is the code label of d's result in sluice_results_total.
+func resultCode(d *Delivery) string {
+	if d.Result.ErrorCode != wire.CodeNone {
+		return string(d.Result.ErrorCode)
+	}
+	if d.Result.OK() {
+		return "ok"
+	}
+	return resultHTTPError // the gateway's final answer, 400 or above (or the last one at the deadline)
 }
 
 // resultHTTPError is the result label of a request answered with the

@@ -70,6 +70,16 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 					}
 				}
 				d.Req = req
+				if req.KeptResult != nil {
+					// Answered by an earlier delivery whose result could not be
+					// written: write that result, do not call the gateway again.
+					if res, rerr := wire.DecodeResult(req.KeptResult); rerr == nil && res.ID == req.ID {
+						out := Finish(d, res)
+						d.kept = true
+						return out, nil
+					}
+					log.Warn("ignoring a kept result that does not decode or answers another id; handling the request anew", "queue", d.Queue.ID, "id", req.ID)
+				}
 				return next(m)
 			}
 			de, ok := wire.AsDecodeError(err)
@@ -83,6 +93,20 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 			}
 			d.Outcome = DeadLettered
 			return nil, nil
+		}
+	}
+}
+
+// Limit answers INVALID_REQUEST, naming the limit, for a request over one
+// of limits (wire.Limits.Check), before anything else is done with it.
+func Limit(limits wire.Limits) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := From(m)
+			if err := limits.Check(d.Req); err != nil {
+				return Fail(d, wire.CodeInvalidRequest, err.Error()), nil
+			}
+			return next(m)
 		}
 	}
 }
@@ -339,7 +363,9 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 			switch {
 			case errors.Is(o.Err, dispatch.ErrInvalidEndpoint):
 				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
-			case errors.Is(o.Err, dispatch.ErrResponseTooLarge) || o.StatusCode == 0:
+			case errors.Is(o.Err, dispatch.ErrResponseTooLarge):
+				return Fail(d, wire.CodeInferenceError, fmt.Sprintf("%v (limit: dispatch.max_response_bytes)", o.Err)), nil
+			case o.StatusCode == 0:
 				return Fail(d, wire.CodeInferenceError, fmt.Sprint(o.Err)), nil
 			}
 			// A non-retryable answer (4xx other than 429), empty body or not:

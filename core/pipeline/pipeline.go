@@ -51,6 +51,7 @@ import (
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 )
 
 // Queue is one queue of the pipeline: the transport's queue (names and
@@ -104,6 +105,16 @@ type Config struct {
 	// DrainTimeout is how long requests in flight may finish after shutdown
 	// begins (default 2m).
 	DrainTimeout time.Duration
+	// ResultWriteTimeout bounds how long a delivery is held while writing
+	// its result is retried (default 5m; a transport's HoldLimiter may
+	// bound it further); then the request is handed back with the result
+	// kept (see write.go).
+	ResultWriteTimeout time.Duration
+	// ResultHandBackDelay is when a request handed back with its result
+	// kept comes back (default 30s; at shutdown: at once).
+	ResultHandBackDelay time.Duration
+	// Limits bound what a request may carry (zero fields: wire's defaults).
+	Limits wire.Limits
 	// HandBackTimeout bounds the wait for cancelled requests to be handed
 	// back after the drain (default 10s).
 	HandBackTimeout time.Duration
@@ -124,9 +135,16 @@ func (c *Config) setDefaults() {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 2 * time.Minute
 	}
+	if c.ResultWriteTimeout <= 0 {
+		c.ResultWriteTimeout = 5 * time.Minute
+	}
+	if c.ResultHandBackDelay <= 0 {
+		c.ResultHandBackDelay = 30 * time.Second
+	}
 	if c.HandBackTimeout <= 0 {
 		c.HandBackTimeout = 10 * time.Second
 	}
+	c.Limits.SetDefaults()
 	if c.GaugeInterval <= 0 {
 		c.GaugeInterval = 2 * time.Second
 	}
@@ -289,32 +307,25 @@ func (p *Pipeline) deadLetter(ctx context.Context, d *Delivery, reason string) e
 }
 
 // settler publishes the result the chain returns through the queue's
-// publisher and then settles the delivery through transport.Ack (or
-// transport.Nack when the chain or the publish failed, which hands it back),
-// which runs the claim loop's settle hook: the source settles and the credit
-// is freed. It also counts the handler as running until then, so the
-// shutdown can wait for hand-backs and for results being written. See the
-// package doc for why the router does not publish.
-func (p *Pipeline) settler(pub message.Publisher, q *Queue) message.HandlerMiddleware {
-	_, routes := p.cfg.Transport.(transport.ResultRouter)
-	routes = routes && q.ResultFromMessage
+// result writer and then settles the delivery through transport.Ack (or
+// transport.Nack when the chain failed, or the result could neither be
+// written nor handed back with it; see write.go), which runs the claim
+// loop's settle hook: the source settles and the credit is freed. It also
+// counts the handler as running until then, so the shutdown can wait for
+// hand-backs and for results being written. See the package doc for why
+// the router does not publish.
+func (p *Pipeline) settler(w *resultWriter) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			p.handlers.add(1)
 			defer p.handlers.add(-1)
 			out, err := next(m)
-			if err == nil && len(out) > 0 {
-				topic := q.ResultName
-				if d := From(m); routes && d != nil && d.Req != nil && d.Req.ResultQueueName != "" {
-					topic = d.Req.ResultQueueName
-				}
-				if perr := pub.Publish(topic, out...); perr != nil {
-					err = fmt.Errorf("publish result: %w", perr)
-				}
-			}
 			if err != nil {
 				transport.Nack(m)
 				return nil, err
+			}
+			if len(out) > 0 {
+				return nil, w.write(m, out)
 			}
 			transport.Ack(m)
 			return nil, nil
@@ -342,7 +353,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.watchCancellations(work)
 	routerDone, err := p.startRouter(ctx, router)
 	if err != nil {
-		return err
+		// Nothing was claimed: release the transport's clients and report why.
+		return errors.Join(err, p.cfg.Transport.Close())
 	}
 	p.ready.Store(true)
 	p.log.Info("pipeline running", "queues", len(p.queues))
@@ -401,10 +413,11 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		}
 		p.publishers = append(p.publishers, pub)
 		chain := []message.HandlerMiddleware{
-			p.settler(pub, q),
+			p.settler(p.newResultWriter(work, pub, q)),
 			Recover(q, work, p.deadLetter, p.log),
 			Metrics(q),
 			Decode(p.deadLetter, p.log),
+			Limit(p.cfg.Limits),
 		}
 		if p.cfg.TracerProvider != nil {
 			chain = append(chain, Trace(p.cfg.TracerProvider))

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluice-io/sluice/core/redact"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -109,7 +110,7 @@ func httpSpan(d *Delivery) (ctx context.Context, req *wire.Request, end func(sta
 	}
 	ctx, span := parent.TracerProvider().Tracer(TracerName).Start(d.Ctx, "http-request",
 		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.String("url.full", d.Queue.Target.BaseURL+d.Queue.Target.Path)))
+		trace.WithAttributes(attribute.String("url.full", redact.URL(d.Queue.Target.BaseURL+d.Queue.Target.Path))))
 	h := make(map[string]string, len(d.Req.Headers)+2)
 	maps.Copy(h, d.Req.Headers)
 	propagator.Inject(ctx, headerCarrier(h))

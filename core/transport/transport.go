@@ -14,23 +14,36 @@
 //   - Requeuer: delayed re-queue for retries and deferrals (without it the
 //     core holds the message in its own timer heap, DelayQueue, which holds no
 //     worker but does not survive a crash);
+//
 //   - CancelChecker and CancelWatcher: cancellation before and during dispatch;
+//
 //   - DepthReporter: queue depths for metrics and `sluice queues`;
+//
 //   - DeadLetterer: a place for messages that cannot even be answered;
+//
 //   - EventCounter: transport-specific counts for metrics;
+//
 //   - HealthChecker: the broker probe behind /readyz.
+//
+//   - HoldLimiter: how long a delivery may be held (a lease the broker stops
+//     extending), which bounds how long the core retries writing a result.
 //
 // Ack means "done with this delivery": the result (if any) was published, or
 // the message was re-queued through Requeue or dead-lettered. Nack means
 // "hand it back": the transport must make it available again (at once)
-// without losing it; the core nacks on shutdown and when writing a result
-// failed. transporttest is the conformance suite every transport passes.
+// without losing it. The core nacks on shutdown, and when a result could
+// neither be written (retried with a backoff for as long as the delivery may
+// be held) nor handed back through Requeue with the result kept in the
+// message (wire.WithKeptResult), so that a result that cannot be written
+// never makes the core call the gateway again in a hot loop.
+// transporttest is the conformance suite every transport passes.
 //
 // Implementations live in transports/; cmd/sluice chooses them.
 package transport
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -86,6 +99,18 @@ type Requeuer interface {
 	// count) due again at due, replacing delivery m. After it returns nil the
 	// core acks m; the transport must not deliver m's old bytes again.
 	Requeue(ctx context.Context, q Queue, m *message.Message, payload []byte, due time.Time) error
+}
+
+// HoldLimiter is implemented by transports that can hold a delivery only
+// for a bounded time after it was claimed: a lease the broker extends up to
+// a limit (Pub/Sub's max extension). The core retries writing a result for
+// at most that long (less a margin) before it hands the delivery back.
+// Transports without it hold a delivery for as long as the process runs
+// (their leases are renewed by a heartbeat, or live in memory).
+type HoldLimiter interface {
+	// MaxHold returns how long a delivery of q may be held after its
+	// claim; 0 means no limit.
+	MaxHold(q Queue) time.Duration
 }
 
 // ResultRouter is implemented by transports whose result publisher writes
@@ -144,6 +169,12 @@ type Env struct {
 	Logger *slog.Logger
 	// RedisURL is the deployment's Redis URL (REDIS_URL or --redis.url / --redis.url-file).
 	RedisURL string
+	// RedisTLS, when set, is the TLS configuration of rediss:// connections
+	// (the deployment's redis_tls: CAs to trust, a client certificate); a
+	// Redis transport uses it, with the URL's host as server name, for a
+	// rediss:// URL. nil: go-redis's default (the system's CAs, no client
+	// certificate).
+	RedisTLS *tls.Config
 }
 
 // Factory builds a transport from its options (the transport config object
@@ -189,6 +220,21 @@ func DecodeOptions(options json.RawMessage, dst any) error {
 		return fmt.Errorf("transport options: %w", err)
 	}
 	return nil
+}
+
+// RedisTLSFor returns the TLS configuration of a Redis connection given the
+// one go-redis parsed from its URL (nil for redis://, else one naming the
+// URL's host): env.RedisTLS with that server name when both are set, else
+// parsed.
+func (env Env) RedisTLSFor(parsed *tls.Config) *tls.Config {
+	if parsed == nil || env.RedisTLS == nil {
+		return parsed
+	}
+	c := env.RedisTLS.Clone()
+	if c.ServerName == "" {
+		c.ServerName = parsed.ServerName
+	}
+	return c
 }
 
 // NopCloserPublisher wraps a publisher so that Close leaves it open; use it

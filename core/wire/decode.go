@@ -31,6 +31,8 @@ type internalWire struct {
 	RequestQueueName string      `json:"request_queue_name"`
 	ResultQueueName  string      `json:"result_queue_name"`
 	Labels           labelMap    `json:"labels"`
+	// KeptResult is sluice's internal.kept_result (see WithKeptResult).
+	KeptResult json.RawMessage `json:"kept_result"`
 }
 
 // labelMap is the envelope's internal.labels. An object is read as metadata
@@ -196,6 +198,9 @@ func build(f *flatWire, env bool, kind string, in *internalWire) (*Request, *Dec
 		req.Token = in.RequestToken
 		req.QueueID = string(in.QueueID)
 		req.Labels = in.Labels
+		if len(in.KeptResult) > 0 && !isNull(in.KeptResult) {
+			req.KeptResult = in.KeptResult
+		}
 		if in.RequestQueueName != "" {
 			req.RequestQueueName = in.RequestQueueName
 		}

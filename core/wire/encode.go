@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -173,6 +175,42 @@ func setInternal(raw []byte, n int, labels map[string]string, setLabels bool) ([
 	if setLabels && (len(labels) > 0 || len(req.Labels) > 0) {
 		fields = append(fields, internalField{"labels", appendStringMap(nil, labels)})
 	}
+	return withInternal(raw, env, fields)
+}
+
+// WithKeptResult returns message bytes that decode to the same request as
+// raw (retry count and labels included) with KeptResult result: what a
+// request whose result could not be written is handed back with, so that
+// the next delivery writes that result instead of calling the gateway
+// again. result must be a JSON object (a marshalled Result); raw must
+// decode. The member is internal.kept_result, added as WithEnvelope adds
+// its members (a flat message is wrapped in an envelope).
+func WithKeptResult(raw, result []byte) ([]byte, error) {
+	if !json.Valid(result) || jsonKind(result) != "object" {
+		return nil, errors.New("keep result: not a JSON object")
+	}
+	req, env, err := decode(raw)
+	if err != nil {
+		return nil, fmt.Errorf("keep result: %w", err)
+	}
+	var kept bytes.Buffer
+	if err := json.Compact(&kept, result); err != nil {
+		return nil, fmt.Errorf("keep result: %w", err)
+	}
+	fields := []internalField{
+		{"retry_count", strconv.AppendInt(nil, int64(req.RetryCount), 10)},
+		{"kept_result", kept.Bytes()},
+	}
+	out, err := withInternal(raw, env, fields)
+	if err != nil {
+		return nil, fmt.Errorf("keep result: %w", err)
+	}
+	return out, nil
+}
+
+// withInternal sets fields in the internal object of raw: an envelope is
+// rewritten in place (rewriteInternal), a flat message wrapped in one.
+func withInternal(raw []byte, env bool, fields []internalField) ([]byte, error) {
 	if !env {
 		body := raw[skipSpace(raw, 0):skipSpaceBack(raw)]
 		b := make([]byte, 0, len(body)+64)

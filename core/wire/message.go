@@ -66,6 +66,11 @@ type Request struct {
 	// when the request is taken and by gates (the classification), kept
 	// when the request is re-queued. nil when there are none.
 	Labels map[string]string
+	// KeptResult is the result of an earlier delivery that could not be
+	// written (the envelope's internal.kept_result, set by WithKeptResult):
+	// the request was answered already and only its result is to be
+	// written, without calling the gateway again. nil when there is none.
+	KeptResult json.RawMessage
 }
 
 // Label names and values upstream gives a meaning to.

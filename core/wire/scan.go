@@ -107,7 +107,7 @@ var flatNames = [...]string{"id", "created", "deadline", "payload", "metadata", 
 var envelopeNames = append(flatNames[:len(flatNames):len(flatNames)], "data", "request_kind", "internal")
 
 // internalNames are internalWire's member names.
-var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name", "queue_id", "labels"}
+var internalNames = []string{"retry_count", "request_token", "request_queue_name", "result_queue_name", "queue_id", "labels", "kept_result"}
 
 // flatField returns the index of name in flatNames, or -1.
 func flatField(name []byte) int {
@@ -221,6 +221,16 @@ func (in *internalWire) scan(v []byte) bool {
 			// The encoding/json path's own decoder: it ignores what is not
 			// an object and refuses what that path refuses.
 			return once(&seen, 5) && in.Labels.UnmarshalJSON(val) == nil
+		case "kept_result":
+			if !once(&seen, 6) {
+				return false
+			}
+			if val[0] == 'n' {
+				in.KeptResult = nil
+				return true
+			}
+			in.KeptResult = json.RawMessage(val)
+			return true
 		}
 		return !foldsTo(name, internalNames)
 	})

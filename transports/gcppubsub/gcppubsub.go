@@ -398,3 +398,12 @@ var _ transport.MetricLabeler = (*Transport)(nil)
 func (t *Transport) MetricLabels(q transport.Queue) transport.MetricLabels {
 	return transport.MetricLabels{QueueName: q.Name}
 }
+
+var _ transport.HoldLimiter = (*Transport)(nil)
+
+// MaxHold implements transport.HoldLimiter: the client library extends a
+// lease for up to max_extension_seconds after receipt, then Pub/Sub
+// redelivers the message.
+func (t *Transport) MaxHold(transport.Queue) time.Duration {
+	return time.Duration(t.opts.MaxExtensionSeconds) * time.Second
+}

@@ -189,6 +189,7 @@ func New(o Options, env transport.Env) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("url: %w", err)
 	}
+	ro.TLSConfig = env.RedisTLSFor(ro.TLSConfig)
 	log := env.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

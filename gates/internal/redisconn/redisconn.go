@@ -1,6 +1,7 @@
 // Package redisconn turns the Redis connection parameters the Redis-backed
 // gates share (address as host:port or a redis:// / rediss:// URL,
-// username, password, db, tls, tls_ca_cert, tls_insecure_skip_verify) into
+// username, password, db, tls, tls_ca_cert, tls_cert, tls_key,
+// tls_insecure_skip_verify) into
 // go-redis options. Each gate then sets its own pool and retry policy.
 package redisconn
 
@@ -30,6 +31,9 @@ type Config struct {
 	TLS      bool
 	// TLSCACert is a PEM file of CAs to trust (TLS or rediss:// only).
 	TLSCACert string
+	// TLSCert and TLSKey are a client certificate and its key, PEM files,
+	// for servers that require one (TLS or rediss:// only; both or neither).
+	TLSCert, TLSKey string
 	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
 	TLSInsecureSkipVerify bool
 }
@@ -65,9 +69,19 @@ func (c Config) Options() (*redis.Options, error) {
 			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: hostOf(c.Address)}
 		}
 	}
-	if c.TLSCACert != "" || c.TLSInsecureSkipVerify {
+	if c.TLSCACert != "" || c.TLSCert != "" || c.TLSKey != "" || c.TLSInsecureSkipVerify {
 		if o.TLSConfig == nil {
-			return nil, errors.New("tls_ca_cert and tls_insecure_skip_verify need tls=true or a rediss:// address")
+			return nil, errors.New("tls_ca_cert, tls_cert, tls_key and tls_insecure_skip_verify need tls=true or a rediss:// address")
+		}
+		if (c.TLSCert == "") != (c.TLSKey == "") {
+			return nil, errors.New("tls_cert and tls_key go together")
+		}
+		if c.TLSCert != "" {
+			pair, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+			if err != nil {
+				return nil, fmt.Errorf("tls_cert/tls_key: %w", err)
+			}
+			o.TLSConfig.Certificates = []tls.Certificate{pair}
 		}
 		o.TLSConfig.InsecureSkipVerify = c.TLSInsecureSkipVerify
 		if c.TLSCACert != "" {

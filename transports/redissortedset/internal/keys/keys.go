@@ -238,9 +238,19 @@ return out
 // if they still hold that token (a newer enqueue of the same id keeps its
 // keys), as upstream does after pushing a result.
 //
+// A result or dead-letter list key holding another type fails the whole
+// call before anything is written (a script is not rolled back: were the
+// leases dropped first, a failing LPUSH would lose their requests).
+//
 //	KEYS: leases, leased, result list, dead list, stats
 //	returns: {status per item: 1 done, 0 late}
 var Settle = redis.NewScript(`
+for _, k in ipairs({KEYS[3], KEYS[4]}) do
+  local t = redis.call('TYPE', k).ok
+  if t ~= 'none' and t ~= 'list' then
+    return redis.error_reply('WRONGTYPE ' .. k .. ' holds a ' .. t .. ', not a list: nothing settled')
+  end
+end
 local out, results, late = {}, {}, 0
 for i = 1, #ARGV, 6 do
   local mode, tok = ARGV[i], ARGV[i + 1]
