@@ -1,8 +1,11 @@
 package host
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,3 +80,58 @@ func (w *rateWriter) flush() {
 
 // suppressedTotal is the number of lines dropped since the start.
 func (w *rateWriter) suppressedTotal() int64 { return w.droppedEver.Load() }
+
+// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
+// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
+// line by line, a line in hclog's JSON format at its level, any other line
+// at debug, as go-plugin relays the process's own stderr.
+type lineRelay struct {
+	log hclog.Logger
+
+	mu  sync.Mutex
+	buf []byte
+}
+
+// maxLine bounds a line kept waiting for its newline.
+const maxLine = 64 << 10
+
+// Write implements io.Writer.
+func (r *lineRelay) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = append(r.buf, p...)
+	for {
+		i := bytes.IndexByte(r.buf, '\n')
+		if i < 0 {
+			if len(r.buf) > maxLine {
+				r.line(r.buf)
+				r.buf = r.buf[:0]
+			}
+			return len(p), nil
+		}
+		r.line(r.buf[:i])
+		r.buf = r.buf[i+1:]
+	}
+}
+
+// line logs one line.
+func (r *lineRelay) line(b []byte) {
+	var entry map[string]any
+	if json.Unmarshal(b, &entry) != nil {
+		r.log.Debug(string(b))
+		return
+	}
+	msg, _ := entry["@message"].(string)
+	lvl, _ := entry["@level"].(string)
+	args := make([]any, 0, 2*len(entry))
+	for k, v := range entry {
+		if !strings.HasPrefix(k, "@") {
+			args = append(args, k, v)
+		}
+	}
+	level := hclog.LevelFromString(lvl)
+	if level == hclog.NoLevel {
+		level = hclog.Debug
+	}
+	r.log.Log(level, msg, args...)
+}

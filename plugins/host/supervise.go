@@ -163,6 +163,7 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		pin = &pinnedHash{Hash: sha256.New()}
 		secure = &plugin.SecureConfig{Checksum: want, Hash: pin}
 	}
+	logger := newLogger("plugin", g.stderr)
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: sdk.ClientPlugins(),
@@ -172,7 +173,8 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		AutoMTLS:         true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     g.cfg.StartTimeout,
-		Logger:           newLogger("plugin."+g.name, g.stderr),
+		Logger:           logger,
+		SyncStderr:       &lineRelay{log: logger.Named(g.name)},
 	})
 	fail := func(e error) (*proc, Info, error, error) {
 		client.Kill()
