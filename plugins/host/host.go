@@ -17,7 +17,7 @@
 // plugin is not restarted, since restarting cannot fix a config).
 //
 // Supervision: when the process dies, or its connection breaks
-// (sdk.ErrUnavailable), the query that finds out returns an error (the
+// (codes.Unavailable), the query that finds out returns an error (the
 // Refresher applies the gate's failure policy, closed by default), and the
 // next query after a backoff (doubling from restart_backoff up to
 // restart_backoff_max, reset by a good Budget answer) starts a new process.

@@ -64,7 +64,7 @@ func (g *Gate) conn(ctx context.Context) (*proc, error) {
 }
 
 // failed names the plugin in the error of a query on p. A broken connection
-// (sdk.ErrUnavailable, or a process that has exited) drops the plugin so that
+// (errUnavailable, or a process that has exited) drops the plugin so that
 // the next query restarts it; any other error fails this query only.
 func (g *Gate) failed(ctx context.Context, p *proc, err error) error {
 	err = g.named(err)
