@@ -30,8 +30,10 @@ ARG VERSION=dev
 ARG COMMIT=
 WORKDIR /src
 
-# The module download is its own layer: it is rebuilt only when go.mod or go.sum change.
+# The module download is its own layer: it is rebuilt only when go.mod or go.sum change. The
+# plugin SDK is a module of its own that go.mod replaces with ./plugins/sdk: its go.mod comes too.
 COPY go.mod go.sum ./
+COPY plugins/sdk/go.mod plugins/sdk/go.sum ./plugins/sdk/
 RUN go mod download
 
 COPY . .

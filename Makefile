@@ -14,6 +14,8 @@ run:
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	cd plugins/sdk && $(GO) vet ./... && $(GO) test -race -count=1 ./...
+	cd examples/gate-plugin && $(GO) vet ./... && $(GO) build -o /dev/null .
 
 ## test-short: unit tests only
 test-short:
@@ -50,15 +52,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./core/wire
 	$(GO) test -run '^$$' -fuzz FuzzHostileGateway -fuzztime $(FUZZTIME) ./core/dispatch/h2c
 
-## proto: regenerate plugins/gatepb/*.pb.go from gate.proto (needs protoc, e.g. Debian
+## proto: regenerate plugins/sdk/gatepb/*.pb.go from gate.proto (needs protoc, e.g. Debian
 ## protobuf-compiler, and the two generators at the versions the committed code was made with)
 proto:
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
-	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I plugins/gatepb \
-		--go_out=plugins/gatepb --go_opt=paths=source_relative \
-		--go-grpc_out=plugins/gatepb --go-grpc_opt=paths=source_relative \
-		plugins/gatepb/gate.proto
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I plugins/sdk/gatepb \
+		--go_out=plugins/sdk/gatepb --go_opt=paths=source_relative \
+		--go-grpc_out=plugins/sdk/gatepb --go-grpc_opt=paths=source_relative \
+		plugins/sdk/gatepb/gate.proto
 
 ## image: the container image (Dockerfile), built with docker or podman, whichever is
 ## installed (CONTAINER_TOOL=... to choose). IMAGE names it; VERSION is stamped into the

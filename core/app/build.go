@@ -49,6 +49,9 @@ func (a *App) build(o Options) error {
 	if err := a.reg.Register(metrics.NewGateEventsCollector(a.gateEvents)); err != nil {
 		return err
 	}
+	if err := a.reg.Register(metrics.NewGateCallsCollector(a.gateCalls)); err != nil {
+		return err
+	}
 	tracer, err := a.newTracer(o.TracerProvider)
 	if err != nil {
 		return err
@@ -175,6 +178,19 @@ func (a *App) gateEvents() map[string]map[string]int64 {
 	for _, r := range a.gates {
 		if ec := gate.EventsOf(r.Gate()); ec != nil {
 			out[r.Name()] = ec.Events()
+		}
+	}
+	return out
+}
+
+// gateCalls reads the timings of the calls gates make (plugin RPCs).
+func (a *App) gateCalls() []metrics.GateCalls {
+	var out []metrics.GateCalls
+	for _, r := range a.gates {
+		if cr := gate.CallsOf(r.Gate()); cr != nil {
+			for _, c := range cr.Calls() {
+				out = append(out, metrics.GateCalls{Gate: r.Name(), RPC: c.Call, Count: c.Count, Failures: c.Failures, Seconds: c.Seconds, Buckets: c.Buckets})
+			}
 		}
 	}
 	return out

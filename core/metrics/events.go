@@ -40,7 +40,7 @@ func (c *EventsCollector) Collect(ch chan<- prometheus.Metric) {
 
 // gateEventsDesc describes sluice_gate_events_total.
 var gateEventsDesc = prometheus.NewDesc("sluice_gate_events_total",
-	"Events a gate counted: a plugin gate's process starts (plugin_starts), losses (plugin_losses) and failed starts (plugin_start_failures).",
+	"Events a gate counted: a plugin gate's process starts (plugin_starts), losses (plugin_losses), failed starts (plugin_start_failures) and stderr lines dropped by its log rate (plugin_log_lines_suppressed).",
 	[]string{"gate", "event"}, nil)
 
 // GateEventsCollector exports the gates' own counters, read at scrape time.

@@ -47,6 +47,9 @@ type plan struct {
 	finalArgs  map[string]string
 }
 
+// sdkDir is the plugin SDK's module, which go.mod replaces with this folder.
+const sdkDir = "plugins/sdk"
+
 // readPlan reads the Dockerfile's build and final stages, with args
 // standing for --build-arg values.
 func readPlan(df *dockerfile, args map[string]string) (*plan, error) {
@@ -174,7 +177,12 @@ func (p *plan) readBuild(args map[string]string) error {
 					p.modCopy = i
 					continue
 				}
-				return fmt.Errorf("%s: before the context, the build stage copies only go.mod and go.sum to its WORKDIR", in)
+				// The modules go.mod replaces with a folder of the repository
+				// (the plugin SDK): their go.mod and go.sum, to the same folder.
+				if len(names) == 2 && names[sdkDir+"/go.mod"] && names[sdkDir+"/go.sum"] && abs(wd, dst) == abs(wd, sdkDir) {
+					continue
+				}
+				return fmt.Errorf("%s: before the context, the build stage copies only go.mod and go.sum to its WORKDIR (and %s's to %s)", in, sdkDir, sdkDir)
 			default:
 				return fmt.Errorf("%s: a COPY after the context's is not supported by the test's interpreter", in)
 			}

@@ -104,6 +104,12 @@ func sluiceExports(t testing.TB) *exports {
 		return map[string]map[string]int64{"plugin": gateEvents}
 	}))
 	maps.Copy(events, gateEvents)
+	// The gates that time their calls: the plugin gate, one series per RPC.
+	var calls []metrics.GateCalls
+	for _, c := range new(host.Gate).Calls() {
+		calls = append(calls, metrics.GateCalls{Gate: "plugin", RPC: c.Call, Count: c.Count, Seconds: c.Seconds, Buckets: c.Buckets})
+	}
+	rec.MustRegister(metrics.NewGateCallsCollector(func() []metrics.GateCalls { return calls }))
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	kinds := map[string]dto.MetricType{}
@@ -211,6 +217,8 @@ func TestExportsAreBuiltFromTheRegistry(t *testing.T) {
 		"sluice_gate_budget":                                    {"gate"},
 		"sluice_transport_events_total":                         {"transport", "event"},
 		"sluice_gate_events_total":                              {"gate", "event"},
+		"sluice_gate_plugin_call_seconds_bucket":                {"gate", "rpc", "le"},
+		"sluice_gate_plugin_call_failures_total":                {"gate", "rpc"},
 		"go_gc_duration_seconds":                                {"quantile"},
 	} {
 		got, ok := ex.series[series]

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -24,16 +22,16 @@ type fileGate struct {
 }
 
 var (
-	_ gate.Gate      = (*fileGate)(nil)
-	_ gate.Admitter  = (*fileGate)(nil)
-	_ gate.Describer = (*fileGate)(nil)
+	_ sdk.Gate       = (*fileGate)(nil)
+	_ sdk.Admitter   = (*fileGate)(nil)
+	_ sdk.Describer  = (*fileGate)(nil)
 	_ sdk.Configurer = (*fileGate)(nil)
 )
 
 // Configure reads the gate_params: "file" (required), "deny_tenants" and
 // "defer_tenants" (comma-separated metadata.tenant values), "defer_delay"
 // (default 1s).
-func (g *fileGate) Configure(p gate.Params) error {
+func (g *fileGate) Configure(p sdk.Params) error {
 	file := p.String("file", "")
 	if file == "" {
 		return fmt.Errorf("gate_params.file is required")
@@ -90,20 +88,20 @@ func (g *fileGate) Budget(ctx context.Context) (float64, error) {
 }
 
 // Admit rejects denied tenants and defers deferred ones.
-func (g *fileGate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, error) {
+func (g *fileGate) Admit(ctx context.Context, req *sdk.Request) (sdk.Decision, error) {
 	if err := ctx.Err(); err != nil {
-		return gate.Decision{}, err
+		return sdk.Decision{}, err
 	}
 	tenant := req.Metadata["tenant"]
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	switch {
 	case g.deny[tenant]:
-		return gate.Decision{Verdict: gate.Reject, Reason: "tenant " + tenant + " is denied"}, nil
+		return sdk.Decision{Verdict: sdk.Reject, Reason: "tenant " + tenant + " is denied"}, nil
 	case g.deferred[tenant]:
-		return gate.Decision{Verdict: gate.Defer, Delay: g.deferDelay, Reason: "tenant " + tenant + " is deferred"}, nil
+		return sdk.Decision{Verdict: sdk.Defer, Delay: g.deferDelay, Reason: "tenant " + tenant + " is deferred"}, nil
 	}
-	return gate.Admitted, nil
+	return sdk.Admitted, nil
 }
 
 // Describe says when the gate closes.

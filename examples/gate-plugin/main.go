@@ -3,7 +3,7 @@
 // open and close the pool with `echo 0.3 > budget`), and it rejects or defers
 // requests of listed tenants. Build it with
 //
-//	go build -o gate-plugin ./examples/gate-plugin
+//	go build -o gate-plugin .
 //
 // and point a queue's gate at it (see README.md).
 package main

@@ -52,6 +52,7 @@ func scenarios() []scenario {
 		scenario{"concurrency-h2c", runConcurrencyH2C},
 		scenario{"flow-control", runFlowControl},
 		scenario{"ordering", runOrdering},
+		scenario{"plugin-gate", runPluginGate},
 	)
 }
 

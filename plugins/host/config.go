@@ -1,6 +1,8 @@
 package host
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -24,6 +26,13 @@ const (
 	ParamRestartBackoff = "restart_backoff"
 	// ParamRestartBackoffMax caps the restart wait, which doubles per failure.
 	ParamRestartBackoffMax = "restart_backoff_max"
+	// ParamSHA256 pins the binary: the hex SHA-256 digest it must have.
+	ParamSHA256 = "sha256"
+	// ParamEnv is the plugin's environment: NAME=VALUE, or NAME to pass
+	// sluice's own value through (a JSON array, or words separated by spaces).
+	ParamEnv = "env"
+	// ParamLogRate caps the plugin's stderr lines relayed per second.
+	ParamLogRate = "log_rate"
 )
 
 // Config says which binary to run and how to supervise it.
@@ -42,6 +51,17 @@ type Config struct {
 	RestartBackoff time.Duration
 	// RestartBackoffMax caps the wait, which doubles per consecutive failure (default 30s).
 	RestartBackoffMax time.Duration
+	// SHA256, when set, is the hex SHA-256 digest the binary must have; it
+	// is checked before every start, restarts included.
+	SHA256 string
+	// Env is the plugin's whole environment (go-plugin adds its handshake
+	// variables): each entry NAME=VALUE, or NAME to pass sluice's own value
+	// of NAME through (left out when sluice has none). Empty: an empty
+	// environment.
+	Env []string
+	// LogRate is the most stderr lines of the plugin relayed per second
+	// (default 50); the lines beyond it are counted and reported.
+	LogRate int
 }
 
 func (c *Config) setDefaults() {
@@ -54,6 +74,10 @@ func (c *Config) setDefaults() {
 	if c.RestartBackoffMax == 0 {
 		c.RestartBackoffMax = 30 * time.Second
 	}
+	if c.LogRate == 0 {
+		c.LogRate = 50
+	}
+	c.SHA256 = strings.ToLower(strings.TrimSpace(c.SHA256))
 }
 
 // Validate reports a missing path or a non-positive duration. It does no I/O:
@@ -72,7 +96,35 @@ func (c *Config) Validate() error {
 	if c.RestartBackoffMax < c.RestartBackoff {
 		return fmt.Errorf("gate_params.%s %v is below %s %v", ParamRestartBackoffMax, c.RestartBackoffMax, ParamRestartBackoff, c.RestartBackoff)
 	}
+	if c.SHA256 != "" {
+		if b, err := hex.DecodeString(c.SHA256); err != nil || len(b) != sha256.Size {
+			return fmt.Errorf("gate_params.%s: %q is not a SHA-256 digest (64 hex digits, as sha256sum prints)", ParamSHA256, c.SHA256)
+		}
+	}
+	for _, e := range c.Env {
+		name, _, _ := strings.Cut(e, "=")
+		if name == "" || strings.ContainsAny(name, " \t\n\x00") {
+			return fmt.Errorf("gate_params.%s: %q is not NAME or NAME=VALUE", ParamEnv, e)
+		}
+	}
+	if c.LogRate < 0 {
+		return fmt.Errorf("gate_params.%s: %d is negative", ParamLogRate, c.LogRate)
+	}
 	return nil
+}
+
+// environ is the plugin's environment: Env, with the bare names resolved
+// against lookup (sluice's own environment).
+func (c *Config) environ(lookup func(string) (string, bool)) []string {
+	out := make([]string, 0, len(c.Env))
+	for _, e := range c.Env {
+		if strings.Contains(e, "=") {
+			out = append(out, e)
+		} else if v, ok := lookup(e); ok {
+			out = append(out, e+"="+v)
+		}
+	}
+	return out
 }
 
 // ConfigFromParams reads the host's own parameters and collects the rest for
@@ -82,7 +134,14 @@ func ConfigFromParams(p gate.Params) (Config, error) {
 	var c Config
 	var err error
 	c.Path = p.String(ParamPath, "")
-	if c.Args, err = parseArgs(p); err != nil {
+	if c.Args, err = parseList(p, ParamArgs); err != nil {
+		return Config{}, err
+	}
+	if c.Env, err = parseList(p, ParamEnv); err != nil {
+		return Config{}, err
+	}
+	c.SHA256 = p.String(ParamSHA256, "")
+	if c.LogRate, err = p.Int(ParamLogRate, 0); err != nil {
 		return Config{}, err
 	}
 	switch a := strings.ToLower(strings.TrimSpace(p.String(ParamAdmit, "false"))); a {
@@ -103,7 +162,7 @@ func ConfigFromParams(p gate.Params) (Config, error) {
 	}
 	own := map[string]bool{
 		ParamPath: true, ParamArgs: true, ParamAdmit: true, ParamStartTimeout: true,
-		ParamRestartBackoff: true, ParamRestartBackoffMax: true,
+		ParamRestartBackoff: true, ParamRestartBackoffMax: true, ParamSHA256: true, ParamEnv: true, ParamLogRate: true,
 		gate.ParamFailurePolicy: true, gate.ParamRefreshInterval: true,
 	}
 	c.Params = map[string]string{}
@@ -124,10 +183,12 @@ func ConfigFromParams(p gate.Params) (Config, error) {
 	return c, nil
 }
 
-func parseArgs(p gate.Params) ([]string, error) {
-	raw := p.Raw(ParamArgs)
+// parseList reads a list parameter: a JSON array of strings, or words
+// separated by spaces.
+func parseList(p gate.Params, key string) ([]string, error) {
+	raw := p.Raw(key)
 	if raw == nil {
-		s := strings.TrimSpace(p.String(ParamArgs, ""))
+		s := strings.TrimSpace(p.String(key, ""))
 		if !strings.HasPrefix(s, "[") {
 			return strings.Fields(s), nil
 		}
@@ -135,7 +196,7 @@ func parseArgs(p gate.Params) ([]string, error) {
 	}
 	var args []string
 	if err := json.Unmarshal(raw, &args); err != nil {
-		return nil, fmt.Errorf("gate_params.%s: want a JSON array of strings or words separated by spaces: %w", ParamArgs, err)
+		return nil, fmt.Errorf("gate_params.%s: want a JSON array of strings or words separated by spaces: %w", key, err)
 	}
 	return args, nil
 }

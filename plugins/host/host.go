@@ -1,10 +1,13 @@
 // Package host runs out-of-process gate plugins (see plugins/sdk) and is
 // itself a dispatch gate: gate type "plugin" in the registry.
 //
-// The host only supervises. It starts the binary with the SDK's handshake,
-// dispenses an sdk.Remote (a gate.Gate speaking the plugin protocol; every
-// protobuf stays in the SDK) and forwards queries to it, naming the plugin
-// in every error.
+// The host starts the binary with the SDK's handshake, offering every
+// protocol version it speaks (the plugin serves the highest it knows),
+// dispenses the gRPC client of the negotiated version and maps sluice's
+// types onto it (remote.go), naming the plugin in every error. The binary
+// is checked against gate_params.sha256 before every start, runs with an
+// empty environment plus gate_params.env, and talks to the host over
+// go-plugin's automatic mutual TLS.
 //
 // The factory validates only the host's own parameters and starts nothing, so
 // that building and closing a gate to check a config costs no process. The
@@ -14,14 +17,15 @@
 // plugin is not restarted, since restarting cannot fix a config).
 //
 // Supervision: when the process dies, or its connection breaks
-// (sdk.ErrUnavailable), the query that finds out returns an error (the
+// (codes.Unavailable), the query that finds out returns an error (the
 // Refresher applies the gate's failure policy, closed by default), and the
 // next query after a backoff (doubling from restart_backoff up to
 // restart_backoff_max, reset by a good Budget answer) starts a new process.
 // Queries in between fail at once with the last error. Close kills the
 // process through go-plugin's client and is idempotent.
 //
-// Plugin and supervisor logs go through hclog to stderr at level info.
+// Plugin and supervisor logs go through hclog to stderr at level info; the
+// plugin's own lines are rate-limited (gate_params.log_rate per second).
 package host
 
 import (
@@ -39,7 +43,6 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
 // Type is the gate's registry name.
@@ -65,21 +68,71 @@ type Gate struct {
 	lastErr  error         // why the last process died or failed to start
 	retryAt  time.Time     // no start before this
 	failures int           // consecutive failures, for the backoff
-	desc     string        // the plugin's Describe, once known
+	info     Info          // what the running (or last) plugin told
 	wg       sync.WaitGroup
 
 	starts, losses, startFailures atomic.Int64 // for Events
+	stderr                        *rateWriter  // the plugin's relayed stderr
+	calls                         [numRPC]callStats
+}
+
+// Info is what the host knows of its plugin once it has started.
+type Info struct {
+	// Protocol is the negotiated protocol version.
+	Protocol int
+	// Description is the plugin's Describe ("" when it has none).
+	Description string
+	// Admitter is true when the plugin implements Admit.
+	Admitter bool
+	// SDK names the library the plugin was built with (protocol 2 and up;
+	// "" when the plugin does not say).
+	SDK string
+	// TLS is true when the connection runs over (mutual) TLS.
+	TLS bool
+	// PID is the process id (0 when none runs).
+	PID int
+}
+
+var _ gate.CallReporter = (*Gate)(nil)
+
+// Calls returns the timings of the RPCs made to the plugin, its processes
+// taken together: sluice_gate_plugin_call_seconds and
+// sluice_gate_plugin_call_failures_total.
+func (g *Gate) Calls() []gate.CallStats {
+	out := make([]gate.CallStats, numRPC)
+	for i := range numRPC {
+		out[i] = g.calls[i].snapshot(rpcNames[i])
+	}
+	return out
+}
+
+// Info returns what the plugin told at its last start (zero before one).
+func (g *Gate) Info() Info {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	info := g.info
+	info.PID = 0
+	if g.cur != nil {
+		info.PID = g.cur.pid
+	}
+	return info
 }
 
 var _ gate.EventCounter = (*Gate)(nil)
 
 // Events counts the plugin's process starts, losses (a process that exited
-// or stopped answering) and failed starts: sluice_gate_events_total.
+// or stopped answering), failed starts and the stderr lines dropped by the
+// log rate limit: sluice_gate_events_total.
 func (g *Gate) Events() map[string]int64 {
+	var suppressed int64
+	if g.stderr != nil {
+		suppressed = g.stderr.suppressedTotal()
+	}
 	return map[string]int64{
-		"plugin_starts":         g.starts.Load(),
-		"plugin_losses":         g.losses.Load(),
-		"plugin_start_failures": g.startFailures.Load(),
+		"plugin_starts":               g.starts.Load(),
+		"plugin_losses":               g.losses.Load(),
+		"plugin_start_failures":       g.startFailures.Load(),
+		"plugin_log_lines_suppressed": suppressed,
 	}
 }
 
@@ -89,7 +142,7 @@ type AdmitGate struct{ *Gate }
 // proc is one plugin process and the gate it serves.
 type proc struct {
 	client *plugin.Client
-	remote sdk.Remote
+	remote *remote
 	pid    int
 }
 
@@ -127,13 +180,10 @@ func New(cfg Config) (*Gate, error) {
 	}
 	name := filepath.Base(cfg.Path)
 	return &Gate{
-		cfg:  cfg,
-		name: name,
-		log: hclog.New(&hclog.LoggerOptions{
-			Name:   "plugin." + name,
-			Level:  hclog.Info,
-			Output: os.Stderr,
-		}),
+		cfg:    cfg,
+		name:   name,
+		log:    newLogger("plugin."+name, os.Stderr),
+		stderr: newRateWriter(os.Stderr, cfg.LogRate, "plugin."+name),
 	}, nil
 }
 
@@ -162,7 +212,7 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	b, err := p.remote.Budget(ctx)
+	b, err := p.remote.budget(ctx)
 	if err != nil {
 		// fb escapes (errors.As takes its address): declared here, a good
 		// answer allocates nothing.
@@ -182,7 +232,7 @@ func (g *AdmitGate) Admit(ctx context.Context, req *wire.Request) (gate.Decision
 	if err != nil {
 		return gate.Decision{}, err
 	}
-	d, err := p.remote.Admit(ctx, req)
+	d, err := p.remote.admit(ctx, req)
 	if err != nil {
 		return gate.Decision{}, g.failed(ctx, p, err)
 	}
@@ -197,7 +247,7 @@ func (g *Gate) Describe() string {
 	defer cancel()
 	_, _ = g.conn(ctx)
 	g.mu.Lock()
-	desc := g.desc
+	desc := g.info.Description
 	g.mu.Unlock()
 	if desc == "" {
 		return "plugin " + g.cfg.Path
@@ -217,6 +267,7 @@ func (g *Gate) Close() error {
 		p.client.Kill()
 	}
 	g.wg.Wait()
+	g.stderr.flush()
 	return nil
 }
 

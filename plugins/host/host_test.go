@@ -21,9 +21,10 @@ import (
 	"github.com/sluice-io/sluice/plugins/host"
 )
 
-// pluginBin is the example plugin and testBin the misbehaving one
-// (testdata/testplugin), built once by TestMain.
-var pluginBin, testBin string
+// pluginBin is the example plugin (its own module, examples/gate-plugin),
+// testBin the test plugin (testdata/testplugin) and v1Bin a plugin frozen
+// at protocol version 1 (testdata/v1plugin), built once by TestMain.
+var pluginBin, testBin, v1Bin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sluice-gateplugin-")
@@ -33,9 +34,16 @@ func TestMain(m *testing.M) {
 	}
 	pluginBin = filepath.Join(dir, "gateplugin")
 	testBin = filepath.Join(dir, "testplugin")
-	for bin, pkg := range map[string]string{pluginBin: "github.com/sluice-io/sluice/examples/gate-plugin", testBin: "./testdata/testplugin"} {
-		build := exec.Command("go", "build", "-o", bin, pkg)
+	v1Bin = filepath.Join(dir, "v1plugin")
+	for _, b := range []struct{ bin, dir, pkg string }{
+		{pluginBin, "../../examples/gate-plugin", "."}, // a module of its own: built from its folder
+		{testBin, ".", "./testdata/testplugin"},
+		{v1Bin, ".", "./testdata/v1plugin"},
+	} {
+		build := exec.Command("go", "build", "-o", b.bin, b.pkg)
+		build.Dir = b.dir
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		pkg := b.pkg
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
 			_ = os.RemoveAll(dir)

@@ -2,8 +2,12 @@ package host
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
+	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -11,6 +15,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/sluice-io/sluice/plugins/sdk"
+	"github.com/sluice-io/sluice/plugins/sdk/gatepb"
 )
 
 // conn returns the running plugin, starting one when none runs and the
@@ -59,14 +64,14 @@ func (g *Gate) conn(ctx context.Context) (*proc, error) {
 }
 
 // failed names the plugin in the error of a query on p. A broken connection
-// (sdk.ErrUnavailable, or a process that has exited) drops the plugin so that
+// (errUnavailable, or a process that has exited) drops the plugin so that
 // the next query restarts it; any other error fails this query only.
 func (g *Gate) failed(ctx context.Context, p *proc, err error) error {
 	err = g.named(err)
 	if ctx.Err() != nil {
 		return err
 	}
-	if !errors.Is(err, sdk.ErrUnavailable) && !p.client.Exited() {
+	if !errors.Is(err, errUnavailable) && !p.client.Exited() {
 		return err
 	}
 	g.mu.Lock()
@@ -117,7 +122,7 @@ func (g *Gate) answered() {
 // start launches one plugin process and publishes the outcome.
 func (g *Gate) start(done chan struct{}) {
 	defer g.wg.Done()
-	p, desc, cfgErr, err := g.launch()
+	p, info, cfgErr, err := g.launch()
 	g.mu.Lock()
 	defer func() {
 		g.starting = nil
@@ -139,32 +144,50 @@ func (g *Gate) start(done chan struct{}) {
 	default:
 		g.starts.Add(1)
 		g.cur = p
-		g.desc = desc
-		g.log.Info("plugin started", "pid", p.pid)
+		g.info = info
+		g.log.Info("plugin started", "pid", p.pid, "protocol", info.Protocol, "tls", info.TLS, "sdk", info.SDK)
 	}
 }
 
-// launch runs the binary, dispenses its gate and performs the Configure and
-// Describe calls, bounded by the start timeout. It returns a configuration
-// error separately: it is permanent.
-func (g *Gate) launch() (p *proc, desc string, cfgErr, err error) {
+// launch checks the binary's digest, runs it with its own environment,
+// dispenses its gate and performs the Configure and Describe calls, bounded
+// by the start timeout. It returns a configuration error separately: it is
+// permanent.
+func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
+	cmd := exec.Command(g.cfg.Path, g.cfg.Args...)
+	cmd.Env = g.cfg.environ(os.LookupEnv)
+	var pin *pinnedHash
+	var secure *plugin.SecureConfig
+	if g.cfg.SHA256 != "" {
+		want, _ := hex.DecodeString(g.cfg.SHA256) // Validate checked it
+		pin = &pinnedHash{Hash: sha256.New()}
+		secure = &plugin.SecureConfig{Checksum: want, Hash: pin}
+	}
+	logger := newLogger("plugin", g.stderr)
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
-		Plugins:          sdk.PluginSet(nil),
-		Cmd:              exec.Command(g.cfg.Path, g.cfg.Args...),
+		VersionedPlugins: sdk.ClientPlugins(),
+		Cmd:              cmd,
+		SkipHostEnv:      true,
+		SecureConfig:     secure,
+		AutoMTLS:         true,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     g.cfg.StartTimeout,
-		Logger:           g.log,
+		Logger:           logger,
+		SyncStderr:       &lineRelay{log: logger.Named(g.name)},
 	})
-	fail := func(e error) (*proc, string, error, error) {
+	fail := func(e error) (*proc, Info, error, error) {
 		client.Kill()
-		return nil, "", nil, fmt.Errorf("start plugin %s: %w", g.cfg.Path, e)
+		return nil, Info{}, nil, fmt.Errorf("start plugin %s: %w", g.cfg.Path, e)
 	}
-	refuse := func(e error) (*proc, string, error, error) {
+	refuse := func(e error) (*proc, Info, error, error) {
 		client.Kill()
-		return nil, "", g.named(e), nil
+		return nil, Info{}, g.named(e), nil
 	}
 	cp, err := client.Client()
+	if errors.Is(err, plugin.ErrChecksumsDoNotMatch) && pin != nil {
+		return fail(fmt.Errorf("binary has sha256 %x, but gate_params.%s pins %s: refusing to run it", pin.sum, ParamSHA256, g.cfg.SHA256))
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -172,27 +195,43 @@ func (g *Gate) launch() (p *proc, desc string, cfgErr, err error) {
 	if err != nil {
 		return fail(err)
 	}
-	remote, ok := raw.(sdk.Remote)
+	rpc, ok := raw.(gatepb.GateClient)
 	if !ok {
-		return fail(fmt.Errorf("dispensed %T, not an sdk.Remote", raw))
+		return fail(fmt.Errorf("dispensed %T, not a gatepb.GateClient", raw))
 	}
+	r := &remote{rpc: rpc, version: client.NegotiatedVersion(), stats: &g.calls}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.StartTimeout)
 	defer cancel()
-	admitter, err := remote.Configure(ctx, g.cfg.Params)
+	admitter, tls, err := r.configure(ctx, g.cfg.Params)
 	switch {
-	case errors.Is(err, sdk.ErrRefused):
+	case errors.Is(err, errRefused):
 		return refuse(err)
 	case err != nil:
 		return fail(err)
 	case g.cfg.Admit && !admitter:
 		return refuse(fmt.Errorf("gate_params.%s is true but the plugin does not implement Admit", ParamAdmit))
 	}
-	if desc, err = remote.Describe(ctx); err != nil {
+	d, err := r.describe(ctx)
+	if err != nil {
 		return fail(err)
 	}
 	pid := 0
 	if rc := client.ReattachConfig(); rc != nil {
 		pid = rc.Pid
 	}
-	return &proc{client: client, remote: remote, pid: pid}, strings.TrimSpace(desc), nil, nil
+	info = Info{Protocol: r.version, Description: strings.TrimSpace(d.description), Admitter: admitter, SDK: d.sdk, TLS: tls}
+	return &proc{client: client, remote: r, pid: pid}, info, nil, nil
+}
+
+// pinnedHash is the hash go-plugin's SecureConfig checks the binary with;
+// it keeps the digest it computed, so a mismatch can name it.
+type pinnedHash struct {
+	hash.Hash
+	sum []byte
+}
+
+// Sum records the digest.
+func (h *pinnedHash) Sum(b []byte) []byte {
+	h.sum = h.Hash.Sum(nil)
+	return append(b, h.sum...)
 }

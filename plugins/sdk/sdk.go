@@ -1,126 +1,106 @@
-// Package sdk is what the author of an out-of-process dispatch gate imports,
-// and the one place that maps gates onto the plugin protocol.
+// Package sdk is what the author of an out-of-process dispatch gate for
+// sluice imports. It is a Go module of its own
+// (github.com/sluice-io/sluice/plugins/sdk, tagged plugins/sdk/vX.Y.Z) that
+// requires only go-plugin, gRPC and protobuf.
 //
 // A plugin is a separate binary whose main only calls Serve with its gate:
 //
 //	func main() { sdk.Serve(&myGate{}) }
 //
-// The gate implements core/gate.Gate (Budget) and, optionally,
-// core/gate.Admitter (Admit, called per request when the queue sets
-// gate_params.admit to "true"), core/gate.Describer (Describe, logged at start)
-// and Configurer (Configure, which receives the queue's gate_params). sluice
-// runs the binary through hashicorp/go-plugin and talks gRPC to it (see
-// plugins/gatepb/gate.proto); the caller's deadline crosses the boundary as a
-// gRPC deadline, so Budget and Admit receive a context that expires when the
-// host stops waiting.
+// The gate implements Gate (Budget) and, optionally, Admitter (Admit,
+// called per request when the queue sets gate_params.admit to "true"),
+// Describer (Describe, logged at start) and Configurer (Configure, which
+// receives the queue's gate_params). sluice runs the binary through
+// hashicorp/go-plugin and talks gRPC to it (see gatepb/gate.proto); the
+// caller's deadline crosses the boundary as a gRPC deadline, so Budget and
+// Admit receive a context that ends when sluice stops waiting.
 //
-// The package follows go-plugin's examples/grpc: it holds the handshake, the
-// plugin set and both gRPC adapters. The server adapter (server.go) serves a
-// gate in the plugin process; the client adapter (client.go) is what the host
-// gets from Dispense: a Remote, itself a gate.Gate, so that the host
-// (plugins/host) only supervises the process and never sees a protobuf.
-//
-// A plugin can run the same conformance suite as the built-in gates
-// (gates/gatetest) against its gate in-process, and against the built binary
-// through plugins/host.
+// The package follows go-plugin's examples/grpc: it holds the handshake,
+// the versioned plugin sets and the server adapter (server.go), which serves
+// a Gate as the gRPC Gate service. The host side (sluice's plugins/host)
+// dispenses a raw gatepb.GateClient from ClientPlugins and does its own
+// mapping onto sluice's types, so that this module never imports sluice.
 package sdk
 
 import (
 	"context"
 	"errors"
+	"runtime/debug"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/plugins/gatepb"
+	"github.com/sluice-io/sluice/plugins/sdk/gatepb"
 )
 
 // PluginName is the name under which the gate is served in go-plugin's
 // plugin set.
 const PluginName = "gate"
 
-// Handshake is the handshake host and plugin agree on. ProtocolVersion
-// changes when gate.proto changes incompatibly; the magic cookie only keeps
-// the binary from doing anything when it is run by hand.
+// The protocol versions this SDK speaks. The handshake negotiates the
+// highest one both sides know: version 2 adds the Wait verdict, labels
+// (read and set by Admit) and capabilities in Describe. See docs/plugins.md
+// for the compatibility policy.
+const (
+	ProtocolV1 = 1
+	ProtocolV2 = 2
+	// ProtocolLatest is the highest version this SDK serves.
+	ProtocolLatest = ProtocolV2
+)
+
+// ModulePath is the SDK's Go module path.
+const ModulePath = "github.com/sluice-io/sluice/plugins/sdk"
+
+// Handshake is the handshake host and plugin agree on. Its ProtocolVersion
+// is the oldest version (1); the versions actually offered are the keys of
+// ServerPlugins and ClientPlugins. The magic cookie only keeps the binary
+// from doing anything when it is run by hand; it never changes.
 var Handshake = plugin.HandshakeConfig{
-	ProtocolVersion:  1,
+	ProtocolVersion:  ProtocolV1,
 	MagicCookieKey:   "SLUICE_GATE_PLUGIN",
 	MagicCookieValue: "6f0c1d2e-sluice-gate-v1",
 }
 
-// Configurer is implemented by gates that take parameters. Configure is
-// called once, before any other call, with every gate_params entry the host
-// did not consume itself (path, args, admit, start_timeout, restart_backoff,
-// restart_backoff_max, failure_policy and refresh_interval stay in the host).
-// It returns an error for an invalid value; the SDK reports every parameter
-// Configure never read (gate.Params marks what it reads) as unknown, so a
-// Configure need not call Unused itself. A gate that does not implement
-// Configurer accepts no parameters.
-type Configurer interface {
-	Configure(params gate.Params) error
-}
-
-// Remote is a gate served by a plugin process, as the host sees it: what
-// Dispense returns for PluginName. It is a gate.Gate and a gate.Admitter (a
-// plugin without Admit admits every request), plus the two calls of the
-// protocol that are not queries. Every method is one gRPC round trip that
-// carries ctx's deadline and cancellation to the plugin, and is safe for
-// concurrent use.
-//
-// Budget returns a budget in [0,1], a *gate.FallbackError when the plugin
-// applied a fallback of its own, or an error (an answer outside [0,1] is one).
-// An error of any method matches ErrUnavailable (errors.Is) when the plugin
-// could not be reached: its process died or its connection broke. Any other
-// error fails that call only; the plugin's own errors keep their gRPC status
-// (codes.Unknown, or DeadlineExceeded and Canceled for context errors).
-//
-// Closing the connection is the go-plugin client's job, not Remote's.
-type Remote interface {
-	gate.Gate
-	gate.Admitter
-	// Configure sends the plugin its parameters; it is called once, before
-	// any query. It reports whether the plugin implements Admit. When the
-	// plugin refuses the parameters the error matches ErrRefused and its
-	// message is the plugin's own.
-	Configure(ctx context.Context, params map[string]string) (admitter bool, err error)
-	// Describe returns the plugin's one-line description of when it closes,
-	// "" when it has none.
-	Describe(ctx context.Context) (string, error)
-}
-
-var (
-	// ErrUnavailable is matched by a Remote's error when the plugin could
-	// not be reached (gRPC's codes.Unavailable): a supervisor restarts it.
-	ErrUnavailable = errors.New("plugin unavailable")
-	// ErrRefused is matched by Remote.Configure's error when the plugin
-	// refused its parameters: permanent, since a restart cannot fix them.
-	ErrRefused = errors.New("plugin refused its parameters")
-)
-
-// Serve serves impl as a gate plugin on the process's stdin/stdout handshake
-// and never returns until the host closes the plugin. It is the only call a
-// plugin's main makes.
-func Serve(impl gate.Gate) {
+// Serve serves impl as a gate plugin on the process's stdin/stdout
+// handshake and never returns until the host closes the plugin. It is the
+// only call a plugin's main makes. It serves every protocol version the SDK
+// knows; go-plugin picks the highest one the host offers.
+func Serve(impl Gate) {
 	plugin.Serve(&plugin.ServeConfig{
-		HandshakeConfig: Handshake,
-		Plugins:         PluginSet(impl),
-		GRPCServer:      plugin.DefaultGRPCServer,
+		HandshakeConfig:  Handshake,
+		VersionedPlugins: ServerPlugins(impl),
+		GRPCServer:       plugin.DefaultGRPCServer,
 	})
 }
 
-// PluginSet returns the go-plugin plugin set that serves impl (host side:
-// PluginSet(nil), whose Dispense returns a Remote).
-func PluginSet(impl gate.Gate) plugin.PluginSet {
-	return plugin.PluginSet{PluginName: &Plugin{Impl: impl}}
+// ServerPlugins returns the plugin sets that serve impl, by protocol
+// version.
+func ServerPlugins(impl Gate) map[int]plugin.PluginSet {
+	return map[int]plugin.PluginSet{
+		ProtocolV1: {PluginName: &Plugin{Impl: impl, Version: ProtocolV1}},
+		ProtocolV2: {PluginName: &Plugin{Impl: impl, Version: ProtocolV2}},
+	}
 }
 
-// Plugin is the go-plugin glue: on the plugin side it registers Impl as the
-// gRPC Gate service; on the host side it hands out a Remote.
+// ClientPlugins returns the plugin sets a host offers, by protocol version:
+// each dispenses a gatepb.GateClient on the plugin's connection (the
+// client's NegotiatedVersion says which version it speaks).
+func ClientPlugins() map[int]plugin.PluginSet {
+	return map[int]plugin.PluginSet{
+		ProtocolV1: {PluginName: &Plugin{Version: ProtocolV1}},
+		ProtocolV2: {PluginName: &Plugin{Version: ProtocolV2}},
+	}
+}
+
+// Plugin is the go-plugin glue: on the plugin side it registers Impl as
+// the gRPC Gate service of protocol Version; on the host side it hands out
+// a gatepb.GateClient.
 type Plugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	// Impl is the gate served (plugin side only).
-	Impl gate.Gate
+	Impl Gate
+	// Version is the protocol version this set speaks.
+	Version int
 }
 
 var _ plugin.GRPCPlugin = (*Plugin)(nil)
@@ -130,11 +110,27 @@ func (p *Plugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	if p.Impl == nil {
 		return errors.New("sdk: no gate to serve")
 	}
-	gatepb.RegisterGateServer(s, &server{impl: p.Impl})
+	gatepb.RegisterGateServer(s, newServer(p.Impl, p.Version))
 	return nil
 }
 
-// GRPCClient returns the client adapter, a Remote, on the plugin's connection.
+// GRPCClient returns a gatepb.GateClient on the plugin's connection.
 func (p *Plugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
-	return &client{rpc: gatepb.NewGateClient(c)}, nil
+	return gatepb.NewGateClient(c), nil
+}
+
+// sdkName names this SDK and, when the binary records it, its module
+// version, for Describe's sdk field.
+func sdkName() string {
+	const name = "sluice-sdk-go"
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return name
+	}
+	for _, m := range info.Deps {
+		if m.Path == ModulePath {
+			return name + "/" + m.Version
+		}
+	}
+	return name
 }

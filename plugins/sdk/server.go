@@ -9,16 +9,18 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/plugins/gatepb"
+	"github.com/sluice-io/sluice/plugins/sdk/gatepb"
 )
 
-// server is the plugin side's adapter: it serves a gate.Gate as the gRPC
-// Gate service, finding its optional interfaces by type assertion.
+// server is the plugin side's adapter: it serves a Gate as the gRPC Gate
+// service of one protocol version, finding its optional interfaces by type
+// assertion.
 type server struct {
 	gatepb.UnimplementedGateServer
-	impl gate.Gate
+	impl     Gate
+	admitter Admitter // nil when impl has no Admit
+	version  int
+	sdk      string
 
 	mu         sync.Mutex
 	configured bool
@@ -26,18 +28,22 @@ type server struct {
 
 var _ gatepb.GateServer = (*server)(nil)
 
+func newServer(impl Gate, version int) *server {
+	a, _ := impl.(Admitter)
+	return &server{impl: impl, admitter: a, version: version, sdk: sdkName()}
+}
+
 // Configure passes the parameters to the gate's Configurer and reports the
 // ones it did not read. A second Configure is refused.
 func (s *server) Configure(_ context.Context, req *gatepb.ConfigureRequest) (*gatepb.ConfigureResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, admitter := s.impl.(gate.Admitter)
-	resp := &gatepb.ConfigureResponse{Admitter: admitter}
+	resp := &gatepb.ConfigureResponse{Admitter: s.admitter != nil}
 	if s.configured {
 		resp.Error = "configured twice"
 		return resp, nil
 	}
-	params := gate.NewParams(req.GetParams())
+	params := NewParams(req.GetParams())
 	if c, ok := s.impl.(Configurer); ok {
 		if err := c.Configure(params); err != nil {
 			resp.Error = err.Error()
@@ -52,14 +58,14 @@ func (s *server) Configure(_ context.Context, req *gatepb.ConfigureRequest) (*ga
 	return resp, nil
 }
 
-// Budget asks the gate; a *gate.FallbackError travels as a fallback budget,
-// any other error as a gRPC status.
+// Budget asks the gate; a *FallbackError travels as a fallback budget, any
+// other error as a gRPC status.
 func (s *server) Budget(ctx context.Context, _ *gatepb.BudgetRequest) (*gatepb.BudgetResponse, error) {
 	b, err := s.impl.Budget(ctx)
 	if err == nil {
 		return &gatepb.BudgetResponse{Budget: b}, nil
 	}
-	var fb *gate.FallbackError
+	var fb *FallbackError
 	if !errors.As(err, &fb) {
 		return nil, toStatus(err)
 	}
@@ -70,26 +76,31 @@ func (s *server) Budget(ctx context.Context, _ *gatepb.BudgetRequest) (*gatepb.B
 	return &gatepb.BudgetResponse{Budget: fb.Budget, Fallback: msg}, nil
 }
 
-// Admit rebuilds the request (without payload) and asks the gate's Admitter;
-// a gate that has none admits everything.
-func (s *server) Admit(ctx context.Context, req *gatepb.AdmitRequest) (*gatepb.AdmitResponse, error) {
-	a, ok := s.impl.(gate.Admitter)
-	if !ok {
+// Admit rebuilds the request (without payload) and asks the gate's
+// Admitter; a gate that has none admits everything.
+func (s *server) Admit(ctx context.Context, in *gatepb.AdmitRequest) (*gatepb.AdmitResponse, error) {
+	if s.admitter == nil {
 		return &gatepb.AdmitResponse{Verdict: gatepb.Verdict_VERDICT_ADMIT}, nil
 	}
-	d, err := a.Admit(ctx, requestFromProto(req))
+	req := requestFromProto(in)
+	d, err := s.admitter.Admit(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return decisionToProto(d)
+	return decisionToProto(d, req.changed, s.version)
 }
 
-// Describe returns the gate's description, if it has one.
+// Describe returns the gate's description and, from v2, what it can do.
 func (s *server) Describe(context.Context, *gatepb.DescribeRequest) (*gatepb.DescribeResponse, error) {
-	if d, ok := s.impl.(gate.Describer); ok {
-		return &gatepb.DescribeResponse{Description: d.Describe()}, nil
+	out := &gatepb.DescribeResponse{}
+	if d, ok := s.impl.(Describer); ok {
+		out.Description = d.Describe()
 	}
-	return &gatepb.DescribeResponse{}, nil
+	if s.version >= ProtocolV2 {
+		out.Admitter = s.admitter != nil
+		out.Sdk = s.sdk
+	}
+	return out, nil
 }
 
 // toStatus keeps context errors recognisable on the other side; the gate's
@@ -106,13 +117,14 @@ func toStatus(err error) error {
 }
 
 // requestFromProto rebuilds the request a plugin's Admit sees.
-func requestFromProto(in *gatepb.AdmitRequest) *wire.Request {
-	req := &wire.Request{
+func requestFromProto(in *gatepb.AdmitRequest) *Request {
+	req := &Request{
 		ID:         in.GetId(),
 		Metadata:   in.GetMetadata(),
 		Headers:    in.GetHeaders(),
 		Endpoint:   in.GetEndpoint(),
 		RetryCount: int(in.GetRetryCount()),
+		Labels:     in.GetLabels(),
 	}
 	if ms := in.GetDeadlineUnixMs(); ms != 0 {
 		req.Deadline = time.UnixMilli(ms)
@@ -123,18 +135,30 @@ func requestFromProto(in *gatepb.AdmitRequest) *wire.Request {
 	return req
 }
 
-// decisionToProto encodes a decision; an unknown verdict is the gate's bug,
-// reported as codes.Internal.
-func decisionToProto(d gate.Decision) (*gatepb.AdmitResponse, error) {
+// decisionToProto encodes a decision and the labels Admit set. Under
+// protocol v1 a Wait cannot be told to the host (codes.Unimplemented) and
+// labels are not sent; an unknown verdict is the gate's bug, reported as
+// codes.Internal.
+func decisionToProto(d Decision, labels map[string]string, version int) (*gatepb.AdmitResponse, error) {
 	out := &gatepb.AdmitResponse{Reason: d.Reason}
+	if version >= ProtocolV2 {
+		out.Labels = labels
+	}
+	delay := max(d.Delay, 0).Milliseconds()
 	switch d.Verdict {
-	case gate.Admit:
+	case Admit:
 		out.Verdict = gatepb.Verdict_VERDICT_ADMIT
-	case gate.Defer:
+	case Defer:
 		out.Verdict = gatepb.Verdict_VERDICT_DEFER
-		out.DelayMs = max(d.Delay, 0).Milliseconds()
-	case gate.Reject:
+		out.DelayMs = delay
+	case Reject:
 		out.Verdict = gatepb.Verdict_VERDICT_REJECT
+	case Wait:
+		if version < ProtocolV2 {
+			return nil, status.Error(codes.Unimplemented, "the wait verdict needs protocol version 2; this sluice speaks version 1")
+		}
+		out.Verdict = gatepb.Verdict_VERDICT_WAIT
+		out.DelayMs = delay
 	default:
 		return nil, status.Errorf(codes.Internal, "unknown verdict %v", d.Verdict)
 	}

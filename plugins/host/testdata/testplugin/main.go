@@ -1,14 +1,25 @@
-// Command testplugin is a misbehaving gate plugin for plugins/host's tests.
-// Its first argument picks the misbehaviour: "hang" (Budget and Admit block
-// until their context ends), "exit" (Budget ends the process).
+// Command testplugin is a gate plugin for plugins/host's tests. Its first
+// argument picks the behaviour:
+//
+//   - "" (none): budget 1, every request admitted;
+//   - "hang": Budget and Admit block until their context ends;
+//   - "hang-admit": budget 1, Admit blocks until its context ends;
+//   - "exit": Budget ends the process;
+//   - "env": Describe lists the environment variables REDIS_URL, PASSED,
+//     SET and PLUGIN_CLIENT_CERT (present or not), to check what sluice
+//     lets through;
+//   - "wait": Admit answers Wait (delay 50ms) and labels the request
+//     classification=overflow, removing its "drop" label;
+//   - "flood": every Budget writes 100 lines to stderr.
 package main
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"strings"
+	"time"
 
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/plugins/sdk"
 )
 
@@ -21,16 +32,44 @@ func (g testGate) Budget(ctx context.Context) (float64, error) {
 		return 0, ctx.Err()
 	case "exit":
 		os.Exit(3)
+	case "flood":
+		for i := range 100 {
+			fmt.Fprintf(os.Stderr, `{"@level":"warn","@message":"flood line %d"}`+"\n", i)
+		}
 	}
 	return 1, nil
 }
 
-func (g testGate) Admit(ctx context.Context, _ *wire.Request) (gate.Decision, error) {
-	if g.mode == "hang" {
+func (g testGate) Admit(ctx context.Context, req *sdk.Request) (sdk.Decision, error) {
+	switch g.mode {
+	case "hang", "hang-admit":
 		<-ctx.Done()
-		return gate.Decision{}, ctx.Err()
+		return sdk.Decision{}, ctx.Err()
+	case "wait":
+		req.SetLabel("classification", "overflow")
+		req.SetLabel("drop", "")
+		return sdk.Decision{Verdict: sdk.Wait, Delay: 50 * time.Millisecond, Reason: "pool full"}, nil
 	}
-	return gate.Admitted, nil
+	return sdk.Admitted, nil
+}
+
+func (g testGate) Describe() string {
+	if g.mode != "env" {
+		return "test plugin " + g.mode
+	}
+	var out []string
+	for _, name := range []string{"REDIS_URL", "PASSED", "SET", "PLUGIN_CLIENT_CERT"} {
+		v, ok := os.LookupEnv(name)
+		switch {
+		case !ok:
+			out = append(out, name+" unset")
+		case name == "PLUGIN_CLIENT_CERT":
+			out = append(out, name+" set")
+		default:
+			out = append(out, name+"="+v)
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 func main() {

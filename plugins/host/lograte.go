@@ -1,0 +1,137 @@
+package host
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// newLogger returns the hclog logger, at level info, of name writing to w.
+func newLogger(name string, w io.Writer) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Info, Output: w})
+}
+
+// rateWriter passes at most rate writes (log lines: hclog writes one line
+// per call) per second to out and drops the rest, counting them; the first
+// line passed after a drop, or flush, reports how many were dropped. rate
+// 0 drops nothing.
+type rateWriter struct {
+	out  io.Writer
+	rate int
+	name string
+
+	mu          sync.Mutex
+	window      time.Time // start of the current one-second window
+	n           int       // lines passed in it
+	dropped     int       // lines dropped since the last report
+	droppedEver atomic.Int64
+}
+
+func newRateWriter(out io.Writer, rate int, name string) *rateWriter {
+	return &rateWriter{out: out, rate: rate, name: name}
+}
+
+// Write implements io.Writer.
+func (w *rateWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.rate > 0 {
+		now := time.Now()
+		if now.Sub(w.window) >= time.Second {
+			w.window, w.n = now, 0
+		}
+		if w.n >= w.rate {
+			w.dropped++
+			w.droppedEver.Add(1)
+			return len(p), nil
+		}
+		w.n++
+	}
+	w.reportLocked()
+	return w.out.Write(p)
+}
+
+// reportLocked writes how many lines were dropped since the last report.
+func (w *rateWriter) reportLocked() {
+	if w.dropped == 0 {
+		return
+	}
+	_, _ = fmt.Fprintf(w.out, "%s [WARN]  %s: %d plugin log lines suppressed (log_rate %d lines/s)\n",
+		time.Now().Format("2006-01-02T15:04:05.000Z0700"), w.name, w.dropped, w.rate)
+	w.dropped = 0
+}
+
+// flush reports lines dropped and not yet reported.
+func (w *rateWriter) flush() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.reportLocked()
+	w.mu.Unlock()
+}
+
+// suppressedTotal is the number of lines dropped since the start.
+func (w *rateWriter) suppressedTotal() int64 { return w.droppedEver.Load() }
+
+// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
+// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
+// line by line, a line in hclog's JSON format at its level, any other line
+// at debug, as go-plugin relays the process's own stderr.
+type lineRelay struct {
+	log hclog.Logger
+
+	mu  sync.Mutex
+	buf []byte
+}
+
+// maxLine bounds a line kept waiting for its newline.
+const maxLine = 64 << 10
+
+// Write implements io.Writer.
+func (r *lineRelay) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = append(r.buf, p...)
+	for {
+		i := bytes.IndexByte(r.buf, '\n')
+		if i < 0 {
+			if len(r.buf) > maxLine {
+				r.line(r.buf)
+				r.buf = r.buf[:0]
+			}
+			return len(p), nil
+		}
+		r.line(r.buf[:i])
+		r.buf = r.buf[i+1:]
+	}
+}
+
+// line logs one line.
+func (r *lineRelay) line(b []byte) {
+	var entry map[string]any
+	if json.Unmarshal(b, &entry) != nil {
+		r.log.Debug(string(b))
+		return
+	}
+	msg, _ := entry["@message"].(string)
+	lvl, _ := entry["@level"].(string)
+	args := make([]any, 0, 2*len(entry))
+	for k, v := range entry {
+		if !strings.HasPrefix(k, "@") {
+			args = append(args, k, v)
+		}
+	}
+	level := hclog.LevelFromString(lvl)
+	if level == hclog.NoLevel {
+		level = hclog.Debug
+	}
+	r.log.Log(level, msg, args...)
+}
