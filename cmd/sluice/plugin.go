@@ -261,6 +261,13 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 		{Name: "Answers", Check: func(t gatetest.T) {
 			pt := t.(*propT)
 			g := newPluginGate(t, cfg)
+			// Start first: the 1s bound is on answers, not on the start.
+			ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout+5*time.Second)
+			err := unwrapHost(g).Start(ctx)
+			cancel()
+			if err != nil {
+				t.Fatalf("start: %v", err)
+			}
 			const calls = 50
 			var lat []time.Duration
 			for i := range calls {
