@@ -212,8 +212,11 @@ func runPluginSuite(ctx context.Context, w io.Writer, cfg host.Config, timeout t
 	return true
 }
 
-// newPluginGate builds the gate a queue would (an AdmitGate when cfg.Admit)
-// and closes it when t ends.
+// newPluginGate builds the gate a queue would (an AdmitGate when cfg.Admit),
+// starts its plugin, and closes it when t ends. Starting first makes the
+// properties' bounds (a second or a few) apply to answers, not to the
+// plugin's start-up, which an interpreted plugin on a busy machine can spend
+// seconds on (start_timeout bounds it).
 func newPluginGate(t gatetest.T, cfg host.Config) gate.Gate {
 	t.Helper()
 	g, err := host.New(cfg)
@@ -221,6 +224,11 @@ func newPluginGate(t gatetest.T, cfg host.Config) gate.Gate {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout+5*time.Second)
+	defer cancel()
+	if err := g.Start(ctx); err != nil {
+		t.Fatalf("start: %v", err)
+	}
 	if cfg.Admit {
 		return &host.AdmitGate{Gate: g}
 	}
@@ -261,13 +269,6 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 		{Name: "Answers", Check: func(t gatetest.T) {
 			pt := t.(*propT)
 			g := newPluginGate(t, cfg)
-			// Start first: the 1s bound is on answers, not on the start.
-			ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout+5*time.Second)
-			err := unwrapHost(g).Start(ctx)
-			cancel()
-			if err != nil {
-				t.Fatalf("start: %v", err)
-			}
 			const calls = 50
 			var lat []time.Duration
 			for i := range calls {
@@ -321,13 +322,9 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 			pt := t.(*propT)
 			c := cfg
 			c.RestartBackoff, c.RestartBackoffMax = 50*time.Millisecond, 50*time.Millisecond
-			g := newPluginGate(t, c)
-			hg := unwrapHost(g)
+			hg := unwrapHost(newPluginGate(t, c))
 			ctx, cancel := context.WithTimeout(context.Background(), c.StartTimeout+5*time.Second)
 			defer cancel()
-			if err := hg.Start(ctx); err != nil {
-				t.Fatalf("start: %v", err)
-			}
 			pid := hg.PID()
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				t.Fatalf("kill %d: %v", pid, err)

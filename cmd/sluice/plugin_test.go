@@ -193,7 +193,7 @@ func TestPluginDescribePython(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := run(t, "plugin", "describe", script, "--params", `{"budget": 0.25}`)
+	out, err := run(t, "plugin", "describe", script, "--params", `{"budget": 0.25, "start_timeout": "60s"}`)
 	if err != nil {
 		t.Fatalf("%v; out:\n%s", err, out)
 	}

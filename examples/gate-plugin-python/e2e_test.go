@@ -97,10 +97,13 @@ func budgetFile(t testing.TB, b string) string {
 }
 
 // newGate builds a plugin gate for the Python plugin through the host's
-// factory, as a queue's gate_params would, and closes it at cleanup.
+// factory, as a queue's gate_params would, starts the plugin, and closes
+// it at cleanup. Starting here keeps the interpreter's start-up (seconds on
+// a busy machine) out of the suite's 5 s query bounds; a start that fails
+// (a refused config) fails the test's first query in the same way.
 func newGate(t testing.TB, vals map[string]string) gate.Gate {
 	t.Helper()
-	p := map[string]string{"path": pluginPath(t), "restart_backoff": "50ms"}
+	p := map[string]string{"path": pluginPath(t), "restart_backoff": "50ms", "start_timeout": "60s"}
 	for k, v := range vals {
 		p[k] = v
 	}
@@ -109,11 +112,14 @@ func newGate(t testing.TB, vals map[string]string) gate.Gate {
 		t.Fatalf("Factory: %v", err)
 	}
 	t.Cleanup(func() { _ = g.(interface{ Close() error }).Close() })
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = g.(interface{ Start(context.Context) error }).Start(c)
 	return g
 }
 
 func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return c
 }
@@ -241,7 +247,7 @@ func TestAutoMTLS(t *testing.T) {
 				Cmd:              exec.Command(pluginPath(t)),
 				AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 				AutoMTLS:         mtls,
-				StartTimeout:     10 * time.Second,
+				StartTimeout:     time.Minute,
 				Logger:           hclog.New(&hclog.LoggerOptions{Name: "python-plugin", Level: hclog.Info, Output: os.Stderr}),
 			})
 			defer client.Kill()
@@ -318,7 +324,7 @@ func TestThroughPipeline(t *testing.T) {
 
 	file := budgetFile(t, "0")
 	params := map[string]json.RawMessage{}
-	for k, v := range map[string]string{"path": pluginPath(t), "file": file, "admit": "true", "deny_tenants": "blocked"} {
+	for k, v := range map[string]string{"path": pluginPath(t), "file": file, "admit": "true", "deny_tenants": "blocked", "start_timeout": "60s"} {
 		params[k], _ = json.Marshal(v)
 	}
 	const queue, results = "requests", "results"
@@ -370,7 +376,7 @@ func TestThroughPipeline(t *testing.T) {
 	if err := os.WriteFile(file, []byte("1"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wait := time.After(20 * time.Second)
+	wait := time.After(time.Minute)
 	for {
 		n, more := mem.ResultCount(results)
 		if n >= 3 {
