@@ -13,10 +13,14 @@ handshake. See README.md.
 
 import math
 import re
+import sys
 import threading
 
-import goplugin
-from goplugin import GateError, gate_pb2
+# No __pycache__ beside the plugin: its directory may be read-only.
+sys.dont_write_bytecode = True
+
+import goplugin  # noqa: E402
+from goplugin import GateError, gate_pb2  # noqa: E402
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
