@@ -15,6 +15,7 @@
 //	cancel            cancel a job or one request
 //	queues            show request queues and their depths
 //	migrate           move sorted-set queue state to or from upstream's layout
+//	plugin            describe a gate plugin binary, or run the gate conformance suite against it
 //
 // Run with no subcommand, as upstream's Helm chart runs llm-d-async
 // (`/llm-d-async <flags>`), it is the dispatcher with upstream's flags and
@@ -93,6 +94,7 @@ exponential backoff; everything else ends as an error result.`,
 	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
 	root.AddCommand(redisCommands()...)
 	root.AddCommand(newMigrate())
+	root.AddCommand(newPlugin())
 	return root
 }
 

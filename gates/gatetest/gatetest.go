@@ -20,6 +20,11 @@
 // requests admitted and given back (each Release called twice, the second
 // call doing nothing) leave the gate where it was (CheckReleases). Ledger
 // is a scripted per-request gate for testing gates that wrap others.
+//
+// The properties also run outside `go test`: Properties returns them as
+// values whose Check takes a T, the small part of testing.TB the suite
+// uses, so that a command (`sluice plugin test`) can run them against a
+// plugin binary and print a report.
 package gatetest
 
 import (
@@ -81,47 +86,107 @@ func (f *Features) setDefaults() {
 	}
 }
 
+// T is what the suite needs from the test running it. *testing.T and every
+// testing.TB satisfy it; so does the reporter of `sluice plugin test`, which
+// runs the properties outside `go test`. Errorf may be called from several
+// goroutines at once; Fatalf ends the calling goroutine (runtime.Goexit) and
+// is only called from the goroutine running the property; the functions
+// given to Cleanup run, last registered first, when the property ends.
+type T interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	Name() string
+}
+
+var _ T = (testing.TB)(nil)
+
+// Property is one check of the suite.
+type Property struct {
+	// Name names the property (Run's subtest name), for example "BudgetInRange".
+	Name string
+	// Check runs the property, reporting through t. It builds the gates it
+	// needs and registers their Close with t.Cleanup.
+	Check func(t T)
+}
+
 // Run runs the suite. newGate builds a fresh gate for each subtest; the
 // subtest closes it (Run's own checks call Close, and the suite registers a
 // Close at cleanup too).
 func Run(t *testing.T, newGate func(t testing.TB) gate.Gate, f Features) {
 	t.Helper()
-	f.setDefaults()
-	build := func(t testing.TB) gate.Gate {
-		t.Helper()
-		g := newGate(t)
-		if g == nil {
-			t.Fatal("newGate returned nil")
-		}
-		t.Cleanup(func() { _ = closeGate(g) })
-		return g
+	// Every T the properties see here is a *testing.T.
+	build := func(t T) gate.Gate { return newGate(t.(testing.TB)) }
+	_, admitter := buildClosed(t, build).(gate.Admitter)
+	for _, p := range Properties(build, f, admitter) {
+		t.Run(p.Name, func(t *testing.T) { p.Check(t) })
 	}
-	t.Run("BudgetInRange", func(t *testing.T) { testBudgetInRange(t, build(t)) })
-	t.Run("CancelledContext", func(t *testing.T) { testCancelled(t, build(t), f) })
-	t.Run("CloseIdempotent", func(t *testing.T) { testClose(t, build(t), f) })
-	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, build(t)) })
-	t.Run("OptionalInterfaces", func(t *testing.T) { testOptional(t, build(t)) })
-	t.Run("Refresher", func(t *testing.T) { testRefresher(t, build(t)) })
-	if _, ok := build(t).(gate.Admitter); ok {
-		t.Run("Releases", func(t *testing.T) { CheckReleases(t, build(t), f.Admissions) })
+}
+
+// Properties returns the suite's properties in the order Run runs them, for
+// gates built by newGate; admitter says whether those gates decide per
+// request (gate.Admitter), which adds the Releases property. The properties
+// driving the backend (FollowsBackend, FailingBackend, HangingBackend) are
+// included only when f has Set, Failing or Hanging; those callbacks take a
+// testing.TB, so the T running such a property must be one (Run's are).
+func Properties(newGate func(t T) gate.Gate, f Features, admitter bool) []Property {
+	f.setDefaults()
+	build := func(t T) gate.Gate {
+		t.Helper()
+		return buildClosed(t, newGate)
+	}
+	ps := []Property{
+		{"BudgetInRange", func(t T) { testBudgetInRange(t, build(t)) }},
+		{"CancelledContext", func(t T) { testCancelled(t, build(t), f) }},
+		{"CloseIdempotent", func(t T) { testClose(t, build(t), f) }},
+		{"Concurrent", func(t T) { testConcurrent(t, build(t)) }},
+		{"OptionalInterfaces", func(t T) { testOptional(t, build(t)) }},
+		{"Refresher", func(t T) { testRefresher(t, build(t)) }},
+	}
+	if admitter {
+		ps = append(ps, Property{"Releases", func(t T) { CheckReleases(t, build(t), f.Admissions) }})
 	}
 	if f.Set != nil {
-		t.Run("FollowsBackend", func(t *testing.T) { testFollows(t, build(t), f) })
+		ps = append(ps, Property{"FollowsBackend", func(t T) { testFollows(t, build(t), f) }})
 	}
 	if f.Failing != nil {
-		t.Run("FailingBackend", func(t *testing.T) {
-			g := f.Failing(t)
+		ps = append(ps, Property{"FailingBackend", func(t T) {
+			g := f.Failing(asTB(t))
 			t.Cleanup(func() { _ = closeGate(g) })
 			testFailing(t, g, f)
-		})
+		}})
 	}
 	if f.Hanging != nil {
-		t.Run("HangingBackend", func(t *testing.T) {
-			g := f.Hanging(t)
+		ps = append(ps, Property{"HangingBackend", func(t T) {
+			g := f.Hanging(asTB(t))
 			t.Cleanup(func() { _ = closeGate(g) })
 			testHanging(t, g, f)
-		})
+		}})
 	}
+	return ps
+}
+
+// buildClosed builds a gate, failing t when there is none, and closes it
+// when t ends.
+func buildClosed(t T, newGate func(t T) gate.Gate) gate.Gate {
+	t.Helper()
+	g := newGate(t)
+	if g == nil {
+		t.Fatalf("newGate returned nil")
+	}
+	t.Cleanup(func() { _ = closeGate(g) })
+	return g
+}
+
+// asTB returns t as the testing.TB Features' callbacks take, failing t when
+// it is not one.
+func asTB(t T) testing.TB {
+	tb, ok := t.(testing.TB)
+	if !ok {
+		t.Fatalf("gatetest: Features.Set, Failing and Hanging take a testing.TB; %T is not one", t)
+	}
+	return tb
 }
 
 func closeGate(g gate.Gate) error {
@@ -150,7 +215,7 @@ func CheckAnswer(b float64, err error) error {
 func inRange(b float64) bool { return !math.IsNaN(b) && b >= 0 && b <= 1 }
 
 // budget runs one query with a timeout and checks the answer.
-func budget(t testing.TB, g gate.Gate, timeout time.Duration) (float64, error) {
+func budget(t T, g gate.Gate, timeout time.Duration) (float64, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -161,13 +226,13 @@ func budget(t testing.TB, g gate.Gate, timeout time.Duration) (float64, error) {
 	return b, err
 }
 
-func testBudgetInRange(t *testing.T, g gate.Gate) {
+func testBudgetInRange(t T, g gate.Gate) {
 	for range 20 {
 		budget(t, g, 5*time.Second)
 	}
 }
 
-func testCancelled(t *testing.T, g gate.Gate, f Features) {
+func testCancelled(t T, g gate.Gate, f Features) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start := time.Now()
@@ -189,7 +254,7 @@ func testCancelled(t *testing.T, g gate.Gate, f Features) {
 	}
 }
 
-func testClose(t *testing.T, g gate.Gate, f Features) {
+func testClose(t T, g gate.Gate, f Features) {
 	budget(t, g, 5*time.Second)
 	c, ok := g.(interface{ Close() error })
 	if !ok {
@@ -208,7 +273,7 @@ func testClose(t *testing.T, g gate.Gate, f Features) {
 	}
 }
 
-func testConcurrent(t *testing.T, g gate.Gate) {
+func testConcurrent(t T, g gate.Gate) {
 	const workers, calls = 8, 25
 	adm, _ := g.(gate.Admitter)
 	desc, _ := g.(gate.Describer)
@@ -265,9 +330,9 @@ func testConcurrent(t *testing.T, g gate.Gate) {
 	wg.Wait()
 }
 
-func testOptional(t *testing.T, g gate.Gate) {
+func testOptional(t T, g gate.Gate) {
 	if d, ok := g.(gate.Describer); ok && d.Describe() == "" {
-		t.Error("Describe returned an empty string")
+		t.Errorf("Describe returned an empty string")
 	}
 	if p, ok := g.(gate.PolicyReporter); ok {
 		if _, err := gate.ParseFailurePolicy(string(p.FailurePolicy())); err != nil {
@@ -289,7 +354,7 @@ func testOptional(t *testing.T, g gate.Gate) {
 }
 
 // testRefresher runs the gate under a Refresher, as the pipeline does.
-func testRefresher(t *testing.T, g gate.Gate) {
+func testRefresher(t T, g gate.Gate) {
 	r := gate.NewRefresher(g, gate.RefresherConfig{Name: "gatetest", Interval: 10 * time.Millisecond})
 	c := credit.NewPool(100, credit.Ramp{})
 	r.Attach(c)
@@ -309,9 +374,9 @@ func testRefresher(t *testing.T, g gate.Gate) {
 	}
 }
 
-func testFollows(t *testing.T, g gate.Gate, f Features) {
+func testFollows(t T, g gate.Gate, f Features) {
 	for _, level := range f.Levels {
-		f.Set(t, level)
+		f.Set(asTB(t), level)
 		var b float64
 		var err error
 		deadline := time.Now().Add(f.Settle)
@@ -328,7 +393,7 @@ func testFollows(t *testing.T, g gate.Gate, f Features) {
 	}
 }
 
-func testFailing(t *testing.T, g gate.Gate, f Features) {
+func testFailing(t T, g gate.Gate, f Features) {
 	start := time.Now()
 	b, err := budget(t, g, 5*time.Second)
 	if err == nil {
@@ -339,7 +404,7 @@ func testFailing(t *testing.T, g gate.Gate, f Features) {
 	}
 }
 
-func testHanging(t *testing.T, g gate.Gate, f Features) {
+func testHanging(t T, g gate.Gate, f Features) {
 	const timeout = 200 * time.Millisecond
 	start := time.Now()
 	b, err := budget(t, g, timeout)
@@ -351,7 +416,7 @@ func testHanging(t *testing.T, g gate.Gate, f Features) {
 	}
 }
 
-func checkDecision(t testing.TB, d gate.Decision) {
+func checkDecision(t T, d gate.Decision) {
 	t.Helper()
 	if err := CheckDecision(d); err != nil {
 		t.Errorf("Admit = %+v: %v", d, err)
@@ -394,7 +459,7 @@ type outcome struct {
 // each call's error (nil where there was none); a decision that came with
 // an error holds nothing (a Release it carried anyway is called, and the
 // test fails).
-func AdmitN(t testing.TB, a gate.Admitter, n int, timeout time.Duration) (ds []gate.Decision, errs []error) {
+func AdmitN(t T, a gate.Admitter, n int, timeout time.Duration) (ds []gate.Decision, errs []error) {
 	t.Helper()
 	for i := range n {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -419,7 +484,7 @@ func AdmitN(t testing.TB, a gate.Admitter, n int, timeout time.Duration) (ds []g
 // ReleaseAll gives back every reservation in ds, calling each Release twice
 // (the pipeline calls it once; a second call must do nothing), and fails
 // the test when a call does not return within a second.
-func ReleaseAll(t testing.TB, ds []gate.Decision) {
+func ReleaseAll(t T, ds []gate.Decision) {
 	t.Helper()
 	for i, d := range ds {
 		if d.Release == nil {
@@ -443,7 +508,7 @@ func ReleaseAll(t testing.TB, ds []gate.Decision) {
 // admissions gets the same verdicts, and after giving those back the
 // budget is what it was before the first. g must be an Admitter whose
 // backend does not change meanwhile.
-func CheckReleases(t testing.TB, g gate.Gate, n int) {
+func CheckReleases(t T, g gate.Gate, n int) {
 	t.Helper()
 	a, ok := g.(gate.Admitter)
 	if !ok {
@@ -485,7 +550,7 @@ func testRequest() *wire.Request {
 // passed with env to the factory registered as typ in r. The gate is closed
 // when the test ends. Params that are not a JSON object fail the test; the
 // factory's error is returned.
-func Build(t testing.TB, r *gate.Registry, typ, params string, env gate.Env) (gate.Gate, error) {
+func Build(t T, r *gate.Registry, typ, params string, env gate.Env) (gate.Gate, error) {
 	t.Helper()
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(params), &obj); err != nil {
@@ -505,7 +570,7 @@ func Build(t testing.TB, r *gate.Registry, typ, params string, env gate.Env) (ga
 
 // Query asks g for its budget once, bounded by 5 s, and returns the answer
 // as it is.
-func Query(t testing.TB, g gate.Gate) (float64, error) {
+func Query(t T, g gate.Gate) (float64, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -23,9 +23,9 @@ import (
 // reached (gRPC's codes.Unavailable): the supervisor restarts it.
 var errUnavailable = errors.New("plugin unavailable")
 
-// errRefused is matched by configure's error when the plugin refused its
+// ErrRefused is matched by configure's error when the plugin refused its
 // parameters: permanent, since a restart cannot fix them.
-var errRefused = errors.New("plugin refused its parameters")
+var ErrRefused = errors.New("plugin refused its parameters")
 
 // The RPCs, as indexes into callStats and names in metrics.
 const (
@@ -93,7 +93,7 @@ type describeInfo struct {
 	admitter         bool // v2 only
 }
 
-// configure sends params; a refusal is an error matching errRefused. It
+// configure sends params; a refusal is an error matching ErrRefused. It
 // also reports whether the connection runs over TLS.
 func (r *remote) configure(ctx context.Context, params map[string]string) (admitter, tls bool, err error) {
 	var p peer.Peer
@@ -105,7 +105,7 @@ func (r *remote) configure(ctx context.Context, params map[string]string) (admit
 	}
 	tls = p.AuthInfo != nil && p.AuthInfo.AuthType() == "tls"
 	if msg := resp.GetError(); msg != "" {
-		return false, tls, &markedError{err: errors.New(msg), mark: errRefused}
+		return false, tls, &markedError{err: errors.New(msg), mark: ErrRefused}
 	}
 	return resp.GetAdmitter(), tls, nil
 }

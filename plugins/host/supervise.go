@@ -204,7 +204,7 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 	defer cancel()
 	admitter, tls, err := r.configure(ctx, g.cfg.Params)
 	switch {
-	case errors.Is(err, errRefused):
+	case errors.Is(err, ErrRefused):
 		return refuse(err)
 	case err != nil:
 		return fail(err)
