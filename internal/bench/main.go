@@ -49,6 +49,7 @@ func scenarios() []scenario {
 		scenario{"concurrency", runConcurrency},
 		scenario{"concurrency-h2c", runConcurrencyH2C},
 		scenario{"flow-control", runFlowControl},
+		scenario{"binary", runBinary},
 	)
 }
 
