@@ -48,6 +48,7 @@ func scenarios() []scenario {
 		scenario{"no-herd", runNoHerd},
 		scenario{"concurrency", runConcurrency},
 		scenario{"concurrency-h2c", runConcurrencyH2C},
+		scenario{"concurrency-auto", runConcurrencyAuto},
 		scenario{"flow-control", runFlowControl},
 		scenario{"binary", runBinary},
 	)
