@@ -84,7 +84,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&f.retryMaxAttempts, "retry-max-attempts", 0, "give up after this many attempts (default 0: retry until the deadline)")
 	fs.StringVar(&f.deadlineHeader, "deadline-header", "", "header carrying the deadline in Unix ms (default x-request-deadline; \"off\" disables)")
 	fs.StringVar(&f.timeoutHeader, "timeout-header", "", "header carrying the remaining ms (default x-envoy-upstream-rq-timeout-ms; \"off\" disables)")
-	fs.StringVar(&f.gatewayProtocol, "gateway-protocol", "", "http1 (default) or h2c: HTTP/2 with prior knowledge to http:// gateways that accept it (Envoy does), many requests per connection")
+	fs.StringVar(&f.gatewayProtocol, "gateway-protocol", "", "auto (default: h2c to http:// gateways that accept it, HTTP/1.1 to the others, detected per gateway), http1, or h2c: HTTP/2 with prior knowledge (Envoy accepts it), many requests per connection")
 	fs.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "OpenTelemetry collector (OTLP/HTTP), e.g. http://otel-collector:4318; enables tracing")
 	fs.Float64Var(&f.traceSampleRatio, "trace-sample-ratio", 0, "share of requests traced when the producer sent no sampled traceparent (default 0.01)")
 	fs.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")

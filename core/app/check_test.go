@@ -101,7 +101,7 @@ func TestComponentDefaults(t *testing.T) {
 	}
 	d.SetDefaults()
 	if d.RequestTimeout != 5*time.Minute || d.DeadlineHeader != "x-request-deadline" ||
-		d.TimeoutHeader != "x-envoy-upstream-rq-timeout-ms" || d.MaxResponseBytes != 64<<20 || d.Protocol != "http1" {
+		d.TimeoutHeader != "x-envoy-upstream-rq-timeout-ms" || d.MaxResponseBytes != 64<<20 || d.Protocol != "auto" {
 		t.Errorf("dispatch defaults %+v", d)
 	}
 	r := retryPolicy(cfg)

@@ -646,6 +646,9 @@ type gwArrival struct{ id, lane, tenant string }
 func newSteppedGateway(t *testing.T) *steppedGateway {
 	g := &steppedGateway{permits: make(chan struct{}, 1000)}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PRI" {
+			return // dispatch.protocol auto's h2c preface (see flow_test.go)
+		}
 		// Read the body first: only then does the server notice a client
 		// that gives up (r.Context ends), e.g. sluice shutting down after a
 		// failed check.

@@ -470,9 +470,10 @@ type Dispatch struct {
 	TimeoutHeader string `json:"timeout_header,omitempty"`
 	// MaxResponseBytes caps a response body (0: the default, 64 MiB).
 	MaxResponseBytes int64 `json:"max_response_bytes,omitempty"`
-	// Protocol is how http:// gateways are spoken to: "http1" (empty: the
-	// default) or "h2c" (HTTP/2 with prior knowledge, for gateways that
-	// accept it).
+	// Protocol is how http:// gateways are spoken to: "auto" (empty: the
+	// default; h2c to the gateways that accept it, HTTP/1.1 to the others,
+	// detected per gateway address), "http1" or "h2c" (HTTP/2 with prior
+	// knowledge, for gateways that accept it).
 	Protocol string `json:"protocol,omitempty"`
 }
 
@@ -656,8 +657,8 @@ func (c *Config) Validate(k Known) error {
 			add("tracing.otlp_endpoint", "%q is not an http(s) URL", e)
 		}
 	}
-	if p := c.Dispatch.Protocol; p != "" && p != "http1" && p != "h2c" {
-		add("dispatch.protocol", "%q: want http1 or h2c", p)
+	if p := c.Dispatch.Protocol; p != "" && p != "auto" && p != "http1" && p != "h2c" {
+		add("dispatch.protocol", "%q: want auto, http1 or h2c", p)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -147,8 +147,9 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"max below base", func(c *Config) { c.Retry.Base, c.Retry.Max = Duration(time.Minute), Duration(time.Second) },
 			"retry: need base ≤ max, got base 1m0s, max 1s"},
 		{"only base", func(c *Config) { c.Retry.Base = Duration(time.Second) }, ""},
-		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch.protocol: "h3": want http1 or h2c`},
+		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch.protocol: "h3": want auto, http1 or h2c`},
 		{"h2c", func(c *Config) { c.Dispatch.Protocol = "h2c" }, ""},
+		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -53,11 +53,14 @@ type Config struct {
 	// MaxResponseBytes caps the response body read. A bigger body makes the
 	// call Fatal with ErrResponseTooLarge. Default 64 MiB.
 	MaxResponseBytes int64
-	// Protocol is how http:// gateways are spoken to: ProtocolHTTP1 (the
-	// default: one connection per request in flight) or ProtocolH2C (HTTP/2
-	// with prior knowledge, for gateways that accept it, such as Envoy: many
-	// requests share a few connections). https gateways negotiate HTTP/2 or
-	// HTTP/1.1 through ALPN either way.
+	// Protocol is how http:// gateways are spoken to: ProtocolAuto (the
+	// default: h2c to the gateways that complete an HTTP/2 handshake with
+	// prior knowledge, HTTP/1.1 to the others, detected per gateway address
+	// and re-checked; see package core/dispatch/auto), ProtocolHTTP1 (one
+	// connection per request in flight) or ProtocolH2C (HTTP/2 with prior
+	// knowledge, for gateways that accept it, such as Envoy: many requests
+	// share a few connections). https gateways negotiate HTTP/2 or HTTP/1.1
+	// through ALPN (HTTP/2 only under ProtocolH2C).
 	Protocol string
 	// Fairness configures the fairness stamp (upstream's fairness_header
 	// and fairness_attribute). The zero value stamps metadata.userid as
@@ -67,6 +70,7 @@ type Config struct {
 
 // Gateway protocols for Config.Protocol.
 const (
+	ProtocolAuto  = "auto"
 	ProtocolHTTP1 = "http1"
 	ProtocolH2C   = "h2c"
 )
@@ -101,7 +105,7 @@ func (c *Config) SetDefaults() {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.Protocol == "" {
-		c.Protocol = ProtocolHTTP1
+		c.Protocol = ProtocolAuto
 	}
 	c.Fairness.SetDefaults()
 }
@@ -120,8 +124,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("dispatch: max response bytes %d is negative", c.MaxResponseBytes)
 	case (c.TLS.Cert == "") != (c.TLS.Key == ""):
 		return errors.New("dispatch: tls cert and key must be set together")
-	case c.Protocol != ProtocolHTTP1 && c.Protocol != ProtocolH2C:
-		return fmt.Errorf("dispatch: protocol %q: want %q or %q", c.Protocol, ProtocolHTTP1, ProtocolH2C)
+	case c.Protocol != ProtocolAuto && c.Protocol != ProtocolHTTP1 && c.Protocol != ProtocolH2C:
+		return fmt.Errorf("dispatch: protocol %q: want %q, %q or %q", c.Protocol, ProtocolAuto, ProtocolHTTP1, ProtocolH2C)
 	}
 	if err := validHeaderSetting("deadline header", c.DeadlineHeader); err != nil {
 		return err

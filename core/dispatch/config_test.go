@@ -26,7 +26,7 @@ func TestSetDefaults(t *testing.T) {
 		DeadlineHeader:   "x-request-deadline",
 		TimeoutHeader:    "x-envoy-upstream-rq-timeout-ms",
 		MaxResponseBytes: 64 << 20,
-		Protocol:         ProtocolHTTP1,
+		Protocol:         ProtocolAuto,
 	}
 	if c != want {
 		t.Fatalf("defaults = %+v, want %+v", c, want)
@@ -157,6 +157,31 @@ func testTLSHTTP2(t *testing.T, proto string) {
 	}
 	if p := <-protos; p != "HTTP/2.0" {
 		t.Fatalf("https gateway spoken to over %s, want HTTP/2.0", p)
+	}
+}
+
+// An https gateway that offers only HTTP/1.1 through ALPN is spoken to over
+// HTTP/1.1 under http1 and auto (h2c offers only HTTP/2 to https gateways).
+func TestTLSHTTP1Only(t *testing.T) {
+	for _, proto := range []string{ProtocolHTTP1, ProtocolAuto} {
+		t.Run(proto, func(t *testing.T) {
+			protos := make(chan string, 4)
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				protos <- r.Proto
+				_, _ = io.Copy(w, r.Body)
+			}))
+			srv.EnableHTTP2 = false
+			srv.StartTLS()
+			t.Cleanup(srv.Close)
+			c := newClient(t, Config{TLS: TLSConfig{CACert: writeServerCA(t, srv)}, Protocol: proto})
+			req := newRequest(time.Minute)
+			if out := c.Do(t.Context(), Target{BaseURL: srv.URL}, req); out.Class != Success || string(out.Body) != string(req.Payload) {
+				t.Fatalf("outcome = %+v", out)
+			}
+			if p := <-protos; p != "HTTP/1.1" {
+				t.Fatalf("https gateway spoken to over %s, want HTTP/1.1", p)
+			}
+		})
 	}
 }
 

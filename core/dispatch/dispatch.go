@@ -19,7 +19,9 @@
 // and every https gateway go through package nethttp (net/http's
 // Transport); http gateways under ProtocolH2C through package h2c (sluice's
 // own HTTP/2 client, which costs no goroutine per call and gathers
-// concurrent calls' frames into few writes).
+// concurrent calls' frames into few writes); http gateways under
+// ProtocolAuto, the default, through package auto, which uses h2c with the
+// gateways that accept it and nethttp with the others.
 package dispatch
 
 import (
@@ -35,6 +37,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluice-io/sluice/core/dispatch/auto"
 	"github.com/sluice-io/sluice/core/dispatch/h2c"
 	"github.com/sluice-io/sluice/core/dispatch/internal/cowmap"
 	"github.com/sluice-io/sluice/core/dispatch/nethttp"
@@ -80,11 +83,12 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("dispatch: %w", err)
 	}
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}
-	// http gateways: HTTP/1.1 through net/http, or HTTP/2 with prior
-	// knowledge through h2c when configured; https gateways: HTTP/2 offered
-	// through ALPN (and HTTP/1.1 too, unless h2c is configured).
+	// http gateways: HTTP/1.1 through net/http, HTTP/2 with prior
+	// knowledge through h2c, or whichever the gateway speaks (auto);
+	// https gateways: HTTP/2 offered through ALPN (and HTTP/1.1 too, unless
+	// h2c is configured).
 	var protocols http.Protocols
-	protocols.SetHTTP1(cfg.Protocol == ProtocolHTTP1)
+	protocols.SetHTTP1(cfg.Protocol != ProtocolH2C)
 	protocols.SetHTTP2(true)
 	viaNetHTTP := nethttp.New(nethttp.Config{
 		Dial:                dialer.DialContext,
@@ -104,9 +108,13 @@ func New(cfg Config) (*Client, error) {
 		targets:        cowmap.Map[Target, *preparedTarget]{Max: maxCachedTargets},
 		names:          cowmap.Map[string, string]{Max: maxCachedNames},
 	}
-	if cfg.Protocol == ProtocolH2C {
+	switch cfg.Protocol {
+	case ProtocolH2C:
 		c.plain = h2c.New(h2c.Config{Dial: dialer.DialContext, MaxConnsPerHost: cfg.MaxConnsPerHost,
 			MaxBodyBytes: cfg.MaxResponseBytes})
+	case ProtocolAuto:
+		c.plain = auto.New(auto.Config{Dial: dialer.DialContext, MaxIdleConnsPerHost: cfg.MaxConns,
+			MaxConnsPerHost: cfg.MaxConnsPerHost, MaxBodyBytes: cfg.MaxResponseBytes})
 	}
 	c.bufs.New = func() any {
 		b := make([]byte, 0, poolBufferSize)

@@ -45,10 +45,11 @@ func newServer(t testing.TB, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-// bothProtocols runs test over HTTP/1.1 (net/http's client) and over h2c
-// (sluice's own HTTP/2 client).
+// bothProtocols runs test over HTTP/1.1 (net/http's client), over h2c
+// (sluice's own HTTP/2 client) and under auto (which finds that newServer's
+// gateways speak h2c).
 func bothProtocols(t *testing.T, test func(t *testing.T, proto string)) {
-	for _, proto := range []string{ProtocolHTTP1, ProtocolH2C} {
+	for _, proto := range []string{ProtocolHTTP1, ProtocolH2C, ProtocolAuto} {
 		t.Run(proto, func(t *testing.T) { test(t, proto) })
 	}
 }
@@ -113,7 +114,7 @@ func TestHeaders(t *testing.T) { bothProtocols(t, testHeaders) }
 func testHeaders(t *testing.T, proto string) {
 	got := make(chan *http.Request, 1)
 	handler := func(w http.ResponseWriter, r *http.Request) {
-		if wantMajor := map[string]int{ProtocolHTTP1: 1, ProtocolH2C: 2}[proto]; r.ProtoMajor != wantMajor {
+		if wantMajor := map[string]int{ProtocolHTTP1: 1, ProtocolH2C: 2, ProtocolAuto: 2}[proto]; r.ProtoMajor != wantMajor {
 			t.Errorf("request over %s, want HTTP/%d", r.Proto, wantMajor)
 		}
 		got <- r

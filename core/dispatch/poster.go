@@ -5,13 +5,15 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/sluice-io/sluice/core/dispatch/auto"
 	"github.com/sluice-io/sluice/core/dispatch/h2c"
 	"github.com/sluice-io/sluice/core/dispatch/nethttp"
 )
 
 // Poster is the protocol client behind Client.Do, the one interface through
 // which every call reaches a gateway: package nethttp (HTTP/1.1, and https
-// through ALPN) and package h2c (HTTP/2 with prior knowledge) implement it.
+// through ALPN), package h2c (HTTP/2 with prior knowledge) and package auto
+// (either, as each gateway speaks) implement it.
 // Client.Do does the rest: headers, the call's bounds, the body cap and the
 // classification of what comes back.
 //
@@ -41,8 +43,9 @@ type Poster interface {
 	CloseIdleConnections()
 }
 
-// Both protocol clients implement Poster.
+// The protocol clients implement Poster.
 var (
 	_ Poster = (*nethttp.Transport)(nil)
 	_ Poster = (*h2c.Transport)(nil)
+	_ Poster = (*auto.Transport)(nil)
 )

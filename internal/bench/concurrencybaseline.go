@@ -22,19 +22,27 @@ const (
 // the concurrency baseline instead of sluice.
 const childBaseline = "baseline"
 
-// concurrencyBaseline is the concurrency scenario without sluice: 5,000
-// goroutines each POST a request, read the answer and POST the next, until
-// 60,000 are done, through a plain net/http Transport speaking protocol
-// ("h2c": HTTP/2 with prior knowledge; "http1") to the same kind of gateway
-// child, warmed up the same way. No queue, no gate, no result writing: what
-// this machine lets a client built on net/http do with that gateway on the
-// same cores, so that sluice's throughput can be read as a ratio to it.
+// concurrencyBaseline is the concurrency scenario without sluice, against
+// the same kind of gateway child, warmed up the same way: 5,000 requests in
+// flight until 60,000 are done, no queue, no gate, no result writing. Over
+// "h2c" it is h2cLoop, a minimal client on golang.org/x/net/http2's framing;
+// over "http1", 5,000 goroutines each POST a request through a plain
+// net/http Transport, read the answer and POST the next. What this machine
+// lets a plain client do with that gateway on the same cores, so that
+// sluice's throughput can be read as a ratio to it.
 func concurrencyBaseline(ctx context.Context, protocol string) (figures, error) {
 	gw, err := startGatewayProcess(ctx, time.Second, 2*concurrencyInFlight, gatewayWarmup(), protocol)
 	if err != nil {
 		return nil, err
 	}
 	defer gw.stop()
+	if protocol == "h2c" {
+		start, cpu0 := time.Now(), cpuSeconds()
+		if err := h2cLoop(ctx, gw.url, concurrencyInFlight, concurrencyRequests); err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+		return baselineFigures(gw, time.Since(start), cpuSeconds()-cpu0)
+	}
 	tr, err := clientTransport(protocol, concurrencyInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("baseline: %w", err)
@@ -71,6 +79,12 @@ func concurrencyBaseline(ctx context.Context, protocol string) (figures, error) 
 	if n := failed.Load(); n > 0 {
 		return nil, fmt.Errorf("baseline: %d of %d calls failed, the first: %v", n, concurrencyRequests, firstErr)
 	}
+	return baselineFigures(gw, el, cpu)
+}
+
+// baselineFigures are a baseline's figures: its throughput over el, its CPU
+// and the gateway's per request, the gateway's wave spreads.
+func baselineFigures(gw *gatewayProcess, el time.Duration, cpu float64) (figures, error) {
 	st, err := gw.statsQuery("?wave=" + strconv.Itoa(concurrencyInFlight))
 	if err != nil {
 		return nil, fmt.Errorf("gateway stats: %w", err)

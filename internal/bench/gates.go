@@ -312,6 +312,12 @@ func runConcurrencyH2C(ctx context.Context, o options) (figures, error) {
 }
 
 func concurrency(ctx context.Context, o options, name, protocol string) (figures, error) {
+	// "auto": sluice at its default protocol against the h2c-capable
+	// gateway, measured against the h2c baseline.
+	setProtocol := func(c *config.Config) { c.Dispatch.Protocol = protocol }
+	if protocol == "auto" {
+		protocol, setProtocol = "h2c", func(*config.Config) {}
+	}
 	switch os.Getenv(childEnv) {
 	case "":
 		return repeatChild(ctx, o.runs, name)
@@ -335,7 +341,7 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 		return nil, err
 	}
 	defer gw.stop()
-	run, err := startGateRun(ctx, gw.url, rs.Addr, maxConc, requests, func(c *config.Config) { c.Dispatch.Protocol = protocol })
+	run, err := startGateRun(ctx, gw.url, rs.Addr, maxConc, requests, setProtocol)
 	if err != nil {
 		return nil, err
 	}

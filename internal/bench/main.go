@@ -50,9 +50,11 @@ func scenarios() []scenario {
 		scenario{"no-herd", runNoHerd},
 		scenario{"concurrency", runConcurrency},
 		scenario{"concurrency-h2c", runConcurrencyH2C},
+		scenario{"concurrency-auto", runConcurrencyAuto},
 		scenario{"flow-control", runFlowControl},
 		scenario{"ordering", runOrdering},
 		scenario{"plugin-gate", runPluginGate},
+		scenario{"binary", runBinary},
 	)
 }
 

@@ -2,25 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
-	"cloud.google.com/go/pubsub/v2"
-	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/api/option"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
-	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redisstream"
 )
@@ -200,72 +192,4 @@ func pipelined(ctx context.Context, c *redis.Client, n int, add func(pipe redis.
 		}
 	}
 	return nil
-}
-
-// runGCPPubSub: 5k requests published to the emulator's request topic;
-// results counted on a subscription of the result topic.
-func runGCPPubSub(ctx context.Context, o options) (figures, error) {
-	const n = 5_000
-	const project = "sluice-bench"
-	emu, err := testenv.StartPubSubEmulatorProcess()
-	if err != nil {
-		return nil, err
-	}
-	defer emu.Stop()
-	c, err := pubsub.NewClient(ctx, project, option.WithEndpoint(emu.Addr), option.WithoutAuthentication(),
-		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	dl := time.Now().Add(time.Hour)
-	var rates []float64
-	for run := range o.runs {
-		suffix := strconv.Itoa(run)
-		name := func(kind, id string) string { return "projects/" + project + "/" + kind + "/" + id + "-" + suffix }
-		for _, id := range []string{"requests", "results"} {
-			if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: name("topics", id)}); err != nil {
-				return nil, err
-			}
-			if _, err := c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
-				Name: name("subscriptions", id+"-sub"), Topic: name("topics", id), AckDeadlineSeconds: 60}); err != nil {
-				return nil, err
-			}
-		}
-		var got atomic.Int64
-		rctx, stopResults := context.WithCancel(ctx)
-		resultsDone := make(chan error, 1)
-		go func() {
-			resultsDone <- c.Subscriber(name("subscriptions", "results-sub")).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
-				m.Ack()
-				got.Add(1)
-			})
-		}()
-		opts, _ := json.Marshal(gcppubsub.Options{ProjectID: project, EmulatorHost: emu.Addr})
-		tr := transportRun{transport: gcppubsub.Name, options: string(opts), queue: "requests-sub-" + suffix, results: "results-" + suffix, n: n,
-			produce: func(ctx context.Context) error {
-				p := c.Publisher(name("topics", "requests"))
-				defer p.Stop()
-				res := make([]*pubsub.PublishResult, n)
-				for i := range n {
-					res[i] = p.Publish(ctx, &pubsub.Message{Data: benchPayload(i, dl)})
-				}
-				for _, r := range res {
-					if _, err := r.Get(ctx); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
-			done: func(context.Context) (int64, error) { return got.Load(), nil },
-		}
-		rate, err := tr.measure(ctx)
-		stopResults()
-		<-resultsDone
-		if err != nil {
-			return nil, err
-		}
-		rates = append(rates, rate)
-	}
-	return figures{"requests": n, "throughput": median(rates)}, nil
 }

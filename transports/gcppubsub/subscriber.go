@@ -58,7 +58,10 @@ func (s *source) Open(ctx context.Context) error {
 	}
 	ps.ReceiveSettings.MaxOutstandingMessages = maxOut
 	ps.ReceiveSettings.MaxExtension = time.Duration(t.opts.MaxExtensionSeconds) * time.Second
-	ps.ReceiveSettings.NumGoroutines = 1
+	// Several streaming pulls: one delivers a bounded rate, so a queue
+	// with many credits opens several (Options.NumStreams). Flow control
+	// (MaxOutstandingMessages) stays per subscription, across the streams.
+	ps.ReceiveSettings.NumGoroutines = t.opts.streams(s.maxConcurrency)
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	t.mu.Lock()

@@ -90,7 +90,7 @@ func (p *pool) dial(ctx context.Context) (*conn, error) {
 			_ = cc.fr.WriteGoAway(0, pe.Code, nil) // Close sends it
 		}
 		_ = cc.wc.Close()
-		return nil, fmt.Errorf("h2c handshake with %s: %w", p.addr, err)
+		return nil, &HandshakeError{Addr: p.addr, Err: err}
 	}
 	cc.lastRead.Store(time.Now().UnixNano())
 	cc.idleSince = time.Now()
@@ -166,6 +166,14 @@ func (cc *conn) maxStreamsNow() int {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	return cc.maxStreams
+}
+
+// usable reports whether the connection takes new streams (it may be full
+// at the moment).
+func (cc *conn) usable() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.err == nil && !cc.goingAway && cc.nextID <= maxStreamID
 }
 
 // reserve takes a stream slot if the connection has one.

@@ -130,6 +130,25 @@ var ErrWriteStalled = errors.New("h2c: the gateway stopped reading")
 // errUnprocessed marks a request the server did not process: it may be sent again.
 var errUnprocessed = errors.New("h2c: the gateway did not process the request")
 
+// HandshakeError is the error of a connection that was opened but did not
+// complete the HTTP/2 handshake (the preface and the SETTINGS exchange):
+// nothing of any request was sent on it. It wraps ErrNotSpoken when the
+// gateway answered in HTTP/1.1.
+type HandshakeError struct {
+	// Addr is the gateway's address (host:port).
+	Addr string
+	// Err is what went wrong.
+	Err error
+}
+
+// Error names the address and what went wrong.
+func (e *HandshakeError) Error() string {
+	return fmt.Sprintf("h2c handshake with %s: %v", e.Addr, e.Err)
+}
+
+// Unwrap returns Err.
+func (e *HandshakeError) Unwrap() error { return e.Err }
+
 // ProtocolError fails a call whose gateway broke HTTP/2 (RFC 9113). The
 // client answered with RST_STREAM carrying Code when Stream is set (a stream
 // error: that call alone fails), or with GOAWAY carrying Code when Stream is
@@ -234,6 +253,20 @@ func (t *Transport) Post(ctx context.Context, u *url.URL, h http.Header, body []
 		}
 		return resp, err
 	}
+}
+
+// Connect makes sure a connection to u's gateway is open, dialling one when
+// none is, and returns the error of that dial: a *HandshakeError (wrapping
+// ErrNotSpoken for a gateway that answered in HTTP/1.1) when the gateway was
+// reached but did not complete the HTTP/2 handshake, the dial's error when it
+// was not reached. It sends no request; the connection it opens stays in the
+// pool for the calls that follow (and closes after 90 s without one).
+func (t *Transport) Connect(ctx context.Context, u *url.URL) error {
+	r, err := t.route(u)
+	if err != nil {
+		return err
+	}
+	return r.pool.connect(ctx)
 }
 
 // CloseIdleConnections closes the connections that carry no call. Calls in
@@ -364,6 +397,36 @@ func (p *pool) get(ctx context.Context) (*conn, error) {
 		p.mu.Lock()
 		p.waiting--
 	}
+}
+
+// connect dials a connection unless one that takes streams is open.
+func (p *pool) connect(ctx context.Context) error {
+	p.mu.Lock()
+	for _, cc := range p.conns {
+		if cc.usable() {
+			p.mu.Unlock()
+			return nil
+		}
+	}
+	if p.t.maxConns > 0 && len(p.conns)+p.dialing >= p.t.maxConns {
+		// At the cap: the connections open (or being dialled) spoke h2c.
+		p.mu.Unlock()
+		return nil
+	}
+	p.dialing++
+	p.mu.Unlock()
+	cc, err := p.dial(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialing--
+	if err == nil {
+		p.conns = append(p.conns, cc)
+		if n := cc.maxStreamsNow(); n > 0 {
+			p.maxStreams = n
+		}
+	}
+	p.wakeLocked()
+	return err
 }
 
 // wakeLocked lets the waiting calls look again. Caller holds mu.

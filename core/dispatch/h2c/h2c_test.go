@@ -305,3 +305,39 @@ func TestLargeRequestsAndAnswerShapes(t *testing.T) {
 		t.Fatalf("%d %q %v", r.status, r.body, r.err)
 	}
 }
+
+// Connect opens one connection, sends no request, and the calls that follow
+// use it; with an HTTP/1.1-only gateway it fails with a *HandshakeError
+// wrapping ErrNotSpoken, with an unreachable one with the dial's error.
+func TestConnect(t *testing.T) {
+	var calls atomic.Int64
+	url, conns := loopback.H2C(t, 0, func(w http.ResponseWriter, r *http.Request) { calls.Add(1) })
+	tr := newTransport(t, Config{})
+	u := mustURL(t, url+"/v1")
+	for range 2 {
+		if err := tr.Connect(t.Context(), u); err != nil {
+			t.Fatalf("Connect: %v", err)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("Connect sent %d requests", n)
+	}
+	if r := call(t.Context(), tr, u, jsonHeaders, nil); r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("%d %v", r.status, r.err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections, want the one Connect opened", n)
+	}
+
+	h1 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(h1.Close)
+	err := tr.Connect(t.Context(), mustURL(t, h1.URL))
+	var he *HandshakeError
+	if !errors.As(err, &he) || !errors.Is(err, ErrNotSpoken) {
+		t.Fatalf("HTTP/1.1 gateway: %v, want a *HandshakeError wrapping ErrNotSpoken", err)
+	}
+	h1.Close()
+	if err := tr.Connect(t.Context(), mustURL(t, h1.URL)); err == nil || errors.As(err, &he) {
+		t.Fatalf("closed gateway: %v, want the dial's error", err)
+	}
+}

@@ -32,6 +32,9 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// TLS configures connections to https gateways; nil means the defaults.
 	TLS *tls.Config
+	// Proxy returns the proxy for a request (http.Transport.Proxy); nil
+	// means http.ProxyFromEnvironment.
+	Proxy func(*http.Request) (*url.URL, error)
 	// Protocols are the protocols offered (http.Transport.Protocols); nil
 	// means net/http's default.
 	Protocols *http.Protocols
@@ -51,8 +54,12 @@ type Transport struct {
 
 // New returns a Transport for cfg.
 func New(cfg Config) *Transport {
+	proxy := cfg.Proxy
+	if proxy == nil {
+		proxy = http.ProxyFromEnvironment
+	}
 	return &Transport{rt: &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
+		Proxy:               proxy,
 		DialContext:         cfg.Dial,
 		TLSClientConfig:     cfg.TLS,
 		TLSHandshakeTimeout: tlsHandshakeTimeout,
