@@ -201,15 +201,25 @@ func (c *RedisCluster) MasterOf(ctx context.Context, key string) (int, error) {
 			cl.Close()
 			continue
 		}
-		shards, err := cl.ClusterSlots(ctx).Result()
+		shards, err := cl.ClusterShards(ctx).Result()
 		cl.Close()
 		if err != nil {
-			return -1, fmt.Errorf("node %s: cluster slots: %w", r.Addr, err)
+			return -1, fmt.Errorf("node %s: cluster shards: %w", r.Addr, err)
 		}
 		for _, s := range shards {
-			if int64(s.Start) <= slot && slot <= int64(s.End) && len(s.Nodes) > 0 {
+			owns := false
+			for _, sr := range s.Slots {
+				owns = owns || (sr.Start <= slot && slot <= sr.End)
+			}
+			if !owns {
+				continue
+			}
+			for _, sn := range s.Nodes {
+				if sn.Role != "master" {
+					continue
+				}
 				for j, n := range c.Nodes {
-					if n.Addr == s.Nodes[0].Addr {
+					if n.Addr == net.JoinHostPort(sn.IP, strconv.FormatInt(sn.Port, 10)) {
 						return j, nil
 					}
 				}
