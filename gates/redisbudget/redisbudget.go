@@ -50,6 +50,9 @@ type Config struct {
 	TLS      bool
 	// TLSCACert is a PEM file of CAs to trust (TLS or rediss:// only).
 	TLSCACert string
+	// TLSCert and TLSKey are a client certificate and its key, PEM files,
+	// for servers that require one (TLS or rediss:// only; both or neither).
+	TLSCert, TLSKey string
 	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
 	TLSInsecureSkipVerify bool
 	// RefreshInterval is how often the key is read (default DefaultRefreshInterval).
@@ -71,7 +74,8 @@ func (c Config) options() (*redis.Options, error) {
 		return nil, errors.New("no Redis address (set gate_params.address or REDIS_URL)")
 	}
 	o, err := redisconn.Config{Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB,
-		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
+		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
+		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +116,8 @@ func New(cfg Config) (*Gate, error) {
 
 // Factory builds the gate from gate_params: address (default: the
 // deployment's Redis URL), budget_key, username, password, db, tls,
-// tls_ca_cert, tls_insecure_skip_verify.
+// tls_ca_cert, tls_cert, tls_key,
+// tls_insecure_skip_verify.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	cfg := Config{
 		Address:   p.String("address", env.RedisURL),
@@ -120,6 +125,8 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 		Username:  p.String("username", ""),
 		Password:  p.String("password", ""),
 		TLSCACert: p.String("tls_ca_cert", ""),
+		TLSCert:   p.String("tls_cert", ""),
+		TLSKey:    p.String("tls_key", ""),
 	}
 	var err error
 	if cfg.DB, err = p.Int("db", 0); err != nil {

@@ -352,3 +352,25 @@ func selfSigned(t testing.TB) (string, *tls.Config) {
 	}
 	return file, &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 }
+
+// TestMutualTLS reads the key from a real redis-server that listens on a
+// TLS port only and requires a client certificate.
+func TestMutualTLS(t *testing.T) {
+	rs := testenv.StartRedisTLS(t)
+	admin := redis.NewClient(&redis.Options{Addr: rs.Addr, TLSConfig: rs.ClientTLS(t)})
+	defer admin.Close()
+	if err := admin.Set(context.Background(), redisbudget.DefaultBudgetKey, "0.4", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	with := `{"address":"` + rs.URL + `","tls_ca_cert":"` + rs.CAFile + `","tls_cert":"` + rs.CertFile + `","tls_key":"` + rs.KeyFile + `"}`
+	if b, err := gatetest.Query(t, mustBuild(t, with)); err != nil || b != 0.4 {
+		t.Errorf("with a client certificate: Budget = %v, %v; want 0.4", b, err)
+	}
+	without := `{"address":"` + rs.URL + `","tls_ca_cert":"` + rs.CAFile + `"}`
+	if b, err := gatetest.Query(t, mustBuild(t, without)); err == nil {
+		t.Errorf("without a client certificate: Budget = %v, want an error", b)
+	}
+	if _, err := build(t, `{"address":"`+rs.URL+`","tls_cert":"`+rs.CertFile+`"}`, gate.Env{}); err == nil {
+		t.Error("tls_cert without tls_key accepted")
+	}
+}

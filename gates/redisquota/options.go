@@ -17,7 +17,8 @@ func (c Config) options() (*redis.Options, string, error) {
 		return nil, "", errors.New("gate_params.address: required (host:port or a redis:// URL)")
 	}
 	o, err := redisconn.Config{Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB,
-		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
+		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
+		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
 	if err != nil {
 		return nil, "", err
 	}
@@ -38,5 +39,5 @@ func (c Config) options() (*redis.Options, string, error) {
 // equal share one connection (and one pipeline).
 func (c Config) shareKey() string {
 	return strings.Join([]string{c.Address, c.Username, c.Password, strconv.Itoa(c.DB),
-		strconv.FormatBool(c.TLS), c.TLSCACert, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
+		strconv.FormatBool(c.TLS), c.TLSCACert, c.TLSCert, c.TLSKey, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
 }

@@ -104,6 +104,9 @@ type Config struct {
 	TLS      bool
 	// TLSCACert is a PEM file of CAs to trust (TLS or rediss:// only).
 	TLSCACert string
+	// TLSCert and TLSKey are a client certificate and its key, PEM files,
+	// for servers that require one (TLS or rediss:// only; both or neither).
+	TLSCert, TLSKey string
 	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
 	TLSInsecureSkipVerify bool
 
@@ -257,7 +260,7 @@ func newGate(cfg Config, shared *clients) (*Gate, error) {
 //
 // Parameters: address (required), attribute, mode, limit (required),
 // window, prefix, gating_mode (upstream's); lease_ttl, defer_delay, and
-// username, password, db, tls, tls_ca_cert, tls_insecure_skip_verify
+// username, password, db, tls, tls_ca_cert, tls_cert, tls_key, tls_insecure_skip_verify
 // (sluice's).
 func NewFactory() gate.Factory {
 	shared := &clients{}
@@ -281,6 +284,8 @@ func configFrom(p gate.Params) (Config, error) {
 		Username:   p.String("username", ""),
 		Password:   p.String("password", ""),
 		TLSCACert:  p.String("tls_ca_cert", ""),
+		TLSCert:    p.String("tls_cert", ""),
+		TLSKey:     p.String("tls_key", ""),
 	}
 	var err error
 	if !p.Has("limit") {
