@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -79,6 +80,10 @@ type Options struct {
 	TLSInsecureSkipVerify bool `json:"tls_insecure_skip_verify,omitempty"`
 	// TLSServerName overrides the name verified in the server's certificate.
 	TLSServerName string `json:"tls_server_name,omitempty"`
+
+	// deploymentTLS is the deployment's redis_tls (transport.Env.RedisTLS),
+	// used for rediss:// when none of the tls_* options above is set.
+	deploymentTLS *tls.Config
 }
 
 // SetDefaults fills unset fields.
@@ -145,6 +150,7 @@ func RedisOptions(url string, o Options) (*redis.Options, error) {
 		ro.PoolSize = o.PoolSize
 	}
 	if o.TLSCACert == "" && o.TLSCert == "" && !o.TLSInsecureSkipVerify && o.TLSServerName == "" {
+		ro.TLSConfig = transport.Env{RedisTLS: o.deploymentTLS}.RedisTLSFor(ro.TLSConfig)
 		return ro, nil
 	}
 	if ro.TLSConfig == nil {

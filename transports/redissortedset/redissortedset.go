@@ -81,6 +81,7 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
+	o.deploymentTLS = env.RedisTLS
 	t, err := New(o, env.Logger)
 	if err != nil {
 		return nil, err
