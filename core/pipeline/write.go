@@ -129,6 +129,11 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 		transport.Ack(m)
 		return nil
 	}
+	if errors.Is(err, transport.ErrDeliveryLost) {
+		w.logFailure("cannot write a result: the delivery is lost; handing it back (it will be answered again)", topic, err)
+		transport.Nack(m)
+		return fmt.Errorf("publish result: %w", err)
+	}
 	due := time.Now().Add(w.p.cfg.ResultHandBackDelay)
 	if w.work.Err() != nil {
 		due = time.Now() // shutting down: another replica may write it at once
@@ -155,11 +160,17 @@ func (w *resultWriter) retry(m *message.Message, d *Delivery, topic string, out 
 		}
 	}
 	failed()
+	if errors.Is(err, transport.ErrDeliveryLost) {
+		return err // a retry cannot succeed
+	}
 	w.logFailure("cannot write a result; keeping it and retrying", topic, err)
 	publish := func() (struct{}, error) {
 		err := w.pub.Publish(topic, out...)
 		if err != nil {
 			failed()
+		}
+		if errors.Is(err, transport.ErrDeliveryLost) {
+			return struct{}{}, backoff.Permanent(err)
 		}
 		return struct{}{}, err
 	}

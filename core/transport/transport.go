@@ -45,6 +45,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -100,6 +101,14 @@ type Requeuer interface {
 	// core acks m; the transport must not deliver m's old bytes again.
 	Requeue(ctx context.Context, q Queue, m *message.Message, payload []byte, due time.Time) error
 }
+
+// ErrDeliveryLost marks an error (errors.Is) of a result publisher or a
+// Requeue meaning that the delivery itself is gone (the broker transaction
+// it lived in was cut, its lease or ack id is void): nothing more done with
+// it can succeed, so the core neither retries the write nor re-queues the
+// request with its result, and hands the delivery back at once (the
+// request is answered again from its redelivery).
+var ErrDeliveryLost = errors.New("the delivery is lost")
 
 // HoldLimiter is implemented by transports that can hold a delivery only
 // for a bounded time after it was claimed: a lease the broker extends up to

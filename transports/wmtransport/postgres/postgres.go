@@ -132,6 +132,9 @@ type Broker struct {
 	pub    *wsql.Publisher
 
 	tables sync.Map // topics whose table exists
+	// lost holds the delivery transactions a write failed in (aborted or
+	// cut): see handBack.
+	lost sync.Map
 
 	mu    sync.Mutex
 	pools []*pgxpool.Pool // the readers' pools
@@ -222,7 +225,11 @@ func (p publisher) Publish(topic string, ms ...*message.Message) error {
 			return fmt.Errorf("publisher in the delivery's transaction: %w", err)
 		}
 		if err := txPub.Publish(topic, m); err != nil {
-			return fmt.Errorf("insert into %s in the delivery's transaction: %w", p.b.schema.MessagesTable(topic), err)
+			// A failed statement ends a PostgreSQL transaction (and a cut
+			// connection takes it along): the delivery is gone, its
+			// request row is back in the queue once the transaction rolls back.
+			p.b.lost.Store(txKey(tx), struct{}{})
+			return fmt.Errorf("insert into %s in the delivery's transaction: %w: %w", p.b.schema.MessagesTable(topic), transport.ErrDeliveryLost, err)
 		}
 	}
 	return nil
@@ -285,11 +292,20 @@ func (b *Broker) Subscriber(topic string, window int) (message.Subscriber, error
 	b.mu.Lock()
 	b.pools = append(b.pools, pool)
 	b.mu.Unlock()
-	return &subscriber{sub: sub, par: wmtransport.Parallel(sub, window), pool: pool}, nil
+	return &subscriber{b: b, sub: sub, par: wmtransport.Parallel(sub, window), pool: pool}, nil
+}
+
+// txKey is the comparable identity of a delivery's transaction.
+func txKey(tx wsql.Tx) any {
+	if p, ok := tx.(wsql.PgxTx); ok {
+		return p.Tx
+	}
+	return tx
 }
 
 // subscriber creates the table once, then subscribes window times.
 type subscriber struct {
+	b    *Broker
 	sub  *wsql.Subscriber
 	par  message.Subscriber
 	pool *pgxpool.Pool
@@ -302,7 +318,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	var err error
 	for attempt := range 5 {
 		if err = s.sub.SubscribeInitialize(topic); err == nil {
-			return s.par.Subscribe(ctx, topic)
+			in, err := s.par.Subscribe(ctx, topic)
+			if err != nil {
+				return nil, err
+			}
+			return s.b.handBack(ctx, in), nil
 		}
 		select {
 		case <-ctx.Done():
@@ -311,6 +331,49 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 	}
 	return nil, fmt.Errorf("create the table of %s: %w", topic, err)
+}
+
+// handBack forwards the deliveries of in, and settles each at watermill-sql
+// when the transport settled the copy it was given. A nack is watermill-sql's
+// resend in the same transaction; that is right while the transaction
+// lives, but a transaction a write failed in is aborted (or its connection
+// is gone, the server crashed): resent in it, the delivery could never be
+// answered. Such a delivery is acked instead: watermill-sql's delete then
+// fails in the dead transaction, which rolls back, and the row is read again
+// in a new one.
+func (b *Broker) handBack(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
+	out := make(chan *message.Message)
+	go func() {
+		defer close(out)
+		for m := range in {
+			c := m.Copy()
+			c.SetContext(m.Context())
+			select {
+			case out <- c:
+			case <-ctx.Done():
+				m.Nack()
+				continue
+			}
+			go func() {
+				select {
+				case <-c.Acked():
+					m.Ack()
+				case <-c.Nacked():
+					tx, ok := wsql.TxFromContext(m.Context())
+					if ok {
+						if _, dead := b.lost.LoadAndDelete(txKey(tx)); dead {
+							m.Ack()
+							return
+						}
+					}
+					m.Nack()
+				case <-ctx.Done():
+					m.Nack()
+				}
+			}()
+		}
+	}()
+	return out
 }
 
 func (s *subscriber) Close() error {
