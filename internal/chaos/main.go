@@ -136,11 +136,18 @@ func main() {
 		fmt.Fprintln(os.Stderr, "chaos: run inside the sluice module (go env GOMOD is empty)")
 		os.Exit(1)
 	}
-	for _, b := range []struct{ out, pkg string }{{e.bin, "./cmd/sluice"}, {e.plugin, "./examples/gate-plugin"}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.out, b.pkg)
-		cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	// The example plugin is a module of its own (it requires only the SDK
+	// module): it is built from its folder.
+	repo := filepath.Dir(strings.TrimSpace(string(gomod)))
+	for _, b := range []struct{ out, dir string }{{e.bin, "."}, {e.plugin, "examples/gate-plugin"}} {
+		pkg := "."
+		if b.dir == "." {
+			pkg = "./cmd/sluice"
+		}
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.out, pkg)
+		cmd.Dir = filepath.Join(repo, b.dir)
 		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "chaos: go build %s: %v\n%s", b.pkg, err, out)
+			fmt.Fprintf(os.Stderr, "chaos: go build %s in %s: %v\n%s", pkg, b.dir, err, out)
 			os.Exit(1)
 		}
 	}
