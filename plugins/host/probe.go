@@ -7,8 +7,9 @@ import (
 
 // Probed is what Probe learns about a plugin binary.
 type Probed struct {
-	// Info is what the plugin told at its start (its PID has exited when
-	// Probe returns).
+	// Info is what the plugin told at its start; PID is the process that
+	// answered (0 if it died right after starting), which has exited when
+	// Probe returns.
 	Info
 	// Path is the binary.
 	Path string
@@ -34,12 +35,5 @@ func Probe(ctx context.Context, cfg Config) (Probed, error) {
 	if err := g.Start(ctx); err != nil {
 		return Probed{}, err
 	}
-	p := Probed{Info: g.Info(), Path: g.cfg.Path, Startup: time.Since(start)}
-	if p.PID == 0 {
-		// Start returned after the plugin's first start; it has died since.
-		g.mu.Lock()
-		p.PID = g.info.PID
-		g.mu.Unlock()
-	}
-	return p, nil
+	return Probed{Info: g.Info(), Path: g.cfg.Path, Startup: time.Since(start)}, nil
 }
