@@ -30,7 +30,7 @@ func StartPubSubEmulatorOnPort(port int) (*PubSubEmulator, error) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	cmd := exec.Command(bin, "--host=127.0.0.1", "--port="+strconv.Itoa(port))
 	cmd.Dir = dir
-	DieWithParent(cmd)
+	DieWithParent(cmd) // the script execs java, which keeps the death signal
 	logf, err := os.Create(filepath.Join(dir, "pubsub-emulator.log"))
 	if err != nil {
 		os.RemoveAll(dir)
