@@ -33,6 +33,7 @@ type serveFlags struct {
 	tlsInsecure         bool
 	redisURL            string
 	redisURLFile        string
+	redisMode           string
 	redisTLS            config.TLS
 	prometheusURLFile   string
 	retryBase           time.Duration
@@ -74,6 +75,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.tlsInsecure, "tls-insecure-skip-verify", false, "do not verify the gateway's certificate (testing only)")
 	fs.StringVar(&f.redisURL, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
 	fs.StringVar(&f.redisURLFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
+	fs.StringVar(&f.redisMode, "redis.mode", "", "how the Redis URL is reached: single (default) or cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2)")
 	fs.StringVar(&f.redisTLS.CACert, "redis.tls-ca-cert", "", "CA bundle to verify the Redis server's certificate (rediss://; redis-stream and redis-pubsub)")
 	fs.StringVar(&f.redisTLS.Cert, "redis.tls-cert", "", "client certificate for Redis (mutual TLS, with --redis.tls-key)")
 	fs.StringVar(&f.redisTLS.Key, "redis.tls-key", "", "client key for Redis")
@@ -162,6 +164,7 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("log-level", func() { cfg.Log.Level = f.logLevel })
 	set("log-format", func() { cfg.Log.Format = f.logFormat })
 	set("redis.url", func() { cfg.RedisURL = f.redisURL })
+	set("redis.mode", func() { cfg.RedisMode = f.redisMode })
 	if f.redisURLFile != "" {
 		data, err := os.ReadFile(f.redisURLFile)
 		if err != nil {

@@ -161,7 +161,7 @@ func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
-	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL}
+	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode}
 	if t := cfg.RedisTLS; t != (config.TLS{}) {
 		tc, err := dispatch.TLSConfig{CACert: t.CACert, Cert: t.Cert, Key: t.Key, InsecureSkipVerify: t.InsecureSkipVerify}.Build()
 		if err != nil {
@@ -227,7 +227,7 @@ func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params ga
 func gateEnv(cfg *config.Config, maxConcurrency int) gate.Env {
 	return gate.Env{
 		PrometheusURL: cfg.Prometheus.URL, PrometheusCacheTTL: cfg.Prometheus.CacheTTL.D(),
-		RedisURL: cfg.RedisURL, MaxConcurrency: maxConcurrency,
+		RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode, MaxConcurrency: maxConcurrency,
 	}
 }
 

@@ -121,6 +121,12 @@ type Config struct {
 	TLS TLS `json:"tls"`
 	// RedisURL is the deployment's Redis (REDIS_URL); used by Redis transports and gates.
 	RedisURL string `json:"redis_url,omitempty"`
+	// RedisMode is how RedisURL is reached: "single" (default) or
+	// "cluster" (a Redis Cluster; the URL in go-redis's cluster form,
+	// redis://host:port?addr=host2:port2). It applies to the
+	// redis-sortedset transport and the Redis gates that take their
+	// address from the deployment (--redis.mode).
+	RedisMode string `json:"redis_mode,omitempty"`
 	// RedisTLS is the TLS of rediss:// connections of the redis-stream and
 	// redis-pubsub transports: CAs to trust, a client certificate (mutual
 	// TLS), and insecure_skip_verify (off by default; testing only).
@@ -640,6 +646,11 @@ func (c *Config) Validate(k Known) error {
 	}
 	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
 		add("redis_tls", "cert and key go together")
+	}
+	switch strings.ToLower(c.RedisMode) {
+	case "", "single", "standalone", "cluster":
+	default:
+		add("redis_mode", "%q: want single or cluster", c.RedisMode)
 	}
 	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key},
 		{"redis_tls.ca_cert", c.RedisTLS.CACert}, {"redis_tls.cert", c.RedisTLS.Cert}, {"redis_tls.key", c.RedisTLS.Key}} {

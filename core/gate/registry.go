@@ -20,6 +20,9 @@ type Env struct {
 	// RedisURL is the deployment's Redis URL (REDIS_URL), for gates that keep
 	// their budget in Redis and name no address of their own.
 	RedisURL string
+	// RedisMode is the deployment's redis_mode ("single" or "cluster"; ""
+	// is single): how RedisURL is reached.
+	RedisMode string
 	// MaxConcurrency is the queue's concurrency (credits at budget 1).
 	MaxConcurrency int
 	// Build builds an inner gate, for gates that compose others.

@@ -178,6 +178,9 @@ type Env struct {
 	Logger *slog.Logger
 	// RedisURL is the deployment's Redis URL (REDIS_URL or --redis.url / --redis.url-file).
 	RedisURL string
+	// RedisMode is the deployment's redis_mode ("single" or "cluster"; ""
+	// is single): how RedisURL is reached.
+	RedisMode string
 	// RedisTLS, when set, is the TLS configuration of rediss:// connections
 	// (the deployment's redis_tls: CAs to trust, a client certificate); a
 	// Redis transport uses it, with the URL's host as server name, for a
