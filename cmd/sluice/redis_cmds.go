@@ -9,9 +9,11 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -27,13 +29,14 @@ func redisCommands() []*cobra.Command {
 
 // redisFlags are the connection flags shared by the Redis tools.
 type redisFlags struct {
-	url, urlFile, prefix string
+	url, urlFile, prefix, mode string
 }
 
 func (f *redisFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.url, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
 	fs.StringVar(&f.urlFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
 	fs.StringVar(&f.prefix, "prefix", "", "key prefix (default llm-d-async)")
+	fs.StringVar(&f.mode, "redis.mode", "", "single (default) or cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2; pool names are hash-tagged: llm-d-async:requests:{pool})")
 }
 
 func (f *redisFlags) dial() (*producer.Producer, error) {
@@ -48,7 +51,7 @@ func (f *redisFlags) dial() (*producer.Producer, error) {
 	if url == "" {
 		url = os.Getenv("REDIS_URL")
 	}
-	return producer.Dial(url, producer.Config{Prefix: f.prefix})
+	return producer.Dial(url, producer.Config{Prefix: f.prefix, Mode: f.mode})
 }
 
 // queueFlags name a request or result queue directly or by pool.
@@ -338,16 +341,31 @@ func discoverQueues(ctx context.Context, p *producer.Producer) ([]string, error)
 	for _, n := range reg {
 		set[n] = true
 	}
-	iter := c.ScanType(ctx, 0, p.Names().RequestQueue("*"), 1000, "zset").Iterator()
-	for iter.Next(ctx) {
-		n := iter.Val()
-		// The queues' own sorted sets (leases, delay sets) match the pattern too.
-		if !strings.HasSuffix(n, ":leases") && !strings.HasSuffix(n, ":delayed") && !strings.HasSuffix(n, ":pending") {
-			set[n] = true
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		iter := c.ScanType(ctx, 0, p.Names().RequestQueue("*"), 1000, "zset").Iterator()
+		for iter.Next(ctx) {
+			n := iter.Val()
+			// The queues' own sorted sets (leases, delay sets) match the pattern too.
+			if !strings.HasSuffix(n, ":leases") && !strings.HasSuffix(n, ":delayed") && !strings.HasSuffix(n, ":pending") {
+				mu.Lock()
+				set[n] = true
+				mu.Unlock()
+			}
 		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("scan queues: %w", err)
+		}
+		return nil
 	}
-	if err := iter.Err(); err != nil {
-		return nil, fmt.Errorf("scan queues: %w", err)
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		// SCAN sees one node's keys: ask every master.
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return scan(ctx, node) })
+	} else {
+		err = scan(ctx, c)
+	}
+	if err != nil {
+		return nil, err
 	}
 	out := make([]string, 0, len(set))
 	for n := range set {

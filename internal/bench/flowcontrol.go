@@ -416,7 +416,7 @@ func fcTrace(a *app.App, rec *laneRecorder, start time.Time) (stop func()) {
 
 // fcWait polls the result list until n results are in; it returns how many
 // LLEN polls it made.
-func fcWait(ctx context.Context, c *redis.Client, n int, runErr <-chan error) (int, error) {
+func fcWait(ctx context.Context, c redis.UniversalClient, n int, runErr <-chan error) (int, error) {
 	limit := time.After(2 * time.Minute)
 	polls := 0
 	for {
@@ -446,7 +446,7 @@ type redisCounters struct{ cmds, reads, cpu float64 }
 // redisStats reads the commands processed, the read events (about one per
 // round trip: a pipeline that fits the read buffer is read at once) and the
 // CPU seconds of redis-server, in one INFO.
-func redisStats(ctx context.Context, c *redis.Client) (redisCounters, error) {
+func redisStats(ctx context.Context, c redis.UniversalClient) (redisCounters, error) {
 	info, err := c.Info(ctx, "stats", "cpu").Result()
 	if err != nil {
 		return redisCounters{}, err

@@ -170,7 +170,7 @@ func (r *gateRun) shutdown() error {
 	return <-r.errc
 }
 
-func setBudget(ctx context.Context, c *redis.Client, b string) error {
+func setBudget(ctx context.Context, c redis.UniversalClient, b string) error {
 	return c.Set(ctx, redisbudget.DefaultBudgetKey, b, 0).Err()
 }
 

@@ -223,7 +223,7 @@ func stampRequest(phase, i int, stamp int64) *wire.Request {
 
 // plainZadd writes rs as upstream's producers do: ZADD of the flat form,
 // nothing else.
-func plainZadd(ctx context.Context, c *redis.Client, q string, rs []*wire.Request) error {
+func plainZadd(ctx context.Context, c redis.UniversalClient, q string, rs []*wire.Request) error {
 	members := make([]redis.Z, 0, len(rs))
 	for _, r := range rs {
 		b, err := wire.EncodeRequest(r)

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
@@ -86,7 +87,7 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 
 // benchSluiceRedis runs a default sluice deployment until n results are in
 // the result list and returns requests per second.
-func benchSluiceRedis(ctx context.Context, url, gw string, c *redis.Client, n int) (float64, error) {
+func benchSluiceRedis(ctx context.Context, url, gw string, c redis.UniversalClient, n int) (float64, error) {
 	results := rss.ResultQueueName("bench", "")
 	cfg := &config.Config{
 		Transport: rss.Name,
@@ -113,7 +114,7 @@ func benchSluiceRedis(ctx context.Context, url, gw string, c *redis.Client, n in
 	return float64(n) / elapsed.Seconds(), nil
 }
 
-func waitResults(ctx context.Context, c *redis.Client, list string, n int, start time.Time) (time.Duration, error) {
+func waitResults(ctx context.Context, c redis.UniversalClient, list string, n int, start time.Time) (time.Duration, error) {
 	limit := time.After(5 * time.Minute)
 	for {
 		got, err := c.LLen(ctx, list).Result()
@@ -136,12 +137,17 @@ func waitResults(ctx context.Context, c *redis.Client, list string, n int, start
 // benchProducer is the producer library on a client whose timeouts allow a
 // large pipelined enqueue on a busy machine (the default 3 s does not
 // always); close the client when done.
-func benchProducer(url string) (*producer.Producer, *redis.Client, error) {
-	ro, err := rss.RedisOptions(url, rss.Options{})
+func benchProducer(url string) (*producer.Producer, redis.UniversalClient, error) {
+	return benchProducerMode(url, "")
+}
+
+// benchProducerMode is benchProducer in a Redis mode (single or cluster).
+func benchProducerMode(url, mode string) (*producer.Producer, redis.UniversalClient, error) {
+	ro, err := rss.RedisOptions(url, rss.Options{Mode: mode})
 	if err != nil {
 		return nil, nil, err
 	}
-	ro.ReadTimeout, ro.WriteTimeout = time.Minute, time.Minute
-	c := redis.NewClient(ro)
+	ro.Tune(func(c *redisclient.Common) { c.ReadTimeout, c.WriteTimeout = time.Minute, time.Minute })
+	c := ro.New()
 	return producer.New(c, producer.Config{}), c, nil
 }

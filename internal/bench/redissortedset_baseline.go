@@ -79,13 +79,13 @@ return #res
 // benchBaselineRedis drains n requests from the bench queue with the plain
 // loop and returns requests per second (from start to the last result
 // written).
-func benchBaselineRedis(ctx context.Context, c *redis.Client, gw string, n int) (float64, error) {
+func benchBaselineRedis(ctx context.Context, c redis.UniversalClient, gw string, n int) (float64, error) {
 	return benchBaselineRedisWith(ctx, c, gw, n, baseWorkers, baseBatch)
 }
 
 // benchBaselineRedisWith is the loop with workers goroutines claiming up to
 // batch members at once.
-func benchBaselineRedisWith(ctx context.Context, c *redis.Client, gw string, n, workers, batch int) (float64, error) {
+func benchBaselineRedisWith(ctx context.Context, c redis.UniversalClient, gw string, n, workers, batch int) (float64, error) {
 	q := rss.RequestQueueName("bench")
 	ks := []string{q, q + ":base-leases", q + ":base-leased"}
 	results := rss.ResultQueueName("bench", "")

@@ -118,7 +118,7 @@ func redisClient(url string) (*redis.Client, error) {
 
 // runRedisPubSub: 20k requests PUBLISHed once sluice is subscribed; results LPUSHed to a list.
 func runRedisPubSub(ctx context.Context, o options) (figures, error) {
-	return redisScenario(ctx, o, func(c *redis.Client, url string, dl time.Time) transportRun {
+	return redisScenario(ctx, o, func(c redis.UniversalClient, url string, dl time.Time) transportRun {
 		return transportRun{transport: redispubsub.Name, options: `{"result_mode":"list"}`, redisURL: url,
 			queue: "request-queue", results: "result-list", n: redisScenarioRequests,
 			produce: func(ctx context.Context) error {
@@ -136,7 +136,7 @@ func runRedisPubSub(ctx context.Context, o options) (figures, error) {
 
 // runRedisStream: 20k requests XADDed once sluice reads the stream; results LPUSHed to a list.
 func runRedisStream(ctx context.Context, o options) (figures, error) {
-	return redisScenario(ctx, o, func(c *redis.Client, url string, dl time.Time) transportRun {
+	return redisScenario(ctx, o, func(c redis.UniversalClient, url string, dl time.Time) transportRun {
 		return transportRun{transport: redisstream.Name, options: `{}`, redisURL: url,
 			queue: "requests", results: "results", n: redisScenarioRequests,
 			produce: func(ctx context.Context) error {
@@ -154,7 +154,7 @@ const redisScenarioRequests = 20_000
 
 // redisScenario starts a redis-server and measures the run that newRun
 // describes o.runs times, on an emptied database each time.
-func redisScenario(ctx context.Context, o options, newRun func(c *redis.Client, url string, deadline time.Time) transportRun) (figures, error) {
+func redisScenario(ctx context.Context, o options, newRun func(c redis.UniversalClient, url string, deadline time.Time) transportRun) (figures, error) {
 	srv, err := testenv.StartRedisProcess(testenv.RedisOptions{})
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func redisScenario(ctx context.Context, o options, newRun func(c *redis.Client, 
 }
 
 // pipelined sends n commands, 500 per round trip; add queues command j.
-func pipelined(ctx context.Context, c *redis.Client, n int, add func(pipe redis.Pipeliner, j int)) error {
+func pipelined(ctx context.Context, c redis.UniversalClient, n int, add func(pipe redis.Pipeliner, j int)) error {
 	for i := 0; i < n; i += 500 {
 		pipe := c.Pipeline()
 		for j := i; j < min(i+500, n); j++ {

@@ -2,6 +2,7 @@ package redissortedset_test
 
 import (
 	"context"
+	"log/slog"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -37,6 +38,11 @@ type fixture struct {
 	redis *testenv.Redis
 	prod  *producer.Producer
 	sim   string
+	// redisURL and redisMode are the deployment's Redis (redis.URL, single,
+	// unless a test sets them).
+	redisURL, redisMode string
+	// log receives the apps' logs (nil: discarded).
+	log *slog.Logger
 }
 
 func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
@@ -47,7 +53,16 @@ func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	f := &fixture{t: t, redis: r, prod: p}
+	f := newSimFixture(t, simCfg)
+	f.redis, f.prod, f.redisURL = r, p, r.URL
+	return f
+}
+
+// newSimFixture is a fixture with only its gateway simulator: the test
+// sets its Redis.
+func newSimFixture(t *testing.T, simCfg simulator.Config) *fixture {
+	t.Helper()
+	f := &fixture{t: t}
 	s, err := simulator.New(simCfg)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +89,7 @@ func request(id, job string, ttl time.Duration, headers map[string]string) *wire
 func (f *fixture) transport(opts rss.Options) *rss.Transport {
 	f.t.Helper()
 	if opts.URL == "" {
-		opts.URL = f.redis.URL
+		opts.URL = f.redisURL
 	}
 	tp, err := rss.New(opts, nil)
 	if err != nil {
@@ -87,24 +102,35 @@ func (f *fixture) transport(opts rss.Options) *rss.Transport {
 // returned stop is called (also at cleanup).
 func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency int) (stop func()) {
 	f.t.Helper()
+	return f.runAppQueues(tp, []string{queue}, func(string) string { return results }, concurrency)
+}
+
+// runAppQueues is runApp on many queues, each answered to resultOf(queue).
+func (f *fixture) runAppQueues(tp *rss.Transport, queues []string, resultOf func(string) string, concurrency int) (stop func()) {
+	f.t.Helper()
+	qs := make([]config.Queue, len(queues))
+	for i, q := range queues {
+		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: resultOf(q)}, IGWBaseURL: f.sim}
+	}
 	cfg := &config.Config{
 		Transport:   rss.Name,
 		Concurrency: concurrency,
 		TransportConfig: config.TransportConfig{
-			ResultQueueName: results,
-			Queues:          []config.Queue{{Queue: transport.Queue{Name: queue}, IGWBaseURL: f.sim}},
+			ResultQueueName: resultOf(queues[0]),
+			Queues:          qs,
 		},
 		MetricsPort:  -1,
 		HealthPort:   -1,
 		DrainTimeout: config.Duration(5 * time.Second),
-		RedisURL:     f.redis.URL,
+		RedisURL:     f.redisURL,
+		RedisMode:    f.redisMode,
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
 	}
 	ad := app.NewAdapters()
 	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
 		f.t.Fatal(err)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp})
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp, Logger: f.log})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -38,6 +38,9 @@ func NewMigrator(c redis.Cmdable, o Options) (*Migrator, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
+	if _, ok := c.(*redis.ClusterClient); ok {
+		return nil, errors.New("migrating between sluice's and upstream's layouts needs a single Redis: upstream's shared retry set and request keys span hash slots, so a cluster cannot move them atomically")
+	}
 	return &Migrator{c: c, opts: o, names: keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName}}, nil
 }
 

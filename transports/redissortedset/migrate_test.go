@@ -22,7 +22,7 @@ import (
 )
 
 // snapshot renders every key of the database with its type and contents.
-func snapshot(t *testing.T, c *redis.Client) string {
+func snapshot(t *testing.T, c redis.UniversalClient) string {
 	t.Helper()
 	ctx := context.Background()
 	ks, err := c.Keys(ctx, "*").Result()
@@ -60,7 +60,7 @@ func snapshot(t *testing.T, c *redis.Client) string {
 }
 
 // zscore returns member's score in key, failing when it is absent.
-func zscore(t *testing.T, c *redis.Client, key, member string) float64 {
+func zscore(t *testing.T, c redis.UniversalClient, key, member string) float64 {
 	t.Helper()
 	s, err := c.ZScore(context.Background(), key, member).Result()
 	if err != nil {

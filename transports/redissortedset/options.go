@@ -9,9 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -29,8 +28,28 @@ const (
 // queues and result_queue_name). Unknown options are errors.
 type Options struct {
 	// URL is the Redis URL (redis://, rediss:// for TLS, user:password@ for
-	// AUTH); default: the deployment's REDIS_URL.
+	// AUTH); default: the deployment's REDIS_URL. In cluster mode, go-redis's
+	// cluster form: redis://host:port?addr=host2:port2 (any node finds the
+	// others).
 	URL string `json:"url,omitempty"`
+	// Mode is "single" (one server; default: the deployment's redis_mode)
+	// or "cluster" (a Redis Cluster: the keys of a queue are hash-tagged
+	// into one slot, and queues spread over the nodes).
+	Mode string `json:"mode,omitempty"`
+	// MinReplicasAcked, when above 0, makes every result write wait (Redis
+	// WAIT) until that many replicas of the queue's master hold it before
+	// the request is acked; with it a failover loses no result and repeats
+	// none. 0 (default): the write is acked when the master has it; Redis
+	// replication is asynchronous, so a master that dies before passing it
+	// on can lose it (the request then runs again; see
+	// docs/redis-sortedset.md).
+	MinReplicasAcked int `json:"min_replicas_acked,omitempty"`
+	// MinReplicasTimeoutMS bounds the wait for replicas (default 1000). A
+	// write still short of them then counts as written (it is on the
+	// master and cannot be taken back), with a warning and the event
+	// replica_shortfalls: a master left without replicas does not stop
+	// its queues.
+	MinReplicasTimeoutMS int `json:"min_replicas_timeout_ms,omitempty"`
 	// Prefix is the global key prefix (default llm-d-async).
 	Prefix string `json:"prefix,omitempty"`
 	// PollIntervalMS is the longest idle wait between two claims on an empty
@@ -110,6 +129,9 @@ func (o *Options) SetDefaults() {
 	if o.ResultRetryMS <= 0 {
 		o.ResultRetryMS = o.LeaseMS
 	}
+	if o.MinReplicasTimeoutMS <= 0 {
+		o.MinReplicasTimeoutMS = 1000
+	}
 	if o.RetryQueueName != "" && !strings.Contains(o.RetryQueueName, keys.QueuePlaceholder) {
 		o.UpstreamRetryQueueName = o.RetryQueueName
 		o.RetryQueueName = keys.QueuePlaceholder + ":" + o.RetryQueueName
@@ -131,32 +153,54 @@ func (o *Options) Validate() error {
 	if o.PoolSize < 0 {
 		errs = append(errs, errors.New("pool_size must not be negative"))
 	}
+	if _, err := redisclient.ParseMode(o.Mode); err != nil {
+		errs = append(errs, fmt.Errorf("mode: %w", err))
+	}
+	if o.MinReplicasAcked < 0 {
+		errs = append(errs, errors.New("min_replicas_acked must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
 func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 
-// RedisOptions parses url into go-redis options, adding the TLS settings of o.
-// It is shared with the producer and the CLI.
-func RedisOptions(url string, o Options) (*redis.Options, error) {
+// RedisOptions parses url into go-redis options in o's mode, adding the
+// TLS settings and pool size of o. It is shared with the producer and the
+// CLI.
+func RedisOptions(url string, o Options) (*redisclient.Options, error) {
 	if url == "" {
 		return nil, errors.New("no Redis URL: set url, --redis.url, --redis.url-file or REDIS_URL")
 	}
-	ro, err := redis.ParseURL(url)
+	mode, err := redisclient.ParseMode(o.Mode)
 	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
+		return nil, err
 	}
-	if o.PoolSize > 0 {
-		ro.PoolSize = o.PoolSize
+	ro, err := redisclient.Parse(url, mode)
+	if err != nil {
+		return nil, err
 	}
+	var tlsErr error
+	ro.Tune(func(c *redisclient.Common) {
+		if o.PoolSize > 0 {
+			c.PoolSize = o.PoolSize
+		}
+		c.TLSConfig, tlsErr = o.tls(c.TLSConfig)
+	})
+	if tlsErr != nil {
+		return nil, tlsErr
+	}
+	return ro, nil
+}
+
+// tls returns the TLS configuration of a connection whose URL gave tc (nil
+// for redis://), with o's tls_* options or else the deployment's redis_tls.
+func (o Options) tls(tc *tls.Config) (*tls.Config, error) {
 	if o.TLSCACert == "" && o.TLSCert == "" && !o.TLSInsecureSkipVerify && o.TLSServerName == "" {
-		ro.TLSConfig = transport.Env{RedisTLS: o.deploymentTLS}.RedisTLSFor(ro.TLSConfig)
-		return ro, nil
+		return transport.Env{RedisTLS: o.deploymentTLS}.RedisTLSFor(tc), nil
 	}
-	if ro.TLSConfig == nil {
+	if tc == nil {
 		return nil, errors.New("tls_* options need a rediss:// URL")
 	}
-	tc := ro.TLSConfig
 	tc.InsecureSkipVerify = o.TLSInsecureSkipVerify // #nosec G402 -- opt-in, documented as testing only
 	if o.TLSServerName != "" {
 		tc.ServerName = o.TLSServerName
@@ -179,5 +223,5 @@ func RedisOptions(url string, o Options) (*redis.Options, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	return ro, nil
+	return tc, nil
 }

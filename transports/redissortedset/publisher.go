@@ -123,6 +123,9 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 	if t.closed {
 		return nil, ErrClosed
 	}
+	if err := t.names.CheckSlots(qs.k.Name, list); err != nil {
+		return nil, err
+	}
 	s := &settler{t: t, keys: []string{qs.k.Leases, qs.k.Leased, list, qs.k.Dead, qs.k.Stats}, ch: make(chan settleItem)}
 	t.batchers[key] = s
 	t.wg.Add(1)
@@ -187,7 +190,7 @@ func (s *settler) run() {
 			args = append(args, modeArg(it.mode), it.token, it.result, it.dead, it.reqID, it.reqToken)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := keys.Settle.Run(ctx, s.t.client, s.keys, args...).Int64Slice()
+		st, err := s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()
 		cancel()
 		if err == nil && len(st) != len(batch) {
 			err = fmt.Errorf("settle: %d statuses for %d items", len(st), len(batch))

@@ -38,6 +38,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
@@ -81,6 +82,9 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
+	if o.Mode == "" {
+		o.Mode = env.RedisMode
+	}
 	o.deploymentTLS = env.RedisTLS
 	t, err := New(o, env.Logger)
 	if err != nil {
@@ -113,10 +117,15 @@ type Stats struct {
 type Transport struct {
 	opts   Options
 	log    *slog.Logger
-	client *redis.Client
-	names  keys.Names
-	id     string
-	seq    atomic.Uint64
+	client redis.UniversalClient
+	// cluster is set for a Redis Cluster: names are hash-tagged, upstream's
+	// takeover (its keys span slots) is off, and the cancel epoch is read
+	// apart from the claim.
+	cluster bool
+	db      int
+	names   keys.Names
+	id      string
+	seq     atomic.Uint64
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -132,6 +141,7 @@ type Transport struct {
 
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
 	adopted, adoptSkipped                                             atomic.Int64
+	replicaShortfalls                                                 atomic.Int64
 }
 
 var (
@@ -159,11 +169,14 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 	}
 	var id [6]byte
 	_, _ = rand.Read(id[:])
+	cluster := ro.Mode() == redisclient.Cluster
 	return &Transport{
 		opts:     o,
 		log:      log,
-		client:   redis.NewClient(ro),
-		names:    keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName},
+		client:   ro.New(),
+		cluster:  cluster,
+		db:       ro.DB(),
+		names:    keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},
 		id:       hex.EncodeToString(id[:]),
 		closing:  make(chan struct{}),
 		queues:   map[string]*queueState{},
@@ -172,7 +185,7 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 }
 
 // Client returns the transport's Redis client (for tests and tools).
-func (t *Transport) Client() *redis.Client { return t.client }
+func (t *Transport) Client() redis.UniversalClient { return t.client }
 
 // Stats returns the transport's counters.
 func (t *Transport) Stats() Stats {
@@ -246,7 +259,7 @@ func (t *Transport) startLoops(qs *queueState) error {
 	t.wg.Add(2)
 	go t.heartbeatLoop(qs)
 	go t.reclaimLoop(qs)
-	if !t.adopting {
+	if !t.adopting && !t.cluster {
 		t.adopting = true
 		t.wg.Add(1)
 		go t.adoptLoop()
@@ -512,6 +525,9 @@ func (t *Transport) Names() keys.Names { return t.names }
 // replica serves: due entries of upstream's retry set naming it are moved
 // back into it.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
+	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+		return nil, err
+	}
 	qs := t.queue(q.Name)
 	t.mu.Lock()
 	qs.served, qs.id = true, q.ID
@@ -522,6 +538,9 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
 func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
+	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+		return nil, err
+	}
 	return &publisher{t: t, qs: t.queue(q.Name)}, nil
 }
 
@@ -529,7 +548,8 @@ func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
 func (t *Transport) Events() map[string]int64 {
 	s := t.Stats()
 	return map[string]int64{"claimed": s.Claimed, "late_results": s.LateResults, "late_requeues": s.LateRequeues,
-		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp, "adopted_retries": s.AdoptedRetries}
+		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp, "adopted_retries": s.AdoptedRetries,
+		"replica_shortfalls": t.replicaShortfalls.Load()}
 }
 
 var _ transport.EventCounter = (*Transport)(nil)

@@ -76,7 +76,7 @@ func BenchmarkSettle(b *testing.B) {
 }
 
 // evalshaUsecPerCall reads usec_per_call of evalsha from INFO commandstats.
-func evalshaUsecPerCall(b *testing.B, c *redis.Client) (float64, bool) {
+func evalshaUsecPerCall(b *testing.B, c redis.UniversalClient) (float64, bool) {
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)

@@ -37,7 +37,12 @@ type source struct {
 	got, asked int
 	nextDue    time.Duration // until the next delayed request; <0: none
 	idle       time.Duration // the next idle wait; doubles while claims come back empty
+	epochRead  time.Time     // in a cluster, when the cancel epoch was last read
 }
+
+// epochEvery is how often a claim loop on a cluster reads the cancel epoch
+// (on a single node the claim script returns it with every claim).
+const epochEvery = 100 * time.Millisecond
 
 var (
 	_ transport.Source     = (*source)(nil)
@@ -65,9 +70,11 @@ type claimResult struct {
 // claim runs the claim script for up to n requests.
 func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResult, error) {
 	prefix := t.id + ":" + strconv.FormatUint(t.seq.Add(1), 36) + ":"
-	raw, err := keys.Claim.Run(ctx, t.client,
-		[]string{qs.k.Name, qs.k.Leases, qs.k.Leased, qs.k.Redeliveries, qs.k.Delayed, t.names.CancelEpoch()},
-		n, t.opts.LeaseMS, prefix, qs.k.JobPrefix).Slice()
+	ks := []string{qs.k.Name, qs.k.Leases, qs.k.Leased, qs.k.Redeliveries, qs.k.Delayed, t.names.CancelEpoch()}
+	if t.cluster {
+		ks = ks[:5] // the epoch is in another slot: Claim reads it apart
+	}
+	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim from %s: %w", qs.k.Name, err)
 	}
@@ -124,27 +131,49 @@ func (s *source) Open(ctx context.Context) error {
 	s.timer = time.NewTimer(time.Hour)
 	s.timer.Stop()
 	s.idle = minIdle
-	keyspace := keyspaceChannel(t.client.Options().DB, s.q.Name)
-	t.checkKeyspaceEvents(ctx, s.q.Name)
-	ps := t.client.Subscribe(ctx, s.qs.k.Notify, keyspace)
-	s.bg.Add(2)
+	keyspace := keyspaceChannel(t.db, s.q.Name)
+	// Keyspace events are published only by the node holding the key; in a
+	// cluster they are heard on that node's connection, and a failover
+	// ends them until the source opens again (the idle poll still finds
+	// the work meanwhile).
+	node, err := t.nodeFor(ctx, s.q.Name)
+	if err != nil {
+		t.log.Warn("cannot find the queue's node; plain ZADDs wake the claim loop only at the idle poll", "queue", s.q.Name, "err", err)
+		node = nil
+	}
+	var subs []*redis.PubSub
+	if t.cluster {
+		subs = append(subs, t.client.Subscribe(ctx, s.qs.k.Notify))
+		if node != nil {
+			t.checkKeyspaceEvents(ctx, node, s.q.Name)
+			subs = append(subs, node.Subscribe(ctx, keyspace))
+		}
+	} else {
+		t.checkKeyspaceEvents(ctx, t.client, s.q.Name)
+		subs = append(subs, t.client.Subscribe(ctx, s.qs.k.Notify, keyspace))
+	}
+	s.bg.Add(1 + len(subs))
 	go func() {
 		defer s.bg.Done()
 		select {
 		case <-ctx.Done():
 		case <-t.closing:
 		}
-		_ = ps.Close()
-	}()
-	go func() {
-		defer s.bg.Done()
-		for m := range ps.Channel() {
-			if m.Channel != keyspace || m.Payload == "zadd" {
-				s.signal()
-			}
+		for _, ps := range subs {
+			_ = ps.Close()
 		}
-		s.signal() // closed: let a waiting loop look again (and find the transport closing)
 	}()
+	for _, ps := range subs {
+		go func() {
+			defer s.bg.Done()
+			for m := range ps.Channel() {
+				if m.Channel != keyspace || m.Payload == "zadd" {
+					s.signal()
+				}
+			}
+			s.signal() // closed: let a waiting loop look again (and find the transport closing)
+		}()
+	}
 	return nil
 }
 
@@ -173,7 +202,12 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 	if res.nextDue >= 0 {
 		s.nextDue = time.Duration(max(res.nextDue-res.now, 1)) * time.Millisecond
 	}
-	if res.epoch != t.cancels.currentEpoch() {
+	if t.cluster {
+		if time.Since(s.epochRead) >= epochEvery {
+			s.epochRead = time.Now()
+			t.refreshCancels(ctx, "")
+		}
+	} else if res.epoch != t.cancels.currentEpoch() {
 		t.refreshCancels(ctx, res.epoch)
 	}
 	toks := make([]string, len(res.items))
@@ -190,7 +224,7 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 		m := message.NewMessage(c.token, []byte(c.member))
 		m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
 			MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
-		if id, tok := upstreamKeysOf(m.Payload); tok != "" {
+		if id, tok := upstreamKeysOf(m.Payload); tok != "" && !t.cluster {
 			m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
 		}
 		out = append(out, m)
@@ -268,7 +302,9 @@ func (s *source) giveUp(c claimed) {
 	var reqID, reqToken string
 	if req, err := wire.Decode([]byte(c.member)); err == nil {
 		res = wire.ErrorResult(req, wire.CodeInferenceError, text)
-		reqID, reqToken = upstreamKeysOf([]byte(c.member))
+		if !t.cluster {
+			reqID, reqToken = upstreamKeysOf([]byte(c.member))
+		}
 	} else if de, ok := wire.AsDecodeError(err); ok && de.ID != "" {
 		res = &wire.Result{ID: de.ID, Payload: wire.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: wire.CodeInferenceError, ErrorMessage: text}
 	}
@@ -284,6 +320,18 @@ func (s *source) giveUp(c claimed) {
 	}
 }
 
+// nodeFor returns the client of the master holding key: the transport's
+// own client on a single node.
+func (t *Transport) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := t.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Client:
+		return c, nil
+	}
+	return nil, fmt.Errorf("unexpected Redis client %T", t.client)
+}
+
 // keyspaceChannel is the keyspace notification channel of key in database db.
 func keyspaceChannel(db int, key string) string {
 	return "__keyspace@" + strconv.Itoa(db) + "__:" + key
@@ -294,10 +342,10 @@ func keyspaceChannel(db int, key string) string {
 // producer writes with a plain ZADD. A server that refuses CONFIG GET
 // (managed Redis) is not asked again; the subscription costs nothing when
 // the events are off.
-func (t *Transport) checkKeyspaceEvents(ctx context.Context, queue string) {
+func (t *Transport) checkKeyspaceEvents(ctx context.Context, c redis.Cmdable, queue string) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	v, err := t.client.ConfigGet(cctx, "notify-keyspace-events").Result()
+	v, err := c.ConfigGet(cctx, "notify-keyspace-events").Result()
 	if err != nil {
 		t.log.Debug("cannot read notify-keyspace-events; plain ZADDs wake the claim loop only if the server publishes keyspace events", "queue", queue, "err", err)
 		return

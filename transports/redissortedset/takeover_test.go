@@ -98,7 +98,7 @@ func (r upstreamReq) member(t *testing.T) string {
 
 // enqueueUpstream writes r as upstream's producer does: active token, then
 // the envelope in the queue scored by its deadline.
-func enqueueUpstream(t *testing.T, c *redis.Client, r upstreamReq) {
+func enqueueUpstream(t *testing.T, c redis.UniversalClient, r upstreamReq) {
 	t.Helper()
 	ctx := context.Background()
 	if err := c.Set(ctx, upstream.ActiveKey(r.id), r.token, time.Until(r.deadline)).Err(); err != nil {
@@ -112,7 +112,7 @@ func enqueueUpstream(t *testing.T, c *redis.Client, r upstreamReq) {
 // retryUpstream writes r to upstream's retry set, due in backoff (negative:
 // already due), as its retry worker does (the request was enqueued, so its
 // active key exists), and returns the member.
-func retryUpstream(t *testing.T, c *redis.Client, set string, r upstreamReq, backoff time.Duration) string {
+func retryUpstream(t *testing.T, c redis.UniversalClient, set string, r upstreamReq, backoff time.Duration) string {
 	t.Helper()
 	ctx := context.Background()
 	if err := c.Set(ctx, upstream.ActiveKey(r.id), r.token, time.Until(r.deadline)).Err(); err != nil {
@@ -128,7 +128,7 @@ func retryUpstream(t *testing.T, c *redis.Client, set string, r upstreamReq, bac
 
 // cancelUpstream cancels id as upstream's producer does: the active token is
 // copied to the cancel key.
-func cancelUpstream(t *testing.T, c *redis.Client, id string) {
+func cancelUpstream(t *testing.T, c redis.UniversalClient, id string) {
 	t.Helper()
 	ctx := context.Background()
 	tok, err := c.Get(ctx, upstream.ActiveKey(id)).Result()

@@ -120,7 +120,7 @@ func TestIdleWaitWakeUps(t *testing.T) {
 
 // waitSubscribed waits until each channel has a subscriber, so that a write
 // made afterwards is heard.
-func waitSubscribed(t *testing.T, c *redis.Client, channels ...string) {
+func waitSubscribed(t *testing.T, c redis.UniversalClient, channels ...string) {
 	t.Helper()
 	end := time.Now().Add(5 * time.Second)
 	for {

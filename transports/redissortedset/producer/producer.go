@@ -57,6 +57,19 @@ type Config struct {
 	CancelTTL time.Duration
 	// ChunkSize is how many requests one enqueue script call carries (default 500).
 	ChunkSize int
+	// Mode is how Dial reaches the URL: "single" (default) or "cluster" (a
+	// Redis Cluster, URL redis://host:port?addr=host2:port2). New reads
+	// the mode from the client it is given.
+	Mode string
+	// MinReplicasAcked, when above 0, makes an enqueue return only once
+	// that many replicas of the queue's master hold it (Redis WAIT), so a
+	// failover right after it loses nothing. 0 (default): acked by the
+	// master alone.
+	MinReplicasAcked int
+	// MinReplicasTimeout bounds the wait for replicas (default 5s); an
+	// enqueue still short of them then fails (it may have been written:
+	// enqueueing again adds the requests a second time).
+	MinReplicasTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -69,12 +82,15 @@ func (c *Config) setDefaults() {
 	if c.ChunkSize <= 0 {
 		c.ChunkSize = 500
 	}
+	if c.MinReplicasTimeout <= 0 {
+		c.MinReplicasTimeout = 5 * time.Second
+	}
 }
 
 // Producer enqueues requests, cancels them and reads results. It is safe
 // for concurrent use.
 type Producer struct {
-	client *redis.Client
+	client redis.UniversalClient
 	own    bool
 	cfg    Config
 	names  keys.Names
@@ -84,22 +100,25 @@ type Producer struct {
 	calls atomic.Uint64
 }
 
-// New returns a producer on client; Close leaves the client open.
-func New(client *redis.Client, cfg Config) *Producer {
+// New returns a producer on client (a *redis.Client, or a
+// *redis.ClusterClient for a Redis Cluster: names are then hash-tagged, see
+// Names); Close leaves the client open.
+func New(client redis.UniversalClient, cfg Config) *Producer {
 	cfg.setDefaults()
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &Producer{client: client, cfg: cfg, names: keys.Names{Prefix: cfg.Prefix}, id: hex.EncodeToString(b[:])}
+	_, cluster := client.(*redis.ClusterClient)
+	return &Producer{client: client, cfg: cfg, names: keys.Names{Prefix: cfg.Prefix, Cluster: cluster}, id: hex.EncodeToString(b[:])}
 }
 
 // Dial connects to the Redis URL (redis://, rediss://, with user:password@
-// for AUTH); Close closes the connection.
+// for AUTH) in cfg.Mode; Close closes the connection.
 func Dial(url string, cfg Config) (*Producer, error) {
-	ro, err := rss.RedisOptions(url, rss.Options{})
+	ro, err := rss.RedisOptions(url, rss.Options{Mode: cfg.Mode})
 	if err != nil {
 		return nil, err
 	}
-	p := New(redis.NewClient(ro), cfg)
+	p := New(ro.New(), cfg)
 	p.own = true
 	return p, nil
 }
@@ -108,7 +127,7 @@ func Dial(url string, cfg Config) (*Producer, error) {
 func (p *Producer) Names() Names { return p.names }
 
 // Client returns the Redis client.
-func (p *Producer) Client() *redis.Client { return p.client }
+func (p *Producer) Client() redis.UniversalClient { return p.client }
 
 // Close closes the connection if Dial opened it.
 func (p *Producer) Close() error {
@@ -130,9 +149,17 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	if len(reqs) == 0 {
 		return nil
 	}
+	if err := p.names.CheckSlots(queue, ""); err != nil {
+		return err
+	}
 	k := p.names.Queue(queue)
-	nowMS := time.Now().UnixMilli()
-	head := []any{k.JobPrefix, p.names.JobQueues(""), p.cfg.JobIndexTTL.Milliseconds(), nowMS}
+	now := time.Now()
+	jobq := p.names.JobQueues("")
+	var jobTTL map[string]time.Duration // a cluster's jobq entries, written apart
+	if p.names.Cluster {
+		jobq, jobTTL = "", map[string]time.Duration{}
+	}
+	head := []any{k.JobPrefix, jobq, p.cfg.JobIndexTTL.Milliseconds(), now.UnixMilli()}
 	var chunks [][]any
 	args := append([]any(nil), head...)
 	for _, r := range reqs {
@@ -140,7 +167,11 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 		if err != nil {
 			return err
 		}
-		args = append(args, rss.Score(r.Deadline), indexableJob(r.JobID()), string(b[1:]))
+		job := indexableJob(r.JobID())
+		if jobTTL != nil && job != "" {
+			jobTTL[job] = max(jobTTL[job], r.Deadline.Sub(now)+p.cfg.JobIndexTTL)
+		}
+		args = append(args, rss.Score(r.Deadline), job, string(b[1:]))
 		if (len(args)-len(head))/3 == p.cfg.ChunkSize {
 			chunks = append(chunks, args)
 			args = append([]any(nil), head...)
@@ -151,6 +182,19 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	}
 	if err := p.ensureLoaded(ctx); err != nil {
 		return err
+	}
+	if len(jobTTL) > 0 {
+		// Before the requests, so that a cancellation of the job racing
+		// this enqueue finds the queue (cluster only; one script on a
+		// single node does both).
+		if _, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for job, ttl := range jobTTL {
+				keys.JobQueue.Eval(ctx, pl, []string{p.names.JobQueues(job)}, queue, ttl.Milliseconds())
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("enqueue to %s: index jobs: %w", queue, err)
+		}
 	}
 	ks := []string{queue, k.Seq, p.names.Registry()}
 	for len(chunks) > 0 {
@@ -176,16 +220,67 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	return nil
 }
 
+// runChunks runs the enqueue calls of chunks with their marks; ks is
+// (queue, seq, registry).
 func (p *Producer) runChunks(ctx context.Context, ks, marks []string, notify string, chunks [][]any) error {
+	if p.cfg.MinReplicasAcked > 0 {
+		return p.runChunksAcked(ctx, ks, marks, notify, chunks)
+	}
 	_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		pl.SAdd(ctx, ks[2], ks[0])
 		for i, c := range chunks {
-			keys.Enqueue.EvalSha(ctx, pl, []string{ks[0], ks[1], ks[2], marks[i]}, c...)
+			keys.Enqueue.EvalSha(ctx, pl, []string{ks[0], ks[1], marks[i]}, c...)
 		}
 		pl.Publish(ctx, notify, "1")
 		return nil
 	})
 	return err
+}
+
+// runChunksAcked is runChunks with WAIT: the enqueue calls and WAIT go in
+// one pipeline on one connection to the queue's master (WAIT counts what
+// its own connection wrote).
+func (p *Producer) runChunksAcked(ctx context.Context, ks, marks []string, notify string, chunks [][]any) error {
+	node, err := p.master(ctx, ks[0])
+	if err != nil {
+		return err
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	var acked *redis.IntCmd
+	if _, err := conn.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for i, c := range chunks {
+			keys.Enqueue.EvalSha(ctx, pl, []string{ks[0], ks[1], marks[i]}, c...)
+		}
+		acked = redis.NewIntCmd(ctx, "wait", p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout.Milliseconds())
+		return pl.Process(ctx, acked)
+	}); err != nil {
+		if strings.Contains(err.Error(), "NOSCRIPT") {
+			_ = keys.Enqueue.Load(ctx, conn).Err() // the caller's retry finds it loaded
+		}
+		return err
+	}
+	if n := acked.Val(); n < int64(p.cfg.MinReplicasAcked) {
+		return fmt.Errorf("only %d of min_replicas_acked %d replicas confirmed the enqueue within %s (it is on the master; a failover could lose it)",
+			n, p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout)
+	}
+	_, err = p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		pl.SAdd(ctx, ks[2], ks[0])
+		pl.Publish(ctx, notify, "1")
+		return nil
+	})
+	return err
+}
+
+// master returns the client of the master holding key.
+func (p *Producer) master(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := p.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Client:
+		return c, nil
+	}
+	return nil, fmt.Errorf("unexpected Redis client %T", p.client)
 }
 
 func (p *Producer) ensureLoaded(ctx context.Context) error {
@@ -221,10 +316,32 @@ func (p *Producer) CancelJob(ctx context.Context, job string) (int, error) {
 	if job == "" {
 		return 0, errors.New("cancel job: empty job id")
 	}
+	jobq := p.names.JobQueues(job)
+	if p.names.Cluster {
+		jobq = "" // the job's queues are in other slots: fronted one by one below
+	}
 	n, err := keys.Cancel.Run(ctx, p.client, []string{p.names.Cancelled(), p.names.CancelEpoch()},
-		keys.JobEntry+job, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), p.names.JobQueues(job), ":job:"+job).Int()
+		keys.JobEntry+job, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), jobq, ":job:"+job).Int()
 	if err != nil {
 		return 0, fmt.Errorf("cancel job %s: %w", job, err)
+	}
+	if !p.names.Cluster {
+		return n, nil
+	}
+	qs, err := p.client.SMembers(ctx, p.names.JobQueues(job)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("cancel job %s: its queues: %w", job, err)
+	}
+	for _, q := range qs {
+		k := p.names.Queue(q)
+		m, err := keys.CancelFront.Run(ctx, p.client, []string{q, k.JobPrefix + job}, k.Notify).Int()
+		if err != nil {
+			return n, fmt.Errorf("cancel job %s: front of %s: %w", job, q, err)
+		}
+		n += m
+	}
+	if err := p.client.Del(ctx, p.names.JobQueues(job)).Err(); err != nil {
+		return n, fmt.Errorf("cancel job %s: %w", job, err)
 	}
 	return n, nil
 }
@@ -275,7 +392,7 @@ func (p *Producer) Results(list string, o ReaderOptions) *ResultReader {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 500 * time.Millisecond
 	}
-	return &ResultReader{p: p, list: list, pending: keys.Pending(list), o: o}
+	return &ResultReader{p: p, list: list, pending: p.names.Pending(list), o: o}
 }
 
 // ResultLease is one leased result.

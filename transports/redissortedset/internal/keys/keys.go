@@ -37,9 +37,12 @@
 package keys
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // DefaultPrefix is the key prefix of the batch processor convention.
@@ -53,12 +56,23 @@ const DefaultTenant = "$batch"
 const QueuePlaceholder = "{queue}"
 
 // Names derives key names from a prefix.
+//
+// With Cluster set (a Redis Cluster), every key a script touches must hash
+// to one slot, so names carry hash tags: a request queue's companion keys
+// are built on redisclient.Tagged(queue) ("{Q}:leases" for a queue Q without
+// a tag of its own, which hashes like Q itself, so the queue's name is
+// unchanged), the pool in the conventional queue and result names is tagged
+// (P:requests:{pool}, P:results:{pool}:<tenant>: a pool's queue and result
+// lists share a slot, and pools spread over the nodes), and the global keys
+// share the prefix's slot ({P}:queues, {P}:cancelled, ...).
 type Names struct {
 	// Prefix is the global key prefix (DefaultPrefix when empty).
 	Prefix string
 	// DelayedTemplate names a queue's delay set; QueuePlaceholder stands for
 	// the queue (default "{queue}:delayed").
 	DelayedTemplate string
+	// Cluster selects the hash-tagged layout of a Redis Cluster.
+	Cluster bool
 }
 
 func (n Names) prefix() string {
@@ -68,32 +82,50 @@ func (n Names) prefix() string {
 	return n.Prefix
 }
 
-// RequestQueue is the request queue of pool: P:requests:<pool>.
-func (n Names) RequestQueue(pool string) string { return n.prefix() + ":requests:" + pool }
+// global is the name of a prefix-wide key: P:<suffix>, or {P}:<suffix> in a
+// cluster (one slot for all of them).
+func (n Names) global(suffix string) string {
+	if n.Cluster {
+		return tagged(n.prefix()) + ":" + suffix
+	}
+	return n.prefix() + ":" + suffix
+}
+
+// pool is the pool's part of a conventional name ({pool} in a cluster).
+func (n Names) pool(pool string) string {
+	if n.Cluster {
+		return "{" + pool + "}"
+	}
+	return pool
+}
+
+// RequestQueue is the request queue of pool: P:requests:<pool>
+// (P:requests:{pool} in a cluster).
+func (n Names) RequestQueue(pool string) string { return n.prefix() + ":requests:" + n.pool(pool) }
 
 // ResultQueue is the result list of pool and tenant: P:results:<pool>:<tenant>
-// (tenant DefaultTenant when empty).
+// (tenant DefaultTenant when empty; P:results:{pool}:<tenant> in a cluster).
 func (n Names) ResultQueue(pool, tenant string) string {
 	if tenant == "" {
 		tenant = DefaultTenant
 	}
-	return n.prefix() + ":results:" + pool + ":" + tenant
+	return n.prefix() + ":results:" + n.pool(pool) + ":" + tenant
 }
 
 // Registry is the set of request queues in use.
-func (n Names) Registry() string { return n.prefix() + ":queues" }
+func (n Names) Registry() string { return n.global("queues") }
 
 // Cancelled is the sorted set of cancellations.
-func (n Names) Cancelled() string { return n.prefix() + ":cancelled" }
+func (n Names) Cancelled() string { return n.global("cancelled") }
 
 // CancelEpoch is the counter bumped by every cancellation.
-func (n Names) CancelEpoch() string { return n.prefix() + ":cancel-epoch" }
+func (n Names) CancelEpoch() string { return n.global("cancel-epoch") }
 
 // CancelChannel is the pub/sub channel of cancellations.
-func (n Names) CancelChannel() string { return n.prefix() + ":cancel" }
+func (n Names) CancelChannel() string { return n.global("cancel") }
 
 // JobQueues is the set of request queues holding waiting messages of job.
-func (n Names) JobQueues(job string) string { return n.prefix() + ":jobq:" + job }
+func (n Names) JobQueues(job string) string { return n.global("jobq:" + job) }
 
 // Queue returns the keys of request queue name.
 func (n Names) Queue(name string) Queue {
@@ -101,19 +133,65 @@ func (n Names) Queue(name string) Queue {
 	if tpl == "" {
 		tpl = QueuePlaceholder + ":delayed"
 	}
+	base := name
+	if n.Cluster {
+		base = tagged(name)
+	}
 	return Queue{
 		Name:         name,
-		Leases:       name + ":leases",
-		Leased:       name + ":leased",
-		Redeliveries: name + ":redeliveries",
-		Delayed:      strings.ReplaceAll(tpl, QueuePlaceholder, name),
-		Dead:         name + ":dead",
-		Seq:          name + ":seq",
-		JobPrefix:    name + ":job:",
-		Notify:       name + ":notify",
-		Stats:        name + ":stats",
-		CallMarks:    name + ":call:",
+		Leases:       base + ":leases",
+		Leased:       base + ":leased",
+		Redeliveries: base + ":redeliveries",
+		Delayed:      strings.ReplaceAll(tpl, QueuePlaceholder, base),
+		Dead:         base + ":dead",
+		Seq:          base + ":seq",
+		JobPrefix:    base + ":job:",
+		Notify:       base + ":notify",
+		Stats:        base + ":stats",
+		CallMarks:    base + ":call:",
 	}
+}
+
+// Pending is the lease set of the durable result reader of result list r.
+func (n Names) Pending(r string) string {
+	if n.Cluster {
+		return tagged(r) + ":pending"
+	}
+	return r + ":pending"
+}
+
+// CheckSlots reports, in a cluster, a request queue whose keys or result
+// list would not share one hash slot (a script touching them would fail
+// with CROSSSLOT), naming the fix. It accepts anything on a single node.
+func (n Names) CheckSlots(queue, resultList string) error {
+	if !n.Cluster {
+		return nil
+	}
+	if _, err := redisclient.Tagged(queue); err != nil {
+		return fmt.Errorf("queue %s: %w", queue, err)
+	}
+	k := n.Queue(queue)
+	want := redisclient.Slot(queue)
+	for _, key := range []string{k.Leases, k.Delayed, k.Dead} {
+		if redisclient.Slot(key) != want {
+			return fmt.Errorf("queue %s: its key %s hashes to slot %d, the queue to %d: in cluster mode retry_queue_name must put {queue} before any brace of its own", queue, key, redisclient.Slot(key), want)
+		}
+	}
+	if resultList != "" && redisclient.Slot(resultList) != want {
+		return fmt.Errorf("result list %s is in hash slot %d but its request queue %s in %d: in cluster mode a result is written in the same step as the lease it settles, so both must share a slot; give them one hash tag (e.g. queue %s, results %s)",
+			resultList, redisclient.Slot(resultList), queue, want, n.RequestQueue("<pool>"), n.ResultQueue("<pool>", "<tenant>"))
+	}
+	return nil
+}
+
+// tagged is redisclient.Tagged, falling back to braces around the key for
+// a name it refuses (CheckSlots reports such a name).
+func tagged(key string) string {
+	t, err := redisclient.Tagged(key)
+	if err != nil {
+		return "{" + key + "}"
+	}
+	return t
 }
 
 // Queue holds the key names of one request queue.
@@ -122,9 +200,6 @@ type Queue struct {
 	// CallMarks prefixes the marks that make an enqueue call run once.
 	CallMarks string
 }
-
-// Pending is the lease set of the durable result reader of result list r.
-func Pending(r string) string { return r + ":pending" }
 
 // Cancellation entries in Names.Cancelled.
 const (
@@ -153,15 +228,21 @@ const SeqWidth = 20
 // returns them instead of claiming more under the same tokens, which would
 // overwrite the first claim's lease records and lose those requests.
 //
-//	KEYS: queue, leases, leased, redeliveries, delayed, cancel-epoch
+//	KEYS: queue, leases, leased, redeliveries, delayed[, cancel-epoch]
 //	ARGV: n, lease ms, token prefix, job index prefix
+//
+// Without the cancel-epoch key (a cluster, where it lives in another slot)
+// the epoch returned is "0" and the caller reads it on its own.
+//
 //	returns: {next delayed due ms or -1, cancel epoch, now ms,
 //	          token, score, deliveries, message, ...}
 var Claim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local epoch = '0'
+if #KEYS >= 6 then epoch = redis.call('GET', KEYS[6]) or '0' end
 if redis.call('HEXISTS', KEYS[3], ARGV[3] .. '1') == 1 then
-  local out = {-1, redis.call('GET', KEYS[6]) or '0', now}
+  local out = {-1, epoch, now}
   for i = 1, tonumber(ARGV[1]) do
     local tok = ARGV[3] .. i
     local rec = redis.call('HGET', KEYS[3], tok)
@@ -189,7 +270,7 @@ if #due > 0 then
   redis.call('ZADD', KEYS[1], unpack(add))
   redis.call('ZREM', KEYS[5], unpack(due))
 end
-local out = {-1, redis.call('GET', KEYS[6]) or '0', now}
+local out = {-1, epoch, now}
 local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
 if #popped > 0 then
   local exp = now + tonumber(ARGV[2])
@@ -397,20 +478,23 @@ return lost
 // triple (score, job, body) where body is the flat request's JSON without
 // its opening brace; the member becomes MemberTag<seq>/<job>",<body>.
 // Requests with a job are indexed for cancellation until ttl after their
-// deadline.
+// deadline: in the queue's job index (ARGV[1]..job), and, when ARGV[2] is
+// not empty, in the prefix-wide set of the job's queues (ARGV[2]..job). A
+// cluster passes "" there and writes that set with JobQueue instead, since
+// it lives in another hash slot.
 //
-// KEYS[4] marks the call: a call the client sends again after losing the
+// KEYS[3] marks the call: a call the client sends again after losing the
 // reply (the script ran, the connection died) finds its mark and adds
 // nothing, so a request is never enqueued twice by a retry. The mark lives
 // ten minutes.
 //
-//	KEYS: queue, seq, registry, call mark (unique per call)
-//	ARGV: job index prefix, jobq prefix, index ttl ms after deadline, now ms, triples...
+//	KEYS: queue, seq, call mark (unique per call)
+//	ARGV: job index prefix, jobq prefix or "", index ttl ms after deadline, now ms, triples...
 //	returns: the last sequence number
 var Enqueue = redis.NewScript(`
 local n = (#ARGV - 4) / 3
 if n < 1 then return 0 end
-if not redis.call('SET', KEYS[4], '1', 'NX', 'PX', 600000) then
+if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', 600000) then
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
 local last = redis.call('INCRBY', KEYS[2], n)
@@ -431,8 +515,12 @@ end
 redis.call('ZADD', KEYS[1], unpack(add))
 for job, ttl in pairs(jobs) do
   if ttl < 1000 then ttl = 1000 end
-  for _, k in ipairs({ARGV[1] .. job, ARGV[2] .. job}) do
-    if k == ARGV[2] .. job then redis.call('SADD', k, KEYS[1]) end
+  local ks = {ARGV[1] .. job}
+  if ARGV[2] ~= '' then
+    ks[2] = ARGV[2] .. job
+    redis.call('SADD', ks[2], KEYS[1])
+  end
+  for _, k in ipairs(ks) do
     local cur = redis.call('PTTL', k)
     if cur < ttl then redis.call('PEXPIRE', k, ttl) end
   end
@@ -440,9 +528,24 @@ end
 return last
 `)
 
+// JobQueue records that queue holds waiting messages of a job, in a
+// cluster (see Enqueue): the job's set of queues gains queue and lives at
+// least ttl ms.
+//
+//	KEYS: jobq key of the job
+//	ARGV: queue, ttl ms
+var JobQueue = redis.NewScript(`
+redis.call('SADD', KEYS[1], ARGV[1])
+local ttl = math.max(tonumber(ARGV[2]), 1000)
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+`)
+
 // Cancel records a cancellation, announces it, and for a job moves its
 // waiting requests to the front of their queues (score 0), so that they are
 // answered CANCELLED at once instead of when their deadline comes up.
+// In a cluster the queues are in other hash slots: the caller passes no
+// jobq key, reads the job's queues itself and runs CancelFront on each.
 //
 //	KEYS: cancelled, cancel-epoch
 //	ARGV: entry ("job:<id>" or "req:<id>"), ttl ms, channel, jobq key ("" for a request), ":job:<id>"
@@ -468,6 +571,23 @@ if ARGV[4] ~= '' then
   redis.call('DEL', ARGV[4])
 end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
+return moved
+`)
+
+// CancelFront moves the waiting requests of a cancelled job in one queue to
+// its front (score 0) and wakes the queue (a cluster's half of Cancel).
+//
+//	KEYS: queue, the queue's job index of the job
+//	ARGV: the queue's notify channel
+//	returns: number of requests moved
+var CancelFront = redis.NewScript(`
+local moved = 0
+local ms = redis.call('SMEMBERS', KEYS[2])
+for _, m in ipairs(ms) do
+  if redis.call('ZADD', KEYS[1], 'XX', 'CH', 0, m) == 1 then moved = moved + 1 end
+end
+redis.call('DEL', KEYS[2])
+if #ms > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return moved
 `)
 

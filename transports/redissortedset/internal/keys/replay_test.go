@@ -69,7 +69,7 @@ func TestEnqueueReplayAddsNothing(t *testing.T) {
 	score := strconv.FormatFloat(float64(time.Now().Add(time.Hour).Unix()), 'f', 3, 64)
 	args := []any{q.JobPrefix, n.JobQueues(""), 60000, time.Now().UnixMilli(),
 		score, "job", `"id":"a"}`, score, "job", `"id":"b"}`}
-	ks := []string{q.Name, q.Seq, n.Registry(), q.CallMarks + "p:1"}
+	ks := []string{q.Name, q.Seq, q.CallMarks + "p:1"}
 	for range 2 {
 		if err := Enqueue.Run(ctx, c, ks, args...).Err(); err != nil {
 			t.Fatal(err)
@@ -78,7 +78,7 @@ func TestEnqueueReplayAddsNothing(t *testing.T) {
 	if got := c.ZCard(ctx, q.Name).Val(); got != 2 {
 		t.Fatalf("queue holds %d after a call and its replay, want 2", got)
 	}
-	ks[3] = q.CallMarks + "p:2"
+	ks[2] = q.CallMarks + "p:2"
 	if err := Enqueue.Run(ctx, c, ks, args...).Err(); err != nil {
 		t.Fatal(err)
 	}

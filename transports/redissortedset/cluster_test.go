@@ -1,0 +1,245 @@
+package redissortedset_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// TestCluster runs the transport on a Redis Cluster of 3 masters with two
+// replicas each: queues spread over the masters, a job cancelled across
+// them, a result list in another slot refused, and, last (it leaves one
+// master without a replica), a master killed mid-run.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 6-node Redis Cluster")
+	}
+	// Two replicas per master: after the failover the promoted master still
+	// has one, so min_replicas_acked 1 can still be met.
+	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Replicas: 2})
+	p, err := producer.Dial(c.URL, producer.Config{Mode: "cluster", MinReplicasAcked: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	f := newSimFixture(t, simulator.Config{Latency: simulator.Fixed(50 * time.Millisecond)})
+	f.prod = p
+	f.redisURL, f.redisMode = c.URL, "cluster"
+	if path := os.Getenv("SLUICE_TEST_LOG"); path != "" {
+		lf, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lf.Close() })
+		f.log = slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	pools := poolsOnDistinctMasters(t, c, p.Names(), 3)
+
+	t.Run("SlotMismatch", func(t *testing.T) {
+		tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster"})
+		defer tp.Close()
+		_, err := tp.Source(transport.Queue{Name: p.Names().RequestQueue(pools[0]), ResultName: "llm-d-async:results:other:$batch"})
+		if err == nil || !strings.Contains(err.Error(), "hash slot") {
+			t.Fatalf("a result list in another slot: %v, want an error naming hash slots", err)
+		}
+		if err := p.Enqueue(context.Background(), "plain}brace", request("x", "", time.Minute, nil)); err == nil || !strings.Contains(err.Error(), "hash tag") {
+			t.Fatalf("a queue name with a lone brace: %v, want an error naming hash tags", err)
+		}
+	})
+
+	t.Run("CancelJobAcrossMasters", func(t *testing.T) {
+		ctx := context.Background()
+		const job = "doomed"
+		var queues []string
+		for i, pool := range pools[:2] {
+			q := p.Names().RequestQueue(pool + "-cancel")
+			queues = append(queues, q)
+			if err := p.EnqueueMany(ctx, q, []*wire.Request{
+				request(fmt.Sprint("c", i, "-a"), job, time.Hour, nil), request(fmt.Sprint("c", i, "-b"), job, time.Hour, nil)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, err := p.CancelJob(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 4 {
+			t.Fatalf("CancelJob moved %d waiting requests to the front, want 4", n)
+		}
+		for _, q := range queues {
+			z, err := p.Client().ZRangeWithScores(ctx, q, 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range z {
+				if m.Score != 0 {
+					t.Errorf("%s: a cancelled request still has score %v", q, m.Score)
+				}
+			}
+			if n, _ := p.Client().Exists(ctx, p.Names().Queue(q).JobPrefix+job).Result(); n != 0 {
+				t.Errorf("%s: the job index outlived the cancellation", q)
+			}
+		}
+		tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", PollIntervalMS: 50})
+		stop := f.runAppQueues(tp, queues, func(q string) string { return strings.Replace(q, ":requests:", ":results:", 1) + ":$batch" }, 4)
+		for _, q := range queues {
+			got := f.collect(strings.Replace(q, ":requests:", ":results:", 1)+":$batch", 2, 20*time.Second)
+			for id, r := range got {
+				if r.ErrorCode != wire.CodeCancelled {
+					t.Errorf("%s: %s answered %s, want CANCELLED", q, id, r.ErrorCode)
+				}
+			}
+		}
+		stop()
+	})
+
+	t.Run("MasterKilledMidRun", func(t *testing.T) {
+		clusterFailover(t, f, c, pools)
+	})
+}
+
+// clusterFailover: two replicas drain three queues (one per master) with
+// min_replicas_acked 1; the master of the first queue is killed after a
+// third of the results; every request must get exactly one result.
+func clusterFailover(t *testing.T, f *fixture, c *testenv.RedisCluster, pools []string) {
+	ctx := context.Background()
+	const perQueue = 1000
+	names := f.prod.Names()
+	var queues, lists []string
+	for _, pool := range pools {
+		q := names.RequestQueue(pool)
+		queues, lists = append(queues, q), append(lists, names.ResultQueue(pool, ""))
+		reqs := make([]*wire.Request, perQueue)
+		for i := range reqs {
+			reqs[i] = request(fmt.Sprintf("%s-%04d", pool, i), "", 3*time.Minute, nil)
+		}
+		if err := f.prod.EnqueueMany(ctx, q, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := perQueue * len(pools)
+	resultOf := func(q string) string { return lists[indexOf(queues, q)] }
+	for range 2 {
+		tp, err := rss.New(rss.Options{URL: c.URL, Mode: "cluster", MinReplicasAcked: 1, LeaseMS: 4000, PollIntervalMS: 50}, f.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.runAppQueues(tp, queues, resultOf, 16)
+	}
+	count := func() int {
+		n := 0
+		for _, l := range lists {
+			v, err := f.prod.Client().LLen(ctx, l).Result()
+			if err != nil {
+				return -1 // a slot is failing over
+			}
+			n += int(v)
+		}
+		return n
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for count() < total/3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d results before the kill", count(), total)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	victim, err := c.MasterOf(ctx, queues[0])
+	if err != nil || victim < 0 {
+		t.Fatalf("master of %s: %d, %v", queues[0], victim, err)
+	}
+	before := count()
+	c.Nodes[victim].Stop() // SIGKILL
+	killed := time.Now()
+	t.Logf("killed master %s of %s with %d/%d results written", c.Nodes[victim].Addr, queues[0], before, total)
+	deadline = time.Now().Add(90 * time.Second)
+	for n := count(); n < total; n = count() {
+		if time.Now().After(deadline) {
+			for i, q := range queues {
+				d, err := rss.QueueDepth(ctx, f.prod.Client(), names, q)
+				l, _ := f.prod.Client().LLen(ctx, lists[i]).Result()
+				t.Logf("%s: results %d, depth %+v %v", q, l, d, err)
+			}
+			t.Fatalf("%d of %d results 90 s after the kill", n, total)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("all %d results %s after the kill", total, time.Since(killed).Round(time.Millisecond))
+	time.Sleep(6 * time.Second) // a late duplicate (an expired lease run again) would land by now
+	seen := map[string]int{}
+	for _, l := range lists {
+		raw, err := f.prod.Client().LRange(ctx, l, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range raw {
+			r, err := wire.DecodeResult([]byte(b))
+			if err != nil {
+				t.Fatalf("undecodable result %q: %v", b, err)
+			}
+			if r.ErrorCode != "" {
+				t.Errorf("%s answered %s: %s", r.ID, r.ErrorCode, r.ErrorMessage)
+			}
+			seen[r.ID]++
+		}
+	}
+	lost, dup := 0, 0
+	for _, pool := range pools {
+		for i := range perQueue {
+			switch n := seen[fmt.Sprintf("%s-%04d", pool, i)]; {
+			case n == 0:
+				lost++
+			case n > 1:
+				dup += n - 1
+			}
+		}
+	}
+	t.Logf("requests=%d lost=%d duplicated=%d", total, lost, dup)
+	if lost != 0 || dup != 0 {
+		t.Errorf("with min_replicas_acked 1: %d lost, %d duplicated, want 0 and 0", lost, dup)
+	}
+}
+
+// poolsOnDistinctMasters returns n pool names whose request queues are
+// served by n different masters.
+func poolsOnDistinctMasters(t *testing.T, c *testenv.RedisCluster, names producer.Names, n int) []string {
+	t.Helper()
+	used := map[int]bool{}
+	var out []string
+	for i := 0; len(out) < n && i < 200; i++ {
+		pool := fmt.Sprint("pool-", i)
+		m, err := c.MasterOf(context.Background(), names.RequestQueue(pool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !used[m] {
+			used[m] = true
+			out = append(out, pool)
+		}
+	}
+	if len(out) < n {
+		t.Fatal(errors.New("no pools on distinct masters"))
+	}
+	return out
+}
+
+func indexOf(xs []string, x string) int {
+	for i, v := range xs {
+		if v == x {
+			return i
+		}
+	}
+	return -1
+}
