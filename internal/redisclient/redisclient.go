@@ -55,10 +55,10 @@ type Common struct {
 	// TLSConfig is the URL's TLS (nil for redis://).
 	TLSConfig *tls.Config
 	// PoolSize is per node in cluster mode.
-	PoolSize, MinIdleConns, MaxRetries int
+	PoolSize, MinIdleConns, MaxRetries     int
 	DialTimeout, ReadTimeout, WriteTimeout time.Duration
 	ContextTimeoutEnabled, DisableIdentity bool
-	MaintNotifications *maintnotifications.Config
+	MaintNotifications                     *maintnotifications.Config
 }
 
 // Options are the parsed options of one client; exactly one of Single and

@@ -6,6 +6,7 @@ package testenv
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -189,4 +190,13 @@ func waitRedis(addr, password string, within time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return last
+}
+
+// Signal sends sig to the server's process (SIGSTOP and SIGCONT freeze and
+// resume it, as a stalled replica).
+func (r *Redis) Signal(sig os.Signal) error {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return errors.New("redis-server is not running")
+	}
+	return r.cmd.Process.Signal(sig)
 }

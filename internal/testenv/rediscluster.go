@@ -236,3 +236,32 @@ func (c *RedisCluster) Stop() {
 		r.Stop()
 	}
 }
+
+// ReplicasOf returns the indexes in Nodes of the replicas attached to the
+// master Nodes[master] now.
+func (c *RedisCluster) ReplicasOf(ctx context.Context, master int) ([]int, error) {
+	cl := redis.NewClient(&redis.Options{Addr: c.Nodes[master].Addr})
+	defer cl.Close()
+	role, err := cl.Do(ctx, "ROLE").Slice()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: role: %w", c.Nodes[master].Addr, err)
+	}
+	if len(role) < 3 || role[0] != "master" {
+		return nil, fmt.Errorf("node %s is not a master: %v", c.Nodes[master].Addr, role)
+	}
+	reps, _ := role[2].([]any)
+	var out []int
+	for _, rep := range reps {
+		f, _ := rep.([]any)
+		if len(f) < 2 {
+			continue
+		}
+		addr := net.JoinHostPort(fmt.Sprint(f[0]), fmt.Sprint(f[1]))
+		for j, n := range c.Nodes {
+			if n.Addr == addr {
+				out = append(out, j)
+			}
+		}
+	}
+	return out, nil
+}

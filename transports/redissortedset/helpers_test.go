@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 		// go-redis' pool reaper and the HTTP transport's idle connections outlive a test briefly.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		// After a failed dial (a killed cluster node) go-redis re-dials in the
+		// background, one try a second, until it notices its pool closed.
+		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).tryDial"),
 		// app registers gcp-pubsub, whose client library starts OpenCensus' worker at init.
 		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	)

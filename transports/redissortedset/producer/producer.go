@@ -61,14 +61,15 @@ type Config struct {
 	// Redis Cluster, URL redis://host:port?addr=host2:port2). New reads
 	// the mode from the client it is given.
 	Mode string
-	// MinReplicasAcked, when above 0, makes an enqueue return only once
-	// that many replicas of the queue's master hold it (Redis WAIT), so a
-	// failover right after it loses nothing. 0 (default): acked by the
-	// master alone.
+	// MinReplicasAcked, when above 0, makes an enqueue, a result lease
+	// (ResultReader.Next) and a result ack return only once that many
+	// replicas of the key's master hold it (Redis WAIT), so a failover
+	// right after it loses nothing and hands out no result twice. 0
+	// (default): acked by the master alone.
 	MinReplicasAcked int
-	// MinReplicasTimeout bounds the wait for replicas (default 5s); an
-	// enqueue still short of them then fails (it may have been written:
-	// enqueueing again adds the requests a second time).
+	// MinReplicasTimeout bounds the wait for replicas (default 5s); a call
+	// still short of them then fails, though it may have been written
+	// (enqueueing again adds the requests a second time).
 	MinReplicasTimeout time.Duration
 }
 
@@ -237,39 +238,68 @@ func (p *Producer) runChunks(ctx context.Context, ks, marks []string, notify str
 	return err
 }
 
-// runChunksAcked is runChunks with WAIT: the enqueue calls and WAIT go in
-// one pipeline on one connection to the queue's master (WAIT counts what
-// its own connection wrote).
+// runChunksAcked is runChunks with WAIT (see acked).
 func (p *Producer) runChunksAcked(ctx context.Context, ks, marks []string, notify string, chunks [][]any) error {
-	node, err := p.master(ctx, ks[0])
-	if err != nil {
-		return err
-	}
-	conn := node.Conn()
-	defer conn.Close()
-	var acked *redis.IntCmd
-	if _, err := conn.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	if err := p.acked(ctx, ks[0], func(pl redis.Pipeliner) {
 		for i, c := range chunks {
 			keys.Enqueue.EvalSha(ctx, pl, []string{ks[0], ks[1], marks[i]}, c...)
 		}
-		acked = redis.NewIntCmd(ctx, "wait", p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout.Milliseconds())
-		return pl.Process(ctx, acked)
-	}); err != nil {
-		if strings.Contains(err.Error(), "NOSCRIPT") {
-			_ = keys.Enqueue.Load(ctx, conn).Err() // the caller's retry finds it loaded
-		}
+	}, keys.Enqueue); err != nil {
 		return err
 	}
-	if n := acked.Val(); n < int64(p.cfg.MinReplicasAcked) {
-		return fmt.Errorf("only %d of min_replicas_acked %d replicas confirmed the enqueue within %s (it is on the master; a failover could lose it)",
-			n, p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout)
-	}
-	_, err = p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		pl.SAdd(ctx, ks[2], ks[0])
 		pl.Publish(ctx, notify, "1")
 		return nil
 	})
 	return err
+}
+
+// acked runs the commands fn queues, all on key's slot, in one pipeline on
+// one connection to the master holding key, followed by WAIT (which counts
+// what its own connection wrote), and fails unless MinReplicasAcked
+// replicas confirmed them within MinReplicasTimeout. scripts are loaded
+// and the pipeline run again when the master does not know one (a
+// promoted replica's script cache is empty); every script run this way
+// must be safe to run twice.
+func (p *Producer) acked(ctx context.Context, key string, fn func(redis.Pipeliner), scripts ...*redis.Script) error {
+	node, err := p.master(ctx, key)
+	if err != nil {
+		return err
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	var wait *redis.IntCmd
+	run := func() error {
+		_, err := conn.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			fn(pl)
+			wait = redis.NewIntCmd(ctx, "wait", p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout.Milliseconds())
+			return pl.Process(ctx, wait)
+		})
+		return err
+	}
+	err = run()
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		for _, sc := range scripts {
+			if err = sc.Load(ctx, conn).Err(); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = run()
+		}
+	}
+	if err != nil {
+		if cc, ok := p.client.(*redis.ClusterClient); ok {
+			cc.ReloadState(ctx) // the node client does not follow MOVED by itself
+		}
+		return err
+	}
+	if n := wait.Val(); n < int64(p.cfg.MinReplicasAcked) {
+		return fmt.Errorf("only %d of min_replicas_acked %d replicas confirmed within %s (the write is on the master; a failover could lose it)",
+			n, p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout)
+	}
+	return nil
 }
 
 // master returns the client of the master holding key.
@@ -407,7 +437,18 @@ type ResultLease struct {
 
 // TryNext leases up to Batch results without waiting (none when the list is empty).
 func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
-	raw, err := keys.LeaseResults.Run(ctx, r.p.client, []string{r.list, r.pending}, r.o.Batch, r.o.Lease.Milliseconds()).StringSlice()
+	var raw []string
+	var err error
+	if r.p.cfg.MinReplicasAcked > 0 {
+		var cmd *redis.Cmd
+		if err = r.p.acked(ctx, r.list, func(pl redis.Pipeliner) {
+			cmd = keys.LeaseResults.EvalSha(ctx, pl, []string{r.list, r.pending}, r.o.Batch, r.o.Lease.Milliseconds())
+		}, keys.LeaseResults); err == nil {
+			raw, err = cmd.StringSlice()
+		}
+	} else {
+		raw, err = keys.LeaseResults.Run(ctx, r.p.client, []string{r.list, r.pending}, r.o.Batch, r.o.Lease.Milliseconds()).StringSlice()
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read results from %s: %w", r.list, err)
 	}
@@ -446,7 +487,13 @@ func (r *ResultReader) Ack(ctx context.Context, ls ...ResultLease) error {
 	for i, l := range ls {
 		members[i] = l.Raw
 	}
-	if err := r.p.client.ZRem(ctx, r.pending, members...).Err(); err != nil {
+	var err error
+	if r.p.cfg.MinReplicasAcked > 0 {
+		err = r.p.acked(ctx, r.pending, func(pl redis.Pipeliner) { pl.ZRem(ctx, r.pending, members...) })
+	} else {
+		err = r.p.client.ZRem(ctx, r.pending, members...).Err()
+	}
+	if err != nil {
 		return fmt.Errorf("ack %d result(s) of %s: %w", len(ls), r.list, err)
 	}
 	return nil
