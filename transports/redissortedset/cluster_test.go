@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -115,9 +117,9 @@ func TestCluster(t *testing.T) {
 // clusterFailover: two sluice replicas drain three queues (one per master)
 // while a reader takes the results as they come, all with
 // min_replicas_acked 1. After a third of the results, the replicas of the
-// first queue's master are frozen (replication stalls, as under a network
-// hiccup), writes go on for 300 ms, the master is killed and the replicas
-// resume; one of them is promoted. Every request must reach the reader
+// first queue's master are frozen and cut off (replication stalls, as
+// under a network partition), writes go on for 300 ms, the master is
+// killed and the replicas resume; one of them is promoted. Every request must reach the reader
 // exactly once: what the master acknowledged in those 300 ms without a
 // replica holding it is what a failover loses.
 func clusterFailover(t *testing.T, f *fixture, c *testenv.RedisCluster, pools []string) {
@@ -166,6 +168,15 @@ func clusterFailover(t *testing.T, f *fixture, c *testenv.RedisCluster, pools []
 		if err := c.Nodes[r].Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// Cut the replication links too (a frozen replica would still find what
+	// the master had sent in its socket buffer): what the master writes
+	// from now on reaches no replica.
+	mc := redis.NewClient(&redis.Options{Addr: c.Nodes[victim].Addr})
+	err = mc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err()
+	_ = mc.Close()
+	if err != nil {
+		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	before := rd.distinct()
