@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Timings of the connection's loop.
@@ -49,7 +50,7 @@ const lanes = 1
 // The loops also renew the leases of requests holding a concurrency slot,
 // in the same pipelines.
 type conn struct {
-	client *redis.Client
+	client redis.UniversalClient
 	where  string // the address without credentials, for messages
 	log    *slog.Logger
 	idBase string // unique to this connection: lease ids and entry ids start with it
@@ -133,12 +134,12 @@ func (l *lease) span(now time.Time) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-func newConn(o *redis.Options, where string, log *slog.Logger) *conn {
+func newConn(o *redisclient.Options, where string, log *slog.Logger) *conn {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
-		client: redis.NewClient(o), where: where, log: log, idBase: hex.EncodeToString(b[:]) + "-",
+		client: o.New(), where: where, log: log, idBase: hex.EncodeToString(b[:]) + "-",
 		ctx: ctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), tick: idleTick,
 	}
 	var wg sync.WaitGroup
@@ -334,13 +335,16 @@ func (ln *lane) renewals(now time.Time) []*op {
 	return out
 }
 
-// exec sends ops in one pipeline (EVALSHA each). Scripts missing from the
-// server (a restart, SCRIPT FLUSH: NOSCRIPT means the script did not run)
-// are loaded and those ops sent again.
+// exec sends ops in one pipeline (EVALSHA each). When a server lacks the
+// scripts (a restart, SCRIPT FLUSH, a replica promoted in a cluster:
+// NOSCRIPT means the script did not run), every script is loaded into every
+// server it can reach, so that a tenant's later scripts cannot overtake the
+// missing ones, and the ops that got NOSCRIPT are sent again with EVAL (the
+// source), which works even where loading failed.
 func (c *conn) exec(ops []*op) ([]*redis.Cmd, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, execTimeout)
 	defer cancel()
-	cmds, err := c.pipeline(ctx, ops)
+	cmds, err := c.pipeline(ctx, ops, false)
 	var again []int
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -350,25 +354,80 @@ func (c *conn) exec(ops []*op) ([]*redis.Cmd, error) {
 	if len(again) == 0 {
 		return cmds, err
 	}
-	if err := c.loadScripts(ctx); err != nil {
-		return cmds, err
-	}
+	c.loadScripts(ctx)
 	retry := make([]*op, len(again))
 	for j, i := range again {
 		retry[j] = ops[i]
 	}
-	rcmds, err := c.pipeline(ctx, retry)
+	rcmds, rerr := c.pipeline(ctx, retry, true)
 	for j, i := range again {
 		cmds[i] = rcmds[j]
+	}
+	if err == nil {
+		err = rerr
 	}
 	return cmds, err
 }
 
-func (c *conn) pipeline(ctx context.Context, ops []*op) ([]*redis.Cmd, error) {
+// loadScripts loads every script into the server, or into every master of
+// a cluster, as far as it can: what fails here fails again, and is
+// reported, when the ops are sent with EVAL.
+func (c *conn) loadScripts(ctx context.Context) {
+	load := func(ctx context.Context, cl *redis.Client) error {
+		p := cl.Pipeline()
+		for _, s := range allScripts {
+			p.ScriptLoad(ctx, s.src)
+		}
+		_, err := p.Exec(ctx)
+		return err
+	}
+	switch cl := c.client.(type) {
+	case *redis.ClusterClient:
+		_ = cl.ForEachMaster(ctx, load)
+	case *redis.Client:
+		_ = load(ctx, cl)
+	}
+	c.pipelines.Add(1)
+}
+
+// noRetryCmd is a script command that go-redis must never send again on
+// its own after a network error or a timeout: the script may have run, and
+// an acquire is not idempotent. A cluster client still follows MOVED and
+// ASK replies for it (a redirected script did not run), and re-sends it
+// when the connection to its node could not even be made.
+type noRetryCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to retry the command (nor its pipeline).
+func (noRetryCmd) NoRetry() bool { return true }
+
+// scriptCmd returns EVALSHA (or EVAL with the source, when eval) of o.
+func scriptCmd(ctx context.Context, o *op, eval bool) *redis.Cmd {
+	args := make([]any, 0, 3+len(o.keys)+len(o.args))
+	if eval {
+		args = append(args, "eval", o.script.src)
+	} else {
+		args = append(args, "evalsha", o.script.sha)
+	}
+	args = append(args, len(o.keys))
+	for _, k := range o.keys {
+		args = append(args, k)
+	}
+	args = append(args, o.args...)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3) // the slot a cluster client sends it to: KEYS[1]'s
+	return cmd
+}
+
+// pipeline sends ops in one pipeline. A cluster client splits it by node
+// and sends the parts at once; each command carries its own outcome (a
+// node that is down fails only its own commands). The error is the whole
+// pipeline's, when it failed for something other than a command's reply.
+func (c *conn) pipeline(ctx context.Context, ops []*op, eval bool) ([]*redis.Cmd, error) {
 	p := c.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(ops))
 	for i, o := range ops {
-		cmds[i] = p.EvalSha(ctx, o.script.sha, o.keys, o.args...)
+		cmds[i] = scriptCmd(ctx, o, eval)
+		_ = p.Process(ctx, noRetryCmd{cmds[i]})
 	}
 	_, err := p.Exec(ctx)
 	c.pipelines.Add(1)
@@ -379,19 +438,6 @@ func (c *conn) pipeline(ctx context.Context, ops []*op) ([]*redis.Cmd, error) {
 	return cmds, nil
 }
 
-func (c *conn) loadScripts(ctx context.Context) error {
-	p := c.client.Pipeline()
-	for _, s := range allScripts {
-		p.ScriptLoad(ctx, s.src)
-	}
-	_, err := p.Exec(ctx)
-	c.pipelines.Add(1)
-	if err != nil {
-		return fmt.Errorf("load scripts into redis at %s: %w", c.where, err)
-	}
-	return nil
-}
-
 // isReplyError reports whether err is a command's own error reply (each
 // command carries it), not a failure of the whole pipeline.
 func isReplyError(err error) bool {
@@ -399,15 +445,20 @@ func isReplyError(err error) bool {
 	return errors.As(err, &re)
 }
 
-// parse reads a script's answer {admitted, count, wait ms}; pipeErr, when
-// set, is why the whole pipeline failed.
+// parse reads a script's answer {admitted, count, wait ms}. A command
+// answered by Redis carries its own reply or error; pipeErr, when set, is
+// why the pipeline failed, for a command left without either.
 func parse(cmd *redis.Cmd, pipeErr error) reply {
-	if pipeErr != nil {
-		return reply{err: pipeErr}
-	}
 	v, err := cmd.Result()
-	if err != nil {
+	switch {
+	case err != nil && isReplyError(err):
 		return reply{err: fmt.Errorf("script: %w", err)}
+	case err != nil && pipeErr != nil:
+		return reply{err: pipeErr}
+	case err != nil:
+		return reply{err: fmt.Errorf("script: %w", err)}
+	case v == nil && pipeErr != nil:
+		return reply{err: pipeErr}
 	}
 	switch v := v.(type) {
 	case int64:
@@ -423,15 +474,12 @@ func parse(cmd *redis.Cmd, pipeErr error) reply {
 }
 
 func firstErr(cmds []*redis.Cmd, pipeErr error) error {
-	if pipeErr != nil {
-		return pipeErr
-	}
 	for _, c := range cmds {
 		if c.Err() != nil {
 			return c.Err()
 		}
 	}
-	return nil
+	return pipeErr
 }
 
 // shutdown closes the connection: queued releases are written (for at most
@@ -472,7 +520,7 @@ type clients struct {
 }
 
 // get returns the connection for cfg, opening it on first use.
-func (s *clients) get(cfg Config, o *redis.Options, where string) *conn {
+func (s *clients) get(cfg Config, o *redisclient.Options, where string) *conn {
 	key := cfg.shareKey()
 	s.mu.Lock()
 	defer s.mu.Unlock()
