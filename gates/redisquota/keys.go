@@ -60,8 +60,10 @@ func (ks *keySpace) slotTag(slot int) string {
 
 func searchSlotTag(slot int) string {
 	for n := uint64(0); ; n++ {
-		if s := strconv.FormatUint(n, 36); redisclient.Slot(s) == slot {
+		if s := formatTag(n); redisclient.Slot(s) == slot {
 			return s
 		}
 	}
 }
+
+func formatTag(n uint64) string { return strconv.FormatUint(n, 36) }
