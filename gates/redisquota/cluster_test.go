@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -190,6 +192,60 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("a master not answering holds up only its tenants", func(t *testing.T) {
+		g, err := gatetest.Build(t, r, redisquota.Type,
+			`{"address":"`+c.URL+`","redis_mode":"cluster","limit":1000,"mode":"concurrency"}`, gate.Env{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := g.(gate.Admitter)
+		stuck, other := plain[1], plain[0] // on c.Nodes[1] and c.Nodes[0]
+		for _, v := range []string{stuck, other} {
+			req := request(v)
+			d := admit(t, a, req)
+			expect(t, d, req, gate.Admit, wire.ClassReserved, true)
+			d.Release()
+		}
+		node := redis.NewClient(&redis.Options{Addr: c.Nodes[1].Addr})
+		pid, err := strconv.Atoi(infoField(node.Info(ctx, "server").Val(), "process_id"))
+		node.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Stopped well within cluster-node-timeout (1 s): no failover.
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		cont := sync.OnceFunc(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+		t.Cleanup(cont)
+		stuckDone := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			d, err := a.Admit(ctx, request(stuck))
+			if err == nil {
+				d.Release()
+			}
+			stuckDone <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // its pipeline is in flight
+		actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		d, err := a.Admit(actx, request(other))
+		cancel()
+		cont()
+		if err != nil {
+			t.Fatalf("tenant on a live master while another master is stopped: %v", err)
+		}
+		d.Release()
+		<-stuckDone // answered once the node runs again, or its context's error
+		for _, v := range []string{stuck, other} {
+			waitFor(t, func() bool {
+				n, err := admin.Get(ctx, "quota:userid:"+v).Int()
+				return err == nil && n == 0
+			}, "tenant "+v+" released")
+		}
+	})
+
 	t.Run("master killed", func(t *testing.T) {
 		t.Cleanup(func() { waitPoolDialers(t) }) // runs after the gate's Close
 		// Redis' default (cluster-require-full-coverage yes) stops every
@@ -265,6 +321,16 @@ func TestCluster(t *testing.T) {
 			return err == nil && n == 0
 		}, "the dead master's tenant released on the promoted replica")
 	})
+}
+
+// infoField returns a field of an INFO answer.
+func infoField(info, field string) string {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // waitPoolDialers waits (at most 3 s) until go-redis' background re-dialers

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -31,13 +30,18 @@ const (
 	idleTick = 10 * time.Second
 )
 
-// lanes is how many pipelines a connection keeps in flight at once, each
-// on a Redis connection of its own. A tenant key always goes through the
-// same lane, so the scripts of one tenant run in the order they were asked
-// for (a release before a later admission of the same tenant). One lane is
-// the plain group commit; two (Redis busy with one while the other's
-// answers are handed out) measured no faster with 64 admitters against a
-// local redis-server, which the scripts' CPU bounds, and halve the batches.
+// lanes is how many pipelines a connection keeps in flight at once per
+// Redis server (per master in a cluster), each on a connection of its own.
+// A tenant key goes through the lane of its server, so the scripts of one
+// tenant run in the order they were asked for (a release before a later
+// admission of the same tenant). One lane per server is the plain group
+// commit; two (Redis busy with one while the other's answers are handed
+// out) measured no faster with 64 admitters against a local redis-server,
+// which the scripts' CPU bounds, and halve the batches.
+//
+// In a cluster each master has its own lane, so a master that stops
+// answering holds up only its own tenants' scripts, not the pipelines of
+// the others.
 const lanes = 1
 
 // conn is one Redis client and the loops that write every script of the
@@ -50,7 +54,8 @@ const lanes = 1
 // The loops also renew the leases of requests holding a concurrency slot,
 // in the same pipelines.
 type conn struct {
-	client redis.UniversalClient
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // client in cluster mode, else nil
 	where  string // the address without credentials, for messages
 	log    *slog.Logger
 	idBase string // unique to this connection: lease ids and entry ids start with it
@@ -59,11 +64,13 @@ type conn struct {
 	ctx    context.Context // cancelled when closing gives up on the loops
 	cancel context.CancelFunc
 	stop   chan struct{} // closed by shutdown
-	done   chan struct{} // closed when every loop returned
-	lanes  [lanes]*lane
+	done   chan struct{} // closed when every loop returned, after shutdown
+	loops  sync.WaitGroup
 
-	mu   sync.Mutex
-	tick time.Duration // renewal interval: the shortest lease TTL / 3
+	mu      sync.Mutex
+	tick    time.Duration    // renewal interval: the shortest lease TTL / 3
+	lanes   map[string]*lane // by master address in a cluster; "" on a single node, or a master not known yet
+	closing bool             // no new lanes
 
 	// guarded by the clients sharing the connection
 	refs     int // gates using the connection
@@ -121,6 +128,7 @@ type lease struct {
 	leaseTTL   time.Duration
 	deadline   time.Time // zero: none
 	renewAfter time.Time
+	lane       *lane // the lane holding it, once admitted
 }
 
 // span is how long the lease should live from now: the lease TTL, or less
@@ -141,25 +149,43 @@ func newConn(o *redisclient.Options, where string, log *slog.Logger) *conn {
 	c := &conn{
 		client: o.New(), where: where, log: log, idBase: hex.EncodeToString(b[:]) + "-",
 		ctx: ctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), tick: idleTick,
+		lanes: map[string]*lane{},
 	}
-	var wg sync.WaitGroup
-	for i := range c.lanes {
-		l := &lane{c: c, wake: make(chan struct{}, 1), held: map[string]*lease{}}
-		c.lanes[i] = l
-		wg.Go(l.run)
-	}
-	go func() { wg.Wait(); close(c.done) }()
+	c.cluster, _ = c.client.(*redis.ClusterClient)
 	return c
 }
 
-// laneOf returns the lane of a tenant key.
-func (c *conn) laneOf(key string) *lane {
-	if lanes == 1 {
-		return c.lanes[0]
+// laneOf returns the lane of a tenant key, starting it on first use; nil
+// once the connection is closing. In a cluster it is the lane of the
+// key's master as the client's slot map has it (ctx bounds loading that
+// map the first time).
+func (c *conn) laneOf(ctx context.Context, key string) *lane {
+	addr := ""
+	if c.cluster != nil {
+		if m, err := c.cluster.MasterForKey(ctx, key); err == nil {
+			addr = m.Options().Addr
+		}
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return c.lanes[h.Sum32()%lanes]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.lanes[addr]; l != nil || c.closing {
+		return l
+	}
+	l := &lane{c: c, wake: make(chan struct{}, 1), held: map[string]*lease{}}
+	c.lanes[addr] = l
+	c.loops.Go(l.run)
+	return l
+}
+
+// allLanes returns the lanes started so far.
+func (c *conn) allLanes() []*lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		out = append(out, l)
+	}
+	return out
 }
 
 // newID returns an id unique among every process sharing the Redis.
@@ -172,7 +198,7 @@ func (c *conn) useLeaseTTL(ttl time.Duration) {
 	c.mu.Lock()
 	c.tick = min(c.tick, max(ttl/3, 10*time.Millisecond))
 	c.mu.Unlock()
-	for _, l := range c.lanes {
+	for _, l := range c.allLanes() {
 		l.signal()
 	}
 }
@@ -192,8 +218,11 @@ func (l *lane) signal() {
 
 // enqueue queues o for its lane's next pipeline; false when the connection
 // is closed.
-func (c *conn) enqueue(o *op) bool {
-	l := c.laneOf(o.keys[0])
+func (c *conn) enqueue(ctx context.Context, o *op) bool {
+	l := c.laneOf(ctx, o.keys[0])
+	if l == nil {
+		return false
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -211,7 +240,7 @@ func (c *conn) do(ctx context.Context, o *op) (reply, error) {
 		return reply{}, err
 	}
 	o.w = &waiter{ch: make(chan reply, 1)}
-	if !c.enqueue(o) {
+	if !c.enqueue(ctx, o) {
 		return reply{}, gate.ErrGateClosed
 	}
 	select {
@@ -230,11 +259,14 @@ func (c *conn) do(ctx context.Context, o *op) (reply, error) {
 // release goes out in its lane's next pipeline (before anything of the same
 // tenant queued after it).
 func (c *conn) release(ls *lease) {
-	l := c.laneOf(ls.keys[0])
-	l.mu.Lock()
-	delete(l.held, ls.id)
-	l.mu.Unlock()
-	if !c.enqueue(&op{script: releaseScript, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
+	if l := ls.lane; l != nil {
+		l.mu.Lock()
+		delete(l.held, ls.id)
+		l.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, time.Second) // the slot map is loaded: an acquire went through
+	defer cancel()
+	if !c.enqueue(ctx, &op{script: releaseScript, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
 		c.log.Warn("redis-quota: release after the gate closed; the unit comes back when its lease expires",
 			"key", ls.keys[0], "lease", ls.id)
 	}
@@ -289,6 +321,7 @@ func (l *lane) flush(renew bool) {
 		r := parse(cmds[i], err)
 		if o.lease != nil && r.err == nil && r.admitted {
 			l.mu.Lock()
+			o.lease.lane = l
 			l.held[o.lease.id] = o.lease
 			l.mu.Unlock()
 		}
@@ -486,12 +519,16 @@ func firstErr(cmds []*redis.Cmd, pipeErr error) error {
 // closeGrace), then the client is closed. Operations queued later fail
 // with gate.ErrGateClosed.
 func (c *conn) shutdown() error {
-	for _, l := range c.lanes {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	for _, l := range c.allLanes() {
 		l.mu.Lock()
 		l.closed = true
 		l.mu.Unlock()
 	}
 	close(c.stop)
+	go func() { c.loops.Wait(); close(c.done) }()
 	timer := time.NewTimer(closeGrace)
 	defer timer.Stop()
 	defer c.cancel()
