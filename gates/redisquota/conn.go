@@ -56,10 +56,10 @@ const lanes = 1
 type conn struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // client in cluster mode, else nil
-	where  string // the address without credentials, for messages
-	log    *slog.Logger
-	idBase string // unique to this connection: lease ids and entry ids start with it
-	seq    atomic.Uint64
+	where   string               // the address without credentials, for messages
+	log     *slog.Logger
+	idBase  string // unique to this connection: lease ids and entry ids start with it
+	seq     atomic.Uint64
 
 	ctx    context.Context // cancelled when closing gives up on the loops
 	cancel context.CancelFunc
