@@ -2,6 +2,7 @@ package redisquota
 
 import (
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -76,5 +77,26 @@ func TestSlotTagsCoverEverySlot(t *testing.T) {
 	}
 	if left > 0 {
 		t.Fatalf("%d slots have no base-36 tag below 36^4", left)
+	}
+}
+
+// Every command a script sends names a key from KEYS (a cluster routes a
+// script by its KEYS; a key built inside the script could live on another
+// node), except TIME, which takes none.
+func TestScriptsTouchOnlyTheirKeys(t *testing.T) {
+	call := regexp.MustCompile(`redis\.call\('(\w+)'(?:,\s*([^,)]+))?`)
+	for _, s := range allScripts {
+		calls := call.FindAllStringSubmatch(s.src, -1)
+		if len(calls) == 0 {
+			t.Fatalf("script %s: no redis.call found", s.sha)
+		}
+		for _, m := range calls {
+			if m[1] == "TIME" {
+				continue
+			}
+			if !regexp.MustCompile(`^KEYS\[\w+\]$`).MatchString(strings.TrimSpace(m[2])) {
+				t.Errorf("script %s: %s on %q, not a key from KEYS", s.sha, m[1], m[2])
+			}
+		}
 	}
 }
