@@ -1,10 +1,14 @@
 package redisquota
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/internal/redisclient"
 )
@@ -98,5 +102,20 @@ func TestScriptsTouchOnlyTheirKeys(t *testing.T) {
 				t.Errorf("script %s: %s on %q, not a key from KEYS", s.sha, m[1], m[2])
 			}
 		}
+	}
+}
+
+// go-redis asks a command whether it may be retried through its Cmder
+// interface; a script command says no. (This stops compiling if go-redis
+// drops NoRetry from Cmder, which would make noRetryCmd silently inert.)
+func TestScriptCommandsAreNotRetried(t *testing.T) {
+	o := &op{script: acquireScript, keys: []string{"k", "{k}:sluice-leases"}, args: []any{1, 2, "id", 3}}
+	var c redis.Cmder = noRetryCmd{scriptCmd(context.Background(), o, false)}
+	if !c.NoRetry() {
+		t.Fatal("a script command may be retried")
+	}
+	want := []any{"evalsha", acquireScript.sha, 2, "k", "{k}:sluice-leases", 1, 2, "id", 3}
+	if got := c.Args(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("args %v, want %v", got, want)
 	}
 }
