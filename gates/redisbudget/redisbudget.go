@@ -8,7 +8,10 @@
 //
 // Unlike upstream, the address may carry credentials and TLS: a
 // redis://[user:password@]host:port/db or rediss://... URL, or host:port
-// with the password, username, db and tls parameters.
+// with the password, username, db and tls parameters. With redis_mode
+// cluster it is a Redis Cluster: host:port of one node, or go-redis'
+// cluster URL redis://host:port?addr=host2:port2 (the key is read from the
+// master of its slot, following MOVED and failovers).
 package redisbudget
 
 import (
@@ -25,6 +28,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Type is the gate's registry name.
@@ -38,8 +42,12 @@ const (
 
 // Config configures a Gate.
 type Config struct {
-	// Address is host:port, or a redis:// or rediss:// URL (required).
+	// Address is host:port, or a redis:// or rediss:// URL (required); in
+	// cluster mode one node's host:port or a cluster URL.
 	Address string
+	// RedisMode is how Address is reached: redisclient.Single ("" too) or
+	// redisclient.Cluster.
+	RedisMode redisclient.Mode
 	// BudgetKey is the key holding the budget (default DefaultBudgetKey).
 	BudgetKey string
 	// Username, Password, DB and TLS apply when Address is host:port; a URL
@@ -68,27 +76,29 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// options validates c and returns the go-redis options it stands for.
-func (c Config) options() (*redis.Options, error) {
+// options validates c and returns the client options it stands for.
+func (c Config) options() (*redisclient.Options, error) {
 	if c.Address == "" {
 		return nil, errors.New("no Redis address (set gate_params.address or REDIS_URL)")
 	}
-	o, err := redisconn.Config{Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB,
-		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
+	o, err := redisconn.Config{Address: c.Address, Mode: c.RedisMode, Username: c.Username, Password: c.Password,
+		DB: c.DB, TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
 		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
 	if err != nil {
 		return nil, err
 	}
-	// One query at a time, bounded by the caller's context; the refresh
-	// loop asks again soon.
-	o.PoolSize = 2
+	// One query at a time (per node in a cluster), bounded by the caller's
+	// context; the refresh loop asks again soon. A cluster client follows
+	// MOVED and ASK (up to go-redis' default 3 redirections) and may send
+	// the GET again after a network error: GET is idempotent.
+	o.Tune(func(c *redisclient.Common) { c.PoolSize = 2 })
 	return o, nil
 }
 
 // Gate reads its budget from a Redis key. It is safe for concurrent use.
 type Gate struct {
 	cfg    Config
-	client *redis.Client
+	client redis.UniversalClient
 	where  string // address without credentials, for messages
 	once   sync.Once
 }
@@ -107,19 +117,20 @@ func New(cfg Config) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	where := o.Addr
-	if o.DB != 0 {
-		where += "/" + strconv.Itoa(o.DB)
-	}
-	return &Gate{cfg: cfg, client: redis.NewClient(o), where: where}, nil
+	return &Gate{cfg: cfg, client: o.New(), where: redisconn.Where(o)}, nil
 }
 
 // Factory builds the gate from gate_params: address (default: the
-// deployment's Redis URL), budget_key, username, password, db, tls,
-// tls_ca_cert, tls_cert, tls_key,
-// tls_insecure_skip_verify.
+// deployment's Redis URL), redis_mode (default: the deployment's
+// redis_mode), budget_key, username, password, db, tls, tls_ca_cert,
+// tls_cert, tls_key, tls_insecure_skip_verify.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
+	mode, err := redisconn.ParseMode(p.String("redis_mode", env.RedisMode))
+	if err != nil {
+		return nil, err
+	}
 	cfg := Config{
+		RedisMode: mode,
 		Address:   p.String("address", env.RedisURL),
 		BudgetKey: p.String("budget_key", DefaultBudgetKey),
 		Username:  p.String("username", ""),
@@ -128,7 +139,6 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 		TLSCert:   p.String("tls_cert", ""),
 		TLSKey:    p.String("tls_key", ""),
 	}
-	var err error
 	if cfg.DB, err = p.Int("db", 0); err != nil {
 		return nil, err
 	}

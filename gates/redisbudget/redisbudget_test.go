@@ -113,6 +113,12 @@ func TestParams(t *testing.T) {
 		{"bad policy", `{"address":"127.0.0.1:6379","failure_policy":"ajar"}`, gate.Env{}, "unknown failure policy"},
 		{"bad interval", `{"address":"127.0.0.1:6379","refresh_interval":"soon"}`, gate.Env{}, "not a duration"},
 		{"missing CA file", `{"address":"rediss://127.0.0.1:6380","tls_ca_cert":"/nonexistent.pem"}`, gate.Env{}, "tls_ca_cert"},
+		{"cluster url", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001","redis_mode":"cluster"}`, gate.Env{}, ""},
+		{"cluster from env", `{}`, gate.Env{RedisURL: "redis://127.0.0.1:7000?addr=127.0.0.1:7001", RedisMode: "cluster"}, ""},
+		{"single overrides env", `{"address":"127.0.0.1:6379","db":1,"redis_mode":"single"}`, gate.Env{RedisMode: "cluster"}, ""},
+		{"cluster url in single mode", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001"}`, gate.Env{}, "set the redis mode to cluster"},
+		{"db in cluster mode", `{"address":"127.0.0.1:7000","db":1}`, gate.Env{RedisMode: "cluster"}, "db must be 0 with a Redis Cluster"},
+		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"sentinel"}`, gate.Env{}, `gate_params.redis_mode: redis mode "sentinel"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

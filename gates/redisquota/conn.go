@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Timings of the connection's loop.
@@ -30,13 +30,18 @@ const (
 	idleTick = 10 * time.Second
 )
 
-// lanes is how many pipelines a connection keeps in flight at once, each
-// on a Redis connection of its own. A tenant key always goes through the
-// same lane, so the scripts of one tenant run in the order they were asked
-// for (a release before a later admission of the same tenant). One lane is
-// the plain group commit; two (Redis busy with one while the other's
-// answers are handed out) measured no faster with 64 admitters against a
-// local redis-server, which the scripts' CPU bounds, and halve the batches.
+// lanes is how many pipelines a connection keeps in flight at once per
+// Redis server (per master in a cluster), each on a connection of its own.
+// A tenant key goes through the lane of its server, so the scripts of one
+// tenant run in the order they were asked for (a release before a later
+// admission of the same tenant). One lane per server is the plain group
+// commit; two (Redis busy with one while the other's answers are handed
+// out) measured no faster with 64 admitters against a local redis-server,
+// which the scripts' CPU bounds, and halve the batches.
+//
+// In a cluster each master has its own lane, so a master that stops
+// answering holds up only its own tenants' scripts, not the pipelines of
+// the others.
 const lanes = 1
 
 // conn is one Redis client and the loops that write every script of the
@@ -49,20 +54,23 @@ const lanes = 1
 // The loops also renew the leases of requests holding a concurrency slot,
 // in the same pipelines.
 type conn struct {
-	client *redis.Client
-	where  string // the address without credentials, for messages
-	log    *slog.Logger
-	idBase string // unique to this connection: lease ids and entry ids start with it
-	seq    atomic.Uint64
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // client in cluster mode, else nil
+	where   string               // the address without credentials, for messages
+	log     *slog.Logger
+	idBase  string // unique to this connection: lease ids and entry ids start with it
+	seq     atomic.Uint64
 
 	ctx    context.Context // cancelled when closing gives up on the loops
 	cancel context.CancelFunc
 	stop   chan struct{} // closed by shutdown
-	done   chan struct{} // closed when every loop returned
-	lanes  [lanes]*lane
+	done   chan struct{} // closed when every loop returned, after shutdown
+	loops  sync.WaitGroup
 
-	mu   sync.Mutex
-	tick time.Duration // renewal interval: the shortest lease TTL / 3
+	mu      sync.Mutex
+	tick    time.Duration    // renewal interval: the shortest lease TTL / 3
+	lanes   map[string]*lane // by master address in a cluster; "" on a single node, or a master not known yet
+	closing bool             // no new lanes
 
 	// guarded by the clients sharing the connection
 	refs     int // gates using the connection
@@ -120,6 +128,7 @@ type lease struct {
 	leaseTTL   time.Duration
 	deadline   time.Time // zero: none
 	renewAfter time.Time
+	lane       *lane // the lane holding it, once admitted
 }
 
 // span is how long the lease should live from now: the lease TTL, or less
@@ -133,32 +142,50 @@ func (l *lease) span(now time.Time) time.Duration {
 	return max(d, time.Millisecond)
 }
 
-func newConn(o *redis.Options, where string, log *slog.Logger) *conn {
+func newConn(o *redisclient.Options, where string, log *slog.Logger) *conn {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{
-		client: redis.NewClient(o), where: where, log: log, idBase: hex.EncodeToString(b[:]) + "-",
+		client: o.New(), where: where, log: log, idBase: hex.EncodeToString(b[:]) + "-",
 		ctx: ctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), tick: idleTick,
+		lanes: map[string]*lane{},
 	}
-	var wg sync.WaitGroup
-	for i := range c.lanes {
-		l := &lane{c: c, wake: make(chan struct{}, 1), held: map[string]*lease{}}
-		c.lanes[i] = l
-		wg.Go(l.run)
-	}
-	go func() { wg.Wait(); close(c.done) }()
+	c.cluster, _ = c.client.(*redis.ClusterClient)
 	return c
 }
 
-// laneOf returns the lane of a tenant key.
-func (c *conn) laneOf(key string) *lane {
-	if lanes == 1 {
-		return c.lanes[0]
+// laneOf returns the lane of a tenant key, starting it on first use; nil
+// once the connection is closing. In a cluster it is the lane of the
+// key's master as the client's slot map has it (ctx bounds loading that
+// map the first time).
+func (c *conn) laneOf(ctx context.Context, key string) *lane {
+	addr := ""
+	if c.cluster != nil {
+		if m, err := c.cluster.MasterForKey(ctx, key); err == nil {
+			addr = m.Options().Addr
+		}
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return c.lanes[h.Sum32()%lanes]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.lanes[addr]; l != nil || c.closing {
+		return l
+	}
+	l := &lane{c: c, wake: make(chan struct{}, 1), held: map[string]*lease{}}
+	c.lanes[addr] = l
+	c.loops.Go(l.run)
+	return l
+}
+
+// allLanes returns the lanes started so far.
+func (c *conn) allLanes() []*lane {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*lane, 0, len(c.lanes))
+	for _, l := range c.lanes {
+		out = append(out, l)
+	}
+	return out
 }
 
 // newID returns an id unique among every process sharing the Redis.
@@ -171,7 +198,7 @@ func (c *conn) useLeaseTTL(ttl time.Duration) {
 	c.mu.Lock()
 	c.tick = min(c.tick, max(ttl/3, 10*time.Millisecond))
 	c.mu.Unlock()
-	for _, l := range c.lanes {
+	for _, l := range c.allLanes() {
 		l.signal()
 	}
 }
@@ -191,8 +218,11 @@ func (l *lane) signal() {
 
 // enqueue queues o for its lane's next pipeline; false when the connection
 // is closed.
-func (c *conn) enqueue(o *op) bool {
-	l := c.laneOf(o.keys[0])
+func (c *conn) enqueue(ctx context.Context, o *op) bool {
+	l := c.laneOf(ctx, o.keys[0])
+	if l == nil {
+		return false
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -210,7 +240,7 @@ func (c *conn) do(ctx context.Context, o *op) (reply, error) {
 		return reply{}, err
 	}
 	o.w = &waiter{ch: make(chan reply, 1)}
-	if !c.enqueue(o) {
+	if !c.enqueue(ctx, o) {
 		return reply{}, gate.ErrGateClosed
 	}
 	select {
@@ -229,11 +259,14 @@ func (c *conn) do(ctx context.Context, o *op) (reply, error) {
 // release goes out in its lane's next pipeline (before anything of the same
 // tenant queued after it).
 func (c *conn) release(ls *lease) {
-	l := c.laneOf(ls.keys[0])
-	l.mu.Lock()
-	delete(l.held, ls.id)
-	l.mu.Unlock()
-	if !c.enqueue(&op{script: releaseScript, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
+	if l := ls.lane; l != nil {
+		l.mu.Lock()
+		delete(l.held, ls.id)
+		l.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, time.Second) // the slot map is loaded: an acquire went through
+	defer cancel()
+	if !c.enqueue(ctx, &op{script: releaseScript, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
 		c.log.Warn("redis-quota: release after the gate closed; the unit comes back when its lease expires",
 			"key", ls.keys[0], "lease", ls.id)
 	}
@@ -288,6 +321,7 @@ func (l *lane) flush(renew bool) {
 		r := parse(cmds[i], err)
 		if o.lease != nil && r.err == nil && r.admitted {
 			l.mu.Lock()
+			o.lease.lane = l
 			l.held[o.lease.id] = o.lease
 			l.mu.Unlock()
 		}
@@ -334,13 +368,16 @@ func (ln *lane) renewals(now time.Time) []*op {
 	return out
 }
 
-// exec sends ops in one pipeline (EVALSHA each). Scripts missing from the
-// server (a restart, SCRIPT FLUSH: NOSCRIPT means the script did not run)
-// are loaded and those ops sent again.
+// exec sends ops in one pipeline (EVALSHA each). When a server lacks the
+// scripts (a restart, SCRIPT FLUSH, a replica promoted in a cluster:
+// NOSCRIPT means the script did not run), every script is loaded into every
+// server it can reach, so that a tenant's later scripts cannot overtake the
+// missing ones, and the ops that got NOSCRIPT are sent again with EVAL (the
+// source), which works even where loading failed.
 func (c *conn) exec(ops []*op) ([]*redis.Cmd, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, execTimeout)
 	defer cancel()
-	cmds, err := c.pipeline(ctx, ops)
+	cmds, err := c.pipeline(ctx, ops, false)
 	var again []int
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -350,25 +387,80 @@ func (c *conn) exec(ops []*op) ([]*redis.Cmd, error) {
 	if len(again) == 0 {
 		return cmds, err
 	}
-	if err := c.loadScripts(ctx); err != nil {
-		return cmds, err
-	}
+	c.loadScripts(ctx)
 	retry := make([]*op, len(again))
 	for j, i := range again {
 		retry[j] = ops[i]
 	}
-	rcmds, err := c.pipeline(ctx, retry)
+	rcmds, rerr := c.pipeline(ctx, retry, true)
 	for j, i := range again {
 		cmds[i] = rcmds[j]
+	}
+	if err == nil {
+		err = rerr
 	}
 	return cmds, err
 }
 
-func (c *conn) pipeline(ctx context.Context, ops []*op) ([]*redis.Cmd, error) {
+// loadScripts loads every script into the server, or into every master of
+// a cluster, as far as it can: what fails here fails again, and is
+// reported, when the ops are sent with EVAL.
+func (c *conn) loadScripts(ctx context.Context) {
+	load := func(ctx context.Context, cl *redis.Client) error {
+		p := cl.Pipeline()
+		for _, s := range allScripts {
+			p.ScriptLoad(ctx, s.src)
+		}
+		_, err := p.Exec(ctx)
+		return err
+	}
+	switch cl := c.client.(type) {
+	case *redis.ClusterClient:
+		_ = cl.ForEachMaster(ctx, load)
+	case *redis.Client:
+		_ = load(ctx, cl)
+	}
+	c.pipelines.Add(1)
+}
+
+// noRetryCmd is a script command that go-redis must never send again on
+// its own after a network error or a timeout: the script may have run, and
+// an acquire is not idempotent. A cluster client still follows MOVED and
+// ASK replies for it (a redirected script did not run), and re-sends it
+// when the connection to its node could not even be made.
+type noRetryCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to retry the command (nor its pipeline).
+func (noRetryCmd) NoRetry() bool { return true }
+
+// scriptCmd returns EVALSHA (or EVAL with the source, when eval) of o.
+func scriptCmd(ctx context.Context, o *op, eval bool) *redis.Cmd {
+	args := make([]any, 0, 3+len(o.keys)+len(o.args))
+	if eval {
+		args = append(args, "eval", o.script.src)
+	} else {
+		args = append(args, "evalsha", o.script.sha)
+	}
+	args = append(args, len(o.keys))
+	for _, k := range o.keys {
+		args = append(args, k)
+	}
+	args = append(args, o.args...)
+	cmd := redis.NewCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3) // the slot a cluster client sends it to: KEYS[1]'s
+	return cmd
+}
+
+// pipeline sends ops in one pipeline. A cluster client splits it by node
+// and sends the parts at once; each command carries its own outcome (a
+// node that is down fails only its own commands). The error is the whole
+// pipeline's, when it failed for something other than a command's reply.
+func (c *conn) pipeline(ctx context.Context, ops []*op, eval bool) ([]*redis.Cmd, error) {
 	p := c.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(ops))
 	for i, o := range ops {
-		cmds[i] = p.EvalSha(ctx, o.script.sha, o.keys, o.args...)
+		cmds[i] = scriptCmd(ctx, o, eval)
+		_ = p.Process(ctx, noRetryCmd{cmds[i]})
 	}
 	_, err := p.Exec(ctx)
 	c.pipelines.Add(1)
@@ -379,19 +471,6 @@ func (c *conn) pipeline(ctx context.Context, ops []*op) ([]*redis.Cmd, error) {
 	return cmds, nil
 }
 
-func (c *conn) loadScripts(ctx context.Context) error {
-	p := c.client.Pipeline()
-	for _, s := range allScripts {
-		p.ScriptLoad(ctx, s.src)
-	}
-	_, err := p.Exec(ctx)
-	c.pipelines.Add(1)
-	if err != nil {
-		return fmt.Errorf("load scripts into redis at %s: %w", c.where, err)
-	}
-	return nil
-}
-
 // isReplyError reports whether err is a command's own error reply (each
 // command carries it), not a failure of the whole pipeline.
 func isReplyError(err error) bool {
@@ -399,15 +478,20 @@ func isReplyError(err error) bool {
 	return errors.As(err, &re)
 }
 
-// parse reads a script's answer {admitted, count, wait ms}; pipeErr, when
-// set, is why the whole pipeline failed.
+// parse reads a script's answer {admitted, count, wait ms}. A command
+// answered by Redis carries its own reply or error; pipeErr, when set, is
+// why the pipeline failed, for a command left without either.
 func parse(cmd *redis.Cmd, pipeErr error) reply {
-	if pipeErr != nil {
-		return reply{err: pipeErr}
-	}
 	v, err := cmd.Result()
-	if err != nil {
+	switch {
+	case err != nil && isReplyError(err):
 		return reply{err: fmt.Errorf("script: %w", err)}
+	case err != nil && pipeErr != nil:
+		return reply{err: pipeErr}
+	case err != nil:
+		return reply{err: fmt.Errorf("script: %w", err)}
+	case v == nil && pipeErr != nil:
+		return reply{err: pipeErr}
 	}
 	switch v := v.(type) {
 	case int64:
@@ -423,27 +507,28 @@ func parse(cmd *redis.Cmd, pipeErr error) reply {
 }
 
 func firstErr(cmds []*redis.Cmd, pipeErr error) error {
-	if pipeErr != nil {
-		return pipeErr
-	}
 	for _, c := range cmds {
 		if c.Err() != nil {
 			return c.Err()
 		}
 	}
-	return nil
+	return pipeErr
 }
 
 // shutdown closes the connection: queued releases are written (for at most
 // closeGrace), then the client is closed. Operations queued later fail
 // with gate.ErrGateClosed.
 func (c *conn) shutdown() error {
-	for _, l := range c.lanes {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
+	for _, l := range c.allLanes() {
 		l.mu.Lock()
 		l.closed = true
 		l.mu.Unlock()
 	}
 	close(c.stop)
+	go func() { c.loops.Wait(); close(c.done) }()
 	timer := time.NewTimer(closeGrace)
 	defer timer.Stop()
 	defer c.cancel()
@@ -472,7 +557,7 @@ type clients struct {
 }
 
 // get returns the connection for cfg, opening it on first use.
-func (s *clients) get(cfg Config, o *redis.Options, where string) *conn {
+func (s *clients) get(cfg Config, o *redisclient.Options, where string) *conn {
 	key := cfg.shareKey()
 	s.mu.Lock()
 	defer s.mu.Unlock()

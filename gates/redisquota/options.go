@@ -5,39 +5,41 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
-// options validates the connection part of c and returns the go-redis
+// options validates the connection part of c and returns the client
 // options it stands for, and the address without credentials (for messages).
-func (c Config) options() (*redis.Options, string, error) {
+func (c Config) options() (*redisclient.Options, string, error) {
 	if c.Address == "" {
 		return nil, "", errors.New("gate_params.address: required (host:port or a redis:// URL)")
 	}
-	o, err := redisconn.Config{Address: c.Address, Username: c.Username, Password: c.Password, DB: c.DB,
-		TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
+	o, err := redisconn.Config{Address: c.Address, Mode: c.RedisMode, Username: c.Username, Password: c.Password,
+		DB: c.DB, TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
 		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
 	if err != nil {
 		return nil, "", err
 	}
 	// One pipeline in flight per lane (see conn), each on a connection of
-	// its own. No retries of dials or commands: a script that may have run
-	// must not run twice (an acquire is not idempotent); the caller's error
-	// path re-asks.
-	o.PoolSize = lanes
-	o.DialerRetries = 1 // a refused connection is an error now, not after 5 tries
-	where := o.Addr
-	if o.DB != 0 {
-		where += "/" + strconv.Itoa(o.DB)
+	// its own (per node in a cluster). No retries of dials or commands: a
+	// script that may have run must not run twice (an acquire is not
+	// idempotent); the caller's error path re-asks. A cluster client keeps
+	// go-redis' default of 3 redirections: it follows MOVED and ASK (a
+	// redirected script did not run), and the scripts are sent as commands
+	// that go-redis never re-sends after a network error (see noRetryCmd).
+	o.Tune(func(c *redisclient.Common) { c.PoolSize = lanes })
+	if o.Cluster != nil {
+		o.Cluster.DialerRetries = 1
+	} else {
+		o.Single.DialerRetries = 1 // a refused connection is an error now, not after 5 tries
 	}
-	return o, where, nil
+	return o, redisconn.Where(o), nil
 }
 
 // shareKey identifies the connection settings: gates whose settings are
 // equal share one connection (and one pipeline).
 func (c Config) shareKey() string {
-	return strings.Join([]string{c.Address, c.Username, c.Password, strconv.Itoa(c.DB),
+	return strings.Join([]string{c.Address, string(c.RedisMode), c.Username, c.Password, strconv.Itoa(c.DB),
 		strconv.FormatBool(c.TLS), c.TLSCACert, c.TLSCert, c.TLSKey, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
 }

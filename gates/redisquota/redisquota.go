@@ -28,7 +28,11 @@
 //   - unknown mode or gating_mode values, and a window ≤ 0, are errors
 //     (upstream admits everything, or classifies without blocking);
 //   - concurrent requests share Redis round trips: their scripts go out in
-//     one pipeline (see conn).
+//     one pipeline (see conn);
+//   - redis_mode cluster runs the quota on a Redis Cluster: tenants spread
+//     over the masters by their keys' hash slots. The tenant keys keep
+//     upstream's names; the lease set of a counter is renamed so that it
+//     shares the counter's slot (see keys.go).
 package redisquota
 
 import (
@@ -44,6 +48,8 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Type is the gate's registry name.
@@ -88,14 +94,21 @@ const (
 	MinLeaseTTL = time.Second
 )
 
-// LeaseSuffix is appended to a tenant key to name its lease set (concurrency
-// mode): quota:userid:alice's leases are in quota:userid:alice:sluice-leases.
+// LeaseSuffix ends the name of a tenant key's lease set (concurrency mode):
+// quota:userid:alice's leases are in quota:userid:alice:sluice-leases on a
+// single node, and in {quota:userid:alice}:sluice-leases in a cluster (see
+// Gate.LeaseSetKey).
 const LeaseSuffix = ":sluice-leases"
 
 // Config configures a Gate.
 type Config struct {
-	// Address is host:port, or a redis:// or rediss:// URL (required).
+	// Address is host:port, or a redis:// or rediss:// URL (required); in
+	// cluster mode one node's host:port or a cluster URL
+	// (redis://host:port?addr=host2:port2).
 	Address string
+	// RedisMode is how Address is reached: redisclient.Single ("" too) or
+	// redisclient.Cluster.
+	RedisMode redisclient.Mode
 	// Username, Password, DB and TLS apply when Address is host:port; a URL
 	// carries its own.
 	Username string
@@ -190,6 +203,7 @@ type Gate struct {
 	c         *conn
 	put       func(*conn) error // gives the connection back (closing it after the last gate)
 	keyPrefix string            // prefix + attribute + ":"
+	keys      *keySpace         // lease set names
 	what      string            // "5 requests per 1m0s", for reasons
 	// script arguments fixed by the configuration
 	ttlSecs      int64 // concurrency: the counter's TTL; rate-limit: the set's
@@ -230,6 +244,7 @@ func newGate(cfg Config, shared *clients) (*Gate, error) {
 		c:            shared.get(cfg, o, where),
 		put:          shared.put,
 		keyPrefix:    cfg.Prefix + cfg.Attribute + ":",
+		keys:         &keySpace{cluster: o.Mode() == redisclient.Cluster},
 		windowUS:     int64(cfg.Window / time.Microsecond),
 		windowNSRest: int64(cfg.Window % time.Microsecond),
 	}
@@ -259,13 +274,14 @@ func newGate(cfg Config, shared *clients) (*Gate, error) {
 // connection closes it.
 //
 // Parameters: address (required), attribute, mode, limit (required),
-// window, prefix, gating_mode (upstream's); lease_ttl, defer_delay, and
-// username, password, db, tls, tls_ca_cert, tls_cert, tls_key, tls_insecure_skip_verify
-// (sluice's).
+// window, prefix, gating_mode (upstream's); lease_ttl, defer_delay,
+// redis_mode (default: the deployment's redis_mode), and username,
+// password, db, tls, tls_ca_cert, tls_cert, tls_key,
+// tls_insecure_skip_verify (sluice's).
 func NewFactory() gate.Factory {
 	shared := &clients{}
-	return func(p gate.Params, _ gate.Env) (gate.Gate, error) {
-		cfg, err := configFrom(p)
+	return func(p gate.Params, env gate.Env) (gate.Gate, error) {
+		cfg, err := configFrom(p, env)
 		if err != nil {
 			return nil, err
 		}
@@ -274,8 +290,13 @@ func NewFactory() gate.Factory {
 }
 
 // configFrom reads gate_params as upstream reads them.
-func configFrom(p gate.Params) (Config, error) {
+func configFrom(p gate.Params, env gate.Env) (Config, error) {
+	redisMode, err := redisconn.ParseMode(p.String("redis_mode", env.RedisMode))
+	if err != nil {
+		return Config{}, err
+	}
 	cfg := Config{
+		RedisMode:  redisMode,
 		Address:    p.String("address", ""),
 		Attribute:  p.String("attribute", DefaultAttribute),
 		Mode:       Mode(p.String("mode", string(DefaultMode))),
@@ -287,7 +308,6 @@ func configFrom(p gate.Params) (Config, error) {
 		TLSCert:    p.String("tls_cert", ""),
 		TLSKey:     p.String("tls_key", ""),
 	}
-	var err error
 	if !p.Has("limit") {
 		p.String("limit", "") // marks it read
 		return Config{}, errors.New("gate_params.limit: required (an integer > 0)")
@@ -345,8 +365,14 @@ func boolParam(p gate.Params, key string) (bool, error) {
 func (g *Gate) Budget(context.Context) (float64, error) { return 1, nil }
 
 // Key returns the Redis key of a tenant: prefix + attribute + ":" + value
-// (upstream's). In concurrency mode its lease set is Key + LeaseSuffix.
+// (upstream's), in both Redis modes.
 func (g *Gate) Key(value string) string { return g.keyPrefix + value }
+
+// LeaseSetKey returns the lease set of a tenant (concurrency mode): Key +
+// LeaseSuffix on a single node; in a cluster a name in Key's hash slot, so
+// that a script can touch both (see keys.go): {Key}:sluice-leases, or Key +
+// LeaseSuffix when Key has a hash tag of its own.
+func (g *Gate) LeaseSetKey(value string) string { return g.keys.leaseSet(g.Key(value)) }
 
 // Admit counts the request against its tenant's quota (one script, in a
 // pipeline shared with concurrent requests). A request without the
@@ -365,7 +391,7 @@ func (g *Gate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, err
 	key := g.Key(v)
 	o := &op{keys: []string{key}}
 	if g.cfg.Mode == Concurrency {
-		l := &lease{id: g.c.newID(), keys: []string{key, key + LeaseSuffix}, ttlSecs: g.ttlSecs,
+		l := &lease{id: g.c.newID(), keys: []string{key, g.keys.leaseSet(key)}, ttlSecs: g.ttlSecs,
 			leaseTTL: g.cfg.LeaseTTL, deadline: req.Deadline}
 		now := time.Now()
 		l.renewAfter = now.Add(l.leaseTTL / 3)

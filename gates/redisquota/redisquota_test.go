@@ -120,6 +120,10 @@ func TestParams(t *testing.T) {
 		{"unknown param", `{"address":"127.0.0.1:6379","limit":1,"atribute":"x"}`, "unknown gate_params: atribute"},
 		{"password with url", `{"address":"redis://127.0.0.1:6379","limit":1,"password":"x"}`, "go in the address URL"},
 		{"bad tls", `{"address":"127.0.0.1:6379","limit":1,"tls":"maybe"}`, "not a boolean"},
+		{"cluster url", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001","redis_mode":"cluster","limit":1}`, ""},
+		{"cluster url in single mode", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001","limit":1}`, "set the redis mode to cluster"},
+		{"db in cluster mode", `{"address":"127.0.0.1:7000","redis_mode":"cluster","db":2,"limit":1}`, "db must be 0 with a Redis Cluster"},
+		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"sentinel","limit":1}`, `gate_params.redis_mode: redis mode "sentinel"`},
 	}
 	r := registry(t)
 	for _, tt := range tests {

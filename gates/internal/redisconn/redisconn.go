@@ -1,8 +1,9 @@
 // Package redisconn turns the Redis connection parameters the Redis-backed
 // gates share (address as host:port or a redis:// / rediss:// URL,
-// username, password, db, tls, tls_ca_cert, tls_cert, tls_key,
-// tls_insecure_skip_verify) into
-// go-redis options. Each gate then sets its own pool and retry policy.
+// redis_mode, username, password, db, tls, tls_ca_cert, tls_cert, tls_key,
+// tls_insecure_skip_verify) into go-redis options, through
+// internal/redisclient so that a gate reads a cluster URL as the rest of
+// sluice does. Each gate then sets its own pool and retry policy.
 package redisconn
 
 import (
@@ -11,20 +12,29 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Config is a Redis connection as the gates' parameters give it.
 type Config struct {
 	// Address is host:port, or a redis:// or rediss:// URL carrying its own
-	// credentials, db and TLS.
+	// credentials, db and TLS. In cluster mode host:port is one node (the
+	// client finds the others), and the URL may list more nodes with
+	// addr= parameters: redis://host:port?addr=host2:port2.
 	Address string
+	// Mode is how Address is reached: redisclient.Single ("" too) or
+	// redisclient.Cluster.
+	Mode redisclient.Mode
 	// Username, Password, DB and TLS apply when Address is host:port.
+	// DB must be 0 in cluster mode.
 	Username string
 	Password string
 	DB       int
@@ -43,18 +53,41 @@ func IsURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
 }
 
-// Options validates c (Address must be set) and returns the go-redis
-// options it stands for, with what every gate wants: no retries (a gate's
-// caller asks again), a short dial timeout, the caller's context bounding
-// each command, and no background maintenance. Errors name the parameter.
-func (c Config) Options() (*redis.Options, error) {
-	var o *redis.Options
+// ParseMode reads the redis_mode gate parameter ("" is single).
+func ParseMode(s string) (redisclient.Mode, error) {
+	m, err := redisclient.ParseMode(s)
+	if err != nil {
+		return "", fmt.Errorf("gate_params.redis_mode: %w", err)
+	}
+	return m, nil
+}
+
+// Options validates c (Address must be set) and returns the client options
+// it stands for, in either mode, with what every gate wants: no retries
+// (MaxRetries -1: a gate's caller asks again), a short dial timeout, the
+// caller's context bounding each command, no client identity (CLIENT
+// SETINFO) and no maintenance notifications. Errors name the parameter.
+func (c Config) Options() (*redisclient.Options, error) {
+	mode := c.Mode
+	if mode == "" {
+		mode = redisclient.Single
+	}
+	if mode != redisclient.Single && mode != redisclient.Cluster {
+		return nil, fmt.Errorf("gate_params.redis_mode %q: want single or cluster", c.Mode)
+	}
+	var o *redisclient.Options
+	var serverName string // host:port with tls: the name to check
 	if IsURL(c.Address) {
 		if c.Username != "" || c.Password != "" || c.DB != 0 || c.TLS {
 			return nil, errors.New("username, password, db and tls go in the address URL when address is a URL")
 		}
+		if mode == redisclient.Cluster {
+			if err := clusterURLDB(c.Address); err != nil {
+				return nil, err
+			}
+		}
 		var err error
-		if o, err = redis.ParseURL(c.Address); err != nil {
+		if o, err = redisclient.Parse(c.Address, mode); err != nil {
 			return nil, fmt.Errorf("gate_params.address: %w", err)
 		}
 	} else {
@@ -64,45 +97,92 @@ func (c Config) Options() (*redis.Options, error) {
 		if c.DB < 0 {
 			return nil, fmt.Errorf("gate_params.db %d is negative", c.DB)
 		}
-		o = &redis.Options{Addr: c.Address, Username: c.Username, Password: c.Password, DB: c.DB}
+		var err error
+		if o, err = redisclient.FromAddr(c.Address, c.Username, c.Password, c.DB, mode); err != nil {
+			return nil, fmt.Errorf("gate_params.db: %w", err)
+		}
 		if c.TLS {
-			o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: hostOf(c.Address)}
+			serverName = hostOf(c.Address)
 		}
 	}
-	if c.TLSCACert != "" || c.TLSCert != "" || c.TLSKey != "" || c.TLSInsecureSkipVerify {
-		if o.TLSConfig == nil {
-			return nil, errors.New("tls_ca_cert, tls_cert, tls_key and tls_insecure_skip_verify need tls=true or a rediss:// address")
+	var terr error
+	o.Tune(func(cm *redisclient.Common) {
+		if serverName != "" {
+			cm.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 		}
-		if (c.TLSCert == "") != (c.TLSKey == "") {
-			return nil, errors.New("tls_cert and tls_key go together")
-		}
-		if c.TLSCert != "" {
-			pair, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
-			if err != nil {
-				return nil, fmt.Errorf("tls_cert/tls_key: %w", err)
-			}
-			o.TLSConfig.Certificates = []tls.Certificate{pair}
-		}
-		o.TLSConfig.InsecureSkipVerify = c.TLSInsecureSkipVerify
-		if c.TLSCACert != "" {
-			pem, err := os.ReadFile(c.TLSCACert)
-			if err != nil {
-				return nil, fmt.Errorf("tls_ca_cert: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tls_ca_cert %s: no PEM certificate", c.TLSCACert)
-			}
-			o.TLSConfig.RootCAs = pool
-		}
+		terr = c.tlsExtras(cm.TLSConfig)
+		cm.MinIdleConns = 0
+		cm.MaxRetries = -1
+		cm.DialTimeout = 2 * time.Second
+		cm.ContextTimeoutEnabled = true
+		cm.DisableIdentity = true
+		cm.MaintNotifications = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	})
+	if terr != nil {
+		return nil, terr
 	}
-	o.MinIdleConns = 0
-	o.MaxRetries = -1
-	o.DialTimeout = 2 * time.Second
-	o.ContextTimeoutEnabled = true
-	o.DisableIdentity = true
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return o, nil
+}
+
+// tlsExtras applies the CA, client certificate and skip-verify parameters
+// to tc (nil: no TLS, and then none of them may be set).
+func (c Config) tlsExtras(tc *tls.Config) error {
+	if c.TLSCACert == "" && c.TLSCert == "" && c.TLSKey == "" && !c.TLSInsecureSkipVerify {
+		return nil
+	}
+	if tc == nil {
+		return errors.New("tls_ca_cert, tls_cert, tls_key and tls_insecure_skip_verify need tls=true or a rediss:// address")
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("tls_cert and tls_key go together")
+	}
+	if c.TLSCert != "" {
+		pair, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+		if err != nil {
+			return fmt.Errorf("tls_cert/tls_key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	tc.InsecureSkipVerify = c.TLSInsecureSkipVerify
+	if c.TLSCACert != "" {
+		pem, err := os.ReadFile(c.TLSCACert)
+		if err != nil {
+			return fmt.Errorf("tls_ca_cert: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("tls_ca_cert %s: no PEM certificate", c.TLSCACert)
+		}
+		tc.RootCAs = pool
+	}
+	return nil
+}
+
+// clusterURLDB refuses a cluster URL that selects a database other than 0:
+// go-redis ignores the path of a cluster URL, and a cluster has only db 0.
+func clusterURLDB(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return fmt.Errorf("gate_params.address: %w", err)
+	}
+	if p := strings.Trim(u.Path, "/"); p != "" && p != "0" {
+		return fmt.Errorf("gate_params.address: db %q: a Redis Cluster has only db 0 (drop the /%s)", p, p)
+	}
+	return nil
+}
+
+// Where describes the server(s) of o without credentials, for messages:
+// host:port[/db] in single mode, "cluster host:port,host2:port2" in
+// cluster mode.
+func Where(o *redisclient.Options) string {
+	if o.Cluster != nil {
+		return "cluster " + strings.Join(o.Cluster.Addrs, ",")
+	}
+	w := o.Single.Addr
+	if o.Single.DB != 0 {
+		w += "/" + strconv.Itoa(o.Single.DB)
+	}
+	return w
 }
 
 func hostOf(addr string) string {

@@ -2,11 +2,14 @@ package redisconn
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -21,10 +24,66 @@ func TestOptionsErrors(t *testing.T) {
 		{"cert without tls", Config{Address: "h:1", TLSCert: "c", TLSKey: "k"}, "need tls=true or a rediss:// address"},
 		{"cert without key", Config{Address: "rediss://h:1/0", TLSCert: "c"}, "tls_cert and tls_key go together"},
 		{"missing cert file", Config{Address: "h:1", TLS: true, TLSCert: "/nonexistent.pem", TLSKey: "/nonexistent.key"}, "tls_cert/tls_key"},
+		{"unknown mode", Config{Address: "h:1", Mode: "sentinel"}, `redis_mode "sentinel": want single or cluster`},
+		{"db with cluster", Config{Address: "h:1", Mode: redisclient.Cluster, DB: 2}, "db must be 0 with a Redis Cluster"},
+		{"db in a cluster url", Config{Address: "redis://h:1/3?addr=h:2", Mode: redisclient.Cluster}, "a Redis Cluster has only db 0"},
+		{"cluster url in single mode", Config{Address: "redis://h:1?addr=h:2"}, "set the redis mode to cluster"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := tc.c.Options(); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Options: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// Both modes get the settings every gate relies on; a cluster address is
+// one seed node or go-redis' cluster URL.
+func TestOptionsModes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		c     Config
+		mode  redisclient.Mode
+		addrs []string
+		where string
+	}{
+		{"single host:port", Config{Address: "h:1", DB: 2}, redisclient.Single, []string{"h:1"}, "h:1/2"},
+		{"single url", Config{Address: "redis://:pw@h:1/0"}, redisclient.Single, []string{"h:1"}, "h:1"},
+		{"cluster seed", Config{Address: "h:1", Mode: redisclient.Cluster, Password: "pw", TLS: true},
+			redisclient.Cluster, []string{"h:1"}, "cluster h:1"},
+		{"cluster url", Config{Address: "redis://:pw@h:1?addr=h:2&addr=h:3", Mode: redisclient.Cluster},
+			redisclient.Cluster, []string{"h:1", "h:2", "h:3"}, "cluster h:1,h:2,h:3"},
+		{"cluster url with db 0", Config{Address: "rediss://h:1/0", Mode: redisclient.Cluster},
+			redisclient.Cluster, []string{"h:1"}, "cluster h:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := tc.c.Options()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Mode() != tc.mode || Where(o) != tc.where {
+				t.Errorf("mode %s, where %q; want %s, %q", o.Mode(), Where(o), tc.mode, tc.where)
+			}
+			var got []string
+			o.Tune(func(c *redisclient.Common) {
+				if c.MaxRetries != -1 || c.DialTimeout != 2*time.Second || !c.ContextTimeoutEnabled || !c.DisableIdentity ||
+					c.MaintNotifications == nil || c.MaintNotifications.Mode != maintnotifications.ModeDisabled {
+					t.Errorf("common settings %+v", c)
+				}
+				if tc.c.TLS && (c.TLSConfig == nil || c.TLSConfig.ServerName != "h") {
+					t.Errorf("tls config %+v, want server name h", c.TLSConfig)
+				}
+			})
+			if o.Cluster != nil {
+				got = o.Cluster.Addrs
+				if o.Cluster.ClusterStateReloadInterval != redisclient.ClusterStateReload {
+					t.Errorf("cluster state reload %v", o.Cluster.ClusterStateReloadInterval)
+				}
+			} else {
+				got = []string{o.Single.Addr}
+			}
+			if !slices.Equal(got, tc.addrs) {
+				t.Errorf("addrs %v, want %v", got, tc.addrs)
 			}
 		})
 	}
@@ -53,7 +112,7 @@ func TestTLSClientCertificate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c := redis.NewClient(o)
+			c := o.New()
 			defer c.Close()
 			err = c.Ping(context.Background()).Err()
 			if (err == nil) != tc.ok {
