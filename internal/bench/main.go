@@ -41,6 +41,7 @@ func scenarios() []scenario {
 		{"core", runCore},
 		{"memory", runMemory},
 		{"redis-sortedset", runRedisSortedSet},
+		{"redis-cluster", runRedisCluster},
 		{"overhead", runOverhead},
 	}
 	all = append(all, transportScenarios()...)

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -31,7 +32,9 @@ import (
 // the largest. Requests in flight at once may arrive in any order among
 // themselves, so the target is max_displacement <= inflight_limit (both
 // replicas' limits summed). It runs with 4 and with 32 in flight per
-// replica (keys suffixed _4 and _32).
+// replica (keys suffixed _4 and _32), on one redis-server and on a Redis
+// Cluster of 3 masters with a replica each (keys suffixed _cluster_4 and
+// _cluster_32).
 func runOrdering(ctx context.Context, o options) (figures, error) {
 	r, err := testenv.StartRedisProcess(testenv.RedisOptions{})
 	if err != nil {
@@ -44,21 +47,48 @@ func runOrdering(ctx context.Context, o options) (figures, error) {
 	}
 	defer p.Close()
 	f := figures{}
+	if err := orderingLimits(ctx, o, f, "", r.URL, "", p); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sluice-bench-ordering-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	c, err := testenv.StartRedisClusterProcesses(testenv.RedisClusterOptions{}, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Stop()
+	cp, err := producer.Dial(c.URL, producer.Config{Mode: "cluster"})
+	if err != nil {
+		return nil, err
+	}
+	defer cp.Close()
+	if err := orderingLimits(ctx, o, f, "_cluster", c.URL, "cluster", cp); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	return f, nil
+}
+
+// orderingLimits measures with 4 and 32 in flight per replica on one Redis
+// deployment, adding figures suffixed sfx.
+func orderingLimits(ctx context.Context, o options, f figures, sfx, url, mode string, p *producer.Producer) error {
 	for _, limit := range []int{4, 32} {
 		var disp []float64
 		for range o.runs {
-			d, err := orderingRun(ctx, r.URL, p, 2, limit, 3000)
+			d, err := orderingRun(ctx, url, mode, p, 2, limit, 3000)
 			if err != nil {
-				return nil, fmt.Errorf("%d in flight per replica: %w", limit, err)
+				return fmt.Errorf("%d in flight per replica: %w", limit, err)
 			}
 			disp = append(disp, float64(d))
 		}
-		sfx := "_" + strconv.Itoa(limit)
+		k := sfx + "_" + strconv.Itoa(limit)
 		// The worst run, not the median: the target is a bound.
-		f["max_displacement"+sfx] = maxOf(disp)
-		f["inflight_limit"+sfx] = float64(2 * limit)
+		f["max_displacement"+k] = maxOf(disp)
+		f["inflight_limit"+k] = float64(2 * limit)
 	}
-	return f, nil
+	return nil
 }
 
 func maxOf(xs []float64) float64 {
@@ -71,12 +101,12 @@ func maxOf(xs []float64) float64 {
 
 // orderingRun enqueues n requests, drains them with the given number of
 // replicas of limit in flight each, and returns the largest displacement.
-func orderingRun(ctx context.Context, url string, p *producer.Producer, replicas, limit, n int) (int, error) {
-	if err := p.Client().FlushDB(ctx).Err(); err != nil {
+func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, replicas, limit, n int) (int, error) {
+	if err := flushAll(ctx, p.Client()); err != nil {
 		return 0, err
 	}
-	queue := rss.RequestQueueName("ordering")
-	results := rss.ResultQueueName("ordering", "")
+	queue := p.Names().RequestQueue("ordering")
+	results := p.Names().ResultQueue("ordering", "")
 	base := time.Now().Add(time.Hour).Truncate(time.Second)
 	reqs := make([]*wire.Request, n)
 	for i, rank := range rand.Perm(n) {
@@ -105,7 +135,7 @@ func orderingRun(ctx context.Context, url string, p *producer.Producer, replicas
 			TransportConfig: config.TransportConfig{ResultQueueName: results,
 				Queues: []config.Queue{{Queue: transport.Queue{Name: queue, MaxConcurrency: limit},
 					IGWBaseURL: "http://" + ln.Addr().String()}}},
-			MetricsPort: -1, HealthPort: -1, RedisURL: url,
+			MetricsPort: -1, HealthPort: -1, RedisURL: url, RedisMode: mode,
 		}
 		a, err := newApp(cfg, app.Options{})
 		if err != nil {

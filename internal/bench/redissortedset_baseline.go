@@ -86,9 +86,14 @@ func benchBaselineRedis(ctx context.Context, c redis.UniversalClient, gw string,
 // benchBaselineRedisWith is the loop with workers goroutines claiming up to
 // batch members at once.
 func benchBaselineRedisWith(ctx context.Context, c redis.UniversalClient, gw string, n, workers, batch int) (float64, error) {
-	q := rss.RequestQueueName("bench")
+	return benchBaselineRedisQueue(ctx, c, gw, rss.RequestQueueName("bench"), rss.ResultQueueName("bench", ""), n, workers, batch)
+}
+
+// benchBaselineRedisQueue is the loop on request queue q and result list
+// results, which must share a hash slot on a cluster (the loop's lease keys
+// are q's companions: q+":base-leases" is in q's slot when q has a hash tag).
+func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q, results string, n, workers, batch int) (float64, error) {
 	ks := []string{q, q + ":base-leases", q + ":base-leased"}
-	results := rss.ResultQueueName("bench", "")
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	client := &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()

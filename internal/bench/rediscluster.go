@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// runRedisCluster measures sluice on the redis-sortedset transport in
+// cluster mode: a Redis Cluster of 3 masters with a replica each on
+// loopback, three queues (one pool per master, 20,000 requests each),
+// default settings, a 0-ms simulated gateway. The baseline, in the same
+// run on the same cluster, is the plain batched loop of the redis-sortedset
+// scenario (redissortedset_baseline.go) run on the three queues at once.
+// Runs alternate between the two.
+func runRedisCluster(ctx context.Context, o options) (figures, error) {
+	const perQueue = 20_000
+	dir, err := os.MkdirTemp("", "sluice-bench-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	c, err := testenv.StartRedisClusterProcesses(testenv.RedisClusterOptions{}, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Stop()
+	sim, err := simulator.New(simulator.Config{Capacity: 256})
+	if err != nil {
+		return nil, err
+	}
+	gw, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Close()
+	p, pc, err := benchProducerMode(c.URL, "cluster")
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Close()
+	pools, err := clusterPools(ctx, c, p.Names(), 3)
+	if err != nil {
+		return nil, err
+	}
+	var queues, lists []string
+	for _, pool := range pools {
+		queues, lists = append(queues, p.Names().RequestQueue(pool)), append(lists, p.Names().ResultQueue(pool, ""))
+	}
+	fill := func() error {
+		if err := flushAll(ctx, pc); err != nil {
+			return err
+		}
+		dl := time.Now().Add(time.Hour)
+		for qi, q := range queues {
+			reqs := make([]*wire.Request, perQueue)
+			for i := range reqs {
+				reqs[i] = &wire.Request{ID: "c" + strconv.Itoa(qi) + "-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
+					Payload:  json.RawMessage(`{"model":"m","prompt":"What is 2+2?","max_tokens":16}`),
+					Metadata: map[string]string{"job_id": "bench"}}
+			}
+			if err := p.EnqueueMany(ctx, q, reqs); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	n := perQueue * len(queues)
+	var sluiceRate, baseRate []float64
+	for range o.runs {
+		if err := fill(); err != nil {
+			return nil, err
+		}
+		rate, err := benchSluiceCluster(ctx, c.URL, gw, pc, queues, lists, n)
+		if err != nil {
+			return nil, fmt.Errorf("sluice: %w", err)
+		}
+		sluiceRate = append(sluiceRate, rate)
+
+		if err := fill(); err != nil {
+			return nil, err
+		}
+		rate, err = benchBaselineCluster(ctx, pc, gw, queues, lists, perQueue)
+		if err != nil {
+			return nil, fmt.Errorf("baseline: %w", err)
+		}
+		baseRate = append(baseRate, rate)
+	}
+	t, b := median(sluiceRate), median(baseRate)
+	return figures{"requests": float64(n), "masters": float64(c.Masters), "throughput": t, "baseline": b, "ratio": t / b, "rss_mb": rssMB()}, nil
+}
+
+// benchSluiceCluster runs one sluice deployment on the cluster's queues
+// until n results are written and returns requests per second.
+func benchSluiceCluster(ctx context.Context, url, gw string, c redis.UniversalClient, queues, lists []string, n int) (float64, error) {
+	qs := make([]config.Queue, len(queues))
+	for i, q := range queues {
+		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: lists[i]}, IGWBaseURL: gw}
+	}
+	cfg := &config.Config{
+		Transport:       rss.Name,
+		TransportConfig: config.TransportConfig{ResultQueueName: lists[0], Queues: qs},
+		MetricsPort:     -1, HealthPort: -1, RedisURL: url, RedisMode: "cluster",
+	}
+	a, err := newApp(cfg, app.Options{})
+	if err != nil {
+		return 0, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- a.Run(rctx) }()
+	elapsed, werr := waitResultsIn(ctx, c, lists, n, start)
+	cancel()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// benchBaselineCluster runs the plain loop on every queue at once, each
+// with the single-node scenario's shape, and returns requests per second
+// over all of them.
+func benchBaselineCluster(ctx context.Context, c redis.UniversalClient, gw string, queues, lists []string, perQueue int) (float64, error) {
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make([]error, len(queues))
+	for i := range queues {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = benchBaselineRedisQueue(ctx, c, gw, queues[i], lists[i], perQueue, baseWorkers, baseBatch)
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, err := range errs {
+		if err != nil {
+			return 0, err
+		}
+	}
+	return float64(perQueue*len(queues)) / elapsed.Seconds(), nil
+}
+
+// waitResultsIn waits until the lists hold n results in all.
+func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time) (time.Duration, error) {
+	limit := time.After(5 * time.Minute)
+	for {
+		got := int64(0)
+		for _, l := range lists {
+			v, err := c.LLen(ctx, l).Result()
+			if err != nil {
+				return 0, err
+			}
+			got += v
+		}
+		if got >= int64(n) {
+			return time.Since(start), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-limit:
+			return 0, fmt.Errorf("only %d of %d results after 5m", got, n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// clusterPools returns n pool names whose queues are on n different masters.
+func clusterPools(ctx context.Context, c *testenv.RedisCluster, names producer.Names, n int) ([]string, error) {
+	used := map[int]bool{}
+	var out []string
+	for i := 0; len(out) < n && i < 200; i++ {
+		pool := "bench-" + strconv.Itoa(i)
+		m, err := c.MasterOf(ctx, names.RequestQueue(pool))
+		if err != nil {
+			return nil, err
+		}
+		if !used[m] {
+			used[m] = true
+			out = append(out, pool)
+		}
+	}
+	if len(out) < n {
+		return nil, fmt.Errorf("found pools on %d masters, want %d", len(out), n)
+	}
+	return out, nil
+}
+
+// flushAll empties every database of c (every master of a cluster).
+func flushAll(ctx context.Context, c redis.UniversalClient) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.FlushDB(ctx).Err() })
+	}
+	return c.FlushDB(ctx).Err()
+}
