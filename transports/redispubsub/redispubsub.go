@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,6 +122,9 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
+	if strings.EqualFold(env.RedisMode, "cluster") {
+		return nil, errors.New("redis-pubsub does not run on a Redis Cluster (on a cluster PUBLISH counts only the subscribers of the node it runs on, and that count decides whether a request or retry was heard): use redis-sortedset with redis_mode cluster, or redis_mode single")
+	}
 	return transport.Build(options, env, New)
 }
 

@@ -38,6 +38,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -167,6 +168,9 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
+	if strings.EqualFold(env.RedisMode, "cluster") {
+		return nil, errors.New("redis-stream does not run on a Redis Cluster (its scripts write a stream and its result list, retry set or dead-letter stream in one step, which a cluster allows only within one hash slot): use redis-sortedset with redis_mode cluster, or redis_mode single")
+	}
 	return transport.Build(options, env, New)
 }
 
