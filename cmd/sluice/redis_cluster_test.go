@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
+)
+
+// TestRedisCommandsCluster drives enqueue, queues, cancel, serve and
+// results with --redis.mode cluster against a real Redis Cluster: two pools
+// (hash-tagged names), a job cancelled across both, every result read once.
+func TestRedisCommandsCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 6-node Redis Cluster")
+	}
+	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{})
+	t.Setenv("REDIS_URL", c.URL)
+	sim := startSim(t, simulator.Config{})
+	ctx := context.Background()
+	dl := time.Now().Add(time.Hour)
+	for _, pool := range []string{"pool-a", "pool-b"} {
+		var in strings.Builder
+		for i := range 20 {
+			fmt.Fprintln(&in, flatLine(fmt.Sprintf("%s-%02d", pool, i), "keep", dl))
+		}
+		for i := range 5 {
+			fmt.Fprintln(&in, flatLine(fmt.Sprintf("%s-gone-%02d", pool, i), "doomed", dl))
+		}
+		_, stderr, err := runCLI(t, ctx, in.String(), "enqueue", "--redis.mode", "cluster", "--pool", pool)
+		if err != nil || !strings.Contains(stderr, "enqueued 25 request(s) to llm-d-async:requests:{"+pool+"}") {
+			t.Fatalf("enqueue %s: %v\n%s", pool, err, stderr)
+		}
+	}
+	out, _, err := runCLI(t, ctx, "", "queues", "--redis.mode", "cluster")
+	if err != nil || !regexpLine(out, "llm-d-async:requests:{pool-a}", "25", "0", "0", "0") || !regexpLine(out, "llm-d-async:requests:{pool-b}", "25", "0", "0", "0") {
+		t.Fatalf("queues: %v\n%s", err, out)
+	}
+	out, _, err = runCLI(t, ctx, "", "cancel", "--redis.mode", "cluster", "--job", "doomed")
+	if err != nil || !strings.Contains(out, "10 waiting request(s)") {
+		t.Fatalf("cancel across two pools: %v %s", err, out)
+	}
+	if _, stderr, err := runCLI(t, ctx, "x\n", "enqueue", "--pool", "pool-a"); err == nil || !strings.Contains(stderr+err.Error(), "cluster") {
+		t.Fatalf("a cluster URL without --redis.mode cluster: %v %s, want a hint to set cluster mode", err, stderr)
+	}
+
+	cfg := fmt.Sprintf(`{"queues":[{"queue_name":"llm-d-async:requests:{pool-a}","igw_base_url":%q,"result_queue_name":"llm-d-async:results:{pool-a}:$batch"},`+
+		`{"queue_name":"llm-d-async:requests:{pool-b}","igw_base_url":%q,"result_queue_name":"llm-d-async:results:{pool-b}:$batch"}]}`, sim, sim)
+	sctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var serveErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _, serveErr = runCLI(t, sctx, "", "serve", "--transport", "redis-sortedset", "--transport-config", cfg,
+			"--redis.mode", "cluster", "--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn")
+	}()
+	results := map[string]*wire.Result{}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(results) < 50 && time.Now().Before(deadline) {
+		for _, pool := range []string{"pool-a", "pool-b"} {
+			out, _, err := runCLI(t, ctx, "", "results", "--redis.mode", "cluster", "--pool", pool, "-n", "20")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				if line == "" {
+					continue
+				}
+				res, err := wire.DecodeResult([]byte(line))
+				if err != nil {
+					t.Fatalf("result line %q: %v", line, err)
+				}
+				if results[res.ID] != nil {
+					t.Fatalf("second result for %s", res.ID)
+				}
+				results[res.ID] = res
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	wg.Wait()
+	if serveErr != nil {
+		t.Fatalf("serve: %v", serveErr)
+	}
+	if len(results) != 50 {
+		t.Fatalf("%d results, want 50", len(results))
+	}
+	for id, res := range results {
+		want := wire.CodeNone
+		if strings.Contains(id, "-gone-") {
+			want = wire.CodeCancelled
+		}
+		if res.ErrorCode != want {
+			t.Errorf("%s: %+v", id, res)
+		}
+	}
+}
