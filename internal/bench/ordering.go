@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -50,16 +49,11 @@ func runOrdering(ctx context.Context, o options) (figures, error) {
 	if err := orderingLimits(ctx, o, f, "", r.URL, "", p); err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "sluice-bench-ordering-")
+	c, stop, err := startBenchCluster()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	c, err := testenv.StartRedisClusterProcesses(testenv.RedisClusterOptions{}, dir)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Stop()
+	defer stop()
 	cp, err := producer.Dial(c.URL, producer.Config{Mode: "cluster"})
 	if err != nil {
 		return nil, err

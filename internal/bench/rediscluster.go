@@ -30,16 +30,11 @@ import (
 // Runs alternate between the two.
 func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	const perQueue = 20_000
-	dir, err := os.MkdirTemp("", "sluice-bench-cluster-")
+	c, stop, err := startBenchCluster()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	c, err := testenv.StartRedisClusterProcesses(testenv.RedisClusterOptions{}, dir)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Stop()
+	defer stop()
 	sim, err := simulator.New(simulator.Config{Capacity: 256})
 	if err != nil {
 		return nil, err
@@ -86,7 +81,7 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 		if err := fill(); err != nil {
 			return nil, err
 		}
-		rate, err := benchSluiceCluster(ctx, c.URL, gw, pc, queues, lists, n)
+		rate, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n)
 		if err != nil {
 			return nil, fmt.Errorf("sluice: %w", err)
 		}
@@ -105,9 +100,10 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	return figures{"requests": float64(n), "masters": float64(c.Masters), "throughput": t, "baseline": b, "ratio": t / b, "rss_mb": rssMB()}, nil
 }
 
-// benchSluiceCluster runs one sluice deployment on the cluster's queues
-// until n results are written and returns requests per second.
-func benchSluiceCluster(ctx context.Context, url, gw string, c redis.UniversalClient, queues, lists []string, n int) (float64, error) {
+// benchSluiceQueues runs one default sluice deployment on queues (each
+// answered to the list of the same index) in Redis mode mode until n
+// results are written, and returns requests per second.
+func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.UniversalClient, queues, lists []string, n int) (float64, error) {
 	qs := make([]config.Queue, len(queues))
 	for i, q := range queues {
 		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: lists[i]}, IGWBaseURL: gw}
@@ -115,7 +111,7 @@ func benchSluiceCluster(ctx context.Context, url, gw string, c redis.UniversalCl
 	cfg := &config.Config{
 		Transport:       rss.Name,
 		TransportConfig: config.TransportConfig{ResultQueueName: lists[0], Queues: qs},
-		MetricsPort:     -1, HealthPort: -1, RedisURL: url, RedisMode: "cluster",
+		MetricsPort:     -1, HealthPort: -1, RedisURL: url, RedisMode: mode,
 	}
 	a, err := newApp(cfg, app.Options{})
 	if err != nil {
@@ -183,6 +179,21 @@ func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string,
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// startBenchCluster starts a Redis Cluster of 3 masters with a replica
+// each; stop stops it and removes its files.
+func startBenchCluster() (c *testenv.RedisCluster, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "sluice-bench-cluster-")
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err = testenv.StartRedisClusterProcesses(testenv.RedisClusterOptions{}, dir)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return c, func() { c.Stop(); _ = os.RemoveAll(dir) }, nil
 }
 
 // clusterPools returns n pool names whose queues are on n different masters.

@@ -9,9 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-io/sluice/core/app"
-	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/simulator"
@@ -88,50 +85,11 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 // benchSluiceRedis runs a default sluice deployment until n results are in
 // the result list and returns requests per second.
 func benchSluiceRedis(ctx context.Context, url, gw string, c redis.UniversalClient, n int) (float64, error) {
-	results := rss.ResultQueueName("bench", "")
-	cfg := &config.Config{
-		Transport: rss.Name,
-		TransportConfig: config.TransportConfig{ResultQueueName: results,
-			Queues: []config.Queue{{Queue: transport.Queue{Name: rss.RequestQueueName("bench")}, IGWBaseURL: gw}}},
-		MetricsPort: -1, HealthPort: -1, RedisURL: url,
-	}
-	a, err := newApp(cfg, app.Options{})
-	if err != nil {
-		return 0, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- a.Run(rctx) }()
-	elapsed, werr := waitResults(ctx, c, results, n, start)
-	cancel()
-	if err := <-done; err != nil {
-		return 0, err
-	}
-	if werr != nil {
-		return 0, werr
-	}
-	return float64(n) / elapsed.Seconds(), nil
+	return benchSluiceQueues(ctx, url, "", gw, c, []string{rss.RequestQueueName("bench")}, []string{rss.ResultQueueName("bench", "")}, n)
 }
 
 func waitResults(ctx context.Context, c redis.UniversalClient, list string, n int, start time.Time) (time.Duration, error) {
-	limit := time.After(5 * time.Minute)
-	for {
-		got, err := c.LLen(ctx, list).Result()
-		if err != nil {
-			return 0, err
-		}
-		if got >= int64(n) {
-			return time.Since(start), nil
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", got, n)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return waitResultsIn(ctx, c, []string{list}, n, start)
 }
 
 // benchProducer is the producer library on a client whose timeouts allow a
