@@ -103,3 +103,18 @@ func TestRedisCommandsCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateClusterSlots: `sluice validate` refuses, without a server, a
+// cluster queue whose result list is in another hash slot.
+func TestValidateClusterSlots(t *testing.T) {
+	cfg := `{"queues":[{"queue_name":"llm-d-async:requests:{pool-a}","igw_base_url":"http://gw:80"}],"result_queue_name":"results"}`
+	url := "redis://127.0.0.1:1?addr=127.0.0.1:2"
+	out, err := run(t, "validate", "--transport", "redis-sortedset", "--transport-config", cfg, "--redis.mode", "cluster", "--redis.url", url)
+	if err == nil || !strings.Contains(out+err.Error(), "hash slot") {
+		t.Fatalf("validate: %q %v, want an error naming hash slots", out, err)
+	}
+	cfg = strings.Replace(cfg, `"results"`, `"llm-d-async:results:{pool-a}:$batch"`, 1)
+	if out, err := run(t, "validate", "--transport", "redis-sortedset", "--transport-config", cfg, "--redis.mode", "cluster", "--redis.url", url); err != nil {
+		t.Fatalf("validate with one hash tag: %q %v", out, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/transport"
 )
 
 // Check defaults and validates cfg against the adapters as New does, then
@@ -34,6 +35,13 @@ func Check(cfg *config.Config, ad Adapters) error {
 	if tp, err := newTransport(cfg, ad.Transports, nil); err != nil {
 		errs = append(errs, fmt.Errorf("transport_config: %w", err))
 	} else {
+		if qc, ok := tp.(transport.QueueChecker); ok {
+			for i, q := range cfg.TransportConfig.Queues {
+				if err := qc.CheckQueue(q.Queue); err != nil {
+					errs = append(errs, fmt.Errorf("transport_config.queues[%d]: %w", i, err))
+				}
+			}
+		}
 		_ = tp.Close()
 	}
 	for i, q := range cfg.TransportConfig.Queues {

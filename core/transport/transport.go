@@ -173,6 +173,14 @@ type DeadLetterer interface {
 	DeadLetter(ctx context.Context, q Queue, m *message.Message, reason string) error
 }
 
+// QueueChecker is implemented by a transport that can tell, without I/O,
+// that a queue cannot work with it (for example names a Redis Cluster
+// cannot serve in one hash slot). `sluice validate` calls it for every
+// queue; Source and Publisher must still refuse such a queue.
+type QueueChecker interface {
+	CheckQueue(q Queue) error
+}
+
 // Env is what a transport factory gets besides its own options.
 type Env struct {
 	Logger *slog.Logger

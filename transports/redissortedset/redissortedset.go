@@ -535,6 +535,14 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	return &source{t: t, q: q, qs: qs}, nil
 }
 
+// CheckQueue implements transport.QueueChecker: on a Redis Cluster the
+// queue's keys and its result list must share a hash slot.
+func (t *Transport) CheckQueue(q transport.Queue) error {
+	return t.names.CheckSlots(q.Name, q.ResultName)
+}
+
+var _ transport.QueueChecker = (*Transport)(nil)
+
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
 func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
