@@ -105,21 +105,29 @@ func (f *fixture) transport(opts rss.Options) *rss.Transport {
 // returned stop is called (also at cleanup).
 func (f *fixture) runApp(tp *rss.Transport, queue, results string, concurrency int) (stop func()) {
 	f.t.Helper()
-	return f.runAppQueues(tp, []string{queue}, func(string) string { return results }, concurrency)
+	return f.runAppOn(tp, []config.Queue{{Queue: transport.Queue{Name: queue}, IGWBaseURL: f.sim}}, results, concurrency)
 }
 
-// runAppQueues is runApp on many queues, each answered to resultOf(queue).
+// runAppQueues is runApp on many queues, each with its own result list
+// resultOf(queue).
 func (f *fixture) runAppQueues(tp *rss.Transport, queues []string, resultOf func(string) string, concurrency int) (stop func()) {
 	f.t.Helper()
 	qs := make([]config.Queue, len(queues))
 	for i, q := range queues {
 		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: resultOf(q)}, IGWBaseURL: f.sim}
 	}
+	return f.runAppOn(tp, qs, resultOf(queues[0]), concurrency)
+}
+
+// runAppOn runs a sluice deployment on qs, whose default result list is
+// results, until the returned stop is called (also at cleanup).
+func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string, concurrency int) (stop func()) {
+	f.t.Helper()
 	cfg := &config.Config{
 		Transport:   rss.Name,
 		Concurrency: concurrency,
 		TransportConfig: config.TransportConfig{
-			ResultQueueName: resultOf(queues[0]),
+			ResultQueueName: results,
 			Queues:          qs,
 		},
 		MetricsPort:  -1,
