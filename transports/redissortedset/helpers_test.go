@@ -2,9 +2,9 @@ package redissortedset_test
 
 import (
 	"context"
-	"log/slog"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
