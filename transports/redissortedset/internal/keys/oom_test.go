@@ -54,4 +54,3 @@ func TestSettleOutOfMemory(t *testing.T) {
 		t.Fatalf("settle at maxmemory: err=%v, lease held=%v, results written=%d: a lease was dropped without its result, or both kept", serr, held, written)
 	}
 }
-
