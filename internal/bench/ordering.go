@@ -78,8 +78,10 @@ func orderingLimits(ctx context.Context, o options, f figures, sfx, url, mode st
 			disp = append(disp, float64(d))
 		}
 		k := sfx + "_" + strconv.Itoa(limit)
-		// The worst run, not the median: the target is a bound.
+		// The worst run, not the median: the target is a bound. The median
+		// run is reported beside it, to tell a rare stall from the rule.
 		f["max_displacement"+k] = maxOf(disp)
+		f["median_displacement"+k] = median(disp)
 		f["inflight_limit"+k] = float64(2 * limit)
 	}
 	return nil
