@@ -71,7 +71,8 @@ func transportCases() []transportCase {
 		{name: "redis-stream", open: openStream,
 			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "gcp-pubsub", dupOnCrash: true, open: openPubSub,
-			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 150 * time.Second, quiet: 10 * time.Second, trickle: 5}},
+			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 90 * time.Second, quiet: 10 * time.Second, trickle: 5,
+				stall: 10 * time.Second, stallMin: 30 * time.Second}},
 	}
 }
 
@@ -290,6 +291,7 @@ const pubSubProject = "sluice-chaos"
 type pubSub struct {
 	r      *rig
 	c      *pubsub.Client
+	proxy  *pubSubProxy // what sluice and the bare control connect to
 	prefix string
 	dead   atomic.Int64
 }
@@ -304,9 +306,14 @@ func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pubSub{r: r, c: c, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
-	if err := p.createTopics(ctx); err != nil {
+	proxy, err := startPubSubProxy(emu, func(port int) int { return socketOwner(port, r.replicaPIDs()) })
+	if err != nil {
 		c.Close()
+		return nil, err
+	}
+	p := &pubSub{r: r, c: c, proxy: proxy, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	if err := p.createTopics(ctx); err != nil {
+		p.close()
 		return nil, err
 	}
 	return p, nil
@@ -334,7 +341,7 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 
 func (p *pubSub) deployment(gw string) (string, map[string]any, string) {
 	return "gcp-pubsub", map[string]any{
-		"project_id": pubSubProject, "emulator_host": p.r.emu.Addr,
+		"project_id": pubSubProject, "emulator_host": p.proxy.Addr,
 		"dead_letter_topic": p.prefix + "-dead", "result_queue_name": p.prefix + "-results",
 		"max_extension_seconds": 60,
 		"queues":                []map[string]any{{"queue_name": p.prefix + "-requests-sub", "igw_base_url": gw}},
@@ -382,4 +389,7 @@ func (p *pubSub) readResults(ctx context.Context, l *ledger) {
 // delivered so far (readResults reads it alongside the results).
 func (p *pubSub) deadLetters(context.Context) (int, error) { return int(p.dead.Load()), nil }
 
-func (p *pubSub) close() { p.c.Close() }
+func (p *pubSub) close() { p.c.Close(); p.proxy.close() }
+
+// lastHolder is the process the emulator last delivered request id to.
+func (p *pubSub) lastHolder(id string) (int, bool) { return p.proxy.lastHolder(id) }

@@ -64,6 +64,25 @@ func (l *ledger) answeredBy(id string, t time.Time) bool {
 	return ok && at.Before(t)
 }
 
+// recoveredAfter is how long after t the last id sent got its first
+// result, when every id has one (0 when that was before t); otherwise how
+// long after t it is at now (still not recovered).
+func (l *ledger) recoveredAfter(t, now time.Time) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last := t
+	for id := range l.sent {
+		at, ok := l.firstAt[id]
+		if !ok {
+			return now.Sub(t).Seconds()
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last.Sub(t).Seconds()
+}
+
 // complete reports whether every id sent has at least as many results as
 // messages sent with it.
 func (l *ledger) complete() bool {
