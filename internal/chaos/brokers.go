@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -56,6 +55,11 @@ type transportCase struct {
 	open func(ctx context.Context, r *rig, tweak brokerTweak) (broker, error)
 	// kill9 sizes the kill -9 case for this broker.
 	kill9 kill9Size
+	// redis: the transport runs on Redis; the Redis faults (restarts,
+	// outage, SIGTERM burst) run on it too.
+	redis bool
+	// noFuzz: the fuzz case does not run on it (see transportCases).
+	noFuzz bool
 }
 
 // brokerTweak adjusts a broker for one fault.
@@ -66,13 +70,21 @@ type brokerTweak struct {
 // transportCases lists the transports every per-transport fault runs on.
 func transportCases() []transportCase {
 	return []transportCase{
-		{name: "redis-sortedset", open: openSortedSet,
+		{name: "redis-sortedset", open: openSortedSet, redis: true,
 			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
-		{name: "redis-stream", open: openStream,
+		{name: "redis-stream", open: openStream, redis: true,
 			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "gcp-pubsub", dupOnCrash: true, open: openPubSub,
 			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 90 * time.Second, quiet: 10 * time.Second, trickle: 5,
 				stall: 10 * time.Second, stallMin: 30 * time.Second}},
+		// The scale-out brokers (transport "watermill"), kill -9 only: the
+		// fuzz case runs on the transports above, whose decoding is the
+		// same core code (NATS refuses the fuzz case's 1-MiB messages
+		// before sluice sees them anyway: max_payload).
+		{name: "watermill-nats-jetstream", open: openNATS, noFuzz: true,
+			kill9: kill9Size{requests: 6000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+		{name: "watermill-postgres", open: openPostgres, noFuzz: true,
+			kill9: kill9Size{requests: 2000, concurrency: 16, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 	}
 }
 
@@ -109,12 +121,15 @@ func resultID(b []byte) (string, string) {
 	}
 }
 
-// readList pops results from a Redis list until ctx ends, tolerating a
-// Redis that is away.
+// readList reads results from a Redis list (sluice LPUSHes them) until
+// ctx ends, tolerating a Redis that is away. It reads without removing
+// (LRANGE from the tail past what it has read): a pop whose reply is lost
+// when redis-server dies would lose results the harness never saw.
 func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
+	n := int64(0) // results read: the n entries at the tail
 	for ctx.Err() == nil {
-		vals, err := c.RPopCount(ctx, key, 500).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		vals, err := c.LRange(ctx, key, -(n + 500), -(n + 1)).Result()
+		if err != nil {
 			sleep(ctx, 100*time.Millisecond)
 			continue
 		}
@@ -123,6 +138,7 @@ func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
 			id, code := resultID([]byte(v))
 			l.record(id, code, now)
 		}
+		n += int64(len(vals))
 		if len(vals) < 500 {
 			sleep(ctx, 20*time.Millisecond)
 		}

@@ -56,6 +56,14 @@ func (l *ledger) record(id, code string, at time.Time) {
 	}
 }
 
+// sentID reports whether id was sent.
+func (l *ledger) sentID(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.sent[id]
+	return ok
+}
+
 // answeredBy reports whether id had a result read before t.
 func (l *ledger) answeredBy(id string, t time.Time) bool {
 	l.mu.Lock()

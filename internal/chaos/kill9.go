@@ -119,12 +119,14 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 			// A result read shortly before the kill may still wait for
 			// its ack: 2 s of margin.
 			for id := range s.gw.snapshot() {
-				if !s.l.answeredBy(id, killedAt.Add(-2*time.Second)) {
+				if s.l.sentID(id) && !s.l.answeredBy(id, killedAt.Add(-2*time.Second)) {
 					inflight[id] = true
 				}
 			}
 			for _, id := range s.gw.inflightIDs() {
-				inflight[id] = true // first call still running
+				if s.l.sentID(id) {
+					inflight[id] = true // first call still running
+				}
 			}
 			reps[i].kill()
 			if reps[i], err = s.r.startReplica("replica", cfgPath); err != nil {
