@@ -65,6 +65,9 @@ type transportCase struct {
 // brokerTweak adjusts a broker for one fault.
 type brokerTweak struct {
 	persist bool // Redis with appendonly yes, appendfsync always
+	// traced: the subscribers reach the broker through a recording proxy
+	// where the broker has one (the Pub/Sub emulator; kill -9 case).
+	traced bool
 }
 
 // transportCases lists the transports every per-transport fault runs on.
@@ -307,12 +310,12 @@ const pubSubProject = "sluice-chaos"
 type pubSub struct {
 	r      *rig
 	c      *pubsub.Client
-	proxy  *pubSubProxy // what sluice and the bare control connect to
+	proxy  *pubSubProxy // what sluice and the bare control connect to, when traced
 	prefix string
 	dead   atomic.Int64
 }
 
-func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
+func openPubSub(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
 	emu, err := r.emulator()
 	if err != nil {
 		return nil, err
@@ -322,10 +325,12 @@ func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	proxy, err := startPubSubProxy(emu, func(port int) int { return socketOwner(port, r.replicaPIDs()) })
-	if err != nil {
-		c.Close()
-		return nil, err
+	var proxy *pubSubProxy
+	if tw.traced {
+		if proxy, err = startPubSubProxy(emu, func(port int) int { return socketOwner(port, r.replicaPIDs()) }); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	p := &pubSub{r: r, c: c, proxy: proxy, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
 	if err := p.createTopics(ctx); err != nil {
@@ -357,7 +362,7 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 
 func (p *pubSub) deployment(gw string) (string, map[string]any, string) {
 	return "gcp-pubsub", map[string]any{
-		"project_id": pubSubProject, "emulator_host": p.proxy.Addr,
+		"project_id": pubSubProject, "emulator_host": p.subscriberAddr(),
 		"dead_letter_topic": p.prefix + "-dead", "result_queue_name": p.prefix + "-results",
 		"max_extension_seconds": 60,
 		"queues":                []map[string]any{{"queue_name": p.prefix + "-requests-sub", "igw_base_url": gw}},
@@ -405,7 +410,24 @@ func (p *pubSub) readResults(ctx context.Context, l *ledger) {
 // delivered so far (readResults reads it alongside the results).
 func (p *pubSub) deadLetters(context.Context) (int, error) { return int(p.dead.Load()), nil }
 
-func (p *pubSub) close() { p.c.Close(); p.proxy.close() }
+func (p *pubSub) close() {
+	p.c.Close()
+	if p.proxy != nil {
+		p.proxy.close()
+	}
+}
+
+// subscriberAddr is where sluice and the bare control reach the emulator:
+// the proxy when traced.
+func (p *pubSub) subscriberAddr() string {
+	if p.proxy != nil {
+		return p.proxy.Addr
+	}
+	return p.r.emu.Addr
+}
+
+// traced reports whether deliveries are recorded (lastHolder).
+func (p *pubSub) traced() bool { return p.proxy != nil }
 
 // lastHolder is the process the emulator last delivered request id to.
 func (p *pubSub) lastHolder(id string) (int, bool) { return p.proxy.lastHolder(id) }

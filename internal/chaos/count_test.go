@@ -163,6 +163,8 @@ func TestCheckSchedule(t *testing.T) {
 // fakeTracer says which process last received each id.
 type fakeTracer map[string]int
 
+func (fakeTracer) traced() bool { return true }
+
 func (f fakeTracer) lastHolder(id string) (int, bool) {
 	pid, ok := f[id]
 	return pid, ok

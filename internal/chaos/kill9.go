@@ -30,6 +30,7 @@ type kill9Size struct {
 // deliveryTracer is a broker that can say to which process it last
 // delivered a request (the Pub/Sub emulator, through the recording proxy).
 type deliveryTracer interface {
+	traced() bool
 	lastHolder(id string) (pid int, delivered bool)
 }
 
@@ -71,7 +72,7 @@ func runKill9PubSubBare(ctx context.Context, e *env) *verdict {
 func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *verdict {
 	return func(ctx context.Context, e *env) *verdict {
 		sz := tc.kill9
-		s, v := open(ctx, e, "kill9-"+tc.name, tc, brokerTweak{}, gatewayFaults{latencyMin: sz.latencyMin, latencyMax: sz.latencyMax})
+		s, v := open(ctx, e, "kill9-"+tc.name, tc, brokerTweak{traced: true}, gatewayFaults{latencyMin: sz.latencyMin, latencyMax: sz.latencyMax})
 		if s == nil {
 			return v
 		}
@@ -140,6 +141,7 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 		}
 		answeredAtLastKill := s.l.tally().answered
 		tracer, tracing := s.b.(deliveryTracer)
+		tracing = tracing && tracer.traced()
 		var done bool
 		if tracing && sz.stall > 0 {
 			done = s.waitStalled(ctx, killedAt, sz.stallMin, sz.settle, sz.stall)

@@ -33,7 +33,10 @@ func redisRestarts(ctx context.Context, e *env, name string, tc transportCase, r
 		}
 		reps = append(reps, p)
 	}
-	const n = 3000
+	n := 3000
+	if restarts > 1 {
+		n = 5000 // load through every restart (1.5 s apart)
+	}
 	if err := s.b.send(ctx, s.goodMessages("r", n, 10*time.Minute)); err != nil {
 		v.fail("send: %v", err)
 		return v
