@@ -313,6 +313,9 @@ type pubSub struct {
 	proxy  *pubSubProxy // what sluice and the bare control connect to, when traced
 	prefix string
 	dead   atomic.Int64
+	// resultsSubAt is when createTopics last created the result
+	// subscription (a result published to the topic before it is dropped).
+	resultsSubAt time.Time
 }
 
 func openPubSub(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
@@ -355,6 +358,9 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 		if _, err := p.c.SubscriptionAdminClient.CreateSubscription(ctx, &pubsubpb.Subscription{
 			Name: p.name("subscriptions", id+"-sub"), Topic: p.name("topics", id), AckDeadlineSeconds: 10}); err != nil {
 			return fmt.Errorf("create subscription %s: %w", id, err)
+		}
+		if id == "results" {
+			p.resultsSubAt = time.Now()
 		}
 	}
 	return nil

@@ -43,6 +43,15 @@ type pubSubProxy struct {
 	seq        int
 	deliveries map[string][]delivery // request id → deliveries, in order
 	streamPID  map[int]int           // stream → the process that opened it (0: unknown)
+	published  map[string][]publish  // id in a published message → Publish calls that carried it
+}
+
+// publish is one Publish call a subscriber made (a result, a dead letter):
+// when it was sent, to which topic, and whether the emulator accepted it.
+type publish struct {
+	at    time.Time
+	topic string
+	ok    bool
 }
 
 // delivery is one delivery of a request message on a streaming pull.
@@ -51,7 +60,10 @@ type delivery struct {
 	at     time.Time
 }
 
-const streamingPull = "/google.pubsub.v1.Subscriber/StreamingPull"
+const (
+	streamingPull = "/google.pubsub.v1.Subscriber/StreamingPull"
+	publishMethod = "/google.pubsub.v1.Publisher/Publish"
+)
 
 // proxyMaxMsg bounds one frame either way (the fuzz case's chunks of
 // 100 messages of up to 1 MiB).
@@ -69,7 +81,7 @@ func startPubSubProxy(upstream string, owner func(port int) int) (*pubSubProxy, 
 		return nil, err
 	}
 	p := &pubSubProxy{Addr: ln.Addr().String(), up: up, owner: owner,
-		deliveries: map[string][]delivery{}, streamPID: map[int]int{}}
+		deliveries: map[string][]delivery{}, streamPID: map[int]int{}, published: map[string][]publish{}}
 	p.srv = grpc.NewServer(grpc.UnknownServiceHandler(p.handle), grpc.ForceServerCodec(rawCodec{}),
 		grpc.MaxRecvMsgSize(proxyMaxMsg), grpc.MaxSendMsgSize(proxyMaxMsg))
 	go func() { _ = p.srv.Serve(ln) }()
@@ -98,7 +110,10 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 	if method == streamingPull {
 		stream = p.openStream(ss.Context())
 	}
+	var pub *pubsubpb.PublishRequest // the request of a Publish call
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		for {
 			f := &rawFrame{}
 			if err := ss.RecvMsg(f); err != nil {
@@ -109,11 +124,46 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 				}
 				return
 			}
+			if method == publishMethod && pub == nil {
+				pub = &pubsubpb.PublishRequest{}
+				if proto.Unmarshal(f.b, pub) != nil {
+					pub = nil
+				}
+			}
 			if err := cs.SendMsg(f); err != nil {
 				return
 			}
 		}
 	}()
+	at := time.Now()
+	if method == publishMethod {
+		ok := false
+		defer func() {
+			<-sent
+			p.recordPublish(pub, at, ok)
+		}()
+		f := &rawFrame{}
+		if h, err := cs.Header(); err == nil {
+			_ = ss.SendHeader(h)
+		}
+		if err := cs.RecvMsg(f); err != nil {
+			ss.SetTrailer(cs.Trailer())
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := ss.SendMsg(f); err != nil {
+			return err
+		}
+		ok = true
+		if err := cs.RecvMsg(&rawFrame{}); !errors.Is(err, io.EOF) && err != nil {
+			ok = false
+			return err
+		}
+		ss.SetTrailer(cs.Trailer())
+		return nil
+	}
 	if h, err := cs.Header(); err == nil {
 		_ = ss.SendHeader(h)
 	}
@@ -167,6 +217,33 @@ func (p *pubSubProxy) record(stream int, b []byte) {
 			p.deliveries[id] = append(p.deliveries[id], delivery{stream: stream, at: now})
 		}
 	}
+}
+
+// recordPublish notes the ids of a Publish call's messages.
+func (p *pubSubProxy) recordPublish(r *pubsubpb.PublishRequest, at time.Time, ok bool) {
+	if r == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range r.Messages {
+		if id, _ := resultID(m.Data); id != "" {
+			p.published[id] = append(p.published[id], publish{at: at, topic: r.Topic, ok: ok})
+		}
+	}
+}
+
+// publishedTo returns the accepted Publish calls to topic carrying id.
+func (p *pubSubProxy) publishedTo(id, topic string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Time
+	for _, x := range p.published[id] {
+		if x.ok && x.topic == topic {
+			out = append(out, x.at)
+		}
+	}
+	return out
 }
 
 // lastHolder returns the process the emulator last delivered id to
