@@ -32,7 +32,7 @@ require (
 	golang.org/x/net v0.61.0
 	google.golang.org/api v0.305.0
 	google.golang.org/grpc v1.84.0
-	google.golang.org/protobuf v1.36.12 // indirect
+	google.golang.org/protobuf v1.36.12
 )
 
 require (

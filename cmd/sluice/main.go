@@ -48,6 +48,7 @@ var (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	setRedisLogger(nil) // go-redis's own log lines, redacted; serve sets its configured logger
 	root, args := newCLI(os.Args[1:])
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {

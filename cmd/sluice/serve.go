@@ -252,6 +252,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 		return err
 	}
 	log := app.NewLogger(cfg.Log, os.Stderr)
+	setRedisLogger(log)
 	for _, w := range f.warnings {
 		log.Warn(w)
 	}

@@ -28,7 +28,7 @@ const (
 
 // bareSpec is the child's spec: emulator|subscription id|result topic id|max outstanding.
 func bareSpec(p *pubSub, maxOut int) string {
-	return bareSpecPrefix + strings.Join([]string{p.r.emu.Addr, p.prefix + "-requests-sub", p.prefix + "-results", strconv.Itoa(maxOut)}, "|")
+	return bareSpecPrefix + strings.Join([]string{p.subscriberAddr(), p.prefix + "-requests-sub", p.prefix + "-results", strconv.Itoa(maxOut)}, "|")
 }
 
 func runBareSubscriber(spec string) error {

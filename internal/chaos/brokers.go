@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -56,22 +55,39 @@ type transportCase struct {
 	open func(ctx context.Context, r *rig, tweak brokerTweak) (broker, error)
 	// kill9 sizes the kill -9 case for this broker.
 	kill9 kill9Size
+	// redis: the transport runs on Redis; the Redis faults (restarts,
+	// outage, SIGTERM burst) run on it too.
+	redis bool
+	// noFuzz: the fuzz case does not run on it (see transportCases).
+	noFuzz bool
 }
 
 // brokerTweak adjusts a broker for one fault.
 type brokerTweak struct {
 	persist bool // Redis with appendonly yes, appendfsync always
+	// traced: the subscribers reach the broker through a recording proxy
+	// where the broker has one (the Pub/Sub emulator; kill -9 case).
+	traced bool
 }
 
 // transportCases lists the transports every per-transport fault runs on.
 func transportCases() []transportCase {
 	return []transportCase{
-		{name: "redis-sortedset", open: openSortedSet,
+		{name: "redis-sortedset", open: openSortedSet, redis: true,
 			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
-		{name: "redis-stream", open: openStream,
+		{name: "redis-stream", open: openStream, redis: true,
 			kill9: kill9Size{requests: 4000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "gcp-pubsub", dupOnCrash: true, open: openPubSub,
-			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 150 * time.Second, quiet: 10 * time.Second, trickle: 5}},
+			kill9: kill9Size{requests: 60, concurrency: 8, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 90 * time.Second, quiet: 10 * time.Second, trickle: 5,
+				stall: 10 * time.Second, stallMin: 30 * time.Second}},
+		// The scale-out brokers (transport "watermill"), kill -9 only: the
+		// fuzz case runs on the transports above, whose decoding is the
+		// same core code (NATS refuses the fuzz case's 1-MiB messages
+		// before sluice sees them anyway: max_payload).
+		{name: "watermill-nats-jetstream", open: openNATS, noFuzz: true,
+			kill9: kill9Size{requests: 6000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+		{name: "watermill-postgres", open: openPostgres, noFuzz: true,
+			kill9: kill9Size{requests: 2000, concurrency: 16, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 	}
 }
 
@@ -108,12 +124,15 @@ func resultID(b []byte) (string, string) {
 	}
 }
 
-// readList pops results from a Redis list until ctx ends, tolerating a
-// Redis that is away.
+// readList reads results from a Redis list (sluice LPUSHes them) until
+// ctx ends, tolerating a Redis that is away. It reads without removing
+// (LRANGE from the tail past what it has read): a pop whose reply is lost
+// when redis-server dies would lose results the harness never saw.
 func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
+	n := int64(0) // results read: the n entries at the tail
 	for ctx.Err() == nil {
-		vals, err := c.RPopCount(ctx, key, 500).Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		vals, err := c.LRange(ctx, key, -(n + 500), -(n + 1)).Result()
+		if err != nil {
 			sleep(ctx, 100*time.Millisecond)
 			continue
 		}
@@ -122,6 +141,7 @@ func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
 			id, code := resultID([]byte(v))
 			l.record(id, code, now)
 		}
+		n += int64(len(vals))
 		if len(vals) < 500 {
 			sleep(ctx, 20*time.Millisecond)
 		}
@@ -290,11 +310,15 @@ const pubSubProject = "sluice-chaos"
 type pubSub struct {
 	r      *rig
 	c      *pubsub.Client
+	proxy  *pubSubProxy // what sluice and the bare control connect to, when traced
 	prefix string
 	dead   atomic.Int64
+	// resultsSubAt is when createTopics last created the result
+	// subscription (a result published to the topic before it is dropped).
+	resultsSubAt time.Time
 }
 
-func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
+func openPubSub(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
 	emu, err := r.emulator()
 	if err != nil {
 		return nil, err
@@ -304,9 +328,16 @@ func openPubSub(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pubSub{r: r, c: c, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	var proxy *pubSubProxy
+	if tw.traced {
+		if proxy, err = startPubSubProxy(emu, func(port int) int { return socketOwner(port, r.replicaPIDs()) }); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	p := &pubSub{r: r, c: c, proxy: proxy, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
 	if err := p.createTopics(ctx); err != nil {
-		c.Close()
+		p.close()
 		return nil, err
 	}
 	return p, nil
@@ -328,13 +359,16 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 			Name: p.name("subscriptions", id+"-sub"), Topic: p.name("topics", id), AckDeadlineSeconds: 10}); err != nil {
 			return fmt.Errorf("create subscription %s: %w", id, err)
 		}
+		if id == "results" {
+			p.resultsSubAt = time.Now()
+		}
 	}
 	return nil
 }
 
 func (p *pubSub) deployment(gw string) (string, map[string]any, string) {
 	return "gcp-pubsub", map[string]any{
-		"project_id": pubSubProject, "emulator_host": p.r.emu.Addr,
+		"project_id": pubSubProject, "emulator_host": p.subscriberAddr(),
 		"dead_letter_topic": p.prefix + "-dead", "result_queue_name": p.prefix + "-results",
 		"max_extension_seconds": 60,
 		"queues":                []map[string]any{{"queue_name": p.prefix + "-requests-sub", "igw_base_url": gw}},
@@ -382,4 +416,24 @@ func (p *pubSub) readResults(ctx context.Context, l *ledger) {
 // delivered so far (readResults reads it alongside the results).
 func (p *pubSub) deadLetters(context.Context) (int, error) { return int(p.dead.Load()), nil }
 
-func (p *pubSub) close() { p.c.Close() }
+func (p *pubSub) close() {
+	p.c.Close()
+	if p.proxy != nil {
+		p.proxy.close()
+	}
+}
+
+// subscriberAddr is where sluice and the bare control reach the emulator:
+// the proxy when traced.
+func (p *pubSub) subscriberAddr() string {
+	if p.proxy != nil {
+		return p.proxy.Addr
+	}
+	return p.r.emu.Addr
+}
+
+// traced reports whether deliveries are recorded (lastHolder).
+func (p *pubSub) traced() bool { return p.proxy != nil }
+
+// lastHolder is the process the emulator last delivered request id to.
+func (p *pubSub) lastHolder(id string) (int, bool) { return p.proxy.lastHolder(id) }

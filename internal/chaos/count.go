@@ -56,12 +56,39 @@ func (l *ledger) record(id, code string, at time.Time) {
 	}
 }
 
+// sentID reports whether id was sent.
+func (l *ledger) sentID(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.sent[id]
+	return ok
+}
+
 // answeredBy reports whether id had a result read before t.
 func (l *ledger) answeredBy(id string, t time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	at, ok := l.firstAt[id]
 	return ok && at.Before(t)
+}
+
+// recoveredAfter is how long after t the last id sent got its first
+// result, when every id has one (0 when that was before t); otherwise how
+// long after t it is at now (still not recovered).
+func (l *ledger) recoveredAfter(t, now time.Time) float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	last := t
+	for id := range l.sent {
+		at, ok := l.firstAt[id]
+		if !ok {
+			return now.Sub(t).Seconds()
+		}
+		if at.After(last) {
+			last = at
+		}
+	}
+	return last.Sub(t).Seconds()
 }
 
 // complete reports whether every id sent has at least as many results as

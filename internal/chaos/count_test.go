@@ -159,3 +159,57 @@ func TestCheckSchedule(t *testing.T) {
 		t.Errorf("first violation %q, want the id early (ids in order)", sc.first)
 	}
 }
+
+// fakeTracer says which process last received each id.
+type fakeTracer map[string]int
+
+func (fakeTracer) traced() bool { return true }
+
+func (f fakeTracer) lastHolder(id string) (int, bool) {
+	pid, ok := f[id]
+	return pid, ok
+}
+
+// TestClassifyHeld feeds the kill -9 classification known deliveries: a
+// request never delivered, or last delivered to a killed replica, is the
+// broker's; one last delivered to a running replica, or to a process the
+// proxy could not tell (pid 0), stays lost and fails the case.
+func TestClassifyHeld(t *testing.T) {
+	l := newLedger()
+	for _, id := range []string{"answered", "never", "killed", "alive", "unknown"} {
+		l.expect(id, time.Time{})
+	}
+	l.record("answered", "ok", time.Now())
+	tr := fakeTracer{"answered": 10, "killed": 11, "alive": 12, "unknown": 0}
+	tl := l.tally()
+	h := classifyHeld(&tl, tr, map[int]bool{10: true, 11: true})
+	if h.held != 2 || h.never != 1 || strings.Join(h.ids, ",") != "killed,never" {
+		t.Errorf("held = %+v, want 2 held (killed, never), 1 never delivered", h)
+	}
+	if tl.lost != 2 || strings.Join(tl.lostIDs, ",") != "alive,unknown" {
+		t.Errorf("lost = %d %v, want 2 (alive, unknown)", tl.lost, tl.lostIDs)
+	}
+	v := &verdict{t: tl, extra: figures{}}
+	v.judge(0)
+	if len(v.failures) != 1 || !strings.Contains(v.failures[0], "2 ids lost") {
+		t.Errorf("failures = %q, want one for the 2 lost by sluice", v.failures)
+	}
+}
+
+// TestRecoveredAfter checks the recovery figure: when the last first
+// result came, or how long it has been when one is still missing.
+func TestRecoveredAfter(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	l := newLedger()
+	l.expect("a", time.Time{})
+	l.expect("b", time.Time{})
+	l.record("a", "ok", t0.Add(-time.Second)) // before the kill
+	if got := l.recoveredAfter(t0, t0.Add(9*time.Second)); got != 9 {
+		t.Errorf("with b missing: %v, want 9 (still waiting)", got)
+	}
+	l.record("b", "ok", t0.Add(2500*time.Millisecond))
+	l.record("b", "ok", t0.Add(5*time.Second)) // a duplicate does not move it
+	if got := l.recoveredAfter(t0, t0.Add(9*time.Second)); got != 2.5 {
+		t.Errorf("recovered: %v, want 2.5", got)
+	}
+}

@@ -89,6 +89,11 @@ func (g *gateway) draw() (string, time.Duration) {
 }
 
 func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == "PRI" {
+		// The h2c preface of sluice's dispatch.protocol auto detection
+		// (net/http hands it to an HTTP/1.1 handler as PRI *): not a call.
+		return
+	}
 	id := r.Header.Get(idHeader)
 	start := time.Now()
 	_, _ = io.Copy(io.Discard, r.Body)

@@ -56,20 +56,35 @@ func faults() []fault {
 		all = append(all, fault{name: "kill9-" + tc.name, run: kill9Fault(tc)})
 	}
 	all = append(all, fault{name: "kill9-gcp-pubsub-bare", run: runKill9PubSubBare, optIn: true})
+	for _, tc := range transportCases() {
+		if tc.redis {
+			all = append(all, fault{name: "redis-restart-aof-" + tc.name, run: redisRestartAOF(tc)})
+		}
+	}
+	for _, tc := range transportCases() {
+		if tc.redis {
+			all = append(all, fault{name: "redis-outage-" + tc.name, run: redisOutage(tc)})
+		}
+	}
 	all = append(all,
-		fault{name: "redis-restart-aof", run: runRedisRestartAOF},
-		fault{name: "redis-outage", run: runRedisOutage},
 		fault{name: "pubsub-emulator-restart", run: runEmulatorRestart},
 		fault{name: "gateway-faults", run: runGatewayFaults},
 	)
 	for _, tc := range transportCases() {
-		all = append(all, fault{name: "fuzz-" + tc.name, run: fuzzFault(tc)})
+		if !tc.noFuzz {
+			all = append(all, fault{name: "fuzz-" + tc.name, run: fuzzFault(tc)})
+		}
 	}
-	return append(all,
+	all = append(all,
 		fault{name: "plugin-kill", run: runPluginKill},
 		fault{name: "prometheus-gone", run: runPrometheusGone},
-		fault{name: "sigterm-burst", run: runSigtermBurst},
 	)
+	for _, tc := range transportCases() {
+		if tc.redis {
+			all = append(all, fault{name: "sigterm-burst-" + tc.name, run: sigtermFault(tc)})
+		}
+	}
+	return all
 }
 
 func main() {

@@ -5,13 +5,12 @@ import (
 	"time"
 )
 
-// redisRestarts: two replicas of the sorted-set transport under load on a
+// redisRestarts: two replicas of a Redis transport (tc) under load on a
 // redis-server with appendonly yes and appendfsync always; the server is
 // killed (SIGKILL) and started again on the same port and data dir,
 // restarts times, each gone for gone. Nothing may be lost or answered twice,
 // and the replicas must ride it out (no exit).
-func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone time.Duration) *verdict {
-	tc := transportCases()[0] // redis-sortedset
+func redisRestarts(ctx context.Context, e *env, name string, tc transportCase, restarts int, gone time.Duration) *verdict {
 	s, v := open(ctx, e, name, tc, brokerTweak{persist: true}, gatewayFaults{latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond})
 	if s == nil {
 		return v
@@ -34,7 +33,10 @@ func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone 
 		}
 		reps = append(reps, p)
 	}
-	const n = 3000
+	n := 3000
+	if restarts > 1 {
+		n = 5000 // load through every restart (1.5 s apart)
+	}
 	if err := s.b.send(ctx, s.goodMessages("r", n, 10*time.Minute)); err != nil {
 		v.fail("send: %v", err)
 		return v
@@ -51,7 +53,7 @@ func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone 
 		last = time.Now()
 	}
 	done := s.waitComplete(ctx, 60*time.Second)
-	v.extra["recovery_seconds"] = time.Since(last).Seconds()
+	v.extra["recovery_s"] = s.l.recoveredAfter(last, time.Now())
 	if !done {
 		v.fail("not every request answered 60 s after the last restart")
 	}
@@ -74,12 +76,16 @@ func redisRestarts(ctx context.Context, e *env, name string, restarts int, gone 
 	return v
 }
 
-// runRedisRestartAOF: five restarts, each at once (the AOF brings the data back).
-func runRedisRestartAOF(ctx context.Context, e *env) *verdict {
-	return redisRestarts(ctx, e, "redis-restart-aof", 5, 0)
+// redisRestartAOF: five restarts, each at once (the AOF brings the data back).
+func redisRestartAOF(tc transportCase) func(ctx context.Context, e *env) *verdict {
+	return func(ctx context.Context, e *env) *verdict {
+		return redisRestarts(ctx, e, "redis-restart-aof-"+tc.name, tc, 5, 0)
+	}
 }
 
-// runRedisOutage: the process gone for 10 s, then back on the same port and data.
-func runRedisOutage(ctx context.Context, e *env) *verdict {
-	return redisRestarts(ctx, e, "redis-outage", 1, 10*time.Second)
+// redisOutage: the process gone for 10 s, then back on the same port and data.
+func redisOutage(tc transportCase) func(ctx context.Context, e *env) *verdict {
+	return func(ctx context.Context, e *env) *verdict {
+		return redisRestarts(ctx, e, "redis-outage-"+tc.name, tc, 1, 10*time.Second)
+	}
 }

@@ -31,6 +31,7 @@ type rig struct {
 	emu      *testenv.PubSubEmulator
 	replicas []*replica
 	seq      int
+	stops    []func() // other servers' stops, run by close
 }
 
 func newRig(bin, root, name string) (*rig, error) {
@@ -55,6 +56,16 @@ func (r *rig) close() {
 	if r.emu != nil {
 		r.emu.Stop()
 	}
+	for _, stop := range r.stops {
+		stop()
+	}
+}
+
+// onClose registers the stop of a server the rig's broker started.
+func (r *rig) onClose(stop func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stops = append(r.stops, stop)
 }
 
 // redis starts the rig's redis-server once (with an append-only file
@@ -120,6 +131,35 @@ func (r *rig) restartEmulator() error {
 	}
 	r.emu = e
 	return nil
+}
+
+// replicaPIDs lists the processes of the replicas still running.
+func (r *rig) replicaPIDs() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var pids []int
+	for _, p := range r.replicas {
+		if p.alive() {
+			pids = append(pids, p.cmd.Process.Pid)
+		}
+	}
+	return pids
+}
+
+// killedPIDs lists the processes of the replicas the harness killed.
+func (r *rig) killedPIDs() map[int]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[int]bool{}
+	for _, p := range r.replicas {
+		p.mu.Lock()
+		stopped := p.stopped
+		p.mu.Unlock()
+		if stopped && !p.alive() {
+			out[p.cmd.Process.Pid] = true
+		}
+	}
+	return out
 }
 
 // sluiceConfig is the config file of a deployment: the broker's transport

@@ -121,3 +121,26 @@ func (s *session) checkCrashes() int {
 	}
 	return n
 }
+
+// waitStalled waits until every id sent has its results (it then reports
+// true), or until, at least minWait after since, no gateway call has run
+// and no result has come for quietFor, or until maxWait after since.
+func (s *session) waitStalled(ctx context.Context, since time.Time, minWait, maxWait, quietFor time.Duration) bool {
+	last, lastTotal := time.Now(), -1
+	for time.Since(since) < maxWait && ctx.Err() == nil {
+		if s.l.complete() {
+			return true
+		}
+		s.l.mu.Lock()
+		tot := s.l.total
+		s.l.mu.Unlock()
+		if tot != lastTotal || len(s.gw.inflightIDs()) > 0 {
+			last, lastTotal = time.Now(), tot
+		}
+		if time.Since(since) >= minWait && time.Since(last) >= quietFor {
+			return false
+		}
+		sleep(ctx, 50*time.Millisecond)
+	}
+	return s.l.complete()
+}

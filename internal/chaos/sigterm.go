@@ -115,8 +115,3 @@ func sigtermFault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 		return v
 	}
 }
-
-// runSigtermBurst is the SIGTERM case on the sorted set.
-func runSigtermBurst(ctx context.Context, e *env) *verdict {
-	return sigtermFault(transportCases()[0])(ctx, e)
-}
