@@ -88,6 +88,10 @@ func transportCases() []transportCase {
 			kill9: kill9Size{requests: 6000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 		{name: "watermill-postgres", open: openPostgres, noFuzz: true,
 			kill9: kill9Size{requests: 2000, concurrency: 16, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
+		// redis-sortedset on a Redis Cluster (min_replicas_acked 1); its
+		// master is killed by redis-cluster-master-kill.
+		{name: "redis-sortedset-cluster", open: openSortedSetCluster, noFuzz: true,
+			kill9: kill9Size{requests: 3000, concurrency: 32, latencyMin: 50 * time.Millisecond, latencyMax: 250 * time.Millisecond, settle: 60 * time.Second}},
 	}
 }
 
@@ -128,7 +132,7 @@ func resultID(b []byte) (string, string) {
 // ctx ends, tolerating a Redis that is away. It reads without removing
 // (LRANGE from the tail past what it has read): a pop whose reply is lost
 // when redis-server dies would lose results the harness never saw.
-func readList(ctx context.Context, c *redis.Client, key string, l *ledger) {
+func readList(ctx context.Context, c redis.UniversalClient, key string, l *ledger) {
 	n := int64(0) // results read: the n entries at the tail
 	for ctx.Err() == nil {
 		vals, err := c.LRange(ctx, key, -(n + 500), -(n + 1)).Result()
@@ -170,7 +174,7 @@ func newRedisClient(url string) (*redis.Client, error) {
 
 type sortedSet struct {
 	url, queue, results string
-	c                   *redis.Client
+	c                   redis.UniversalClient
 	p                   *producer.Producer
 }
 

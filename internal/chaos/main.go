@@ -67,6 +67,7 @@ func faults() []fault {
 		}
 	}
 	all = append(all,
+		fault{name: "redis-cluster-master-kill", run: runClusterMasterKill},
 		fault{name: "pubsub-emulator-restart", run: runEmulatorRestart},
 		fault{name: "gateway-faults", run: runGatewayFaults},
 	)
