@@ -27,7 +27,7 @@ bench:
 
 ## chaos: every fault the harness can cause (kill -9, Redis and emulator restarts, a faulty
 ## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each;
-## exits non-zero on any loss (docs/chaos.md). Not part of `make test`; about 8 minutes.
+## exits non-zero on any loss (docs/chaos.md). Not part of `make test`; about 9 minutes.
 .PHONY: chaos
 chaos:
 	$(GO) run ./internal/chaos
