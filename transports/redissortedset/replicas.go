@@ -24,10 +24,10 @@ import (
 
 // runAcked runs script on the master holding keys[0] and waits until
 // MinReplicasAcked replicas hold its writes, for up to
-// min_replicas_timeout_ms. A
-// script error or a lost connection returns an error with nothing known
-// acknowledged: the caller retries, and the fenced scripts make a retry of
-// a write that did land a no-op. A write that landed but is still short of
+// min_replicas_timeout_ms. A script error or a lost connection returns an
+// error with nothing known acknowledged: the caller retries, and the fenced
+// scripts make a retry of a write that did land a no-op (counted as a late
+// result, since its lease is gone). A write that landed but is still short of
 // replicas when the time is up is returned as done, logged and counted
 // (Events "replica_shortfalls"): it cannot be taken back, and holding every
 // later write of the queue behind it (a master left without replicas
