@@ -21,10 +21,10 @@ import (
 // acked, both confirmed by a replica), so a failover shows what a consumer
 // would see.
 type clusterSet struct {
-	c                 *testenv.RedisCluster
-	p                 *producer.Producer
-	queue, results    string
-	inner             *sortedSet // send, for the producer path
+	c              *testenv.RedisCluster
+	p              *producer.Producer
+	queue, results string
+	inner          *sortedSet // send, for the producer path
 }
 
 func openSortedSetCluster(ctx context.Context, r *rig, _ brokerTweak) (broker, error) {
