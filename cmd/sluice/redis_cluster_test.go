@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,44 +51,11 @@ func TestRedisCommandsCluster(t *testing.T) {
 
 	cfg := fmt.Sprintf(`{"queues":[{"queue_name":"llm-d-async:requests:{pool-a}","igw_base_url":%q,"result_queue_name":"llm-d-async:results:{pool-a}:$batch"},`+
 		`{"queue_name":"llm-d-async:requests:{pool-b}","igw_base_url":%q,"result_queue_name":"llm-d-async:results:{pool-b}:$batch"}]}`, sim, sim)
-	sctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var serveErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_, _, serveErr = runCLI(t, sctx, "", "serve", "--transport", "redis-sortedset", "--transport-config", cfg,
-			"--redis.mode", "cluster", "--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn")
-	}()
-	results := map[string]*wire.Result{}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(results) < 50 && time.Now().Before(deadline) {
-		for _, pool := range []string{"pool-a", "pool-b"} {
-			out, _, err := runCLI(t, ctx, "", "results", "--redis.mode", "cluster", "--pool", pool, "-n", "20")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-				if line == "" {
-					continue
-				}
-				res, err := wire.DecodeResult([]byte(line))
-				if err != nil {
-					t.Fatalf("result line %q: %v", line, err)
-				}
-				if results[res.ID] != nil {
-					t.Fatalf("second result for %s", res.ID)
-				}
-				results[res.ID] = res
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	stop()
-	wg.Wait()
-	if serveErr != nil {
-		t.Fatalf("serve: %v", serveErr)
-	}
+	results := serveAndCollect(t, ctx, 50, 30*time.Second,
+		[]string{"serve", "--transport", "redis-sortedset", "--transport-config", cfg,
+			"--redis.mode", "cluster", "--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn"},
+		[]string{"results", "--redis.mode", "cluster", "--pool", "pool-a", "-n", "20"},
+		[]string{"results", "--redis.mode", "cluster", "--pool", "pool-b", "-n", "20"})
 	if len(results) != 50 {
 		t.Fatalf("%d results, want 50", len(results))
 	}

@@ -100,43 +100,10 @@ func TestRedisCommands(t *testing.T) {
 	if err := p.Client().Do(ctx, "ZADD", "llm-d-async:requests:pool-a", dl.Unix(), env).Err(); err != nil {
 		t.Fatal(err)
 	}
-	sctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var serveErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_, _, serveErr = runCLI(t, sctx, "", "serve", "--message-queue-impl=redis-sortedset",
-			"--redis.ss.queues-config-file", qfile, "--redis.ss.result-queue-name", "R",
-			"--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn")
-	}()
-	results := map[string]*wire.Result{}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(results) < 51 && time.Now().Before(deadline) {
-		out, _, err := runCLI(t, ctx, "", "results", "--queue", "R", "-n", "20")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-			if line == "" {
-				continue
-			}
-			res, err := wire.DecodeResult([]byte(line))
-			if err != nil {
-				t.Fatalf("result line %q: %v", line, err)
-			}
-			if results[res.ID] != nil {
-				t.Fatalf("second result for %s", res.ID)
-			}
-			results[res.ID] = res
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	stop()
-	wg.Wait()
-	if serveErr != nil {
-		t.Fatalf("serve: %v", serveErr)
-	}
+	results := serveAndCollect(t, ctx, 51, 20*time.Second,
+		[]string{"serve", "--message-queue-impl=redis-sortedset", "--redis.ss.queues-config-file", qfile, "--redis.ss.result-queue-name", "R",
+			"--metrics-port", "-1", "--health-port", "-1", "--log-level", "warn"},
+		[]string{"results", "--queue", "R", "-n", "20"})
 	if len(results) != 51 {
 		t.Fatalf("%d results, want 51", len(results))
 	}
@@ -159,6 +126,54 @@ func TestRedisCommands(t *testing.T) {
 }
 
 // regexpLine reports whether out has a line made of exactly fields.
+// serveAndCollect runs the serve command line serve in-process while it
+// reads results with each results command line in turn, until n distinct
+// results (a second result for an id fails the test) or within; then it
+// stops serve and fails the test if serve failed.
+func serveAndCollect(t *testing.T, ctx context.Context, n int, within time.Duration, serve []string, results ...[]string) map[string]*wire.Result {
+	t.Helper()
+	sctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var serveErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _, serveErr = runCLI(t, sctx, "", serve...)
+	}()
+	got := map[string]*wire.Result{}
+	deadline := time.Now().Add(within)
+	for len(got) < n && time.Now().Before(deadline) {
+		for _, args := range results {
+			out, _, err := runCLI(t, ctx, "", args...)
+			if err != nil {
+				stop()
+				wg.Wait()
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				if line == "" {
+					continue
+				}
+				res, err := wire.DecodeResult([]byte(line))
+				if err != nil {
+					t.Fatalf("result line %q: %v", line, err)
+				}
+				if got[res.ID] != nil {
+					t.Fatalf("second result for %s", res.ID)
+				}
+				got[res.ID] = res
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	wg.Wait()
+	if serveErr != nil {
+		t.Fatalf("serve: %v", serveErr)
+	}
+	return got
+}
+
 func regexpLine(out string, fields ...string) bool {
 	for _, line := range strings.Split(out, "\n") {
 		if strings.Join(strings.Fields(line), " ") == strings.Join(fields, " ") {
