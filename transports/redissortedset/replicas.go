@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
 // Writes acknowledged by replicas (min_replicas_acked).
@@ -32,44 +34,27 @@ import (
 // (Events "replica_shortfalls"): it cannot be taken back, and holding every
 // later write of the queue behind it (a master left without replicas
 // after a failover) would stop the queue.
-func (t *Transport) runAcked(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
-	node, err := t.nodeFor(ctx, keys[0])
+func (t *Transport) runAcked(ctx context.Context, script *redis.Script, ks []string, args ...any) (*redis.Cmd, error) {
+	node, err := keys.MasterFor(ctx, t.client, ks[0])
 	if err != nil {
 		return nil, err
 	}
-	conn := node.Conn()
-	defer conn.Close()
 	n := t.opts.MinReplicasAcked
-	wait := ms(t.opts.MinReplicasTimeoutMS)
 	var res *redis.Cmd
-	var acked *redis.IntCmd
-	run := func() error {
-		_, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-			res = script.EvalSha(ctx, p, keys, args...)
-			acked = redis.NewIntCmd(ctx, "wait", n, wait.Milliseconds())
-			_ = p.Process(ctx, acked)
-			return nil
-		})
-		return err
-	}
-	err = run()
-	if err != nil && res != nil && res.Err() != nil && strings.HasPrefix(res.Err().Error(), "NOSCRIPT") {
-		if err = script.Load(ctx, conn).Err(); err == nil {
-			err = run()
-		}
-	}
-	if res != nil && res.Err() != nil {
-		t.reloadOnMoved(ctx, res.Err())
-		return nil, res.Err()
+	got, err := keys.WaitPipelined(ctx, node, n, ms(t.opts.MinReplicasTimeoutMS), func(p redis.Pipeliner) {
+		res = script.EvalSha(ctx, p, ks, args...)
+	}, script)
+	if err == nil && res.Err() != nil {
+		err = res.Err()
 	}
 	if err != nil {
 		t.reloadOnMoved(ctx, err)
 		return nil, err
 	}
-	if got := acked.Val(); got < int64(n) {
+	if got < int64(n) {
 		t.replicaShortfalls.Add(1)
 		t.log.Warn("a result is written on the master but fewer replicas than min_replicas_acked confirmed it within min_replicas_timeout_ms; a failover now could lose it",
-			"queue", keys[0], "replicas", got, "min_replicas_acked", n)
+			"queue", ks[0], "replicas", got, "min_replicas_acked", n)
 	}
 	return res, nil
 }

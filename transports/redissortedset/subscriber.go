@@ -136,7 +136,7 @@ func (s *source) Open(ctx context.Context) error {
 	// cluster they are heard on that node's connection, and a failover
 	// ends them until the source opens again (the idle poll still finds
 	// the work meanwhile).
-	node, err := t.nodeFor(ctx, s.q.Name)
+	node, err := keys.MasterFor(ctx, t.client, s.q.Name)
 	if err != nil {
 		t.log.Warn("cannot find the queue's node; plain ZADDs wake the claim loop only at the idle poll", "queue", s.q.Name, "err", err)
 		node = nil
@@ -318,18 +318,6 @@ func (s *source) giveUp(c claimed) {
 	if err != nil {
 		t.log.Error("dead-lettering failed; the lease will expire and the request come back", "queue", s.q.Name, "err", err)
 	}
-}
-
-// nodeFor returns the client of the master holding key: the transport's
-// own client on a single node.
-func (t *Transport) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := t.client.(type) {
-	case *redis.ClusterClient:
-		return c.MasterForKey(ctx, key)
-	case *redis.Client:
-		return c, nil
-	}
-	return nil, fmt.Errorf("unexpected Redis client %T", t.client)
 }
 
 // keyspaceChannel is the keyspace notification channel of key in database db.

@@ -255,62 +255,27 @@ func (p *Producer) runChunksAcked(ctx context.Context, ks, marks []string, notif
 	return err
 }
 
-// acked runs the commands fn queues, all on key's slot, in one pipeline on
-// one connection to the master holding key, followed by WAIT (which counts
-// what its own connection wrote), and fails unless MinReplicasAcked
-// replicas confirmed them within MinReplicasTimeout. scripts are loaded
-// and the pipeline run again when the master does not know one (a
-// promoted replica's script cache is empty); every script run this way
-// must be safe to run twice.
+// acked runs the commands fn queues, all on key's slot, on the master
+// holding key followed by WAIT (keys.WaitPipelined), and fails unless
+// MinReplicasAcked replicas confirmed them within MinReplicasTimeout. Every
+// script in scripts must be safe to run twice.
 func (p *Producer) acked(ctx context.Context, key string, fn func(redis.Pipeliner), scripts ...*redis.Script) error {
-	node, err := p.master(ctx, key)
+	node, err := keys.MasterFor(ctx, p.client, key)
 	if err != nil {
 		return err
 	}
-	conn := node.Conn()
-	defer conn.Close()
-	var wait *redis.IntCmd
-	run := func() error {
-		_, err := conn.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			fn(pl)
-			wait = redis.NewIntCmd(ctx, "wait", p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout.Milliseconds())
-			return pl.Process(ctx, wait)
-		})
-		return err
-	}
-	err = run()
-	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
-		for _, sc := range scripts {
-			if err = sc.Load(ctx, conn).Err(); err != nil {
-				break
-			}
-		}
-		if err == nil {
-			err = run()
-		}
-	}
+	n, err := keys.WaitPipelined(ctx, node, p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout, fn, scripts...)
 	if err != nil {
 		if cc, ok := p.client.(*redis.ClusterClient); ok {
 			cc.ReloadState(ctx) // the node client does not follow MOVED by itself
 		}
 		return err
 	}
-	if n := wait.Val(); n < int64(p.cfg.MinReplicasAcked) {
+	if n < int64(p.cfg.MinReplicasAcked) {
 		return fmt.Errorf("only %d of min_replicas_acked %d replicas confirmed within %s (the write is on the master; a failover could lose it)",
 			n, p.cfg.MinReplicasAcked, p.cfg.MinReplicasTimeout)
 	}
 	return nil
-}
-
-// master returns the client of the master holding key.
-func (p *Producer) master(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := p.client.(type) {
-	case *redis.ClusterClient:
-		return c.MasterForKey(ctx, key)
-	case *redis.Client:
-		return c, nil
-	}
-	return nil, fmt.Errorf("unexpected Redis client %T", p.client)
 }
 
 func (p *Producer) ensureLoaded(ctx context.Context) error {
