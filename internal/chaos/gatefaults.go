@@ -115,10 +115,7 @@ func runPluginKill(ctx context.Context, e *env) *verdict {
 		v.fail("config: %v", err)
 		return v
 	}
-	p, err := s.r.startReplica("replica", cfgPath)
-	if err == nil {
-		err = p.waitReady(ctx, 60*time.Second)
-	}
+	p, err := s.r.startReady(ctx, cfgPath)
 	if err != nil {
 		v.fail("%v", err)
 		return v
@@ -251,10 +248,7 @@ func prometheusGone(ctx context.Context, e *env, policy string, all *ledger) *ve
 		v.fail("config: %v", err)
 		return v
 	}
-	p, err := s.r.startReplica("replica", cfgPath)
-	if err == nil {
-		err = p.waitReady(ctx, 60*time.Second)
-	}
+	p, err := s.r.startReady(ctx, cfgPath)
 	if err != nil {
 		v.fail("%v", err)
 		return v

@@ -54,10 +54,7 @@ func runGatewayFaults(ctx context.Context, e *env) *verdict {
 		v.fail("config: %v", err)
 		return v
 	}
-	p, err := s.r.startReplica("replica", cfgPath)
-	if err == nil {
-		err = p.waitReady(ctx, 60*time.Second)
-	}
+	p, err := s.r.startReady(ctx, cfgPath)
 	if err != nil {
 		v.fail("%v", err)
 		return v

@@ -138,10 +138,7 @@ func runClusterMasterKill(ctx context.Context, e *env) *verdict {
 	}
 	var reps []*replica
 	for range 2 {
-		p, err := s.r.startReplica("replica", cfgPath)
-		if err == nil {
-			err = p.waitReady(ctx, 60*time.Second)
-		}
+		p, err := s.r.startReady(ctx, cfgPath)
 		if err != nil {
 			v.fail("%v", err)
 			return v

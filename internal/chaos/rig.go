@@ -208,6 +208,16 @@ type replica struct {
 	stopped bool // the harness stopped it (kill or term)
 }
 
+// startReady starts a replica (startReplica) and waits up to a minute for
+// it to be ready.
+func (r *rig) startReady(ctx context.Context, cfgPath string) (*replica, error) {
+	p, err := r.startReplica("replica", cfgPath)
+	if err == nil {
+		err = p.waitReady(ctx, 60*time.Second)
+	}
+	return p, err
+}
+
 // startReplica runs `sluice serve --config cfgPath` with its health port
 // on a free port, logging to a file in the rig's dir.
 func (r *rig) startReplica(name, cfgPath string) (*replica, error) {
