@@ -23,11 +23,15 @@ import (
 
 // runRedisCluster measures sluice on the redis-sortedset transport in
 // cluster mode: a Redis Cluster of 3 masters with a replica each on
-// loopback, three queues (one pool per master, 20,000 requests each),
-// default settings, a 0-ms simulated gateway. The baseline, in the same
-// run on the same cluster, is the plain batched loop of the redis-sortedset
-// scenario (redissortedset_baseline.go) run on the three queues at once.
-// Runs alternate between the two.
+// loopback, three queues (one pool per master, 20,000 requests each), a
+// 0-ms simulated gateway. The baseline, in the same run on the same
+// cluster, is the plain batched loop of the redis-sortedset scenario
+// (redissortedset_baseline.go) run on the three queues at once, with
+// baseWorkers goroutines per queue. sluice runs with as many requests in
+// flight per queue (throughput, ratio), and at its default concurrency
+// (throughput_default_concurrency, ratio_default_concurrency): with a 0-ms
+// gateway the rate is the in-flight depth over Redis round trips, so the
+// default's 64 measures the limit, not the overhead. Runs alternate.
 func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	const perQueue = 20_000
 	c, stop, err := startBenchCluster()
@@ -76,16 +80,25 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 		return nil
 	}
 	n := perQueue * len(queues)
-	var sluiceRate, baseRate []float64
+	var sluiceRate, defaultRate, baseRate []float64
 	for range o.runs {
 		if err := fill(); err != nil {
 			return nil, err
 		}
-		rate, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n)
+		rate, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n, baseWorkers)
 		if err != nil {
 			return nil, fmt.Errorf("sluice: %w", err)
 		}
 		sluiceRate = append(sluiceRate, rate)
+
+		if err := fill(); err != nil {
+			return nil, err
+		}
+		rate, err = benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n, 0)
+		if err != nil {
+			return nil, fmt.Errorf("sluice at default concurrency: %w", err)
+		}
+		defaultRate = append(defaultRate, rate)
 
 		if err := fill(); err != nil {
 			return nil, err
@@ -96,14 +109,16 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 		}
 		baseRate = append(baseRate, rate)
 	}
-	t, b := median(sluiceRate), median(baseRate)
-	return figures{"requests": float64(n), "masters": float64(c.Masters), "throughput": t, "baseline": b, "ratio": t / b, "rss_mb": rssMB()}, nil
+	t, d, b := median(sluiceRate), median(defaultRate), median(baseRate)
+	return figures{"requests": float64(n), "masters": float64(c.Masters), "throughput": t, "baseline": b, "ratio": t / b,
+		"concurrency": baseWorkers, "throughput_default_concurrency": d, "ratio_default_concurrency": d / b, "rss_mb": rssMB()}, nil
 }
 
-// benchSluiceQueues runs one default sluice deployment on queues (each
-// answered to the list of the same index) in Redis mode mode until n
-// results are written, and returns requests per second.
-func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.UniversalClient, queues, lists []string, n int) (float64, error) {
+// benchSluiceQueues runs one sluice deployment on queues (each answered to
+// the list of the same index) in Redis mode mode, with concurrency in
+// flight per queue (0: the default), until n results are written, and
+// returns requests per second.
+func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.UniversalClient, queues, lists []string, n, concurrency int) (float64, error) {
 	qs := make([]config.Queue, len(queues))
 	for i, q := range queues {
 		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: lists[i]}, IGWBaseURL: gw}
@@ -111,7 +126,7 @@ func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.Univer
 	cfg := &config.Config{
 		Transport:       rss.Name,
 		TransportConfig: config.TransportConfig{ResultQueueName: lists[0], Queues: qs},
-		MetricsPort:     -1, HealthPort: -1, RedisURL: url, RedisMode: mode,
+		MetricsPort:     -1, HealthPort: -1, RedisURL: url, RedisMode: mode, Concurrency: concurrency,
 	}
 	a, err := newApp(cfg, app.Options{})
 	if err != nil {

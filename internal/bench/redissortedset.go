@@ -85,7 +85,7 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 // benchSluiceRedis runs a default sluice deployment until n results are in
 // the result list and returns requests per second.
 func benchSluiceRedis(ctx context.Context, url, gw string, c redis.UniversalClient, n int) (float64, error) {
-	return benchSluiceQueues(ctx, url, "", gw, c, []string{rss.RequestQueueName("bench")}, []string{rss.ResultQueueName("bench", "")}, n)
+	return benchSluiceQueues(ctx, url, "", gw, c, []string{rss.RequestQueueName("bench")}, []string{rss.ResultQueueName("bench", "")}, n, 0)
 }
 
 func waitResults(ctx context.Context, c redis.UniversalClient, list string, n int, start time.Time) (time.Duration, error) {
