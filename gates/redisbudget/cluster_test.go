@@ -21,18 +21,13 @@ import (
 // c.Nodes[i].
 func keysOnMasters(t *testing.T, c *testenv.RedisCluster, prefix string) []string {
 	t.Helper()
-	keys := make([]string, c.Masters)
-	left := c.Masters
-	for n := 0; left > 0; n++ {
-		k := prefix + strconv.Itoa(n)
-		m, err := c.MasterOf(context.Background(), k)
-		if err != nil || m < 0 {
-			t.Fatalf("master of %s: %d, %v", k, m, err)
-		}
-		if keys[m] == "" {
-			keys[m] = k
-			left--
-		}
+	is, err := c.SpreadOverMasters(context.Background(), func(i int) string { return prefix + strconv.Itoa(i) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, len(is))
+	for m, i := range is {
+		keys[m] = prefix + strconv.Itoa(i)
 	}
 	return keys
 }

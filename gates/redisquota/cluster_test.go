@@ -32,19 +32,13 @@ type leaseSetKeyer interface {
 // with braces in their names, wherever they land.
 func tenantsOnMasters(t *testing.T, c *testenv.RedisCluster) (plain, braces []string) {
 	t.Helper()
-	ctx := context.Background()
-	plain = make([]string, c.Masters)
-	left := c.Masters
-	for n := 0; left > 0; n++ {
-		v := "tenant-" + strconv.Itoa(n)
-		m, err := c.MasterOf(ctx, "quota:userid:"+v)
-		if err != nil || m < 0 {
-			t.Fatalf("master of %s: %d, %v", v, m, err)
-		}
-		if plain[m] == "" {
-			plain[m] = v
-			left--
-		}
+	is, err := c.SpreadOverMasters(context.Background(), func(i int) string { return "quota:userid:tenant-" + strconv.Itoa(i) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain = make([]string, len(is))
+	for m, i := range is {
+		plain[m] = "tenant-" + strconv.Itoa(i)
 	}
 	return plain, []string{"a}b", "{x}", "}{", "{}", "c{d"}
 }

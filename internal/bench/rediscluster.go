@@ -213,21 +213,17 @@ func startBenchCluster() (c *testenv.RedisCluster, stop func(), err error) {
 
 // clusterPools returns n pool names whose queues are on n different masters.
 func clusterPools(ctx context.Context, c *testenv.RedisCluster, names producer.Names, n int) ([]string, error) {
-	used := map[int]bool{}
-	var out []string
-	for i := 0; len(out) < n && i < 200; i++ {
-		pool := "bench-" + strconv.Itoa(i)
-		m, err := c.MasterOf(ctx, names.RequestQueue(pool))
-		if err != nil {
-			return nil, err
-		}
-		if !used[m] {
-			used[m] = true
-			out = append(out, pool)
-		}
+	pool := func(i int) string { return "bench-" + strconv.Itoa(i) }
+	is, err := c.SpreadOverMasters(ctx, func(i int) string { return names.RequestQueue(pool(i)) })
+	if err != nil {
+		return nil, err
 	}
-	if len(out) < n {
-		return nil, fmt.Errorf("found pools on %d masters, want %d", len(out), n)
+	if len(is) < n {
+		return nil, fmt.Errorf("%d masters, want %d", len(is), n)
+	}
+	out := make([]string, n)
+	for m := range out {
+		out[m] = pool(is[m])
 	}
 	return out, nil
 }

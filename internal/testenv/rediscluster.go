@@ -265,3 +265,27 @@ func (c *RedisCluster) ReplicasOf(ctx context.Context, master int) ([]int, error
 	}
 	return out, nil
 }
+
+// SpreadOverMasters returns, for each master Nodes[m] (m < Masters), the
+// smallest i whose key(i) that master serves: keys to put load or faults on
+// every master. Call it before any failover.
+func (c *RedisCluster) SpreadOverMasters(ctx context.Context, key func(i int) string) ([]int, error) {
+	out := make([]int, c.Masters)
+	for m := range out {
+		out[m] = -1
+	}
+	for i, left := 0, c.Masters; left > 0; i++ {
+		if i == 10_000 {
+			return nil, fmt.Errorf("no key on some master among %d tried", i)
+		}
+		m, err := c.MasterOf(ctx, key(i))
+		if err != nil {
+			return nil, err
+		}
+		if m >= 0 && m < c.Masters && out[m] < 0 {
+			out[m] = i
+			left--
+		}
+	}
+	return out, nil
+}

@@ -2,7 +2,6 @@ package redissortedset_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -289,21 +288,14 @@ func (rd *clusterReader) stop() {
 // served by n different masters.
 func poolsOnDistinctMasters(t *testing.T, c *testenv.RedisCluster, names producer.Names, n int) []string {
 	t.Helper()
-	used := map[int]bool{}
-	var out []string
-	for i := 0; len(out) < n && i < 200; i++ {
-		pool := fmt.Sprint("pool-", i)
-		m, err := c.MasterOf(context.Background(), names.RequestQueue(pool))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !used[m] {
-			used[m] = true
-			out = append(out, pool)
-		}
+	pool := func(i int) string { return fmt.Sprint("pool-", i) }
+	is, err := c.SpreadOverMasters(context.Background(), func(i int) string { return names.RequestQueue(pool(i)) })
+	if err != nil || len(is) < n {
+		t.Fatalf("pools on %d masters: %v, %v", n, is, err)
 	}
-	if len(out) < n {
-		t.Fatal(errors.New("no pools on distinct masters"))
+	out := make([]string, n)
+	for m := range out {
+		out[m] = pool(is[m])
 	}
 	return out
 }
