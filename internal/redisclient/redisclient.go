@@ -112,24 +112,25 @@ func FromAddr(addr, username, password string, db int, mode Mode) (*Options, err
 
 // Tune lets f edit the settings both modes share.
 func (o *Options) Tune(f func(c *Common)) {
-	var c Common
-	if o.Cluster != nil {
-		x := o.Cluster
-		c = Common{x.TLSConfig, x.PoolSize, x.MinIdleConns, x.MaxRetries, x.DialTimeout, x.ReadTimeout, x.WriteTimeout,
-			x.ContextTimeoutEnabled, x.DisableIdentity, x.MaintNotificationsConfig}
-		f(&c)
-		x.TLSConfig, x.PoolSize, x.MinIdleConns, x.MaxRetries = c.TLSConfig, c.PoolSize, c.MinIdleConns, c.MaxRetries
-		x.DialTimeout, x.ReadTimeout, x.WriteTimeout = c.DialTimeout, c.ReadTimeout, c.WriteTimeout
-		x.ContextTimeoutEnabled, x.DisableIdentity, x.MaintNotificationsConfig = c.ContextTimeoutEnabled, c.DisableIdentity, c.MaintNotifications
+	if x := o.Cluster; x != nil {
+		tune(f, &x.TLSConfig, &x.PoolSize, &x.MinIdleConns, &x.MaxRetries, &x.DialTimeout, &x.ReadTimeout, &x.WriteTimeout,
+			&x.ContextTimeoutEnabled, &x.DisableIdentity, &x.MaintNotificationsConfig)
 		return
 	}
 	x := o.Single
-	c = Common{x.TLSConfig, x.PoolSize, x.MinIdleConns, x.MaxRetries, x.DialTimeout, x.ReadTimeout, x.WriteTimeout,
-		x.ContextTimeoutEnabled, x.DisableIdentity, x.MaintNotificationsConfig}
+	tune(f, &x.TLSConfig, &x.PoolSize, &x.MinIdleConns, &x.MaxRetries, &x.DialTimeout, &x.ReadTimeout, &x.WriteTimeout,
+		&x.ContextTimeoutEnabled, &x.DisableIdentity, &x.MaintNotificationsConfig)
+}
+
+// tune copies the fields one options struct shares with Common out, lets f
+// edit them, and copies them back.
+func tune(f func(*Common), tc **tls.Config, pool, minIdle, retries *int, dial, read, write *time.Duration,
+	ctxTimeout, noIdentity *bool, maint **maintnotifications.Config) {
+	c := Common{*tc, *pool, *minIdle, *retries, *dial, *read, *write, *ctxTimeout, *noIdentity, *maint}
 	f(&c)
-	x.TLSConfig, x.PoolSize, x.MinIdleConns, x.MaxRetries = c.TLSConfig, c.PoolSize, c.MinIdleConns, c.MaxRetries
-	x.DialTimeout, x.ReadTimeout, x.WriteTimeout = c.DialTimeout, c.ReadTimeout, c.WriteTimeout
-	x.ContextTimeoutEnabled, x.DisableIdentity, x.MaintNotificationsConfig = c.ContextTimeoutEnabled, c.DisableIdentity, c.MaintNotifications
+	*tc, *pool, *minIdle, *retries = c.TLSConfig, c.PoolSize, c.MinIdleConns, c.MaxRetries
+	*dial, *read, *write = c.DialTimeout, c.ReadTimeout, c.WriteTimeout
+	*ctxTimeout, *noIdentity, *maint = c.ContextTimeoutEnabled, c.DisableIdentity, c.MaintNotifications
 }
 
 // DB is the database the options select (always 0 in a cluster).
