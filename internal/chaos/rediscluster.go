@@ -124,55 +124,19 @@ func (s *clusterSet) killQueueMaster(ctx context.Context) (string, error) {
 // from its replicas and killed. With min_replicas_acked 1 nothing may be
 // lost or read twice.
 func runClusterMasterKill(ctx context.Context, e *env) *verdict {
-	tc := transportCase{name: "redis-sortedset-cluster", open: openSortedSetCluster}
-	s, v := open(ctx, e, "redis-cluster-master-kill", tc, brokerTweak{}, gatewayFaults{latencyMin: 20 * time.Millisecond, latencyMax: 80 * time.Millisecond})
-	if s == nil {
-		return v
-	}
-	defer s.close()
-	cs := s.b.(*clusterSet)
-	cfgPath, err := s.r.writeConfig(baseConfig(s.b, s.gw.URL, 32))
-	if err != nil {
-		v.fail("config: %v", err)
-		return v
-	}
-	var reps []*replica
-	for range 2 {
-		p, err := s.r.startReady(ctx, cfgPath)
-		if err != nil {
-			v.fail("%v", err)
-			return v
-		}
-		reps = append(reps, p)
-	}
 	const n = 3000
-	if err := s.b.send(ctx, s.goodMessages("c", n, 10*time.Minute)); err != nil {
-		v.fail("send: %v", err)
-		return v
-	}
-	for s.l.tally().answered < n/3 && ctx.Err() == nil {
-		sleep(ctx, 10*time.Millisecond)
-	}
-	v.extra["answered_at_kill"] = float64(s.l.tally().answered)
-	if _, err := cs.killQueueMaster(ctx); err != nil {
-		v.fail("kill the master: %v", err)
-		return v
-	}
-	killed := time.Now()
-	done := s.waitComplete(ctx, 60*time.Second)
-	v.extra["recovery_s"] = s.l.recoveredAfter(killed, time.Now())
-	if !done {
-		v.fail("not every request answered 60 s after the master was killed")
-	}
-	s.quiet(ctx, 6*time.Second, 12*time.Second)
-	s.checkCrashes()
-	for _, p := range reps {
-		if _, err := p.term(30 * time.Second); err != nil {
-			v.fail("%v", err)
-		}
-	}
-	v.t = s.l.tally()
-	v.judge(0)
-	s.l.codeFigures(v.extra)
-	return v
+	tc := transportCase{name: "redis-sortedset-cluster", open: openSortedSetCluster}
+	return underLoad(ctx, e, tc, brokerFault{name: "redis-cluster-master-kill",
+		gf: gatewayFaults{latencyMin: 20 * time.Millisecond, latencyMax: 80 * time.Millisecond}, n: n, quiet: 6 * time.Second,
+		act: func(ctx context.Context, s *session, v *verdict) (time.Time, bool) {
+			for s.l.tally().answered < n/3 && ctx.Err() == nil {
+				sleep(ctx, 10*time.Millisecond)
+			}
+			v.extra["answered_at_kill"] = float64(s.l.tally().answered)
+			if _, err := s.b.(*clusterSet).killQueueMaster(ctx); err != nil {
+				v.fail("kill the master: %v", err)
+				return time.Time{}, false
+			}
+			return time.Now(), true
+		}})
 }
