@@ -23,14 +23,14 @@ test-short:
 
 ## bench: one BENCH line per scenario
 bench:
-	$(GO) run ./internal/bench
+	$(GO) run ./tools/bench
 
 ## chaos: every fault the harness can cause (kill -9, Redis and emulator restarts, a faulty
 ## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each;
 ## exits non-zero on any loss (docs/chaos.md). Not part of `make test`; about 9 minutes.
 .PHONY: chaos
 chaos:
-	$(GO) run ./internal/chaos
+	$(GO) run ./tools/chaos
 
 ## build: the release binary bin/sluice, as the image builds it: static (CGO_ENABLED=0),
 ## reproducible paths (-trimpath), stripped (-s -w), VERSION and COMMIT stamped (`sluice version`)

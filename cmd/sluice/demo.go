@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/internal/demo"
+	"github.com/sluice-io/sluice/cmd/sluice/demo"
 )
 
 func newDemo() *cobra.Command {

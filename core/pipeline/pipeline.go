@@ -20,7 +20,7 @@
 // costs 13 more allocations per message (Watermill adds five context values
 // to every produced message and builds log-field maps for its trace lines
 // whatever the log level), and in alternating runs on the same machine
-// (go run ./internal/bench -only core, then -only redis-sortedset -runs 1,
+// (go run ./tools/bench -only core, then -only redis-sortedset -runs 1,
 // five of each) the framework's own throughput fell from a median of 89,800
 // to 86,200 messages/s (-4%) and the Redis sorted set end to end from 11,877
 // to 11,551 requests/s (-2.7%; ratio to its baseline 1.05 -> 1.01), with more
@@ -271,7 +271,7 @@ func (p *Pipeline) Credits(id string) *credit.Pool {
 
 // ObserveLanes makes f see every step of the tier-priority lanes of worker
 // pool id (see LaneEvent), in the order the lanes took them, from now on;
-// for tests and benchmarks that check the dispatch order (internal/bench's
+// for tests and benchmarks that check the dispatch order (tools/bench's
 // flow-control scenario). f is called with the pool's lanes locked: it must
 // return quickly and must not call into the pipeline. A nil f stops the
 // observation. It reports false when the pool has no lanes (no such pool,

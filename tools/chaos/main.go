@@ -1,6 +1,6 @@
 // Command chaos runs sluice under every fault the harness can cause here
 // and counts, from the result destination, what came back: `make chaos`
-// runs them all; `go run ./internal/chaos -only kill9-redis-sortedset`
+// runs them all; `go run ./tools/chaos -only kill9-redis-sortedset`
 // runs some; `-list` lists them.
 //
 // Each fault prints one line

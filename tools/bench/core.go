@@ -6,7 +6,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/demo"
+	"github.com/sluice-io/sluice/cmd/sluice/demo"
 	"github.com/sluice-io/sluice/internal/simulator"
 )
 

@@ -17,7 +17,7 @@ import (
 
 // adapters registers the transports and gates the scenarios run on, as any
 // program embedding sluice does (the memory-only scenarios go through
-// internal/demo, which registers its own).
+// cmd/sluice/demo, which registers its own).
 func adapters() (app.Adapters, error) {
 	ad := app.NewAdapters()
 	err := errors.Join(

@@ -1,6 +1,6 @@
 // Command bench runs sluice's benchmark scenarios and prints one line per
 // scenario: `BENCH <scenario> key=value ...`. `make bench` runs them all;
-// `go run ./internal/bench -only core,redis-sortedset` runs some.
+// `go run ./tools/bench -only core,redis-sortedset` runs some.
 //
 // Figures are medians where a scenario repeats (see -runs); this machine is
 // small and noisy, so compare ratios measured in the same run, not absolute
