@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-io/sluice/cmd/sluice/demo"
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/cmd/sluice/demo"
 )
 
 func newDemo() *cobra.Command {

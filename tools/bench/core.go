@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sluice-io/sluice/cmd/sluice/demo"
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/cmd/sluice/demo"
 	"github.com/sluice-io/sluice/internal/simulator"
 )
 
