@@ -288,15 +288,6 @@ func (p *Pipeline) ObserveLanes(id string, f func(LaneEvent)) bool {
 	return true
 }
 
-// requeue re-queues through the transport, or through the generic delay queue.
-func (p *Pipeline) requeue(ctx context.Context, d *Delivery, payload []byte, due time.Time) error {
-	if rq, ok := p.cfg.Transport.(transport.Requeuer); ok {
-		return rq.Requeue(ctx, d.Queue.Queue, d.Msg, payload, due)
-	}
-	p.delay.add(d.Queue.Queue, payload, due)
-	return nil
-}
-
 func (p *Pipeline) deadLetter(ctx context.Context, d *Delivery, reason string) error {
 	if dl, ok := p.cfg.Transport.(transport.DeadLetterer); ok {
 		return dl.DeadLetter(ctx, d.Queue.Queue, d.Msg, reason)

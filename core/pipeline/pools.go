@@ -1,22 +1,15 @@
 package pipeline
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
-	"time"
-
-	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/metrics"
-	"github.com/sluice-io/sluice/core/wire"
 )
 
-// Worker pools and per-request gate decisions.
+// Worker pools.
 //
 // A worker pool (upstream's) bounds the requests in flight of all its
 // queues together: its credits are taken with each queue's own (credit.Both)
@@ -25,14 +18,6 @@ import (
 // when it has one, decides per request after the queue's gate; a pool gate
 // whose budget falls to 0 closes the pool's credits (upstream refuses every
 // request then), and reopens them when it rises.
-//
-// Decisions (Admission): Admit dispatches and keeps the reservations until
-// the request ends; Defer re-queues without counting an attempt; Reject
-// answers with the gate's result or GATE_DROPPED; Wait keeps the request
-// where it is and asks again when its pool frees capacity (a request of the
-// pool ends, a reservation is given back, the pool gate's budget changes) or
-// after the decision's delay (at most maxWait), bounded by the request's
-// deadline and the gate timeout; a shutdown re-queues it.
 
 // Pool is one worker pool of the pipeline.
 type Pool struct {
@@ -50,15 +35,6 @@ type Pool struct {
 	metrics  *metrics.Queue
 	freed    *waker
 }
-
-// minDefer is the delay of a deferral whose gate gave none: upstream takes
-// such a request again at once, which spins through the gates (a quota
-// script per pass) while the gate stays shut.
-const minDefer = 250 * time.Millisecond
-
-// maxWait bounds one wait of a Wait decision before the gates are asked
-// again, for capacity no event announces (a metric falling).
-const maxWait = time.Second
 
 // waker wakes every waiter at once: C returns a channel closed by the next
 // Wake. Every request of a pool calls Wake when it ends, so Wake without
@@ -160,204 +136,4 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 		pools[p.ID] = &p
 	}
 	return pools, nil
-}
-
-// errDraining ends a wait when shutdown begins: the request is re-queued.
-var errDraining = errors.New("shutdown began while the request waited")
-
-// Admission asks the queue's gate, then takes a worker of the pool's lanes
-// (tier-priority policy only), then asks the pool's gate, per request (see
-// the notes above). gateTimeout bounds the waits of a request (upstream's
-// --request-timeout); draining closes when shutdown begins.
-func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <-chan struct{}, log *slog.Logger) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
-			q, pool := d.Queue, d.Queue.pool
-			if pool != nil {
-				defer pool.freed.Wake() // capacity for a waiter, once this request ends
-			}
-			bound := d.Req.Deadline
-			if gateTimeout > 0 {
-				bound = minTime(bound, time.Now().Add(gateTimeout))
-			}
-			a := asker{d: d, bound: bound, draining: draining, errDelay: errDelay, log: log}
-
-			// The queue's gate.
-			dec, out, done, err := a.ask(q.admitter, d.mq(), pool)
-			if done {
-				return a.end(dec, out, err, requeue)
-			}
-			if dec.Release != nil {
-				defer dec.Release()
-			}
-			// A worker of the pool, by lane.
-			if pool != nil && pool.lanes != nil {
-				ctx, cancel := context.WithDeadline(d.Ctx, bound)
-				err := pool.lanes.acquire(ctx, q.priority.Lane(d.Req), q.ID, draining)
-				cancel()
-				switch {
-				case errors.Is(err, errDraining):
-					return deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
-				case err != nil && d.Ctx.Err() != nil:
-					return nil, context.Cause(d.Ctx)
-				case err != nil:
-					return Fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
-				}
-				defer pool.lanes.release()
-			}
-			// The pool's gate.
-			if pool != nil {
-				pdec, out, done, err := a.ask(pool.admitter, pool.metrics, pool)
-				if done {
-					return a.end(pdec, out, err, requeue)
-				}
-				if pdec.Release != nil {
-					defer pdec.Release()
-				}
-			}
-			return next(m)
-		}
-	}
-}
-
-// asker asks one gate for one request until it admits or ends the request.
-type asker struct {
-	d        *Delivery
-	bound    time.Time
-	draining <-chan struct{}
-	errDelay time.Duration
-	log      *slog.Logger
-}
-
-// ask asks adm (nil: admit) until it does not answer Wait; done says the
-// request does not go further: dec is the decision that stopped it (a
-// Defer to re-queue when out and err are nil), or out and err end it.
-func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.Decision, out []*message.Message, done bool, err error) {
-	if adm == nil {
-		return gate.Admitted, nil, false, nil
-	}
-	d := a.d
-	waited := false
-	for {
-		var freed <-chan struct{}
-		if pool != nil {
-			freed = pool.freed.C() // before asking: no wake-up is lost
-		}
-		ctx, cancel := context.WithDeadline(d.Ctx, a.bound)
-		dec, err := adm.Admit(ctx, d.Req)
-		cancel()
-		if err != nil {
-			mq.Verdict("error").Inc()
-			mq.Decision(metrics.ReasonError).Inc()
-			a.log.Warn("gate admission failed; deferring", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-			return gate.Decision{Verdict: gate.Defer, Delay: a.errDelay, Reason: err.Error()}, nil, true, nil
-		}
-		mq.Verdict(dec.Verdict.String()).Inc()
-		switch dec.Verdict {
-		case gate.Admit:
-			return dec, nil, false, nil
-		case gate.Reject:
-			mq.Decision(metrics.ReasonDropped).Inc()
-			if dec.Result != nil {
-				res := *dec.Result
-				res.ID, res.Metadata = d.Req.ID, d.Req.Metadata
-				return dec, Finish(d, &res), true, nil
-			}
-			return dec, Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), true, nil
-		case gate.Wait:
-			if !waited {
-				mq.Decision(refusal(d.Req)).Inc()
-			}
-			waited = true
-			out, done, err := wait(d, freed, dec.Delay, a.bound, a.draining)
-			switch {
-			case done && out == nil && err == nil: // shutdown: back to the queue now
-				return gate.Decision{Verdict: gate.Defer, Reason: "shutdown while waiting for the gate"}, nil, true, nil
-			case done:
-				return dec, out, true, err
-			}
-			continue
-		}
-		if !waited {
-			mq.Decision(refusal(d.Req)).Inc()
-		}
-		return dec, nil, true, nil
-	}
-}
-
-// end finishes a request a gate stopped: a Defer re-queues it (without an
-// attempt), anything else is already its result or error.
-func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue Requeuer) ([]*message.Message, error) {
-	if out != nil || err != nil || dec.Verdict != gate.Defer {
-		return out, err
-	}
-	d := a.d
-	delay := dec.Delay
-	if delay <= 0 {
-		delay = minDefer
-	}
-	due := time.Now().Add(delay)
-	if !due.Before(d.Req.Deadline) {
-		return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
-	}
-	return deferTo(d, requeue, due, dec.Reason)
-}
-
-// wait waits for a Wait decision to be asked again: done is false when it
-// is time to ask; otherwise out and err end the request (DEADLINE_EXCEEDED
-// at the bound), or both are nil when shutdown began.
-func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Time, draining <-chan struct{}) (out []*message.Message, done bool, err error) {
-	if delay <= 0 || delay > maxWait {
-		delay = maxWait
-	}
-	left := time.Until(bound)
-	if left <= 0 {
-		return Fail(d, wire.CodeDeadlineExceeded, "gate kept the request waiting until its deadline"), true, nil
-	}
-	t := time.NewTimer(min(delay, left))
-	defer t.Stop()
-	select {
-	case <-freed:
-	case <-t.C:
-	case <-draining:
-	case <-d.Ctx.Done():
-		return nil, true, context.Cause(d.Ctx)
-	}
-	select {
-	case <-draining: // whatever woke it, a waiting request does not start during shutdown
-		return nil, true, nil
-	default:
-	}
-	return nil, false, nil
-}
-
-// deferTo re-queues the request without counting an attempt.
-func deferTo(d *Delivery, requeue Requeuer, due time.Time, reason string) ([]*message.Message, error) {
-	payload, err := requeuePayload(d, d.Req.RetryCount)
-	if err != nil {
-		return Fail(d, wire.CodeInvalidRequest, "cannot re-encode to defer: "+err.Error()), nil
-	}
-	if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
-		return nil, fmt.Errorf("defer %s (%s): %w", d.Req.ID, reason, err)
-	}
-	d.mq().Deferred.Inc()
-	d.Outcome = Requeued
-	return nil, nil
-}
-
-// refusal is upstream's reason for a refusal or a wait: quota_exhausted
-// when a gate classified the request as over its quota.
-func refusal(req *wire.Request) string {
-	if req.Classification() == wire.ClassOverflow {
-		return metrics.ReasonQuotaExhausted
-	}
-	return metrics.ReasonGateClosed
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
