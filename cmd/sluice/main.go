@@ -92,7 +92,7 @@ exponential backoff; everything else ends as an error result.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
+	root.AddCommand(newServe(), newDemo(), newSimulate(), newSimulatePool(), newValidate(), newVersion())
 	root.AddCommand(redisCommands()...)
 	root.AddCommand(newMigrate())
 	root.AddCommand(newPlugin())
