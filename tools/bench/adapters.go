@@ -6,6 +6,9 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/endpointscrape"
+	"github.com/sluice-io/sluice/gates/prombudget"
+	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
 	"github.com/sluice-io/sluice/gates/redisquota"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
@@ -27,6 +30,9 @@ func adapters() (app.Adapters, error) {
 		ad.Transports.Register(redisstream.Name, redisstream.Factory),
 		ad.Transports.Register(gcppubsub.Name, gcppubsub.Factory),
 		ad.Gates.Register(constant.Type, constant.Factory),
+		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
+		ad.Gates.Register(prombudget.Type, prombudget.Factory),
+		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),
 		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
 		ad.Gates.Register(redisquota.Type, redisquota.NewFactory()),
 	)

@@ -53,6 +53,7 @@ func scenarios() []scenario {
 		scenario{"concurrency-h2c", runConcurrencyH2C},
 		scenario{"concurrency-auto", runConcurrencyAuto},
 		scenario{"flow-control", runFlowControl},
+		scenario{ipScenario, runInteractiveProtection},
 		scenario{"ordering", runOrdering},
 		scenario{"plugin-gate", runPluginGate},
 		scenario{"binary", runBinary},

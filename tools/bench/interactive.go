@@ -1,0 +1,965 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/internal/poolsim"
+	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/memory"
+)
+
+// The interactive-protection scenario: what sluice exists for. A simulated
+// inference pool (internal/poolsim: vLLM-like engine pods behind an EPP-like
+// front) serves interactive waves sent straight to the front — idle phases
+// of ipIdleRate requests/s and burst phases of ipBurstRate requests/s, each
+// a streamed 256-token prompt with 64 output tokens — while a batch of jobs
+// with deadlines goes through sluice (memory transport, queue concurrency
+// ipBatchConcurrency, objective batch-sheddable). Each arm changes one thing:
+// the gate sluice uses, or the front's mode, or the engine's policy. The
+// arms of one repetition run one after another on fresh pools, with the
+// same seed (so the same interactive arrivals); repetitions alternate the
+// arm order.
+//
+// Figures, per arm (one BENCH line each, arm=<name>):
+//
+//   - ttft_p50_ms, ttft_p99_ms: interactive time to first token, exact
+//     percentiles over the requests that arrived in burst phases, measured
+//     inside the simulator (arrival at the front → first token), so the
+//     client's scheduling noise on this small machine does not enter;
+//     ttft_p50_ratio and ttft_p99_ratio divide them by the floor arm's of
+//     the same repetition (interactive only), median over repetitions.
+//   - batch_goodput_share: batch output tokens finished in the measured
+//     window ÷ the pool's slack over that window. The slack is the batch's
+//     capacity (output tokens/s of the batch alone on the pool, measured in
+//     a calibration run of each repetition) × (1 − the seat share the
+//     interactive traffic took in the floor arm).
+//   - deadline_miss_rate: of the requests of the jobs whose deadline is at
+//     least 2.5× their uncontended completion time, the share not answered
+//     ok by their deadline; miss_rate_1_5x, miss_rate_2_5x and miss_rate_5x
+//     per job.
+//   - preemptions (engine), interactive_errors (interactive requests that
+//     did not stream to the end), batch_rejections (front 429s).
+//   - gate_reaction_ms: median over bursts of the time from a burst's start
+//     to the first fall of sluice's in-flight limit for the batch queue;
+//     gate_recovery_ms: from the burst's end until the limit is back at its
+//     pre-burst level. Only for arms whose gate moves; a burst with no fall
+//     counts as a whole phase.
+//   - step_lag_p99_ms: how late the simulator's engine steps ran; an arm the
+//     machine could not keep up with misses its step-lag target.
+//
+// Two profiles: short batch (512 prompt / 256 output tokens per request)
+// and long batch (512 / 1024). The long profile adds arms that hold a fixed
+// reserve of the pool's seats back from the batch (queue concurrency
+// capped), and reports reserve_for_2x: the smallest reserve that kept
+// ttft_p99_ratio ≤ 2.
+
+const (
+	ipScenario         = "interactive-protection"
+	ipBurstRate        = 10.0 // interactive requests/s in a burst
+	ipIdleRate         = 1.0  // interactive requests/s between bursts
+	ipWarmup           = 4 * time.Second
+	ipPhase            = 5 * time.Second
+	ipCycles           = 3
+	ipInteractivePT    = 256
+	ipInteractiveOut   = 64
+	ipBatchConcurrency = 64
+	ipCalibration      = 12 * time.Second
+	ipSeed             = 20261201
+	ipQueue            = "llm-d-async:requests:interactive-protection"
+	ipResults          = "llm-d-async:results:interactive-protection"
+	ipSampleEvery      = 50 * time.Millisecond
+	ipInteractiveObj   = "interactive-default"
+	ipBatchObj         = "batch-sheddable"
+	ipRecommendedArm   = "aimd"
+	ipUpstreamArm      = "endpoint-scrape-upstream"
+	ipRouterArm        = "router-flow-control"
+)
+
+// ipProfile is one batch profile and the arms it runs.
+type ipProfile struct {
+	name                     string
+	batchPrompt, batchOutput int
+	arms                     []string
+}
+
+func ipProfiles() []ipProfile {
+	return []ipProfile{
+		{name: "short", batchPrompt: 512, batchOutput: 256, arms: []string{
+			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd",
+			ipUpstreamArm, ipRouterArm, "engine-priority", "reserve-25", "reserve-40",
+		}},
+		{name: "long", batchPrompt: 512, batchOutput: 1024, arms: []string{
+			"floor", "ungated", "aimd", "reserve-25", "reserve-50", "reserve-75",
+		}},
+	}
+}
+
+// ipArm is how one arm sets up the pool and sluice.
+type ipArm struct {
+	// batch: sluice runs the batch (false: interactive only).
+	batch bool
+	// pool adjusts the simulated pool's configuration.
+	pool func(*poolsim.Config)
+	// gate is the batch queue's gate type and params (given the front's URL
+	// and Prometheus's, "" when none runs); empty type: constant 1.
+	gate func(front, prom string) (string, map[string]any)
+	// concurrency caps the batch queue (0: ipBatchConcurrency).
+	concurrency int
+	// scrape > 0 starts a Prometheus scraping the front at this interval.
+	scrape time.Duration
+	// claimBatch > 0 sets the memory transport's claim batch size.
+	claimBatch int
+	// moving says the gate's budget moves with the pool, so reaction and
+	// recovery are figures of the arm.
+	moving bool
+}
+
+func ipArmByName(name string, seats int) (ipArm, error) {
+	pool := poolsim.DefaultPoolName
+	satGate := func(ttl string) func(string, string) (string, map[string]any) {
+		return func(_, prom string) (string, map[string]any) {
+			return "prometheus-saturation", map[string]any{"inference_pool": pool, "threshold": 0.8, "prometheus_url": prom, "cache_ttl": ttl}
+		}
+	}
+	switch name {
+	case "floor":
+		return ipArm{}, nil
+	case "ungated":
+		return ipArm{batch: true}, nil
+	case "saturation-default":
+		// upstream's defaults: --prometheus-cache-ttl 5s, a 5-s scrape.
+		return ipArm{batch: true, scrape: 5 * time.Second, gate: satGate("5s"), moving: true}, nil
+	case "saturation-tuned":
+		return ipArm{batch: true, scrape: 250 * time.Millisecond, gate: satGate("250ms"), moving: true}, nil
+	case "budget":
+		return ipArm{batch: true, scrape: 250 * time.Millisecond, moving: true, gate: func(_, prom string) (string, map[string]any) {
+			return "prometheus-budget", map[string]any{"inference_pool": pool, "max_concurrency": seats / 2, "baseline": 0.2, "prometheus_url": prom, "cache_ttl": "250ms"}
+		}}, nil
+	case "aimd":
+		return ipArm{batch: true, moving: true, pool: func(c *poolsim.Config) { c.Front.Mode = poolsim.ModeLegacyAdmission },
+			gate: func(string, string) (string, map[string]any) { return "aimd", map[string]any{} }}, nil
+	case ipUpstreamArm:
+		// upstream's polling: one pod's waiting queue, read through a 5-s
+		// cache; claims of 10 at a time.
+		return ipArm{batch: true, claimBatch: 10, moving: true, gate: func(front, _ string) (string, map[string]any) {
+			return "endpoint-scrape", map[string]any{"url": front + "/pods/0/metrics", "metric": "vllm:num_requests_waiting", "max_count_per_pod": 5, "cache_ttl": "5s"}
+		}}, nil
+	case ipRouterArm:
+		return ipArm{batch: true, pool: func(c *poolsim.Config) { c.Front.Mode = poolsim.ModeFlowControl }}, nil
+	case "engine-priority":
+		return ipArm{batch: true, pool: func(c *poolsim.Config) { c.Engine.Policy = poolsim.PolicyPriority }}, nil
+	}
+	if r, ok := strings.CutPrefix(name, "reserve-"); ok {
+		pct, err := strconv.Atoi(r)
+		if err != nil || pct <= 0 || pct >= 100 {
+			return ipArm{}, fmt.Errorf("arm %q: reserve must be a percentage in (0,100)", name)
+		}
+		return ipArm{batch: true, concurrency: max(1, seats*(100-pct)/100)}, nil
+	}
+	return ipArm{}, fmt.Errorf("unknown arm %q", name)
+}
+
+// ipJobs are the batch: three judged jobs, due at 1.5×, 2.5× and 5× their
+// uncontended completion time (EDF: job k finishes after jobs 1..k-1), then
+// a filler job that keeps the batch busy to the end of the run.
+type ipJobs struct {
+	unit      int              // requests per judged job
+	factors   [3]float64       // deadline ÷ uncontended completion time
+	deadlines [3]time.Duration // from the batch's start
+	filler    int
+}
+
+// ipCapacity is what the calibration run measured: the batch alone.
+type ipCapacity struct {
+	reqPerS, tokPerS float64
+	service          time.Duration // median batch request service time (first scheduled → finished)
+}
+
+func (c ipCapacity) jobs(window time.Duration) ipJobs {
+	j := ipJobs{factors: [3]float64{1.5, 2.5, 5}}
+	j.unit = max(4, int(math.Round(c.reqPerS*2)))
+	for k := range 3 {
+		uncontended := c.service + time.Duration(float64(time.Second)*float64((k+1)*j.unit)/c.reqPerS)
+		j.deadlines[k] = time.Duration(j.factors[k] * float64(uncontended))
+	}
+	j.filler = int(c.reqPerS*window.Seconds()) + 4*ipBatchConcurrency
+	return j
+}
+
+// ipRun is one arm's raw result.
+type ipRun struct {
+	ttft                 []float64 // ms, burst-phase interactive requests
+	interactiveSeatS     float64   // seat-seconds the interactive requests took
+	interactiveErrors    int
+	batchTokens          float64 // output tokens of batch requests finished in the window
+	window               time.Duration
+	judged, missed       [3]int
+	preemptions          uint64
+	rejections           uint64
+	reaction, recovery   []float64 // ms per burst
+	stepLagP99           float64   // ms
+	results, resultsOK   int
+	duplicates, unknownR int
+}
+
+// ipSelect applies SLUICE_BENCH_IP_PROFILES and SLUICE_BENCH_IP_ARMS (comma
+// lists; empty: all) for exploratory runs. The floor arm always runs: every
+// ratio is to it.
+func ipSelect(all []ipProfile) ([]ipProfile, error) {
+	pick := func(env string) map[string]bool {
+		m := map[string]bool{}
+		for _, n := range strings.Split(os.Getenv(env), ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				m[n] = true
+			}
+		}
+		return m
+	}
+	profs, arms := pick("SLUICE_BENCH_IP_PROFILES"), pick("SLUICE_BENCH_IP_ARMS")
+	var out []ipProfile
+	for _, p := range all {
+		if len(profs) > 0 && !profs[p.name] {
+			continue
+		}
+		if len(arms) > 0 {
+			p.arms = slices.DeleteFunc(slices.Clone(p.arms), func(a string) bool { return a != "floor" && !arms[a] })
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("SLUICE_BENCH_IP_PROFILES=%q selects no profile", os.Getenv("SLUICE_BENCH_IP_PROFILES"))
+	}
+	return out, nil
+}
+
+func runInteractiveProtection(ctx context.Context, o options) (figures, error) {
+	var summary figures = figures{}
+	profs, err := ipSelect(ipProfiles())
+	if err != nil {
+		return nil, err
+	}
+	for _, prof := range profs {
+		f, err := ipRunProfile(ctx, o, prof)
+		if err != nil {
+			return nil, fmt.Errorf("%s profile: %w", prof.name, err)
+		}
+		for k, v := range f {
+			summary[prof.name+"_"+k] = v
+		}
+	}
+	return summary, nil
+}
+
+func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, error) {
+	base := poolsim.Config{Seed: ipSeed}
+	base.SetDefaults()
+	seats := base.Pods * base.Engine.MaxNumSeqs
+	arms := map[string]ipArm{}
+	for _, n := range prof.arms {
+		a, err := ipArmByName(n, seats)
+		if err != nil {
+			return nil, err
+		}
+		arms[n] = a
+	}
+	window := time.Duration(ipCycles) * 2 * ipPhase
+	perArm := map[string][]figures{}
+	for rep := range o.runs {
+		capy, err := ipCalibrate(ctx, base, prof)
+		if err != nil {
+			return nil, fmt.Errorf("calibration: %w", err)
+		}
+		jobs := capy.jobs(window + ipWarmup)
+		fmt.Fprintf(os.Stderr, "bench: %s %s rep %d: batch capacity %.2f req/s %.0f tok/s, service %s; jobs of %d due at %v\n",
+			ipScenario, prof.name, rep+1, capy.reqPerS, capy.tokPerS, capy.service.Round(time.Millisecond), jobs.unit, jobs.deadlines)
+		order := slices.Clone(prof.arms)
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		runs := map[string]*ipRun{}
+		for _, n := range order {
+			r, err := ipRunArm(ctx, base, prof, arms[n], jobs)
+			if err != nil {
+				return nil, fmt.Errorf("arm %s: %w", n, err)
+			}
+			runs[n] = r
+			fmt.Fprintf(os.Stderr, "bench: %s %s %s: ttft p99 %.0f ms, batch %.0f tokens, %d/%d results ok\n",
+				ipScenario, prof.name, n, exactPercentile(r.ttft, 0.99), r.batchTokens, r.resultsOK, r.results)
+		}
+		floor := runs["floor"]
+		seatShare := floor.interactiveSeatS / (float64(seats) * floor.window.Seconds())
+		slack := capy.tokPerS * (1 - seatShare) * window.Seconds()
+		for _, n := range prof.arms {
+			perArm[n] = append(perArm[n], ipFigures(runs[n], floor, slack, arms[n]))
+		}
+	}
+	summary := figures{}
+	for _, n := range prof.arms {
+		f := medianFigures(perArm[n])
+		fmt.Println(ipLine(prof.name, n, f))
+		for _, m := range ipMisses(prof.name, n, f, perArm) {
+			fmt.Println(m)
+		}
+		summary[n+"_ttft_p99_ratio"] = f["ttft_p99_ratio"]
+		summary[n+"_batch_goodput_share"] = f["batch_goodput_share"]
+	}
+	if prof.name == "long" {
+		summary["reserve_for_2x"] = -1
+		for _, n := range prof.arms {
+			if pct, ok := strings.CutPrefix(n, "reserve-"); ok {
+				p, _ := strconv.Atoi(pct)
+				if medianFigures(perArm[n])["ttft_p99_ratio"] <= 2 && (summary["reserve_for_2x"] < 0 || float64(p) < summary["reserve_for_2x"]) {
+					summary["reserve_for_2x"] = float64(p)
+				}
+			}
+		}
+	}
+	return summary, nil
+}
+
+// ipFigures turns one arm's run into its figures, against the floor arm of
+// the same repetition.
+func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
+	f := figures{
+		"ttft_p50_ms":        exactPercentile(r.ttft, 0.50),
+		"ttft_p99_ms":        exactPercentile(r.ttft, 0.99),
+		"interactive_errors": float64(r.interactiveErrors),
+		"preemptions":        float64(r.preemptions),
+		"batch_rejections":   float64(r.rejections),
+		"step_lag_p99_ms":    r.stepLagP99,
+		"interactive_burst":  float64(len(r.ttft)),
+	}
+	if p := exactPercentile(floor.ttft, 0.50); p > 0 {
+		f["ttft_p50_ratio"] = f["ttft_p50_ms"] / p
+	}
+	if p := exactPercentile(floor.ttft, 0.99); p > 0 {
+		f["ttft_p99_ratio"] = f["ttft_p99_ms"] / p
+	}
+	if !a.batch {
+		return f
+	}
+	f["batch_tokens"] = r.batchTokens
+	if slack > 0 {
+		f["batch_goodput_share"] = r.batchTokens / slack
+	}
+	names := [3]string{"miss_rate_1_5x", "miss_rate_2_5x", "miss_rate_5x"}
+	var judged, missed int
+	for k := range 3 {
+		if r.judged[k] > 0 {
+			f[names[k]] = float64(r.missed[k]) / float64(r.judged[k])
+		}
+		if k >= 1 { // the jobs with ≥ 2.5× slack
+			judged += r.judged[k]
+			missed += r.missed[k]
+		}
+	}
+	if judged > 0 {
+		f["deadline_miss_rate"] = float64(missed) / float64(judged)
+	}
+	f["duplicate_results"] = float64(r.duplicates)
+	f["unknown_results"] = float64(r.unknownR)
+	if a.moving {
+		f["gate_reaction_ms"] = median(slices.Clone(r.reaction))
+		f["gate_recovery_ms"] = median(slices.Clone(r.recovery))
+	}
+	return f
+}
+
+// medianFigures is the per-key median over repetitions.
+func medianFigures(fs []figures) figures {
+	out := figures{}
+	keys := map[string]bool{}
+	for _, f := range fs {
+		for k := range f {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		var xs []float64
+		for _, f := range fs {
+			if v, ok := f[k]; ok {
+				xs = append(xs, v)
+			}
+		}
+		out[k] = median(xs)
+	}
+	return out
+}
+
+func ipLine(profile, arm string, f figures) string {
+	line := format(ipScenario, f)
+	return strings.Replace(line, "BENCH "+ipScenario, "BENCH "+ipScenario+" profile="+profile+" arm="+arm, 1)
+}
+
+// ipMisses checks the scenario's targets. Every arm: its step lag (an arm
+// the machine could not keep up with is no measurement), no interactive
+// errors, and for batch arms exactly one result per request. The short
+// profile's recommended arm (aimd) must keep ttft_p99_ratio ≤ 1.5 with
+// batch_goodput_share ≥ 0.80, no misses for the jobs with ≥ 2.5× slack,
+// gate_reaction_ms ≤ 1,500, and beat upstream-style polling and router flow
+// control alone on p99 at equal or better goodput.
+func ipMisses(profile, arm string, f figures, all map[string][]figures) []string {
+	var out []string
+	miss := func(key, target string) {
+		out = append(out, fmt.Sprintf("MISS %s profile=%s arm=%s %s=%s target=%s", ipScenario, profile, arm, key, strconv.FormatFloat(f[key], 'f', 2, 64), target))
+	}
+	if f["step_lag_p99_ms"] > 20 {
+		miss("step_lag_p99_ms", "<=20")
+	}
+	if f["interactive_errors"] > 0 {
+		miss("interactive_errors", "==0")
+	}
+	if f["duplicate_results"] > 0 {
+		miss("duplicate_results", "==0")
+	}
+	if f["unknown_results"] > 0 {
+		miss("unknown_results", "==0")
+	}
+	if profile != "short" || arm != ipRecommendedArm {
+		return out
+	}
+	if !(f["ttft_p99_ratio"] <= 1.5) {
+		miss("ttft_p99_ratio", "<=1.5")
+	}
+	if !(f["batch_goodput_share"] >= 0.80) {
+		miss("batch_goodput_share", ">=0.80")
+	}
+	if f["deadline_miss_rate"] > 0 {
+		miss("deadline_miss_rate", "==0")
+	}
+	if !(f["gate_reaction_ms"] <= 1500) {
+		miss("gate_reaction_ms", "<=1500")
+	}
+	for _, other := range []string{ipUpstreamArm, ipRouterArm} {
+		o := medianFigures(all[other])
+		if !(f["ttft_p99_ratio"] < o["ttft_p99_ratio"] && f["batch_goodput_share"] >= o["batch_goodput_share"]) {
+			out = append(out, fmt.Sprintf("MISS %s profile=%s arm=%s ttft_p99_ratio=%.2f batch_goodput_share=%.2f target=better-than-%s(%.2f,%.2f)",
+				ipScenario, profile, arm, f["ttft_p99_ratio"], f["batch_goodput_share"], other, o["ttft_p99_ratio"], o["batch_goodput_share"]))
+		}
+	}
+	return out
+}
+
+// exactPercentile is the exact q-quantile (nearest rank) of xs, 0 when empty.
+func exactPercentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// ipCalibrate runs the batch alone (ungated) on a fresh pool and measures
+// its capacity after a warm-up.
+func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCapacity, error) {
+	var mu sync.Mutex
+	var recs []poolsim.Record
+	pool, url, err := ipStartPool(ctx, base, nil, func(r poolsim.Record) {
+		mu.Lock()
+		recs = append(recs, r)
+		mu.Unlock()
+	})
+	if err != nil {
+		return ipCapacity{}, err
+	}
+	defer pool.Close()
+	jobs := ipJobs{filler: 10_000}
+	sl, err := ipStartSluice(ctx, url, "", ipArm{batch: true}, prof, jobs, time.Now())
+	if err != nil {
+		return ipCapacity{}, err
+	}
+	warm := 3 * time.Second
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+	case <-time.After(warm + ipCalibration):
+	}
+	sl.stop()
+	from, to := start.Add(warm), start.Add(warm+ipCalibration)
+	mu.Lock()
+	defer mu.Unlock()
+	var n, tok float64
+	var service []float64
+	for _, r := range recs {
+		if r.Class != poolsim.ClassBatch || r.FinishReason == "abort" || r.Finished.Before(from) || r.Finished.After(to) {
+			continue
+		}
+		n++
+		tok += float64(r.OutputTokens)
+		if !r.FirstScheduled.IsZero() {
+			service = append(service, float64(r.Finished.Sub(r.FirstScheduled)))
+		}
+	}
+	if n == 0 {
+		return ipCapacity{}, errors.New("no batch request finished during calibration")
+	}
+	return ipCapacity{reqPerS: n / ipCalibration.Seconds(), tokPerS: tok / ipCalibration.Seconds(), service: time.Duration(median(service))}, nil
+}
+
+func ipStartPool(ctx context.Context, base poolsim.Config, adjust func(*poolsim.Config), onRecord func(poolsim.Record)) (*poolsim.Pool, string, error) {
+	cfg := base
+	if adjust != nil {
+		adjust(&cfg)
+	}
+	pool, err := poolsim.New(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	pool.OnRecord(onRecord)
+	if err := pool.Start(ctx); err != nil {
+		return nil, "", err
+	}
+	url, err := pool.Listen("127.0.0.1:0")
+	if err != nil {
+		_ = pool.Close()
+		return nil, "", err
+	}
+	return pool, url, nil
+}
+
+// ipSluice is sluice running the batch.
+type ipSluice struct {
+	app   *app.App
+	mem   *memory.Transport
+	reg   *prometheus.Registry
+	stop  func()
+	ids   map[string]int // request id → judged job (0..2), or -1 for the filler
+	start time.Time
+}
+
+func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProfile, jobs ipJobs, start time.Time) (*ipSluice, error) {
+	mem := memory.New(memory.Options{BatchSize: a.claimBatch})
+	gateType, params := constant.Type, map[string]any{"budget": 1}
+	if a.gate != nil {
+		gateType, params = a.gate(front, prom)
+	}
+	raw := map[string]json.RawMessage{}
+	for k, v := range params {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		raw[k] = b
+	}
+	conc := ipBatchConcurrency
+	if a.concurrency > 0 {
+		conc = a.concurrency
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: conc, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(time.Second),
+		TransportConfig: config.TransportConfig{ResultQueueName: ipResults, Queues: []config.Queue{{
+			Queue: transport.Queue{Name: ipQueue}, IGWBaseURL: front, RequestPathURL: "/v1/completions",
+			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw,
+		}}},
+	}
+	reg := prometheus.NewRegistry()
+	ap, err := newApp(cfg, app.Options{Transport: mem, Registry: reg})
+	if err != nil {
+		return nil, err
+	}
+	s := &ipSluice{app: ap, mem: mem, reg: reg, ids: map[string]int{}, start: start}
+	prompt := ipPrompt(prof.batchPrompt)
+	enqueue := func(id string, job int, deadline time.Time) error {
+		s.ids[id] = job
+		b := fmt.Appendf(nil, `{"id":%q,"deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
+			id, float64(deadline.UnixMilli())/1000, poolsim.DefaultModelName, prompt, prof.batchOutput)
+		return mem.Enqueue(ipQueue, b)
+	}
+	for k := range 3 {
+		for i := range jobs.unit {
+			if err := enqueue(fmt.Sprintf("j%d-%d", k, i), k, start.Add(jobs.deadlines[k])); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i := range jobs.filler {
+		if err := enqueue(fmt.Sprintf("f-%d", i), -1, start.Add(time.Hour)); err != nil {
+			return nil, err
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- ap.Run(runCtx) }()
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+				fmt.Fprintf(os.Stderr, "bench: %s: sluice: %v\n", ipScenario, err)
+			}
+		})
+	}
+	return s, nil
+}
+
+// ipPrompt is a prompt of n token ids (the simulator counts a token array
+// exactly).
+func ipPrompt(n int) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(100 + i%900))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+// ipSchedule is the interactive arrival times (from the run's start) and
+// the burst windows, the same for every arm of a run (one seed).
+func ipSchedule() (arrivals []time.Duration, bursts [][2]time.Duration) {
+	rng := rand.New(rand.NewPCG(ipSeed, 1))
+	type phase struct {
+		from, to time.Duration
+		rate     float64
+	}
+	phases := []phase{{0, ipWarmup, ipIdleRate}}
+	for c := range ipCycles {
+		b := ipWarmup + time.Duration(2*c)*ipPhase
+		phases = append(phases, phase{b, b + ipPhase, ipBurstRate}, phase{b + ipPhase, b + 2*ipPhase, ipIdleRate})
+		bursts = append(bursts, [2]time.Duration{b, b + ipPhase})
+	}
+	for _, p := range phases {
+		// Poisson arrivals; the draw restarts at each phase (memoryless).
+		for t := p.from; ; {
+			t += time.Duration(rng.ExpFloat64() / p.rate * float64(time.Second))
+			if t >= p.to {
+				break
+			}
+			arrivals = append(arrivals, t)
+		}
+	}
+	return arrivals, bursts
+}
+
+// ipRunArm runs one arm on a fresh pool.
+func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm, jobs ipJobs) (*ipRun, error) {
+	var mu sync.Mutex
+	var recs []poolsim.Record
+	pool, front, err := ipStartPool(ctx, base, a.pool, func(r poolsim.Record) {
+		mu.Lock()
+		recs = append(recs, r)
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	prom := ""
+	if a.scrape > 0 {
+		dir, err := os.MkdirTemp("", "sluice-bench-prom-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		p, err := testenv.StartPrometheusProcess(testenv.PrometheusOptions{ScrapeInterval: a.scrape,
+			Targets: []testenv.ScrapeTarget{{URL: front + "/metrics"}}}, 0, dir)
+		if err != nil {
+			return nil, err
+		}
+		defer p.Stop()
+		prom = p.URL
+	}
+	arrivals, bursts := ipSchedule()
+	start := time.Now()
+	var sl *ipSluice
+	if a.batch {
+		if sl, err = ipStartSluice(ctx, front, prom, a, prof, jobs, start); err != nil {
+			return nil, err
+		}
+		defer sl.stop()
+	}
+	// the in-flight limit of the batch queue, sampled
+	var samples []ipSample
+	sampleDone := make(chan struct{})
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	go func() {
+		defer close(sampleDone)
+		if sl == nil {
+			return
+		}
+		t := time.NewTicker(ipSampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case now := <-t.C:
+				samples = append(samples, ipSample{at: now.Sub(start), limit: gaugeValue(sl.reg, "sluice_inflight_limit")})
+			}
+		}
+	}()
+	// results, as they come
+	resultAt := map[string]time.Duration{}
+	var resultsMu sync.Mutex
+	var res []*wire.Result
+	resultsDone := make(chan struct{})
+	if sl != nil {
+		go func() {
+			defer close(resultsDone)
+			seen := 0
+			for {
+				n, changed := sl.mem.ResultCount(ipResults)
+				if n > seen {
+					all := sl.mem.Results(ipResults)
+					now := time.Since(start)
+					resultsMu.Lock()
+					for _, b := range all[seen:] {
+						r, err := wire.DecodeResult(b)
+						if err != nil {
+							continue
+						}
+						res = append(res, r)
+						if _, dup := resultAt[r.ID]; !dup {
+							resultAt[r.ID] = now
+						}
+					}
+					resultsMu.Unlock()
+					seen = len(all)
+				}
+				select {
+				case <-sampleCtx.Done():
+					return
+				case <-changed:
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+	} else {
+		close(resultsDone)
+	}
+	errs := ipInteractive(ctx, front, start, arrivals)
+	end := time.Since(start)
+	stopSampling()
+	<-sampleDone
+	<-resultsDone
+	if sl != nil {
+		sl.stop()
+	}
+	stats := pool.Stats()
+	lag := pool.StepLag()
+
+	r := &ipRun{interactiveErrors: errs, window: end - ipWarmup, stepLagP99: float64(lag.P99) / float64(time.Millisecond)}
+	for _, c := range stats.Classes {
+		r.preemptions += c.Preemptions
+	}
+	r.rejections = stats.Classes[poolsim.ClassBatch].Rejected
+	inBurst := func(t time.Duration) bool {
+		for _, b := range bursts {
+			if t >= b[0] && t < b[1] {
+				return true
+			}
+		}
+		return false
+	}
+	mu.Lock()
+	for _, rec := range recs {
+		at := rec.Arrival.Sub(start)
+		switch rec.Class {
+		case poolsim.ClassInteractive:
+			if !rec.FirstToken.IsZero() && inBurst(at) {
+				r.ttft = append(r.ttft, float64(rec.TTFT())/float64(time.Millisecond))
+			}
+			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= ipWarmup {
+				r.interactiveSeatS += rec.Finished.Sub(rec.FirstScheduled).Seconds()
+			}
+		case poolsim.ClassBatch:
+			fin := rec.Finished.Sub(start)
+			if rec.FinishReason != "abort" && fin >= ipWarmup && fin <= end {
+				r.batchTokens += float64(rec.OutputTokens)
+			}
+		}
+	}
+	mu.Unlock()
+	if sl != nil {
+		ipJudge(r, sl, res, resultAt, jobs, end)
+		r.reaction, r.recovery = ipReaction(samples, bursts)
+	}
+	return r, nil
+}
+
+type ipSample struct {
+	at    time.Duration
+	limit float64
+}
+
+// ipReaction measures, per burst, how long the batch queue's in-flight
+// limit took to fall after the burst began, and to come back to its
+// pre-burst level after the burst ended.
+func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recovery []float64) {
+	at := func(t time.Duration) (float64, int) {
+		for i, s := range samples {
+			if s.at >= t {
+				return s.limit, i
+			}
+		}
+		return 0, -1
+	}
+	for _, b := range bursts {
+		before, i := at(b[0])
+		if i < 0 {
+			continue
+		}
+		fell := float64(ipPhase.Milliseconds())
+		for _, s := range samples[i:] {
+			if s.at >= b[1] {
+				break
+			}
+			if s.limit < before {
+				fell = float64((s.at - b[0]).Milliseconds())
+				break
+			}
+		}
+		reaction = append(reaction, fell)
+		_, j := at(b[1])
+		if j < 0 {
+			continue
+		}
+		back := float64(ipPhase.Milliseconds())
+		for _, s := range samples[j:] {
+			if s.at >= b[1]+ipPhase {
+				break
+			}
+			if s.limit >= before {
+				back = float64((s.at - b[1]).Milliseconds())
+				break
+			}
+		}
+		recovery = append(recovery, back)
+	}
+	return reaction, recovery
+}
+
+// ipJudge counts the judged jobs' misses and checks exactly one result per
+// request.
+func ipJudge(r *ipRun, sl *ipSluice, res []*wire.Result, at map[string]time.Duration, jobs ipJobs, end time.Duration) {
+	count := map[string]int{}
+	ok := map[string]bool{}
+	for _, x := range res {
+		r.results++
+		if _, known := sl.ids[x.ID]; !known {
+			r.unknownR++
+			continue
+		}
+		count[x.ID]++
+		if count[x.ID] == 2 {
+			r.duplicates++
+		}
+		if x.OK() {
+			r.resultsOK++
+			ok[x.ID] = true
+		}
+	}
+	for id, job := range sl.ids {
+		if job < 0 || jobs.deadlines[job] > end {
+			continue // the filler, or a job due after the run: not judged
+		}
+		r.judged[job]++
+		if t, got := at[id]; !got || !ok[id] || t > jobs.deadlines[job] {
+			r.missed[job]++
+		}
+	}
+}
+
+// ipInteractive sends the interactive requests at their arrival times,
+// streamed, and returns how many did not stream to the end.
+func ipInteractive(ctx context.Context, front string, start time.Time, arrivals []time.Duration) int {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	defer client.CloseIdleConnections()
+	body := fmt.Appendf(nil, `{"model":%q,"prompt":%s,"max_tokens":%d,"stream":true}`, poolsim.DefaultModelName, ipPrompt(ipInteractivePT), ipInteractiveOut)
+	var errs atomic.Int64
+	var wg sync.WaitGroup
+	for _, a := range arrivals {
+		if d := time.Until(start.Add(a)); d > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				return int(errs.Load()) + 1
+			case <-time.After(d):
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ipStream(ctx, client, front, body); err != nil {
+				errs.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(errs.Load())
+}
+
+func ipStream(ctx context.Context, client *http.Client, front string, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, front+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Gateway-Inference-Objective", ipInteractiveObj)
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if bytes.Equal(sc.Bytes(), []byte("data: [DONE]")) {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return errors.New("stream ended without [DONE]")
+}
+
+// gaugeValue sums the gauge name over its series in reg.
+func gaugeValue(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return math.NaN()
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
