@@ -192,6 +192,7 @@ func before(a, b *seq) bool {
 // step is one engine step: the sequences scheduled and what they cost.
 type step struct {
 	seqs          []*seq // scheduled (stepTokens > 0), in schedule order
+	n             []int  // tokens of each of seqs
 	tokens        int    // tokens scheduled
 	prefillTokens int    // of which prompt (prefill or recompute) tokens
 	newPrefills   int    // sequences whose prefill starts in this step
@@ -372,6 +373,7 @@ func (e *engine) schedule(start time.Time) step {
 			continue
 		}
 		st.seqs = append(st.seqs, s)
+		st.n = append(st.n, s.stepTokens)
 		st.tokens += s.stepTokens
 		if s.numTokens()-s.computed > 1 || s.output == 0 {
 			st.prefillTokens += s.stepTokens
