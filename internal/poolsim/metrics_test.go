@@ -95,7 +95,7 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		MetricPreemptions: counter, MetricPromptTokens: counter, MetricGenerationTokens: counter, MetricRequestSuccess: counter,
 		MetricTTFT: histogram, MetricTPOT: histogram, MetricITL: histogram, MetricE2E: histogram, MetricQueueTime: histogram,
 		MetricInferenceTime: histogram, MetricPrefillTime: histogram, MetricDecodeTime: histogram, MetricIterationTokens: histogram,
-		MetricCacheConfig: gauge,
+		MetricCacheConfig:   gauge,
 		MetricEngineRunning: gauge, MetricEngineWaiting: gauge, MetricStepSeconds: histogram, MetricStepLag: histogram,
 	}
 	podLabels := func(name string) string {
