@@ -360,7 +360,8 @@ func (e *engine) schedule(start time.Time) step {
 			e.waiting.pop()
 			s.state = stateRunning
 			if s.firstSched.IsZero() {
-				s.firstSched = start
+				// A step catching up after lag may start before the arrival.
+				s.firstSched = maxTime(start, s.arrival)
 			}
 			s.stepTokens = n
 			s.stepNew = s.computed == 0
@@ -425,7 +426,7 @@ func (e *engine) complete(st step, end time.Time, emit func(s *seq)) {
 		}
 		s.output++
 		if s.firstToken.IsZero() {
-			s.firstToken = end
+			s.firstToken = maxTime(end, s.arrival)
 		}
 		s.prevToken, s.lastToken = s.lastToken, end
 		if s.tokenTimes != nil {
@@ -474,4 +475,11 @@ func (e *engine) classCounts() (running, waiting [numClasses]int) {
 	}
 	e.waiting.each(func(s *seq) { waiting[s.class]++ })
 	return running, waiting
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
