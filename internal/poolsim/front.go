@@ -51,7 +51,6 @@ type poolAverages struct {
 	kv, queue, running   float64
 	kvSD, queueSD, runSD float64
 	ready                int
-	perPodQueue          []int
 }
 
 // fcItem is one request held by flow control.
