@@ -54,6 +54,7 @@ func BenchmarkCalibrate(b *testing.B) {
 
 		// Full load.
 		p.ResetStats()
+		gen0 := generated(p)
 		cpu0 := cpuTime()
 		ctx, stop := context.WithTimeout(context.Background(), loadFor)
 		var wg sync.WaitGroup
@@ -98,8 +99,9 @@ func BenchmarkCalibrate(b *testing.B) {
 		}
 		tick.Stop()
 		stop()
-		wg.Wait()
+		poolTokens := generated(p) - gen0
 		cpu := cpuTime() - cpu0
+		wg.Wait()
 		st := p.Stats()
 		lag := st.StepLag
 
@@ -111,6 +113,7 @@ func BenchmarkCalibrate(b *testing.B) {
 		b.ReportMetric(ms(lag.P99), "load_step_lag_p99_ms")
 		b.ReportMetric(ms(lag.Max), "load_step_lag_max_ms")
 		b.ReportMetric(float64(batchTokens.Load())/loadFor.Seconds(), "load_batch_tokens/s")
+		b.ReportMetric(float64(poolTokens)/loadFor.Seconds(), "load_pool_tokens/s")
 		b.ReportMetric(ms(quantile(loadTTFT, 0.5)), "load_ttft_p50_ms")
 		b.ReportMetric(ms(quantile(loadTTFT, 0.99)), "load_ttft_p99_ms")
 		b.ReportMetric(ms(quantile(loadServerTTFT, 0.99)), "load_server_ttft_p99_ms")
@@ -161,6 +164,17 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[rank(len(s), q)]
+}
+
+// generated is vllm:generation_tokens_total summed over the pods.
+func generated(p *Pool) uint64 {
+	var n uint64
+	for _, d := range p.pods {
+		d.mu.Lock()
+		n += d.m.generationTokens
+		d.mu.Unlock()
+	}
+	return n
 }
 
 // cpuTime is the CPU (user + system) this process has used.
