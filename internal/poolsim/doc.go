@@ -18,7 +18,9 @@
 // the victim's blocks are freed, its computed tokens reset to 0 (it
 // recomputes prompt and output so far), and it goes back to the head of the
 // waiting queue. A waiting head whose blocks cannot be allocated blocks the
-// queue. A step lasts
+// queue. EngineConfig.SeatPreempt adds what vLLM V1 lacks (open PRs
+// #45561/#54530): a waiting head of strictly higher priority preempts the
+// lowest-priority running request when every seat is taken. A step lasts
 //
 //	ITL·(1 + (LoadFactor−1)·(n−1)/(MaxNumSeqs−1)) + PrefillPerToken·p + PrefillOverhead·k
 //

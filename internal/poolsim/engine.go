@@ -236,6 +236,24 @@ func (e *engine) add(s *seq) {
 	e.waiting.push(s)
 }
 
+// seatPreempt models vLLM PRs #45561/#54530 (EngineConfig.SeatPreempt):
+// with every seat taken, a waiting head of strictly higher priority preempts
+// the lowest-priority running sequence. It reports whether it did; a victim
+// scheduled earlier in the step gives its tokens back to *budget.
+func (e *engine) seatPreempt(budget *int) bool {
+	if !e.cfg.SeatPreempt || e.cfg.Policy != PolicyPriority || len(e.running) == 0 {
+		return false
+	}
+	v := e.victim()
+	victim := e.running[v]
+	if e.waiting.peek().priority >= victim.priority {
+		return false
+	}
+	*budget += victim.stepTokens
+	e.preempt(v)
+	return true
+}
+
 // blocksFor is the number of KV blocks that hold n tokens.
 func (e *engine) blocksFor(n int) int { return (n + e.cfg.BlockSize - 1) / e.cfg.BlockSize }
 
@@ -344,7 +362,14 @@ func (e *engine) schedule(start time.Time) step {
 		i++
 	}
 	if st.preempted == 0 {
-		for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		for e.waiting.len() > 0 && budget > 0 {
+			if len(e.running) >= e.cfg.MaxNumSeqs {
+				if !e.seatPreempt(&budget) {
+					break
+				}
+				st.preempted++
+				continue
+			}
 			s := e.waiting.peek()
 			n := s.numTokens() - s.computed
 			if t := e.cfg.LongPrefillThreshold; t > 0 && n > t {

@@ -364,3 +364,36 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("after cancels: %d of %d blocks free, work %v", e.freeBlocks, e.numBlocks, e.hasWork())
 	}
 }
+
+func TestSeatPreempt(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		e := testEngine(func(c *EngineConfig) { c.Policy = PolicyPriority; c.MaxNumSeqs = 1; c.SeatPreempt = on })
+		batch, inter := mkSeq(1, 100, 50, 10, 0), mkSeq(2, 100, 5, 0, 1)
+		e.add(batch)
+		now := t0.Add(runStep(e, t0).duration)
+		e.add(inter)
+		st := e.schedule(now)
+		got := scheduled(st)
+		if !on {
+			if got[1] != 1 || len(got) != 1 || st.preempted != 0 {
+				t.Fatalf("without seat preemption: scheduled %v, preempted %d; want the batch decode only", got, st.preempted)
+			}
+			continue
+		}
+		if got[2] != 100 || len(got) != 1 || st.preempted != 1 || batch.preemptions != 1 || batch.blocks != 0 {
+			t.Fatalf("with seat preemption: scheduled %v, preempted %d, batch preemptions %d blocks %d; want the interactive prefill in the batch's seat",
+				got, st.preempted, batch.preemptions, batch.blocks)
+		}
+		if st.tokens != 100 {
+			t.Fatalf("step tokens %d, want 100 (the victim's decode given back)", st.tokens)
+		}
+		// An equal priority does not preempt.
+		e2 := testEngine(func(c *EngineConfig) { c.Policy = PolicyPriority; c.MaxNumSeqs = 1; c.SeatPreempt = true })
+		e2.add(mkSeq(1, 100, 50, 5, 0))
+		now = t0.Add(runStep(e2, t0).duration)
+		e2.add(mkSeq(2, 100, 5, 5, 1))
+		if st := e2.schedule(now); st.preempted != 0 {
+			t.Fatal("an equal-priority request preempted a running one")
+		}
+	}
+}
