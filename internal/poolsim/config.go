@@ -134,6 +134,11 @@ type EngineConfig struct {
 	MaxModelLen int
 	// Policy is PolicyFCFS (default) or PolicyPriority.
 	Policy string
+	// SeatPreempt (PolicyPriority only) lets a waiting request of strictly
+	// higher priority preempt the lowest-priority running one when every
+	// seat is taken, as the open vLLM PRs #45561/#54530 propose; vLLM V1
+	// does not. An upper-bound arm for engine-side protection.
+	SeatPreempt bool
 	// ITL is ITL0, the step time with one sequence and no prefill
 	// (inference-sim's inter-token-latency; default DefaultITL).
 	ITL time.Duration
@@ -326,6 +331,9 @@ func (c Config) Validate() error {
 	if e.Policy != PolicyFCFS && e.Policy != PolicyPriority {
 		bad("scheduling-policy is %q, want %q or %q", e.Policy, PolicyFCFS, PolicyPriority)
 	}
+	if e.SeatPreempt && e.Policy != PolicyPriority {
+		bad("seat-preempt needs scheduling-policy %q", PolicyPriority)
+	}
 	if e.ITL < 0 || e.PrefillPerToken < 0 || e.PrefillOverhead < 0 {
 		bad("itl %v, prefill-time-per-token %v and prefill-overhead %v must be >= 0", e.ITL, e.PrefillPerToken, e.PrefillOverhead)
 	}
@@ -418,6 +426,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&e.KVTokens, "kv-tokens", e.KVTokens, "KV capacity of one pod in tokens (rounded down to whole blocks)")
 	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "largest prompt + max_tokens; longer requests get 400")
 	fs.StringVar(&e.Policy, "scheduling-policy", e.Policy, "waiting queue order: fcfs or priority (lower priority value first, then arrival)")
+	fs.BoolVar(&e.SeatPreempt, "seat-preempt", e.SeatPreempt, "priority policy: a waiting request of strictly higher priority preempts the lowest-priority running one when every seat is taken (vLLM PRs #45561/#54530; not in vLLM V1)")
 	fs.DurationVar(&e.ITL, "itl", e.ITL, "ITL0: step time with one sequence and no prefill")
 	fs.Float64Var(&e.LoadFactor, "time-factor-under-load", e.LoadFactor, "F: decode step time factor at max-num-seqs sequences (>= 1)")
 	fs.DurationVar(&e.PrefillPerToken, "prefill-time-per-token", e.PrefillPerToken, "c_p: step time added per prompt token computed in the step")

@@ -192,6 +192,7 @@ func before(a, b *seq) bool {
 // step is one engine step: the sequences scheduled and what they cost.
 type step struct {
 	seqs          []*seq // scheduled (stepTokens > 0), in schedule order
+	n             []int  // tokens of each of seqs
 	tokens        int    // tokens scheduled
 	prefillTokens int    // of which prompt (prefill or recompute) tokens
 	newPrefills   int    // sequences whose prefill starts in this step
@@ -233,6 +234,24 @@ func (e *engine) add(s *seq) {
 	s.state = stateWaiting
 	s.heapIndex = -1
 	e.waiting.push(s)
+}
+
+// seatPreempt models vLLM PRs #45561/#54530 (EngineConfig.SeatPreempt):
+// with every seat taken, a waiting head of strictly higher priority preempts
+// the lowest-priority running sequence. It reports whether it did; a victim
+// scheduled earlier in the step gives its tokens back to *budget.
+func (e *engine) seatPreempt(budget *int) bool {
+	if !e.cfg.SeatPreempt || e.cfg.Policy != PolicyPriority || len(e.running) == 0 {
+		return false
+	}
+	v := e.victim()
+	victim := e.running[v]
+	if e.waiting.peek().priority >= victim.priority {
+		return false
+	}
+	*budget += victim.stepTokens
+	e.preempt(v)
+	return true
 }
 
 // blocksFor is the number of KV blocks that hold n tokens.
@@ -343,7 +362,14 @@ func (e *engine) schedule(start time.Time) step {
 		i++
 	}
 	if st.preempted == 0 {
-		for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		for e.waiting.len() > 0 && budget > 0 {
+			if len(e.running) >= e.cfg.MaxNumSeqs {
+				if !e.seatPreempt(&budget) {
+					break
+				}
+				st.preempted++
+				continue
+			}
 			s := e.waiting.peek()
 			n := s.numTokens() - s.computed
 			if t := e.cfg.LongPrefillThreshold; t > 0 && n > t {
@@ -359,7 +385,8 @@ func (e *engine) schedule(start time.Time) step {
 			e.waiting.pop()
 			s.state = stateRunning
 			if s.firstSched.IsZero() {
-				s.firstSched = start
+				// A step catching up after lag may start before the arrival.
+				s.firstSched = maxTime(start, s.arrival)
 			}
 			s.stepTokens = n
 			s.stepNew = s.computed == 0
@@ -372,6 +399,7 @@ func (e *engine) schedule(start time.Time) step {
 			continue
 		}
 		st.seqs = append(st.seqs, s)
+		st.n = append(st.n, s.stepTokens)
 		st.tokens += s.stepTokens
 		if s.numTokens()-s.computed > 1 || s.output == 0 {
 			st.prefillTokens += s.stepTokens
@@ -423,7 +451,7 @@ func (e *engine) complete(st step, end time.Time, emit func(s *seq)) {
 		}
 		s.output++
 		if s.firstToken.IsZero() {
-			s.firstToken = end
+			s.firstToken = maxTime(end, s.arrival)
 		}
 		s.prevToken, s.lastToken = s.lastToken, end
 		if s.tokenTimes != nil {
@@ -472,4 +500,11 @@ func (e *engine) classCounts() (running, waiting [numClasses]int) {
 	}
 	e.waiting.each(func(s *seq) { waiting[s.class]++ })
 	return running, waiting
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -51,7 +51,6 @@ type poolAverages struct {
 	kv, queue, running   float64
 	kvSD, queueSD, runSD float64
 	ready                int
-	perPodQueue          []int
 }
 
 // fcItem is one request held by flow control.
@@ -333,7 +332,11 @@ func (f *front) enqueue(ctx context.Context, req *request, now time.Time) (int, 
 	if it.pod >= 0 {
 		return it.pod, nil
 	}
-	return -1, &rejection{status: it.status, reason: it.reason, msg: "flow control: request waited past its TTL"}
+	msg := "flow control: the request waited past its TTL"
+	if it.reason != ReasonTTLExpired {
+		msg = "flow control: " + it.reason
+	}
+	return -1, &rejection{status: it.status, reason: it.reason, msg: msg}
 }
 
 func (f *front) removeLocked(it *fcItem) {

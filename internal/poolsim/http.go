@@ -221,6 +221,7 @@ func guessClass(objective string) Class {
 func newSeq(req *request) *seq {
 	s := &seq{id: req.id, class: req.class, priority: req.enginePriority, arrival: time.Now(),
 		prompt: req.prompt, maxTokens: req.genTokens, heapIndex: -1, sink: newStream(), req: req}
+	s.sink.every = req.stream
 	if req.genTokens < req.maxTokens {
 		s.reason = finishStop
 	}

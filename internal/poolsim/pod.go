@@ -97,6 +97,7 @@ type PodGauges struct {
 // after each change.
 type stream struct {
 	notify chan struct{}
+	every  bool // signal every token (streamed answers); else the first and the last only
 
 	mu          sync.Mutex
 	tokens      int
@@ -281,7 +282,9 @@ func (d *pod) finishStep(st step, end time.Time, lag time.Duration, done []*seq)
 				sk.reason = s.reason
 			}
 			sk.mu.Unlock()
-			sk.signal()
+			if sk.every || s.output == 1 || s.state == stateDone {
+				sk.signal()
+			}
 		}
 	})
 	return done

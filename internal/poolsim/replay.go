@@ -114,7 +114,9 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 		case podNext >= 0 && (next >= len(order) || !arrNext.Before(steps[podNext].end)):
 			now = steps[podNext].end
 			d := p.pods[podNext]
-			d.finishStep(steps[podNext].st, now, 0, nil)
+			for range d.finishStep(steps[podNext].st, now, 0, nil) {
+				p.front.inflight[podNext]--
+			}
 			steps[podNext].busy = false
 		default:
 			now = arrNext
