@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/endpointscrape"
 	"github.com/sluice-io/sluice/gates/prombudget"
@@ -30,6 +31,7 @@ func adapters() (app.Adapters, error) {
 		ad.Transports.Register(redisstream.Name, redisstream.Factory),
 		ad.Transports.Register(gcppubsub.Name, gcppubsub.Factory),
 		ad.Gates.Register(constant.Type, constant.Factory),
+		ad.Gates.Register(aimd.Type, aimd.Factory),
 		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
 		ad.Gates.Register(prombudget.Type, prombudget.Factory),
 		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),

@@ -62,10 +62,10 @@ import (
 //   - preemptions (engine), interactive_errors (interactive requests that
 //     did not stream to the end), batch_rejections (front 429s).
 //   - gate_reaction_ms: median over bursts of the time from a burst's start
-//     to the first fall of sluice's in-flight limit for the batch queue;
-//     gate_recovery_ms: from the burst's end until the limit is back at its
-//     pre-burst level. Only for arms whose gate moves; a burst with no fall
-//     counts as a whole phase.
+//     to the first fall of the batch's occupancy of the pool (batch requests
+//     running or waiting in the engines); gate_recovery_ms: from the
+//     burst's end until the occupancy is back at its pre-burst level. A
+//     burst with no fall counts as a whole phase (ipPhase).
 //   - step_lag_p99_ms: how late the simulator's engine steps ran; an arm the
 //     machine could not keep up with misses its step-lag target.
 //
@@ -107,7 +107,7 @@ type ipProfile struct {
 func ipProfiles() []ipProfile {
 	return []ipProfile{
 		{name: "short", batchPrompt: 512, batchOutput: 256, arms: []string{
-			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd",
+			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd", "aimd-concurrency",
 			ipUpstreamArm, ipRouterArm, "engine-priority", "reserve-25", "reserve-40",
 		}},
 		{name: "long", batchPrompt: 512, batchOutput: 1024, arms: []string{
@@ -131,9 +131,6 @@ type ipArm struct {
 	scrape time.Duration
 	// claimBatch > 0 sets the memory transport's claim batch size.
 	claimBatch int
-	// moving says the gate's budget moves with the pool, so reaction and
-	// recovery are figures of the arm.
-	moving bool
 }
 
 func ipArmByName(name string, seats int) (ipArm, error) {
@@ -150,20 +147,28 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		return ipArm{batch: true}, nil
 	case "saturation-default":
 		// upstream's defaults: --prometheus-cache-ttl 5s, a 5-s scrape.
-		return ipArm{batch: true, scrape: 5 * time.Second, gate: satGate("5s"), moving: true}, nil
+		return ipArm{batch: true, scrape: 5 * time.Second, gate: satGate("5s")}, nil
 	case "saturation-tuned":
-		return ipArm{batch: true, scrape: 250 * time.Millisecond, gate: satGate("250ms"), moving: true}, nil
+		return ipArm{batch: true, scrape: 250 * time.Millisecond, gate: satGate("250ms")}, nil
 	case "budget":
-		return ipArm{batch: true, scrape: 250 * time.Millisecond, moving: true, gate: func(_, prom string) (string, map[string]any) {
+		return ipArm{batch: true, scrape: 250 * time.Millisecond, gate: func(_, prom string) (string, map[string]any) {
 			return "prometheus-budget", map[string]any{"inference_pool": pool, "max_concurrency": seats / 2, "baseline": 0.2, "prometheus_url": prom, "cache_ttl": "250ms"}
 		}}, nil
 	case "aimd":
-		return ipArm{batch: true, moving: true, pool: func(c *poolsim.Config) { c.Front.Mode = poolsim.ModeLegacyAdmission },
+		return ipArm{batch: true, pool: func(c *poolsim.Config) { c.Front.Mode = poolsim.ModeLegacyAdmission },
 			gate: func(string, string) (string, map[string]any) { return "aimd", map[string]any{} }}, nil
+	case "aimd-concurrency":
+		// the front's concurrency detector, set to call the pool saturated
+		// at 70 % of its seats: batch is refused while interactive traffic
+		// needs the rest.
+		return ipArm{batch: true, pool: func(c *poolsim.Config) {
+			c.Front.Mode, c.Front.Detector = poolsim.ModeLegacyAdmission, poolsim.DetectorConcurrency
+			c.Front.MaxConcurrency = max(1, c.Engine.MaxNumSeqs*7/10)
+		}, gate: func(string, string) (string, map[string]any) { return "aimd", map[string]any{} }}, nil
 	case ipUpstreamArm:
 		// upstream's polling: one pod's waiting queue, read through a 5-s
 		// cache; claims of 10 at a time.
-		return ipArm{batch: true, claimBatch: 10, moving: true, gate: func(front, _ string) (string, map[string]any) {
+		return ipArm{batch: true, claimBatch: 10, gate: func(front, _ string) (string, map[string]any) {
 			return "endpoint-scrape", map[string]any{"url": front + "/pods/0/metrics", "metric": "vllm:num_requests_waiting", "max_count_per_pod": 5, "cache_ttl": "5s"}
 		}}, nil
 	case ipRouterArm:
@@ -380,10 +385,8 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 	}
 	f["duplicate_results"] = float64(r.duplicates)
 	f["unknown_results"] = float64(r.unknownR)
-	if a.moving {
-		f["gate_reaction_ms"] = median(slices.Clone(r.reaction))
-		f["gate_recovery_ms"] = median(slices.Clone(r.recovery))
-	}
+	f["gate_reaction_ms"] = median(slices.Clone(r.reaction))
+	f["gate_recovery_ms"] = median(slices.Clone(r.recovery))
 	return f
 }
 
@@ -453,6 +456,9 @@ func ipMisses(profile, arm string, f figures, all map[string][]figures) []string
 		miss("gate_reaction_ms", "<=1500")
 	}
 	for _, other := range []string{ipUpstreamArm, ipRouterArm} {
+		if len(all[other]) == 0 {
+			continue // not selected (SLUICE_BENCH_IP_ARMS)
+		}
 		o := medianFigures(all[other])
 		if !(f["ttft_p99_ratio"] < o["ttft_p99_ratio"] && f["batch_goodput_share"] >= o["batch_goodput_share"]) {
 			out = append(out, fmt.Sprintf("MISS %s profile=%s arm=%s ttft_p99_ratio=%.2f batch_goodput_share=%.2f target=better-than-%s(%.2f,%.2f)",
@@ -696,7 +702,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		}
 		defer sl.stop()
 	}
-	// the in-flight limit of the batch queue, sampled
+	// the batch's occupancy of the pool (running + waiting), sampled
 	var samples []ipSample
 	sampleDone := make(chan struct{})
 	sampleCtx, stopSampling := context.WithCancel(ctx)
@@ -712,7 +718,11 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 			case <-sampleCtx.Done():
 				return
 			case now := <-t.C:
-				samples = append(samples, ipSample{at: now.Sub(start), limit: gaugeValue(sl.reg, "sluice_inflight_limit")})
+				var batch int
+				for _, g := range pool.PodGauges() {
+					batch += g.RunningByClass[poolsim.ClassBatch] + g.WaitingByClass[poolsim.ClassBatch]
+				}
+				samples = append(samples, ipSample{at: now.Sub(start), limit: float64(batch)})
 			}
 		}
 	}()
@@ -807,12 +817,15 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 
 type ipSample struct {
 	at    time.Duration
-	limit float64
+	limit float64 // batch requests running or waiting in the pool
 }
 
-// ipReaction measures, per burst, how long the batch queue's in-flight
-// limit took to fall after the burst began, and to come back to its
-// pre-burst level after the burst ended.
+// ipReaction measures, per burst, how long the batch's occupancy of the
+// pool took to fall (by at least max(2, 10 %) requests, so the gap between
+// a completion and its replacement is not a fall) after the burst began,
+// and to come back to its pre-burst level after the burst ended. It is
+// the pool's view, so it holds for every arm: an arm that never yields
+// seats scores a whole phase.
 func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recovery []float64) {
 	at := func(t time.Duration) (float64, int) {
 		for i, s := range samples {
@@ -832,7 +845,7 @@ func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recove
 			if s.at >= b[1] {
 				break
 			}
-			if s.limit < before {
+			if s.limit <= before-max(2, before/10) {
 				fell = float64((s.at - b[0]).Milliseconds())
 				break
 			}
