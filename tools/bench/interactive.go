@@ -1,21 +1,16 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -184,6 +179,13 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		return ipArm{batch: true, concurrency: max(1, seats*(100-pct)/100)}, nil
 	}
 	return ipArm{}, fmt.Errorf("unknown arm %q", name)
+}
+
+// ipWaves is the interactive traffic of every arm: one seed, so every arm
+// of every repetition sees the same arrivals.
+func ipWaves() poolsim.Waves {
+	return poolsim.Waves{Warmup: ipWarmup, Burst: ipPhase, Idle: ipPhase, Cycles: ipCycles,
+		BurstRate: ipBurstRate, IdleRate: ipIdleRate, Seed: ipSeed}
 }
 
 // ipJobs are the batch: three judged jobs, due at 1.5×, 2.5× and 5× their
@@ -589,7 +591,7 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 		return nil, err
 	}
 	s := &ipSluice{app: ap, mem: mem, reg: reg, ids: map[string]int{}, start: start}
-	prompt := ipPrompt(prof.batchPrompt)
+	prompt := poolsim.TokenPrompt(prof.batchPrompt)
 	enqueue := func(id string, job int, deadline time.Time) error {
 		s.ids[id] = job
 		b := fmt.Appendf(nil, `{"id":%q,"deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
@@ -623,48 +625,6 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 	return s, nil
 }
 
-// ipPrompt is a prompt of n token ids (the simulator counts a token array
-// exactly).
-func ipPrompt(n int) string {
-	var b strings.Builder
-	b.WriteByte('[')
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(100 + i%900))
-	}
-	b.WriteByte(']')
-	return b.String()
-}
-
-// ipSchedule is the interactive arrival times (from the run's start) and
-// the burst windows, the same for every arm of a run (one seed).
-func ipSchedule() (arrivals []time.Duration, bursts [][2]time.Duration) {
-	rng := rand.New(rand.NewPCG(ipSeed, 1))
-	type phase struct {
-		from, to time.Duration
-		rate     float64
-	}
-	phases := []phase{{0, ipWarmup, ipIdleRate}}
-	for c := range ipCycles {
-		b := ipWarmup + time.Duration(2*c)*ipPhase
-		phases = append(phases, phase{b, b + ipPhase, ipBurstRate}, phase{b + ipPhase, b + 2*ipPhase, ipIdleRate})
-		bursts = append(bursts, [2]time.Duration{b, b + ipPhase})
-	}
-	for _, p := range phases {
-		// Poisson arrivals; the draw restarts at each phase (memoryless).
-		for t := p.from; ; {
-			t += time.Duration(rng.ExpFloat64() / p.rate * float64(time.Second))
-			if t >= p.to {
-				break
-			}
-			arrivals = append(arrivals, t)
-		}
-	}
-	return arrivals, bursts
-}
-
 // ipRunArm runs one arm on a fresh pool.
 func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm, jobs ipJobs) (*ipRun, error) {
 	var mu sync.Mutex
@@ -693,7 +653,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		defer p.Stop()
 		prom = p.URL
 	}
-	arrivals, bursts := ipSchedule()
+	arrivals, bursts := ipWaves().Schedule()
 	start := time.Now()
 	var sl *ipSluice
 	if a.batch {
@@ -765,7 +725,8 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 	} else {
 		close(resultsDone)
 	}
-	errs := ipInteractive(ctx, front, start, arrivals)
+	client := &poolsim.Client{Front: front, PromptTokens: ipInteractivePT, MaxTokens: ipInteractiveOut, Objective: ipInteractiveObj}
+	errs := client.Drive(ctx, start, arrivals)
 	end := time.Since(start)
 	stopSampling()
 	<-sampleDone
@@ -781,20 +742,12 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		r.preemptions += c.Preemptions
 	}
 	r.rejections = stats.Classes[poolsim.ClassBatch].Rejected
-	inBurst := func(t time.Duration) bool {
-		for _, b := range bursts {
-			if t >= b[0] && t < b[1] {
-				return true
-			}
-		}
-		return false
-	}
 	mu.Lock()
 	for _, rec := range recs {
 		at := rec.Arrival.Sub(start)
 		switch rec.Class {
 		case poolsim.ClassInteractive:
-			if !rec.FirstToken.IsZero() && inBurst(at) {
+			if !rec.FirstToken.IsZero() && poolsim.InBurst(bursts, at) {
 				r.ttft = append(r.ttft, float64(rec.TTFT())/float64(time.Millisecond))
 			}
 			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= ipWarmup {
@@ -899,80 +852,4 @@ func ipJudge(r *ipRun, sl *ipSluice, res []*wire.Result, at map[string]time.Dura
 			r.missed[job]++
 		}
 	}
-}
-
-// ipInteractive sends the interactive requests at their arrival times,
-// streamed, and returns how many did not stream to the end.
-func ipInteractive(ctx context.Context, front string, start time.Time, arrivals []time.Duration) int {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	defer client.CloseIdleConnections()
-	body := fmt.Appendf(nil, `{"model":%q,"prompt":%s,"max_tokens":%d,"stream":true}`, poolsim.DefaultModelName, ipPrompt(ipInteractivePT), ipInteractiveOut)
-	var errs atomic.Int64
-	var wg sync.WaitGroup
-	for _, a := range arrivals {
-		if d := time.Until(start.Add(a)); d > 0 {
-			select {
-			case <-ctx.Done():
-				wg.Wait()
-				return int(errs.Load()) + 1
-			case <-time.After(d):
-			}
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ipStream(ctx, client, front, body); err != nil {
-				errs.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	return int(errs.Load())
-}
-
-func ipStream(ctx context.Context, client *http.Client, front string, body []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, front+"/v1/completions", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Gateway-Inference-Objective", ipInteractiveObj)
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if bytes.Equal(sc.Bytes(), []byte("data: [DONE]")) {
-			return nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return errors.New("stream ended without [DONE]")
-}
-
-// gaugeValue sums the gauge name over its series in reg.
-func gaugeValue(reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return math.NaN()
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }
