@@ -384,3 +384,60 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		}
 	}
 }
+
+func TestSampleAndContextEnd(t *testing.T) {
+	p, err := New(Config{Seed: 1, Pods: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(ctx); err == nil {
+		t.Fatal("a second Start succeeded")
+	}
+	h := p.Handler()
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, PathCompletions, strings.NewReader(`{"prompt":"x","max_tokens":3000}`))
+		req.Header.Set(HeaderObjective, "batch")
+		rec := &recorder{header: http.Header{}}
+		h.ServeHTTP(rec, req)
+		done <- rec.status
+	}()
+	waitFor(t, "a running batch request", func() bool { return p.Sample().ByClass[ClassBatch].Running == 1 })
+	s := p.Sample()
+	if s.ByClass[ClassBatch].Requests != 1 || s.ByClass[ClassInteractive].Running != 0 || !(s.KVUsage > 0) {
+		t.Fatalf("sample %+v: want one batch request running and some KV used", s)
+	}
+	cancel() // the loops stop; the request gives up
+	select {
+	case status := <-done:
+		if status != http.StatusServiceUnavailable {
+			t.Fatalf("request in flight when the context ended: status %d, want 503", status)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request in flight did not end with the context")
+	}
+}
+
+// recorder is a minimal ResponseWriter keeping the status.
+type recorder struct {
+	header http.Header
+	status int
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = 200
+	}
+	return len(b), nil
+}
+func (r *recorder) WriteHeader(s int) {
+	if r.status == 0 {
+		r.status = s
+	}
+}
