@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -439,5 +440,38 @@ func (r *recorder) Write(b []byte) (int, error) {
 func (r *recorder) WriteHeader(s int) {
 	if r.status == 0 {
 		r.status = s
+	}
+}
+
+func TestUniformOutputLength(t *testing.T) {
+	lengths := func() []int {
+		cfg := Config{Seed: 3}
+		cfg.Engine.OutputLength = OutputUniform
+		_, base, c := startPool(t, cfg)
+		var out []int
+		for range 6 {
+			resp, body := post(t, c, base+PathCompletions, `{"prompt":"x","max_tokens":40}`)
+			var a answer
+			if resp.StatusCode != 200 || json.Unmarshal(body, &a) != nil || a.Usage == nil {
+				t.Fatalf("answer %d %s", resp.StatusCode, body)
+			}
+			n := a.Usage.Completion
+			want := "stop"
+			if n == 40 {
+				want = "length"
+			}
+			if n < 1 || n > 40 || *a.Choices[0].FinishReason != want {
+				t.Fatalf("%d tokens finishing %q, want 1..40 finishing %q", n, *a.Choices[0].FinishReason, want)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	a, b := lengths(), lengths()
+	if !slices.Equal(a, b) {
+		t.Fatalf("lengths %v and %v differ with the same seed", a, b)
+	}
+	if slices.Min(a) == slices.Max(a) {
+		t.Fatalf("lengths %v: no spread", a)
 	}
 }
