@@ -8,6 +8,7 @@
 //	serve             run the dispatcher
 //	demo              the embedded demo (memory queue, gateway simulator, constant gate)
 //	simulate-gateway  an OpenAI-compatible gateway simulator
+//	simulate-pool     a simulated inference pool: vLLM-like engines behind an EPP-like front
 //	validate          check a configuration, printing every problem
 //	version           print the version
 //	enqueue           enqueue requests into a Redis sorted-set queue
@@ -92,7 +93,7 @@ exponential backoff; everything else ends as an error result.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServe(), newDemo(), newSimulate(), newValidate(), newVersion())
+	root.AddCommand(newServe(), newDemo(), newSimulate(), newSimulatePool(), newValidate(), newVersion())
 	root.AddCommand(redisCommands()...)
 	root.AddCommand(newMigrate())
 	root.AddCommand(newPlugin())

@@ -1,0 +1,109 @@
+package poolsim
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+// mixedLoad is a seeded mix of interactive and long batch requests, enough
+// to fill the default pool's seats and KV: 16 seats of 512/1024 batch need
+// twice a pod's 12,288 KV tokens, so preemptions happen. (With 512/256
+// batch, 16 seats need exactly 12,288 tokens and nothing is preempted.)
+func mixedLoad(n int) []Arrival {
+	r := newRNG(42, 0)
+	var out []Arrival
+	at := time.Duration(0)
+	for i := range n {
+		a := Arrival{At: at, Class: ClassBatch, PromptTokens: 512, MaxTokens: 1024}
+		if i%4 == 0 {
+			a = Arrival{At: at, Class: ClassInteractive, PromptTokens: 128 + r.intn(256), MaxTokens: 32 + r.intn(64)}
+		}
+		out = append(out, a)
+		at += time.Duration(r.intn(40)) * time.Millisecond
+	}
+	return out
+}
+
+func TestReplayDeterministic(t *testing.T) {
+	cfg := Config{Seed: 7}
+	cfg.Engine.StepJitter = 0.2
+	load := mixedLoad(200)
+	a, err := Replay(cfg, load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Replay(cfg, load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("two replays with the same seed differ")
+	}
+	preempted, pods := 0, map[int]int{}
+	for i, tr := range a {
+		if len(tr.Tokens) != load[i].MaxTokens {
+			t.Fatalf("request %d: %d tokens, want %d", i, len(tr.Tokens), load[i].MaxTokens)
+		}
+		for j := 1; j < len(tr.Tokens); j++ {
+			if tr.Tokens[j] <= tr.Tokens[j-1] {
+				t.Fatalf("request %d: token %d at %v, not after token %d at %v", i, j, tr.Tokens[j], j-1, tr.Tokens[j-1])
+			}
+		}
+		if tr.TTFT(load[i]) <= 0 || tr.FirstScheduled < load[i].At {
+			t.Fatalf("request %d: ttft %v, first scheduled %v before arrival %v", i, tr.TTFT(load[i]), tr.FirstScheduled, load[i].At)
+		}
+		preempted += tr.Preemptions
+		pods[tr.Pod]++
+	}
+	if preempted == 0 {
+		t.Fatal("the mixed load caused no preemption: the test does not exercise the KV path")
+	}
+	if len(pods) != 2 {
+		t.Fatalf("requests went to pods %v, want both", pods)
+	}
+	cfg.Seed = 8
+	c, err := Replay(cfg, load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Fatal("replays with seeds 7 and 8 (and step jitter) are identical")
+	}
+}
+
+// TestReplayIdleLatencies checks the model's idle figures against the
+// design notes (section 5.4): a 256/64 interactive request's TTFT is
+// ITL0 + 256·c_p + o_p = 32.8 ms, and a 512/256 batch request takes
+// 45.6 ms to its first token plus 255 decode steps of 10 ms.
+func TestReplayIdleLatencies(t *testing.T) {
+	load := []Arrival{
+		{At: 0, Class: ClassInteractive, PromptTokens: 256, MaxTokens: 64},
+		{At: 10 * time.Second, Class: ClassBatch, PromptTokens: 512, MaxTokens: 256},
+	}
+	tr, err := Replay(Config{Seed: 1}, load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tr[0].TTFT(load[0]), 32800*time.Microsecond; got != want {
+		t.Fatalf("idle interactive TTFT %v, want %v", got, want)
+	}
+	if got, want := tr[0].Tokens[63]-load[0].At, 32800*time.Microsecond+63*10*time.Millisecond; got != want {
+		t.Fatalf("idle interactive service %v, want %v", got, want)
+	}
+	if got, want := tr[1].Tokens[255]-load[1].At, 45600*time.Microsecond+255*10*time.Millisecond; got != want {
+		t.Fatalf("idle batch service %v, want %v", got, want)
+	}
+}
+
+func TestReplayRejectsBadArrivals(t *testing.T) {
+	for _, a := range []Arrival{
+		{PromptTokens: 0, MaxTokens: 1},
+		{PromptTokens: 4000, MaxTokens: 200},
+		{PromptTokens: 1, MaxTokens: 1, At: -1},
+	} {
+		if _, err := Replay(Config{Seed: 1}, []Arrival{a}); err == nil {
+			t.Errorf("Replay accepted %+v", a)
+		}
+	}
+}
