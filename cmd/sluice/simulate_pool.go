@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ func newSimulatePool() *cobra.Command {
 	cfg.SetDefaults()
 	var addr string
 	var lagEvery time.Duration
+	var timeline string
 	cmd := &cobra.Command{
 		Use:   "simulate-pool",
 		Short: "Run a simulated inference pool: vLLM-like engine pods behind an EPP-like front",
@@ -40,6 +43,16 @@ passthrough, legacy-admission or flow-control mode. See docs/simulate-pool.md.`,
 			if err != nil {
 				_ = pool.Close()
 				return err
+			}
+			if timeline != "" {
+				f, err := os.Create(timeline)
+				if err != nil {
+					_ = pool.Close()
+					return fmt.Errorf("--timeline: %w", err)
+				}
+				defer f.Close()
+				stopTimeline := writeTimeline(pool, json.NewEncoder(f))
+				defer stopTimeline()
 			}
 			c := pool.Config()
 			fmt.Fprintf(cmd.OutOrStdout(), "pool simulator listening on %s (%d pods x %d seats, mode %s, detector %s)\n",
@@ -67,7 +80,32 @@ passthrough, legacy-admission or flow-control mode. See docs/simulate-pool.md.`,
 	cmd.Flags().AddGoFlagSet(gofs)
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8000", "listen address of the front")
 	cmd.Flags().DurationVar(&lagEvery, "report-every", 0, "print the step lag and saturation at this interval (0: never)")
+	cmd.Flags().StringVar(&timeline, "timeline", "", "write one JSON line a second to this file: saturation, KV usage, and per class running, waiting and cumulative counts")
 	return cmd
+}
+
+// writeTimeline encodes a pool sample every second until the returned stop
+// is called.
+func writeTimeline(pool *poolsim.Pool, enc *json.Encoder) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := enc.Encode(pool.Sample()); err != nil {
+					fmt.Fprintln(os.Stderr, "simulate-pool: --timeline:", err)
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -76,6 +76,7 @@
 //	pool.PodGauges()                 // running, waiting, KV usage per pod, by class
 //	pool.Stats(), pool.ResetStats()  // per-class counts, rejections, step lag
 //	pool.StepLag()                   // LagStats: the run's validity
+//	pool.Sample()                    // a cheap timeline point: gauges and cumulative counts by class
 //	pool.SetPodStalled(i, true)      // the front's reads of pod i fail
 //	defer pool.Close()
 //

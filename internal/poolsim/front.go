@@ -315,17 +315,28 @@ func (f *front) enqueue(ctx context.Context, req *request, now time.Time) (int, 
 	f.mu.Unlock()
 	f.poke()
 
+	var gone <-chan struct{} // the client left, or the pool closed
 	select {
 	case <-it.decided:
 	case <-ctx.Done():
+		gone = ctx.Done()
+	case <-f.pool.closed:
+		gone = f.pool.closed
+	}
+	if gone != nil {
 		f.mu.Lock()
 		select {
 		case <-it.decided: // decided meanwhile: fall through below
 		default:
 			f.removeLocked(it)
-			f.outcomes[outcomeKey{outcomeEvictedCancelled, req.eppPriority}]++
+			close(it.decided)
+			if ctx.Err() != nil {
+				f.outcomes[outcomeKey{outcomeEvictedCancelled, req.eppPriority}]++
+				f.mu.Unlock()
+				return -1, nil
+			}
 			f.mu.Unlock()
-			return -1, nil
+			return -1, &rejection{status: 503, reason: "rejected-shutting-down", msg: "flow control: the simulator is shutting down"}
 		}
 		f.mu.Unlock()
 	}

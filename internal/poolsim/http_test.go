@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -228,33 +229,36 @@ func TestStreaming(t *testing.T) {
 }
 
 func TestStreamOneEventPerStep(t *testing.T) {
-	// With ITL0 of 20 ms the tokens of a stream arrive in separate reads,
-	// one step apart.
-	cfg := Config{}
+	// The first token event reaches the client while the request is still
+	// generating: tokens are streamed step by step, not at the end.
+	cfg := Config{Pods: 1}
 	cfg.Engine.ITL = 20 * time.Millisecond
-	_, base, c := startPool(t, cfg)
-	req, _ := http.NewRequest(http.MethodPost, base+PathCompletions, strings.NewReader(`{"prompt":"x","max_tokens":5,"stream":true}`))
+	p, base, c := startPool(t, cfg)
+	req, _ := http.NewRequest(http.MethodPost, base+PathCompletions, strings.NewReader(`{"prompt":"x","max_tokens":50,"stream":true}`))
 	resp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	r := bufio.NewReader(resp.Body)
-	var times []time.Time
+	events, runningAtFirst := 0, -1
 	for {
 		line, err := r.ReadString('\n')
 		if err != nil {
 			break
 		}
 		if strings.HasPrefix(line, "data: {") && strings.Contains(line, `"text"`) {
-			times = append(times, time.Now())
+			if events == 0 {
+				runningAtFirst = p.PodGauges()[0].Running
+			}
+			events++
 		}
 	}
-	if len(times) != 5 {
-		t.Fatalf("%d token events, want 5", len(times))
+	if events != 50 {
+		t.Fatalf("%d token events, want 50", events)
 	}
-	if span := times[4].Sub(times[0]); span < 60*time.Millisecond {
-		t.Fatalf("5 tokens of 20-ms steps arrived within %v: not streamed step by step", span)
+	if runningAtFirst != 1 {
+		t.Fatalf("at the first token event the pod ran %d requests, want 1 (the stream still generating)", runningAtFirst)
 	}
 }
 
@@ -379,5 +383,95 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		if time.Now().After(end) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+func TestSampleAndContextEnd(t *testing.T) {
+	p, err := New(Config{Seed: 1, Pods: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(ctx); err == nil {
+		t.Fatal("a second Start succeeded")
+	}
+	h := p.Handler()
+	done := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, PathCompletions, strings.NewReader(`{"prompt":"x","max_tokens":3000}`))
+		req.Header.Set(HeaderObjective, "batch")
+		rec := &recorder{header: http.Header{}}
+		h.ServeHTTP(rec, req)
+		done <- rec.status
+	}()
+	waitFor(t, "a running batch request", func() bool { return p.Sample().ByClass[ClassBatch].Running == 1 })
+	s := p.Sample()
+	if s.ByClass[ClassBatch].Requests != 1 || s.ByClass[ClassInteractive].Running != 0 || !(s.KVUsage > 0) {
+		t.Fatalf("sample %+v: want one batch request running and some KV used", s)
+	}
+	cancel() // the loops stop; the request gives up
+	select {
+	case status := <-done:
+		if status != http.StatusServiceUnavailable {
+			t.Fatalf("request in flight when the context ended: status %d, want 503", status)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request in flight did not end with the context")
+	}
+}
+
+// recorder is a minimal ResponseWriter keeping the status.
+type recorder struct {
+	header http.Header
+	status int
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = 200
+	}
+	return len(b), nil
+}
+func (r *recorder) WriteHeader(s int) {
+	if r.status == 0 {
+		r.status = s
+	}
+}
+
+func TestUniformOutputLength(t *testing.T) {
+	lengths := func() []int {
+		cfg := Config{Seed: 3}
+		cfg.Engine.OutputLength = OutputUniform
+		_, base, c := startPool(t, cfg)
+		var out []int
+		for range 6 {
+			resp, body := post(t, c, base+PathCompletions, `{"prompt":"x","max_tokens":40}`)
+			var a answer
+			if resp.StatusCode != 200 || json.Unmarshal(body, &a) != nil || a.Usage == nil {
+				t.Fatalf("answer %d %s", resp.StatusCode, body)
+			}
+			n := a.Usage.Completion
+			want := "stop"
+			if n == 40 {
+				want = "length"
+			}
+			if n < 1 || n > 40 || *a.Choices[0].FinishReason != want {
+				t.Fatalf("%d tokens finishing %q, want 1..40 finishing %q", n, *a.Choices[0].FinishReason, want)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	a, b := lengths(), lengths()
+	if !slices.Equal(a, b) {
+		t.Fatalf("lengths %v and %v differ with the same seed", a, b)
+	}
+	if slices.Min(a) == slices.Max(a) {
+		t.Fatalf("lengths %v: no spread", a)
 	}
 }

@@ -45,18 +45,20 @@ func (r Record) TTFT() time.Duration {
 // ClassStats counts one class's requests since New (or ResetStats).
 type ClassStats struct {
 	// Requests is the number of completion requests received.
-	Requests uint64
+	Requests uint64 `json:"requests"`
 	// Rejected is the number the front refused (429, 503).
-	Rejected uint64
+	Rejected uint64 `json:"rejected"`
 	// Invalid is the number answered 400 or 413.
-	Invalid uint64
+	Invalid uint64 `json:"invalid"`
 	// Finished is the number that completed; Aborted the number whose client
 	// went away first.
-	Finished, Aborted uint64
+	Finished uint64 `json:"finished"`
+	Aborted  uint64 `json:"aborted"`
 	// PromptTokens and OutputTokens are summed over finished requests.
-	PromptTokens, OutputTokens uint64
+	PromptTokens uint64 `json:"prompt_tokens"`
+	OutputTokens uint64 `json:"output_tokens"`
 	// Preemptions is summed over finished and aborted requests.
-	Preemptions uint64
+	Preemptions uint64 `json:"preemptions"`
 }
 
 type classCounters struct {
@@ -131,8 +133,9 @@ func (p *Pool) Config() Config { return p.cfg }
 // use. Set it before Start.
 func (p *Pool) OnRecord(fn func(Record)) { p.onRecord = fn }
 
-// Start runs the pods' step loops and the front until ctx ends or Close.
-// A Pool starts at most once.
+// Start runs the pods' step loops and the front until ctx ends or Close;
+// when ctx ends, requests in flight get 503 or an aborted stream. A Pool
+// starts at most once.
 func (p *Pool) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -146,6 +149,10 @@ func (p *Pool) Start(ctx context.Context) error {
 	}
 	p.front.refresh(time.Now())
 	p.loops.Go(func() { p.front.loop(ctx) })
+	p.loops.Go(func() {
+		<-ctx.Done() // the loops stop: requests in flight give up
+		p.closeOnce.Do(func() { close(p.closed) })
+	})
 	return nil
 }
 
@@ -251,8 +258,8 @@ func (p *Pool) Stats() Stats { return p.stats(false) }
 // phase.
 func (p *Pool) ResetStats() Stats { return p.stats(true) }
 
-func (p *Pool) stats(reset bool) Stats {
-	var s Stats
+func (p *Pool) classStats(reset bool) [numClasses]ClassStats {
+	var out [numClasses]ClassStats
 	load := func(a *atomic.Uint64) uint64 {
 		if reset {
 			return a.Swap(0)
@@ -261,12 +268,17 @@ func (p *Pool) stats(reset bool) Stats {
 	}
 	for c := range p.cls {
 		k := &p.cls[c]
-		s.Classes[c] = ClassStats{
+		out[c] = ClassStats{
 			Requests: load(&k.requests), Rejected: load(&k.rejected), Invalid: load(&k.invalid),
 			Finished: load(&k.finished), Aborted: load(&k.aborted),
 			PromptTokens: load(&k.prompt), OutputTokens: load(&k.output), Preemptions: load(&k.preemptions),
 		}
 	}
+	return out
+}
+
+func (p *Pool) stats(reset bool) Stats {
+	s := Stats{Classes: p.classStats(reset)}
 	p.front.mu.Lock()
 	s.Rejections = make(map[string]uint64, len(p.front.rejected))
 	for k, v := range p.front.rejected {
@@ -306,4 +318,54 @@ func (p *Pool) finished(d *pod, s *seq) {
 			Preemptions: s.preemptions, FinishReason: s.reason,
 		})
 	}
+}
+
+// Sample is a point of a pool's timeline: cumulative counters and gauges,
+// read at one time (Pool.Sample). Differences of two samples give rates.
+type Sample struct {
+	// Time is when the sample was taken.
+	Time time.Time `json:"time"`
+	// Saturation is the front detector's reading.
+	Saturation float64 `json:"saturation"`
+	// KVUsage is the average over pods.
+	KVUsage float64 `json:"kv_usage"`
+	// Preemptions is vllm:num_preemptions_total summed over pods.
+	Preemptions uint64 `json:"preemptions"`
+	// StepLagMaxMS is the largest step lag so far, in milliseconds.
+	StepLagMaxMS float64 `json:"step_lag_max_ms"`
+	// ByClass is indexed by Class.
+	ByClass [numClasses]ClassSample `json:"by_class"`
+}
+
+// ClassSample is one class's part of a Sample.
+type ClassSample struct {
+	// Class is "interactive" or "batch".
+	Class string `json:"class"`
+	// Running and Waiting are summed over pods.
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
+	// ClassStats are the cumulative counters (since New or ResetStats).
+	ClassStats
+}
+
+// Sample reads the pool's counters and gauges now. It is cheap enough to
+// call every few milliseconds.
+func (p *Pool) Sample() Sample {
+	s := Sample{Time: time.Now(), Saturation: p.Saturation()}
+	cls := p.classStats(false)
+	for c := range numClasses {
+		s.ByClass[c] = ClassSample{Class: Class(c).String(), ClassStats: cls[c]}
+	}
+	for _, g := range p.PodGauges() {
+		for c := range numClasses {
+			s.ByClass[c].Running += g.RunningByClass[c]
+			s.ByClass[c].Waiting += g.WaitingByClass[c]
+		}
+		s.KVUsage += g.KVUsage / float64(len(p.pods))
+		s.Preemptions += g.Preemptions
+	}
+	p.lag.mu.Lock()
+	s.StepLagMaxMS = float64(p.lag.max) / float64(time.Millisecond)
+	p.lag.mu.Unlock()
+	return s
 }
