@@ -81,7 +81,7 @@ func TestValidateOK(t *testing.T) {
 }
 
 func TestDemoJSON(t *testing.T) {
-	out, err := run(t, "demo", "--requests", "200", "--retry-base", "100ms", "--json")
+	out, err := run(t, "demo", "--mode", "mechanics", "--requests", "200", "--retry-base", "100ms", "--json")
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out)
 	}

@@ -397,7 +397,7 @@ func TestImageBinary(t *testing.T) {
 	})
 
 	t.Run("demo", func(t *testing.T) {
-		out := run(t, entry, p.entrypoint[0], "demo", "--requests", "30", "--json")
+		out := run(t, entry, p.entrypoint[0], "demo", "--mode", "mechanics", "--requests", "30", "--json")
 		var sum struct {
 			Requests   int `json:"requests"`
 			Results    int `json:"results"`
