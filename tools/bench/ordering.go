@@ -23,6 +23,18 @@ import (
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
+// orderingTargets: requests in flight at once may arrive in any order
+// among themselves, no more; the bound holds for the worst run.
+func orderingTargets() []target {
+	why := "earliest deadline first across two replicas: displacement within the requests in flight (worst run)"
+	return []target{
+		noMore("max_displacement_4", "inflight_limit_4", why),
+		noMore("max_displacement_32", "inflight_limit_32", why),
+		noMore("max_displacement_cluster_4", "inflight_limit_cluster_4", why+", on a Redis Cluster"),
+		noMore("max_displacement_cluster_32", "inflight_limit_cluster_32", why+", on a Redis Cluster"),
+	}
+}
+
 // runOrdering measures how far earliest-deadline-first holds across
 // replicas: a backlog of requests with distinct deadlines, enqueued in a
 // random order, is drained by two sluice replicas sharing one sorted set into
