@@ -91,6 +91,7 @@ Exit status: 1 when any scenario failed, or any figure missed its target
 
 Flags:
 `
+
 func main() {
 	if spec := os.Getenv(gatewayChildEnv); spec != "" {
 		if err := runGatewayChild(spec); err != nil {

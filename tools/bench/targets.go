@@ -32,12 +32,18 @@ type target struct {
 }
 
 // The constructors keep the declarations beside each scenario one line each.
-func minimum(key string, bound float64, why string) target { return target{key, atLeast, bound, "", why} }
-func maximum(key string, bound float64, why string) target { return target{key, atMost, bound, "", why} }
-func exactly(key string, bound float64, why string) target { return target{key, equalTo, bound, "", why} }
-func noMore(key, of, why string) target                    { return target{key, atMost, 0, of, why} }
-func noLess(key, of, why string) target                    { return target{key, atLeast, 0, of, why} }
-func reportedOnly(key, why string) target                  { return target{key, reported, 0, "", why} }
+func minimum(key string, bound float64, why string) target {
+	return target{key, atLeast, bound, "", why}
+}
+func maximum(key string, bound float64, why string) target {
+	return target{key, atMost, bound, "", why}
+}
+func exactly(key string, bound float64, why string) target {
+	return target{key, equalTo, bound, "", why}
+}
+func noMore(key, of, why string) target   { return target{key, atMost, 0, of, why} }
+func noLess(key, of, why string) target   { return target{key, atLeast, 0, of, why} }
+func reportedOnly(key, why string) target { return target{key, reported, 0, "", why} }
 
 // noFailures is the target every scenario whose gateway always answers 200
 // has for each side that writes results: not one result other than a first
