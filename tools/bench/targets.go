@@ -15,7 +15,7 @@ type comparison string
 const (
 	atLeast  comparison = ">="
 	atMost   comparison = "<="
-	equalTo  comparison = "=="
+	equalTo  comparison = "="
 	reported comparison = "" // a figure printed for reading, held to nothing
 )
 
