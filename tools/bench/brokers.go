@@ -68,7 +68,7 @@ type brokerRun struct {
 	topics   func(run int) (queue, results string)
 }
 
-func (b brokerRun) measure(ctx context.Context, o options) (figures, error) {
+func (b brokerRun) measure(ctx context.Context, name string, o options) (figures, error) {
 	sim, err := simulator.New(simulator.Config{Capacity: brokerConcurrency})
 	if err != nil {
 		return nil, err
@@ -100,8 +100,9 @@ func (b brokerRun) measure(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	return figures{"requests": float64(b.n), "throughput": median(sl.rates()), "baseline": median(base.rates()),
-		"ratio": medianRatio(sl.rates(), base.rates()), "failed": sl.failed(), "baseline_failed": base.failed()}, nil
+	f := pairFigures(name, sl, base)
+	f["requests"] = float64(b.n)
+	return f, nil
 }
 
 // side sets run up and times launch over its backlog, the same way for
@@ -120,12 +121,16 @@ func (b brokerRun) side(ctx context.Context, run int, launch func(ctx context.Co
 	go func() { sideErr = launch(rctx); close(stopped) }()
 	limit := time.After(5 * time.Minute)
 	ended := false
+	var first time.Duration
 	for {
 		got, err := b.count(ctx, run)
 		if err != nil {
 			cancel()
 			<-stopped
 			return sample{}, err
+		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
 		}
 		if got >= int64(b.n) {
 			break
@@ -156,7 +161,7 @@ func (b brokerRun) side(ctx context.Context, run int, launch func(ctx context.Co
 	if err != nil {
 		return sample{}, err
 	}
-	return sample{ok: t.ok, failed: t.failed + max(0, b.n-t.total()), seconds: elapsed.Seconds()}, nil
+	return sample{ok: t.ok, failed: t.failed + max(0, b.n-t.total()), seconds: elapsed.Seconds(), first: first}, nil
 }
 
 // sluice runs a deployment over the backlog of run until ctx ends.
@@ -294,7 +299,7 @@ func runNATSJetStream(ctx context.Context, o options) (figures, error) {
 			return natsBaseline(ctx, js, queue, results, gw, n)
 		},
 	}
-	return r.measure(ctx, o)
+	return r.measure(ctx, "nats-jetstream", o)
 }
 
 // natsBaseline is the plain loop: one fetcher pulls as many messages as
@@ -479,7 +484,7 @@ func runPostgres(ctx context.Context, o options) (figures, error) {
 			return postgresBaseline(ctx, pg.URL, table(queue), table(results), gw, n)
 		},
 	}
-	return r.measure(ctx, o)
+	return r.measure(ctx, "postgres", o)
 }
 
 // postgresBaseline is the plain loop: 64 workers, each in a transaction per

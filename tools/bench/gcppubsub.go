@@ -83,9 +83,9 @@ func runGCPPubSub(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	return figures{"requests": gcpRequests, "throughput": median(sl.rates()), "baseline": median(base.rates()),
-		"ratio": medianRatio(sl.rates(), base.rates()), "throughput_min": slices.Min(sl.rates()), "throughput_max": slices.Max(sl.rates()),
-		"failed": sl.failed(), "baseline_failed": base.failed()}, nil
+	f := pairFigures("gcp-pubsub", sl, base)
+	f["requests"], f["throughput_min"], f["throughput_max"] = gcpRequests, slices.Min(sl.rates()), slices.Max(sl.rates())
+	return f, nil
 }
 
 // gcpTopics creates the request and result topics and subscriptions of one
@@ -148,19 +148,26 @@ func startGCPRun(ctx context.Context, c *pubsub.Client, id string) (*gcpRun, err
 	return r, nil
 }
 
-// wait waits until every result arrived and returns the time it took since start.
-func (r *gcpRun) wait(ctx context.Context, start time.Time) (time.Duration, error) {
+// wait waits until every result arrived and returns the time it took since
+// start, and the time to the first result (polled as transportRun polls).
+func (r *gcpRun) wait(ctx context.Context, start time.Time) (all, first time.Duration, err error) {
 	limit := time.After(5 * time.Minute)
 	for r.got.Load() < gcpRequests {
+		if first == 0 && r.got.Load() > 0 {
+			first = time.Since(start)
+		}
 		select {
 		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", r.got.Load(), gcpRequests)
+			return 0, 0, fmt.Errorf("only %d of %d results after 5m", r.got.Load(), gcpRequests)
 		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+			return 0, 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return time.Since(start), nil
+	if first == 0 {
+		first = time.Since(start)
+	}
+	return time.Since(start), first, nil
 }
 
 // gcpSluiceRun drains a backlog with sluice at its defaults.
@@ -179,7 +186,9 @@ func gcpSluiceRun(ctx context.Context, c *pubsub.Client, emulator, id string) (s
 	if err != nil {
 		return sample{}, err
 	}
-	return r.sample(s.seconds), nil
+	out := r.sample(s.seconds)
+	out.first = s.first
+	return out, nil
 }
 
 // gcpBaselineRun drains a backlog with a bare pubsub/v2 client.
@@ -235,7 +244,7 @@ func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (sample, e
 			m.Ack()
 		})
 	}()
-	el, err := r.wait(rctx, start)
+	el, first, err := r.wait(rctx, start)
 	cancel()
 	<-recvDone
 	if firstErr != nil {
@@ -244,7 +253,9 @@ func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (sample, e
 	if err != nil {
 		return sample{}, err
 	}
-	return r.sample(el.Seconds()), nil
+	out := r.sample(el.Seconds())
+	out.first = first
+	return out, nil
 }
 
 // gcpBaselineCall POSTs one payload and returns its result: the answer, or

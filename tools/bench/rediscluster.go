@@ -129,11 +129,12 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	return figures{"requests": float64(n), "masters": float64(c.Masters),
-		"throughput": median(sl.rates()), "baseline": median(base.rates()), "ratio": medianRatio(sl.rates(), base.rates()),
-		"concurrency": baseWorkers, "throughput_default_concurrency": median(def.rates()),
-		"ratio_default_concurrency": medianRatio(def.rates(), base.rates()),
-		"failed":                    sl.failed() + def.failed(), "baseline_failed": base.failed(), "rss_mb": rssMB()}, nil
+	f := pairFigures("redis-cluster", sl, base)
+	f["requests"], f["masters"], f["concurrency"], f["rss_mb"] = float64(n), float64(c.Masters), baseWorkers, rssMB()
+	f["throughput_default_concurrency"] = median(def.rates())
+	f["ratio_default_concurrency"] = medianRatio(def.rates(), base.rates())
+	f["failed"] += def.failed()
+	return f, nil
 }
 
 // benchSluiceQueues runs one sluice deployment on queues (each answered to
@@ -178,6 +179,13 @@ func benchBaselineCluster(ctx context.Context, c redis.UniversalClient, gw strin
 // measured side ends (a side that drained its queue, or failed): the count
 // must then reach n by the next poll.
 func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time, stopped <-chan struct{}) (time.Duration, error) {
+	el, _, err := waitFirstAndAll(ctx, c, lists, n, start, stopped)
+	return el, err
+}
+
+// waitFirstAndAll is waitResultsIn that also returns the time to the first
+// result seen.
+func waitFirstAndAll(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time, stopped <-chan struct{}) (all, first time.Duration, err error) {
 	limit := time.After(5 * time.Minute)
 	ended := false
 	for {
@@ -185,21 +193,24 @@ func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string,
 		for _, l := range lists {
 			v, err := c.LLen(ctx, l).Result()
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			got += v
 		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
+		}
 		if got >= int64(n) {
-			return time.Since(start), nil
+			return time.Since(start), first, nil
 		}
 		if ended {
-			return 0, fmt.Errorf("stopped with %d of %d results", got, n)
+			return 0, 0, fmt.Errorf("stopped with %d of %d results", got, n)
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", got, n)
+			return 0, 0, fmt.Errorf("only %d of %d results after 5m", got, n)
 		case <-stopped:
 			ended = true
 		case <-time.After(5 * time.Millisecond):

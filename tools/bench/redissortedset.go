@@ -100,9 +100,9 @@ func runRedisSortedSet(ctx context.Context, o options) (figures, error) {
 	if err != nil {
 		return nil, err
 	}
-	return figures{"requests": n, "throughput": median(sl.rates()), "baseline": median(base.rates()),
-		"ratio": medianRatio(sl.rates(), base.rates()), "failed": sl.failed(), "baseline_failed": base.failed(),
-		"rss_mb": rssMB()}, nil
+	f := pairFigures("redis-sortedset", sl, base)
+	f["requests"], f["rss_mb"] = n, rssMB()
+	return f, nil
 }
 
 // benchSluiceRedis runs a default sluice deployment until n results are in
@@ -124,7 +124,7 @@ func timeRedisSide(ctx context.Context, c redis.UniversalClient, lists []string,
 	stopped := make(chan struct{})
 	start := time.Now()
 	go func() { sideErr = launch(rctx); close(stopped) }()
-	el, werr := waitResultsIn(ctx, c, lists, n, start, stopped)
+	el, first, werr := waitFirstAndAll(ctx, c, lists, n, start, stopped)
 	cancel()
 	<-stopped
 	if sideErr != nil && !errors.Is(sideErr, context.Canceled) {
@@ -137,7 +137,7 @@ func timeRedisSide(ctx context.Context, c redis.UniversalClient, lists []string,
 	if err != nil {
 		return sample{}, err
 	}
-	return sample{ok: t.ok, failed: t.failed + max(0, n-t.total()), seconds: el.Seconds()}, nil
+	return sample{ok: t.ok, failed: t.failed + max(0, n-t.total()), seconds: el.Seconds(), first: first}, nil
 }
 
 func waitResults(ctx context.Context, c redis.UniversalClient, list string, n int, start time.Time) (time.Duration, error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -64,11 +66,13 @@ func tallyLists(ctx context.Context, c redis.UniversalClient, lists ...string) (
 	return t, nil
 }
 
-// sample is one side's run: ok and failed results and the time from the
-// side's start to its last result.
+// sample is one side's run: ok and failed results, the time from the
+// side's start to its last result (seconds) and to its first (first: the
+// side's start-up, which the clock includes on both sides).
 type sample struct {
 	ok, failed int
 	seconds    float64
+	first      time.Duration
 }
 
 // rate is ok results per second.
@@ -83,6 +87,31 @@ func (ss samples) rates() []float64 {
 		out[i] = s.rate()
 	}
 	return out
+}
+
+// firstMs is the median time to the first result, in milliseconds.
+func (ss samples) firstMs() float64 {
+	out := make([]float64, len(ss))
+	for i, s := range ss {
+		out[i] = float64(s.first) / float64(time.Millisecond)
+	}
+	return median(out)
+}
+
+// pairFigures are the figures of a scenario that measured sluice against
+// a baseline run by run (alternate): each side's median rate, the median
+// of the runs' ratios, the failed results of each side summed, and each
+// side's median time to its first result. Each run's pair goes to standard
+// error.
+func pairFigures(name string, sl, base samples) figures {
+	for i := range min(len(sl), len(base)) {
+		fmt.Fprintf(os.Stderr, "%s run %d/%d: throughput=%.0f baseline=%.0f ratio=%.2f first_result_ms=%.0f baseline_first_result_ms=%.0f failed=%d baseline_failed=%d\n",
+			name, i+1, len(sl), sl[i].rate(), base[i].rate(), sl[i].rate()/base[i].rate(),
+			float64(sl[i].first)/float64(time.Millisecond), float64(base[i].first)/float64(time.Millisecond), sl[i].failed, base[i].failed)
+	}
+	return figures{"throughput": median(sl.rates()), "baseline": median(base.rates()),
+		"ratio": medianRatio(sl.rates(), base.rates()), "failed": sl.failed(), "baseline_failed": base.failed(),
+		"first_result_ms": sl.firstMs(), "baseline_first_result_ms": base.firstMs()}
 }
 
 // failed is the failed results summed over the runs: a bound of 0 holds

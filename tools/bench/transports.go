@@ -114,10 +114,14 @@ func (r transportRun) run(ctx context.Context) (sample, error) {
 		}
 	}
 	limit := time.After(5 * time.Minute)
+	var first time.Duration
 	for {
 		got, err := r.done(ctx)
 		if err != nil {
 			return sample{}, err
+		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
 		}
 		if got >= int64(r.n) {
 			break
@@ -137,7 +141,7 @@ func (r transportRun) run(ctx context.Context) (sample, error) {
 	if err := <-runErr; err != nil {
 		return sample{}, err
 	}
-	return sample{seconds: elapsed.Seconds()}, nil
+	return sample{seconds: elapsed.Seconds(), first: first}, nil
 }
 
 func redisClient(url string) (*redis.Client, error) {
