@@ -17,6 +17,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"slices"
@@ -159,28 +160,36 @@ func main() {
 	// A child process of the concurrency scenarios measures one side of
 	// one run: its figures are the parent's to check.
 	child := os.Getenv(childEnv) != ""
-	failed, misses := 0, 0
+	failed, misses := runScenarios(ctx, os.Stdout, os.Stderr, all, want, options{runs: *runs}, !child)
+	if !child {
+		fmt.Fprintf(os.Stderr, "bench: %d failed, %d missed their targets\n", failed, misses)
+	}
+	os.Exit(exitCode(failed, misses, *noFail))
+}
+
+// runScenarios runs the scenarios of all that want names (every one when
+// want is empty), printing each one's BENCH line to out and, when check is
+// set, its MISS lines; progress goes to log. It returns how many scenarios
+// failed and how many figures missed their targets.
+func runScenarios(ctx context.Context, out, log io.Writer, all []scenario, want map[string]bool, o options, check bool) (failed, misses int) {
 	for _, s := range all {
 		if len(want) > 0 && !want[s.name] {
 			continue
 		}
 		start := time.Now()
-		f, err := s.run(ctx, options{runs: *runs})
+		f, err := s.run(ctx, o)
 		if err != nil {
 			failed++
-			fmt.Printf("BENCH %s error=%q\n", s.name, err.Error())
+			fmt.Fprintf(out, "BENCH %s error=%q\n", s.name, err.Error())
 			continue
 		}
-		fmt.Println(format(s.name, f))
-		if !child {
-			misses += report(os.Stdout, s.name, s.targets, f)
+		fmt.Fprintln(out, format(s.name, f))
+		if check {
+			misses += report(out, s.name, s.targets, f)
 		}
-		fmt.Fprintf(os.Stderr, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(log, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
 	}
-	if !child {
-		fmt.Fprintf(os.Stderr, "bench: %d failed, %d missed their targets\n", failed, misses)
-	}
-	os.Exit(exitCode(failed, misses, *noFail))
+	return failed, misses
 }
 
 func format(name string, f figures) string {

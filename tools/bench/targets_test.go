@@ -94,6 +94,44 @@ func TestExitCode(t *testing.T) {
 	}
 }
 
+// The bench's loop prints each scenario's BENCH line, then its MISS lines;
+// a scenario that fails is a failure, not a skip; the exit status follows.
+func TestRunScenarios(t *testing.T) {
+	all := []scenario{
+		{"good", func(context.Context, options) (figures, error) { return figures{"ratio": 0.9, "failed": 0}, nil },
+			[]target{minimum("ratio", 0.7, "x"), noFailures("failed")}},
+		{"slow", func(context.Context, options) (figures, error) { return figures{"ratio": 0.5, "failed": 2}, nil },
+			[]target{minimum("ratio", 0.7, "x"), noFailures("failed")}},
+		{"broken", func(context.Context, options) (figures, error) { return nil, errors.New("no server") },
+			[]target{minimum("ratio", 0.7, "x")}},
+		{"skipped", func(context.Context, options) (figures, error) {
+			t.Error("ran a scenario not asked for")
+			return nil, nil
+		}, nil},
+	}
+	want := map[string]bool{"good": true, "slow": true, "broken": true}
+	var out, log bytes.Buffer
+	failed, misses := runScenarios(context.Background(), &out, &log, all, want, options{runs: 1}, true)
+	wantOut := `BENCH good failed=0 ratio=0.90
+BENCH slow failed=2 ratio=0.50
+MISS slow ratio=0.50 target=>=0.70
+MISS slow failed=2 target==0
+BENCH broken error="no server"
+`
+	if out.String() != wantOut || failed != 1 || misses != 2 {
+		t.Errorf("failed %d misses %d, output:\n%s\nwant 1, 2 and:\n%s", failed, misses, out.String(), wantOut)
+	}
+	if exitCode(failed, misses, false) != 1 || exitCode(failed, misses, true) != 1 || exitCode(0, misses, true) != 0 {
+		t.Error("exit status")
+	}
+	// A concurrency child does not check: its figures are one side's.
+	out.Reset()
+	_, misses = runScenarios(context.Background(), &out, &log, all, map[string]bool{"slow": true}, options{runs: 1}, false)
+	if misses != 0 || strings.Contains(out.String(), "MISS") {
+		t.Errorf("child checked its figures: %s", out.String())
+	}
+}
+
 // Every scenario declares at least one target, bounded or explicitly
 // reported, each with a reason, no key twice, and a bound figure is
 // never the figure itself.
