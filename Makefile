@@ -21,7 +21,8 @@ test:
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
-## bench: one BENCH line per scenario
+## bench: one BENCH line per scenario, a MISS line per figure that misses its target; fails on any
+## miss or failed scenario (go run ./tools/bench -no-fail lists the misses without failing)
 bench:
 	$(GO) run ./tools/bench
 

@@ -30,7 +30,7 @@ func TestAlertsReadExportedMetrics(t *testing.T) {
 		short := strings.TrimPrefix(name, "llm_d_async_async_")
 		return strings.Contains(string(doc), "`"+short+"`") || strings.Contains(string(doc), "`"+short+"{")
 	}
-	groups := groupsOf(t, render(t, "--set", "ap.prometheusRule.enabled=true"))
+	groups := groupsOf(t, render(t, withSuite("--set", "ap.prometheusRule.enabled=true")...))
 	seen := 0
 	for _, g := range groups {
 		for _, r := range g.Rules {
@@ -93,7 +93,7 @@ func promRules(t *testing.T, dir string, groups []ruleGroup) string {
 func TestAlertsFire(t *testing.T) {
 	t.Parallel()
 	promtool := testenv.LookPath(t, "promtool", "prometheus")
-	groups := groupsOf(t, render(t, "--set", "ap.prometheusRule.enabled=true"))
+	groups := groupsOf(t, render(t, withSuite("--set", "ap.prometheusRule.enabled=true")...))
 	dir := t.TempDir()
 	rules := promRules(t, dir, groups)
 	if out, err := exec.Command(promtool, "check", "rules", rules).CombinedOutput(); err != nil {

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -39,8 +40,19 @@ var suite = []string{
 func withSuite(flags ...string) []string { return append(slices.Clone(suite), flags...) }
 
 // upstreamTail is the common tail of the arguments with the default values
-// (UPSTREAM-CHART.md §5.2).
-var upstreamTail = []string{"--concurrency=64", "--drain-timeout=2m", "--health-port=8081", "--metrics-endpoint-auth=false", "--metrics-port=9090"}
+// (UPSTREAM-v0.10.md §6: UPSTREAM-CHART.md §5.2 with --gate-wait-timeout
+// after --concurrency).
+var upstreamTail = []string{"--concurrency=64", "--gate-wait-timeout=5m", "--drain-timeout=2m", "--health-port=8081", "--metrics-endpoint-auth=false", "--metrics-port=9090"}
+
+// suiteDoc is the document the suite's values translate into: redis-pubsub,
+// one queue named request-queue on ap.igwBaseURL.
+const suiteDoc = `{"queues":[{"igw_base_url":"http://igw:80","queue_name":"request-queue","request_path_url":"/v1/completions"}]}`
+
+// transportArgs are the first arguments upstream's chart renders now: the
+// transport, then its document as a separate argument.
+func transportArgs(transport, doc string) []string {
+	return []string{"--transport=" + transport, "--transport-config", doc}
+}
 
 func wantArgs(t *testing.T, c container, want []string) {
 	t.Helper()
@@ -49,11 +61,58 @@ func wantArgs(t *testing.T, c container, want []string) {
 	}
 }
 
+// wantDoc checks the transport and the exact document the container gets.
+func wantDoc(t *testing.T, c container, transport, doc string) {
+	t.Helper()
+	if len(c.Args) < 3 || c.Args[0] != "--transport="+transport || c.Args[1] != "--transport-config" {
+		t.Fatalf("args %q: want --transport=%s --transport-config <document> first", c.Args, transport)
+	}
+	if c.Args[2] != doc {
+		t.Errorf("transport document:\n got %s\nwant %s", c.Args[2], doc)
+	}
+}
+
+// docOf decodes the transport document of the container's arguments.
+func docOf(t *testing.T, c container) map[string]any {
+	t.Helper()
+	raw := c.argAfter("--transport-config")
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(raw), &doc); err != nil {
+		t.Fatalf("--transport-config %q: %v", raw, err)
+	}
+	return doc
+}
+
+// secretRef returns "<secret>/<key>" of the container's variable name, or
+// "" when it is not set from a Secret.
+func secretRef(c container, name string) string {
+	e := c.env(name)
+	if e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
+		return ""
+	}
+	return e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+}
+
+// minimal are the smallest values an install needs since upstream's chart
+// requires a transport: gcp-pubsub on the newer values (no Redis, so no
+// REDIS_URL and no Secret).
+var minimal = []string{"--set", "ap.transport=gcp-pubsub", "--set-json",
+	`ap.transportConfig={"project_id":"p","result_topic_id":"results","topics":[{"subscriber_id":"s","igw_base_url":"http://igw:80"}]}`}
+
+// minimalDoc is minimal's document.
+const minimalDoc = `{"project_id":"p","result_topic_id":"results","topics":[{"igw_base_url":"http://igw:80","subscriber_id":"s"}]}`
+
+// helm lint passes with every ci/ file; with the defaults it reports
+// upstream's "No transport configured" (lint counts a fail as information).
 func TestChartLint(t *testing.T) {
 	t.Parallel()
-	out, stderr, err := runHelm(t, "lint", chartDir, "--namespace", namespace)
-	if err != nil {
-		t.Fatalf("helm lint (default values): %v\n%s%s", err, out, stderr)
+	// helm lint reports a template's fail as [INFO] and still passes.
+	out, stderr, _ := runHelm(t, "lint", chartDir, "--namespace", namespace)
+	if !strings.Contains(out+stderr, "No transport configured") {
+		t.Errorf("helm lint (default values): want it to report the failure naming no transport\n%s%s", out, stderr)
+	}
+	if out, stderr, err := runHelm(t, append([]string{"lint", chartDir, "--namespace", namespace}, minimal...)...); err != nil {
+		t.Errorf("helm lint (minimal values): %v\n%s%s", err, out, stderr)
 	}
 	for _, f := range ciFiles(t) {
 		out, stderr, err := runHelm(t, "lint", chartDir, "--namespace", namespace, "-f", f)
@@ -63,18 +122,23 @@ func TestChartLint(t *testing.T) {
 	}
 }
 
-// With the chart's defaults no transport is enabled: no check fails, no
-// transport flag is rendered (the binary then runs upstream's default), and
-// only the Deployment and its ServiceAccount exist.
+// With the chart's defaults no transport is configured and the install
+// fails, as upstream's chart does now (it used to start the binary on its
+// default transport). The smallest values that install (a transport and
+// its document) render only the Deployment and its ServiceAccount, with
+// the chart's defaults everywhere else.
 func TestChartDefaults(t *testing.T) {
 	t.Parallel()
-	objs := render(t)
+	if stderr := renderError(t); !strings.Contains(stderr, "No transport configured: set ap.transport (redis-pubsub|redis-sortedset|gcp-pubsub) with ap.transportConfig, or enable a backend via ap.redis.enabled / ap.gcpPubSub.enabled (deprecated).") {
+		t.Errorf("defaults: %s, want upstream's failure naming no transport", stderr)
+	}
+	objs := render(t, minimal...)
 	if got := objs.summary(); got != "ServiceAccount/release-name-sluice, Deployment/release-name-sluice" {
 		t.Errorf("rendered %s, want the ServiceAccount and the Deployment", got)
 	}
 	d := deploymentOf(t, objs)
 	c := d.container()
-	wantArgs(t, c, upstreamTail)
+	wantArgs(t, c, append(transportArgs("gcp-pubsub", minimalDoc), upstreamTail...))
 	chart := readChart(t)
 	if want := "ghcr.io/sluice-io/sluice:" + chart.AppVersion; c.Image != want {
 		t.Errorf("image %q, want %q", c.Image, want)
@@ -198,28 +262,29 @@ func TestChartDeployment(t *testing.T) {
 				t.Errorf("ports %+v, args %q: want 8080", c.Ports, c.Args)
 			}
 		}},
+		// The deprecated values, translated into --transport / --transport-config
+		// as upstream's chart does now (these cases used to pin the retired
+		// --message-queue-impl / --redis.* / --pubsub.* arguments).
 		{"redis-pubsub is the default implementation", nil, func(t *testing.T, _ objects, _ deployment, c container) {
-			wantArgs(t, c, append([]string{"--message-queue-impl=redis-pubsub", "--redis.igw-base-url=http://igw:80", "--redis.request-path-url", "/v1/completions"}, upstreamTail...))
+			wantArgs(t, c, append(transportArgs("redis-pubsub", suiteDoc), upstreamTail...))
 		}},
 		{"any other implementation with redis is redis-pubsub", []string{"--set", "ap.messageQueueImpl=gcp-pubsub"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			if c.Args[0] != "--message-queue-impl=redis-pubsub" {
-				t.Errorf("args %q: want redis-pubsub (Redis wins)", c.Args)
-			}
+			wantDoc(t, c, "redis-pubsub", suiteDoc)
 		}},
 		{"redis-sortedset", []string{"--set", "ap.messageQueueImpl=redis-sortedset"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			wantArgs(t, c, append([]string{"--message-queue-impl=redis-sortedset", "--redis.ss.igw-base-url=http://igw:80",
-				"--redis.ss.request-path-url", "/v1/completions", "--redis.ss.request-queue-name", "request-sortedset",
-				"--redis.ss.result-queue-name", "result-list", "--redis.ss.poll-interval-ms", "1000", "--redis.ss.batch-size", "10"}, upstreamTail...))
+			wantArgs(t, c, append(transportArgs("redis-sortedset",
+				`{"batch_size":10,"poll_interval_ms":1000,"queues":[{"igw_base_url":"http://igw:80","queue_name":"request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"result-list"}`),
+				upstreamTail...))
 		}},
+		{"redis-sortedset numbers and names", []string{"--set", "ap.messageQueueImpl=redis-sortedset", "--set", "ap.redis.requestQueueName=q1", "--set", "ap.redis.resultQueueName=r1",
+			"--set", "ap.redis.pollIntervalMs=500", "--set", "ap.redis.batchSize=20", "--set", "ap.redis.requestPathURL=/v1/chat/completions"},
+			func(t *testing.T, _ objects, _ deployment, c container) {
+				wantDoc(t, c, "redis-sortedset", `{"batch_size":20,"poll_interval_ms":500,"queues":[{"igw_base_url":"http://igw:80","queue_name":"q1","request_path_url":"/v1/chat/completions"}],"result_queue_name":"r1"}`)
+			}},
 		{"redis-sortedset empty names fall back", []string{"--set", "ap.messageQueueImpl=redis-sortedset", "--set", "ap.redis.requestQueueName=", "--set", "ap.redis.resultQueueName=",
 			"--set", "ap.redis.pollIntervalMs=0", "--set", "ap.redis.batchSize=0", "--set", "ap.concurrency=0", "--set", "ap.drainTimeout="},
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				for flag, want := range map[string]string{"--redis.ss.request-queue-name": "request-sortedset", "--redis.ss.result-queue-name": "result-list",
-					"--redis.ss.poll-interval-ms": "1000", "--redis.ss.batch-size": "10"} {
-					if got := c.argAfter(flag); got != want {
-						t.Errorf("%s %q, want %q", flag, got, want)
-					}
-				}
+				wantDoc(t, c, "redis-sortedset", `{"batch_size":10,"poll_interval_ms":1000,"queues":[{"igw_base_url":"http://igw:80","queue_name":"request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"result-list"}`)
 				if !c.hasArg("--concurrency=64") || !c.hasArg("--drain-timeout=2m") {
 					t.Errorf("args %q: want --concurrency=64 and --drain-timeout=2m", c.Args)
 				}
@@ -227,13 +292,7 @@ func TestChartDeployment(t *testing.T) {
 		{"redis-sortedset single-queue gate params are strings", append([]string{"--set", "ap.messageQueueImpl=redis-sortedset", "--set", "ap.redis.gateType=prometheus-query"},
 			values(t, "ap:\n  redis:\n    gateParams:\n      query: '1 - inference_extension_flow_control_pool_saturation{inference_pool=\"e2e-pool\"}'\n      fallback: \"0.0\"\n      limit: 40\n      ratio: 0.5\n")...),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if !c.hasArg("--redis.ss.gate-type=prometheus-query") {
-					t.Errorf("args %q: want --redis.ss.gate-type=prometheus-query", c.Args)
-				}
-				want := `{"fallback":"0.0","limit":"40","query":"1 - inference_extension_flow_control_pool_saturation{inference_pool=\"e2e-pool\"}","ratio":"0.5"}`
-				if got, _ := c.argValue("--redis.ss.gate-params"); got != want {
-					t.Errorf("--redis.ss.gate-params=%s, want %s", got, want)
-				}
+				wantDoc(t, c, "redis-sortedset", `{"batch_size":10,"poll_interval_ms":1000,"queues":[{"gate_params":{"fallback":"0.0","limit":"40","query":"1 - inference_extension_flow_control_pool_saturation{inference_pool=\"e2e-pool\"}","ratio":"0.5"},"gate_type":"prometheus-query","igw_base_url":"http://igw:80","queue_name":"request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"result-list"}`)
 			}},
 		{"redis-sortedset queues config inline", append([]string{"--set", "ap.messageQueueImpl=redis-sortedset"},
 			values(t, `ap:
@@ -247,33 +306,28 @@ func TestChartDeployment(t *testing.T) {
           pool: "e2e-pool"
           threshold: "0.7"
 `)...), func(t *testing.T, _ objects, _ deployment, c container) {
-			wantArgs(t, c, append([]string{"--message-queue-impl=redis-sortedset", "--redis.ss.queues-config",
-				`[{"gate_params":{"pool":"e2e-pool","threshold":"0.7"},"gate_type":"prometheus-saturation","igw_base_url":"http://envoy.e2e-integration.svc.cluster.local:8081","queue_name":"saturation-request-sortedset","request_path_url":"/v1/completions"}]`,
-				"--redis.ss.result-queue-name", "result-list", "--redis.ss.poll-interval-ms", "1000", "--redis.ss.batch-size", "10"}, upstreamTail...))
+			wantArgs(t, c, append(transportArgs("redis-sortedset",
+				`{"batch_size":10,"poll_interval_ms":1000,"queues":[{"gate_params":{"pool":"e2e-pool","threshold":"0.7"},"gate_type":"prometheus-saturation","igw_base_url":"http://envoy.e2e-integration.svc.cluster.local:8081","queue_name":"saturation-request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"result-list"}`),
+				upstreamTail...))
 		}},
 		{"queues config keeps numbers and lists, escapes like toJson", append([]string{"--set", "ap.messageQueueImpl=redis-sortedset"},
 			values(t, "ap:\n  redis:\n    queuesConfig:\n      - queue_name: q\n        igw_base_url: \"http://igw:80\"\n        gate_type: local-max-concurrency\n        gate_params:\n          limit: 40\n        labels: {tier: batch}\n        note: \"a<b & c>d\"\n")...),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				want := `[{"gate_params":{"limit":40},"gate_type":"local-max-concurrency","igw_base_url":"http://igw:80","labels":{"tier":"batch"},"note":"a\u003cb \u0026 c\u003ed","queue_name":"q"}]`
-				if got := c.argAfter("--redis.ss.queues-config"); got != want {
-					t.Errorf("queues config %s, want %s", got, want)
-				}
+				wantDoc(t, c, "redis-sortedset", `{"batch_size":10,"poll_interval_ms":1000,"queues":[{"gate_params":{"limit":40},"gate_type":"local-max-concurrency","igw_base_url":"http://igw:80","labels":{"tier":"batch"},"note":"a\u003cb \u0026 c\u003ed","queue_name":"q"}],"result_queue_name":"result-list"}`)
 			}},
 		{"redis-pubsub queues config", values(t, "ap:\n  redis:\n    queuesConfig:\n      - queue_name: ch\n        igw_base_url: \"http://igw:80\"\n"),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				wantArgs(t, c, append([]string{"--message-queue-impl=redis-pubsub", "--redis.queues-config", `[{"igw_base_url":"http://igw:80","queue_name":"ch"}]`}, upstreamTail...))
+				wantArgs(t, c, append(transportArgs("redis-pubsub", `{"queues":[{"igw_base_url":"http://igw:80","queue_name":"ch"}]}`), upstreamTail...))
 			}},
 		{"gcp-pubsub branch", []string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			wantArgs(t, c, append([]string{"--message-queue-impl=gcp-pubsub", "--pubsub.project-id=test-project", "--pubsub.result-topic-id=",
-				"--pubsub.igw-base-url=http://igw:80", "--pubsub.request-subscriber-id=", "--pubsub.request-path-url", "/v1/completions"}, upstreamTail...))
+			wantArgs(t, c, append(transportArgs("gcp-pubsub",
+				`{"project_id":"test-project","result_topic_id":"","topics":[{"igw_base_url":"http://igw:80","request_path_url":"/v1/completions","subscriber_id":""}]}`), upstreamTail...))
 			if c.env("REDIS_URL") != nil {
 				t.Errorf("REDIS_URL set on the GCP branch")
 			}
 		}},
 		{"redis wins over gcp", []string{"--set", "ap.gcpPubSub.enabled=true"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			if c.Args[0] != "--message-queue-impl=redis-pubsub" {
-				t.Errorf("args %q: want the Redis branch", c.Args)
-			}
+			wantDoc(t, c, "redis-pubsub", suiteDoc)
 		}},
 		{"image default", nil, func(t *testing.T, _ objects, _ deployment, c container) {
 			if want := "ghcr.io/sluice-io/sluice:" + readChart(t).AppVersion; c.Image != want {
@@ -287,9 +341,7 @@ func TestChartDeployment(t *testing.T) {
 		}},
 		{"igwBaseURL not required with queuesConfig", append([]string{"--set", "ap.igwBaseURL="}, values(t, "ap:\n  redis:\n    queuesConfig:\n      - queue_name: q\n        igw_base_url: \"http://igw:80\"\n")...),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if c.argAfter("--redis.queues-config") == "" {
-					t.Errorf("args %q: want --redis.queues-config", c.Args)
-				}
+				wantDoc(t, c, "redis-pubsub", `{"queues":[{"igw_base_url":"http://igw:80","queue_name":"q"}]}`)
 			}},
 		{"otel env when the endpoint is set", []string{"--set", "ap.otel.endpoint=http://otel:4317"}, func(t *testing.T, _ objects, _ deployment, c container) {
 			got := map[string]string{}
@@ -327,16 +379,21 @@ func TestChartDeployment(t *testing.T) {
 				}
 			}
 		}},
+		// --redis-tracing is retired: redisTracing becomes the document's
+		// enable_tracing (it used to render --redis-tracing=true).
 		{"redis tracing needs the otel endpoint", []string{"--set", "ap.otel.redisTracing=true"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			if c.hasArg("--redis-tracing=true") {
-				t.Errorf("args %q: --redis-tracing without ap.otel.endpoint", c.Args)
-			}
+			wantArgs(t, c, append(transportArgs("redis-pubsub", suiteDoc), upstreamTail...))
 		}},
 		{"redis tracing with the otel endpoint", []string{"--set", "ap.otel.redisTracing=true", "--set", "ap.otel.endpoint=http://otel:4317"}, func(t *testing.T, _ objects, _ deployment, c container) {
-			if c.Args[len(c.Args)-1] != "--redis-tracing=true" {
-				t.Errorf("args %q: want --redis-tracing=true after the common flags", c.Args)
-			}
+			wantArgs(t, c, append(transportArgs("redis-pubsub",
+				`{"enable_tracing":true,"queues":[{"igw_base_url":"http://igw:80","queue_name":"request-queue","request_path_url":"/v1/completions"}]}`), upstreamTail...))
 		}},
+		{"sorted-set tracing", []string{"--set", "ap.messageQueueImpl=redis-sortedset", "--set", "ap.otel.redisTracing=true", "--set", "ap.otel.endpoint=http://otel:4317"},
+			func(t *testing.T, _ objects, _ deployment, c container) {
+				if doc := docOf(t, c); doc["enable_tracing"] != true {
+					t.Errorf("document %v: want enable_tracing true", doc)
+				}
+			}},
 		{"tls volume and flags", []string{"--set", "ap.tls.secretName=my-tls-secret", "--set", "ap.tls.caCertKey=ca.crt", "--set", "ap.tls.certKey=tls.crt",
 			"--set", "ap.tls.keyKey=tls.key", "--set", "ap.tls.insecureSkipVerify=true"}, func(t *testing.T, _ objects, d deployment, c container) {
 			if m := c.mount("tls-certs"); m == nil || *m != (volumeMount{Name: "tls-certs", MountPath: "/etc/tls", ReadOnly: true}) {
@@ -372,36 +429,39 @@ func TestChartDeployment(t *testing.T) {
 		{"pubsub topics config", append([]string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true", "--set", "ap.gcpPubSub.resultTopicId=results"},
 			values(t, "ap:\n  gcpPubSub:\n    topicsConfig:\n      - subscriber_id: sub-1\n        igw_base_url: \"http://igw:80\"\n")...),
 			func(t *testing.T, objs objects, _ deployment, c container) {
-				wantArgs(t, c, append([]string{"--message-queue-impl=gcp-pubsub", "--pubsub.project-id=test-project", "--pubsub.result-topic-id=results",
-					"--pubsub.topics-config-file=/etc/llm-d-async/config/pubsub-topics.json"}, upstreamTail...))
-				if cm := objs.find("ConfigMap", "release-name-sluice-config"); cm == nil || str(cm.get(`data["pubsub-topics.json"]`)) != `[{"igw_base_url":"http://igw:80","subscriber_id":"sub-1"}]` {
-					t.Errorf("ConfigMap %v, want pubsub-topics.json", cm)
+				// The topics travel in --transport-config now; no
+				// pubsub-topics.json is mounted (it used to be).
+				wantArgs(t, c, append(transportArgs("gcp-pubsub",
+					`{"project_id":"test-project","result_topic_id":"results","topics":[{"igw_base_url":"http://igw:80","subscriber_id":"sub-1"}]}`), upstreamTail...))
+				if cm := objs.find("ConfigMap", "release-name-sluice-config"); cm != nil || c.VolumeMounts != nil {
+					t.Errorf("ConfigMap %v, mounts %+v: want neither for the topics", cm, c.VolumeMounts)
 				}
 			}},
-		{"gated auto-select", append([]string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true"},
+		// Upstream's chart now renders --transport=gcp-pubsub for every
+		// gcp-pubsub* messageQueueImpl, with each topic's gate_type in the
+		// document, where it gates; the gated auto-select and an explicit
+		// gcp-pubsub running gated topics ungated are gone (these cases used
+		// to expect --message-queue-impl=gcp-pubsub-gated / gcp-pubsub).
+		{"gated topics", append([]string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true"},
 			values(t, "ap:\n  gcpPubSub:\n    topicsConfig:\n      - subscriber_id: a\n      - subscriber_id: b\n        gate_type: prometheus-saturation\n")...),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if c.Args[0] != "--message-queue-impl=gcp-pubsub-gated" {
-					t.Errorf("args %q: want gcp-pubsub-gated", c.Args)
-				}
+				wantDoc(t, c, "gcp-pubsub", `{"project_id":"test-project","result_topic_id":"","topics":[{"subscriber_id":"a"},{"gate_type":"prometheus-saturation","subscriber_id":"b"}]}`)
 			}},
-		{"explicit gcp-pubsub keeps gated topics ungated", append([]string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true", "--set", "ap.messageQueueImpl=gcp-pubsub"},
+		{"explicit gcp-pubsub keeps the topics' gates", append([]string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true", "--set", "ap.messageQueueImpl=gcp-pubsub"},
 			values(t, "ap:\n  gcpPubSub:\n    topicsConfig:\n      - subscriber_id: b\n        gate_type: prometheus-saturation\n")...),
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if c.Args[0] != "--message-queue-impl=gcp-pubsub" {
-					t.Errorf("args %q: want the explicit gcp-pubsub", c.Args)
-				}
+				wantDoc(t, c, "gcp-pubsub", `{"project_id":"test-project","result_topic_id":"","topics":[{"gate_type":"prometheus-saturation","subscriber_id":"b"}]}`)
 			}},
 		{"explicit gcp-pubsub-gated", []string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true", "--set", "ap.messageQueueImpl=gcp-pubsub-gated"},
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if c.Args[0] != "--message-queue-impl=gcp-pubsub-gated" {
-					t.Errorf("args %q: want gcp-pubsub-gated", c.Args)
+				if c.Args[0] != "--transport=gcp-pubsub" {
+					t.Errorf("args %q: want --transport=gcp-pubsub", c.Args)
 				}
 			}},
 		{"non-gcp implementation on the gcp branch", []string{"--set", "ap.redis.enabled=false", "--set", "ap.gcpPubSub.enabled=true", "--set", "ap.messageQueueImpl=redis-sortedset"},
 			func(t *testing.T, _ objects, _ deployment, c container) {
-				if c.Args[0] != "--message-queue-impl=gcp-pubsub" {
-					t.Errorf("args %q: want gcp-pubsub", c.Args)
+				if c.Args[0] != "--transport=gcp-pubsub" || c.env("REDIS_URL") != nil {
+					t.Errorf("args %q, env %+v: want --transport=gcp-pubsub and no REDIS_URL", c.Args, c.Env)
 				}
 			}},
 		{"transform config", values(t, "ap:\n  transformConfig:\n    requestTransforms:\n      - name: gcs-whisper\n        type: gcs_uri_multipart\n        parameters:\n          providers: [whisper]\n"),
@@ -422,7 +482,9 @@ func TestChartDeployment(t *testing.T) {
 		{"merge policy and worker pools (e2e mt-merge)", values(t, "ap:\n  requestMergePolicyConfig:\n    type: tier-priority\n    parameters:\n      priority_header: x-gateway-priority\n  workerPools:\n    - id: default\n      workers: 1\n"),
 			func(t *testing.T, objs objects, _ deployment, c container) {
 				tail := c.Args[len(c.Args)-len(upstreamTail)-2:]
-				if !slices.Equal(tail[:2], []string{"--pool-config-file=/etc/llm-d-async/config/worker-pools.json", "--request-merge-policy-config=/etc/llm-d-async/config/request-merge-policy.json"}) {
+				// The merge policy flag is upstream's renamed one now (it used to be
+				// the deprecated --request-merge-policy-config).
+				if !slices.Equal(tail[:2], []string{"--pool-config-file=/etc/llm-d-async/config/worker-pools.json", "--request-merge-policy-config-file=/etc/llm-d-async/config/request-merge-policy.json"}) {
 					t.Errorf("args %q: want the pool file, then the merge policy, before the common tail", c.Args)
 				}
 				cm := objs.find("ConfigMap", "release-name-sluice-config")
@@ -527,10 +589,37 @@ func TestChartValidation(t *testing.T) {
 		{"sluice.config.transport with ap.redis.enabled", append([]string{"--set", "ap.redis.enabled=true", "--set", "ap.redis.secretName=s", "--set", "ap.igwBaseURL=http://igw:80"},
 			values(t, "sluice:\n  config:\n    transport: redis-stream\n")...),
 			"sluice.config.transport selects the transport from sluice's config"},
-		{"sluice.config.transport_config without transport", values(t, "sluice:\n  config:\n    transport_config:\n      queues: []\n"),
+		{"sluice.config.transport_config without transport", withSuite(values(t, "sluice:\n  config:\n    transport_config:\n      queues: []\n")...),
 			"sluice.config.transport_config needs sluice.config.transport"},
-		{"upstream's newer ap.transport", []string{"--set", "ap.transport=redis-pubsub"},
-			"ap.transport / ap.transportConfig are not supported"},
+		// Upstream's checks of its newer values.
+		{"no transport", nil,
+			"No transport configured: set ap.transport (redis-pubsub|redis-sortedset|gcp-pubsub) with ap.transportConfig, or enable a backend via ap.redis.enabled / ap.gcpPubSub.enabled (deprecated)."},
+		{"ap.redis.url alone is no transport", []string{"--set", "ap.redis.url=redis://r:6379"}, "No transport configured"},
+		{"transport without a document", []string{"--set", "ap.transport=redis-pubsub"},
+			"ap.transport is set but ap.transportConfig is empty: provide the transport configuration document (see the README 'Transport Configuration' section)."},
+		{"redis transport without a connection", values(t, "ap:\n  transport: redis-pubsub\n  transportConfig:\n    queues:\n      - queue_name: request-queue\n        igw_base_url: \"http://igw:80\"\n"),
+			"redis transport has no connection: set ap.transportConfig.urlSecret.url (chart creates a Secret) or ap.transportConfig.urlSecret.name/key (reference an existing Secret), or an inline url in ap.transportConfig (dev only). The deprecated ap.redis.url / ap.redis.secretName still work. The resolved Secret is injected as REDIS_URL."},
+		{"redis-stream transport without a connection", values(t, "ap:\n  transport: redis-stream\n  transportConfig:\n    queues: [{queue_name: s, igw_base_url: \"http://igw:80\"}]\n"),
+			"redis transport has no connection"},
+		{"the deprecated checks do not run with ap.transport", append(values(t, "ap:\n  transport: gcp-pubsub\n  transportConfig: {project_id: p, topics: [{subscriber_id: s}]}\n"),
+			"--set", "ap.redis.enabled=true", "--set", "ap.gateWaitTimeout=soon"),
+			"ap.gateWaitTimeout \"soon\" is not a duration"},
+		// sluice's own checks of them.
+		{"unknown transport", values(t, "ap:\n  transport: sql\n  transportConfig: {url: \"postgres://db\"}\n"),
+			`ap.transport "sql" is not a transport sluice has`},
+		{"document not a map", []string{"--set", "ap.transport=gcp-pubsub", "--set", "ap.transportConfig=x"},
+			"ap.transportConfig must be a map"},
+		{"urlSecret neither form", values(t, "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {key: url}\n    queues: []\n  redis: {secretName: s}\n"),
+			"ap.transportConfig.urlSecret must be {url: redis://...}"},
+		{"urlSecret a string", values(t, "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: \"redis://r:6379\"\n    queues: []\n  redis: {secretName: s}\n"),
+			"ap.transportConfig.urlSecret must be {url: redis://...}"},
+		{"urlSecret both forms", values(t, "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {url: \"redis://r:6379\", name: s}\n    queues: []\n"),
+			"give url (the chart creates the Secret) or name (an existing Secret), not both"},
+		{"gate wait timeout not a duration", withSuite("--set", "ap.gateWaitTimeout=5 minutes"), `ap.gateWaitTimeout "5 minutes" is not a duration`},
+		{"gate wait timeout without a unit", withSuite("--set", "ap.gateWaitTimeout=300"), `ap.gateWaitTimeout "300" is not a duration`},
+		{"negative gate wait timeout", withSuite("--set", "ap.gateWaitTimeout=-1m"), `ap.gateWaitTimeout "-1m" is not a duration`},
+		{"sluice.config.transport with ap.transport", values(t, "ap:\n  transport: gcp-pubsub\n  transportConfig: {project_id: p, topics: [{subscriber_id: s}]}\nsluice:\n  config:\n    transport: redis-stream\n"),
+			"sluice.config.transport selects the transport from sluice's config"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -544,6 +633,14 @@ func TestChartValidation(t *testing.T) {
 	// Redis queuesConfig does not need ap.igwBaseURL, nor gateType alone in pubsub mode.
 	render(t, append([]string{"--set", "ap.redis.enabled=true", "--set", "ap.redis.secretName=s", "--set", "ap.redis.gateType=constant"},
 		values(t, "ap:\n  redis:\n    queuesConfig:\n      - queue_name: q\n        igw_base_url: \"http://igw:80\"\n")...)...)
+	// Durations the binary accepts pass; 0 (a number, as YAML gives it) is
+	// "until the deadline" and is not replaced by the default.
+	for _, d := range []string{"0", "0s", "90s", "1h30m", "250ms", "1.5h"} {
+		c := deploymentOf(t, render(t, withSuite("--set", "ap.gateWaitTimeout="+d)...)).container()
+		if !c.hasArg("--gate-wait-timeout=" + d) {
+			t.Errorf("ap.gateWaitTimeout=%s: args %q", d, c.Args)
+		}
+	}
 }
 
 // Names: upstream's rules, and nameOverride=llm-d-async gives upstream's
@@ -756,7 +853,7 @@ func TestChartSluiceKeys(t *testing.T) {
   extraArgs: ["--retry-max=30s", "--listen-host=127.0.0.1"]
 `)...)...)
 		c := deploymentOf(t, objs).container()
-		want := append(append([]string{"--message-queue-impl=redis-pubsub", "--redis.igw-base-url=http://igw:80", "--redis.request-path-url", "/v1/completions"}, upstreamTail...),
+		want := append(append(transportArgs("redis-pubsub", suiteDoc), upstreamTail...),
 			"--config=/etc/llm-d-async/config/sluice.json", "--gateway-protocol=h2c", "--status-page=false", "--log-level=debug", "--log-format=json", "--retry-max=30s", "--listen-host=127.0.0.1")
 		wantArgs(t, c, want)
 		cm := objs.find("ConfigMap", "release-name-sluice-config")
@@ -823,11 +920,272 @@ ap:
 			t.Errorf("no Redis Secret rendered")
 		}
 	})
-	t.Run("no REDIS_URL without redis", func(t *testing.T) {
+	t.Run("no REDIS_URL without a redis transport", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.redis.url=redis://r:6379")
+		// (This used to render with no transport at all, which now fails.)
+		objs := render(t, append(slices.Clone(minimal), "--set", "ap.redis.url=redis://r:6379")...)
 		if c := deploymentOf(t, objs).container(); c.env("REDIS_URL") != nil || len(objs.ofKind("Secret")) != 0 {
-			t.Errorf("REDIS_URL or a Secret without ap.redis.enabled (upstream renders neither)")
+			t.Errorf("REDIS_URL or a Secret on gcp-pubsub (upstream renders neither)")
 		}
 	})
+}
+
+// Upstream's newer values (UPSTREAM-v0.10.md §6): ap.transport with its
+// document, urlSecret in both forms, the deprecated connection values on
+// the new surface, ap.env, ap.gateWaitTimeout, and NOTES.txt's warnings.
+func TestChartTransport(t *testing.T) {
+	t.Parallel()
+	const queues = "    queues:\n      - queue_name: q\n        igw_base_url: \"http://igw:80\"\n"
+	const qDoc = `"queues":[{"igw_base_url":"http://igw:80","queue_name":"q"}]`
+	cases := []struct {
+		name, values string
+		flags        []string
+		transport    string
+		doc          string
+		redisURL     string // REDIS_URL's <secret>/<key>, "" for none
+		secretURL    string // stringData.url of <fullname>-redis, "" for no Secret
+	}{
+		{"urlSecret url: the chart creates the Secret", "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {url: \"redis://created:6379\"}\n    result_queue_name: results\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `,"result_queue_name":"results"}`, "release-name-sluice-redis/url", "redis://created:6379"},
+		{"urlSecret name and key: an existing Secret", "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {name: my-existing, key: conn}\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `}`, "my-existing/conn", ""},
+		{"urlSecret name: key defaults to url", "ap:\n  transport: redis-pubsub\n  transportConfig:\n    urlSecret: {name: my-existing}\n" + queues,
+			nil, "redis-pubsub", `{` + qDoc + `}`, "my-existing/url", ""},
+		{"inline url: in the document, no Secret", "ap:\n  transport: redis-sortedset\n  transportConfig:\n    url: \"redis://inline:6379\"\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `,"url":"redis://inline:6379"}`, "", ""},
+		{"deprecated ap.redis.url still gives the Secret", "ap:\n  transport: redis-sortedset\n  redis: {url: \"redis://legacy:6379\"}\n  transportConfig:\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `}`, "release-name-sluice-redis/url", "redis://legacy:6379"},
+		{"deprecated ap.redis.secretName still gives REDIS_URL", "ap:\n  transport: redis-sortedset\n  redis: {secretName: redis-creds, secretKey: conn}\n  transportConfig:\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `}`, "redis-creds/conn", ""},
+		{"urlSecret wins over ap.redis.*", "ap:\n  transport: redis-sortedset\n  redis: {url: \"redis://legacy:6379\", secretName: s}\n  transportConfig:\n    urlSecret: {name: new-secret}\n" + queues,
+			nil, "redis-sortedset", `{` + qDoc + `}`, "new-secret/url", ""},
+		{"ap.transport wins over the deprecated selectors", "ap:\n  transport: gcp-pubsub\n  messageQueueImpl: redis-sortedset\n  redis: {enabled: true, secretName: s}\n  transportConfig: {project_id: p, result_topic_id: r, topics: [{subscriber_id: s, igw_base_url: \"http://igw:80\"}]}\n",
+			nil, "gcp-pubsub", `{"project_id":"p","result_topic_id":"r","topics":[{"igw_base_url":"http://igw:80","subscriber_id":"s"}]}`, "", ""},
+		{"no Redis Secret for gcp-pubsub", "ap:\n  transport: gcp-pubsub\n  transportConfig:\n    urlSecret: {url: \"redis://created:6379\"}\n    project_id: my-project\n    result_topic_id: results\n    topics: []\n",
+			nil, "gcp-pubsub", `{"project_id":"my-project","result_topic_id":"results","topics":[]}`, "", ""},
+		{"redis-stream on the new values", "ap:\n  transport: redis-stream\n  transportConfig:\n    urlSecret: {name: s}\n" + queues,
+			nil, "redis-stream", `{` + qDoc + `}`, "s/url", ""},
+		{"the document keeps numbers, lists and escapes", "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {name: s}\n    batch_size: 32\n    claim_lease_ttl_seconds: 300\n    queues:\n      - {queue_name: q, igw_base_url: \"http://igw:80\", gate_params: {limit: 40}, labels: {tier: batch}, note: \"a<b & c>d\"}\n",
+			nil, "redis-sortedset", `{"batch_size":32,"claim_lease_ttl_seconds":300,"queues":[{"gate_params":{"limit":40},"igw_base_url":"http://igw:80","labels":{"tier":"batch"},"note":"a\u003cb \u0026 c\u003ed","queue_name":"q"}]}`, "s/url", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			objs := render(t, append(values(t, tc.values), tc.flags...)...)
+			c := deploymentOf(t, objs).container()
+			wantArgs(t, c, append(transportArgs(tc.transport, tc.doc), upstreamTail...))
+			if got := secretRef(c, "REDIS_URL"); got != tc.redisURL {
+				t.Errorf("REDIS_URL from %q, want %q", got, tc.redisURL)
+			}
+			s := objs.find("Secret", "release-name-sluice-redis")
+			switch {
+			case tc.secretURL == "" && len(objs.ofKind("Secret")) != 0:
+				t.Errorf("Secrets rendered: %s, want none", objs.summary())
+			case tc.secretURL != "" && (s == nil || str(s.get("stringData.url")) != tc.secretURL || s.get("type") != "Opaque"):
+				t.Errorf("Secret %v, want release-name-sluice-redis with url %s", s, tc.secretURL)
+			}
+		})
+	}
+
+	t.Run("env, affinity and gate wait timeout", func(t *testing.T) {
+		t.Parallel()
+		d := deploymentOf(t, render(t, values(t, `ap:
+  transport: redis-sortedset
+  transportConfig:
+    urlSecret: {name: s}
+`+queues+`  gateWaitTimeout: 0
+  otel: {endpoint: "http://otel:4317"}
+  env: [{name: PUBSUB_EMULATOR_HOST, value: "emulator:8085"}, {name: GOMAXPROCS, value: "2"}]
+  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 1, podAffinityTerm: {topologyKey: zone}}]}}
+sluice:
+  extraEnv: [{name: EXTRA, value: "1"}]
+`)...))
+		c := d.container()
+		var names []string
+		for _, e := range c.Env {
+			names = append(names, e.Name)
+		}
+		// The chart's own, then ap.env (after REDIS_URL, as upstream), then
+		// sluice.extraEnv.
+		want := []string{"LOG_LEVEL", "POD_NAME", "NAMESPACE", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_TRACES_SAMPLER",
+			"OTEL_TRACES_SAMPLER_ARG", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "REDIS_URL", "PUBSUB_EMULATOR_HOST", "GOMAXPROCS", "EXTRA"}
+		if !slices.Equal(names, want) {
+			t.Errorf("env %q, want %q", names, want)
+		}
+		if e := c.env("PUBSUB_EMULATOR_HOST"); e == nil || e.Value != "emulator:8085" {
+			t.Errorf("PUBSUB_EMULATOR_HOST %+v", e)
+		}
+		if !c.hasArg("--gate-wait-timeout=0") || slices.Index(c.Args, "--gate-wait-timeout=0") != slices.Index(c.Args, "--concurrency=64")+1 {
+			t.Errorf("args %q: want --gate-wait-timeout=0 right after --concurrency", c.Args)
+		}
+		if d.Spec.Template.Spec.Affinity["podAntiAffinity"] == nil {
+			t.Errorf("affinity %v", d.Spec.Template.Spec.Affinity)
+		}
+	})
+
+	t.Run("the transport flags come first, sluice's after upstream's", func(t *testing.T) {
+		t.Parallel()
+		c := deploymentOf(t, render(t, values(t, `ap:
+  transport: redis-sortedset
+  prometheusURL: "http://prom:9090"
+  workerPools: [{id: default, workers: 2}]
+  requestMergePolicyConfig: {type: random-robin}
+  transportConfig:
+    urlSecret: {name: s}
+`+queues+`sluice:
+  log: {level: debug}
+`)...)).container()
+		want := append(transportArgs("redis-sortedset", `{`+qDoc+`}`), "--prometheus-url=http://prom:9090",
+			"--pool-config-file=/etc/llm-d-async/config/worker-pools.json", "--request-merge-policy-config-file=/etc/llm-d-async/config/request-merge-policy.json")
+		wantArgs(t, c, append(append(want, upstreamTail...), "--log-level=debug"))
+	})
+
+	notes := func(t *testing.T, flags ...string) string {
+		t.Helper()
+		return renderNotes(t, flags...)
+	}
+	t.Run("notes", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name     string
+			flags    []string
+			want     []string
+			dontWant []string
+		}{
+			{"deprecated values", withSuite("--set", "ap.messageQueueImpl=redis-sortedset"),
+				[]string{"Transport: redis-sortedset", "WARNING: deprecated chart values in use.", "transport: redis-sortedset",
+					`{"batch_size":10,"poll_interval_ms":1000,"queues":[{"igw_base_url":"http://igw:80","queue_name":"request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"result-list"}`,
+					"WARNING: deprecated Redis connection values in use."},
+				// As upstream's, the connection warning comes with ap.redis.secretName
+				// on the deprecated values too.
+				[]string{"redis-pubsub is deprecated"}},
+			{"deprecated pubsub", withSuite(), []string{"WARNING: deprecated chart values in use.", "WARNING: redis-pubsub is deprecated upstream"}, nil},
+			{"new values with the deprecated connection", values(t, "ap:\n  transport: redis-sortedset\n  redis: {secretName: redis-creds}\n  transportConfig:\n"+queues),
+				[]string{"Transport: redis-sortedset", "WARNING: deprecated Redis connection values in use."}, []string{"deprecated chart values"}},
+			{"new values", values(t, "ap:\n  transport: redis-sortedset\n  transportConfig:\n    urlSecret: {name: s}\n"+queues),
+				[]string{"Transport: redis-sortedset"}, []string{"WARNING"}},
+			{"sluice.config transport", values(t, "ap:\n  redis: {secretName: s}\nsluice:\n  config:\n    transport: redis-stream\n    transport_config: {queues: []}\n"),
+				[]string{"Transport: redis-stream (sluice.config.transport)"}, []string{"WARNING"}},
+		} {
+			n := notes(t, tc.flags...)
+			if tc.name == "deprecated values" && strings.Contains(n, "{{") {
+				t.Errorf("NOTES not rendered:\n%s", n)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(n, w) {
+					t.Errorf("%s: NOTES lack %q:\n%s", tc.name, w, n)
+				}
+			}
+			for _, w := range tc.dontWant {
+				if strings.Contains(n, w) {
+					t.Errorf("%s: NOTES hold %q:\n%s", tc.name, w, n)
+				}
+			}
+		}
+	})
+}
+
+// renderNotes renders templates/NOTES.txt with flags. helm template leaves
+// NOTES.txt out and helm install needs a cluster even with --dry-run, so
+// it renders a copy of the chart holding one more template: a ConfigMap
+// whose data is NOTES.txt (kept at the copy's root, where .Files reads it)
+// passed through tpl with the release's values.
+func renderNotes(t *testing.T, flags ...string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sluice-notes-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	chart := filepath.Join(dir, "sluice")
+	if err := os.CopyFS(chart, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(chartDir, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "notes-under-test.txt"), notes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-under-test\ndata:\n  notes: {{ tpl (.Files.Get \"notes-under-test.txt\") . | quote }}\n"
+	if err := os.WriteFile(filepath.Join(chart, "templates", "notes-under-test.yaml"), []byte(tmpl), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"template", release, chart, "--namespace", namespace, "--show-only", "templates/notes-under-test.yaml"}, flags...)
+	out, stderr, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatalf("helm template (NOTES): %v\n%s", err, stderr)
+	}
+	cm := parseObjects(t, out).one(t, "ConfigMap")
+	return str(cm.get("data.notes"))
+}
+
+// The upstream-style values files of ci/ (the newer transport values and
+// the deprecated ones) render exactly these arguments, REDIS_URL source and
+// Secret; TestCIValuesStartSluice starts sluice with what they render.
+func TestChartUpstreamValuesFiles(t *testing.T) {
+	t.Parallel()
+	const gw = "http://envoy.e2e-integration.svc.cluster.local:8081"
+	const redis = "redis://redis.e2e-integration.svc.cluster.local:6379"
+	cases := []struct {
+		file, transport, doc string
+		middle               []string // arguments between the document and the common tail
+		gateWait             string
+		redisURL, secretURL  string
+		env                  []string
+	}{
+		{"transport-redis-sortedset-url", "redis-sortedset",
+			`{"batch_size":32,"poll_interval_ms":200,"queues":[{"igw_base_url":"` + gw + `","inference_objective":"interactive","queue_name":"transport-interactive-request-sortedset","request_path_url":"/v1/completions"},{"gate_params":{"budget":"0.5"},"gate_type":"constant","igw_base_url":"` + gw + `","queue_name":"transport-batch-request-sortedset","result_queue_name":"transport-batch-result-list"}],"result_queue_name":"transport-result-list"}`,
+			nil, "2m", "release-name-sluice-redis/url", redis, []string{"LOG_LEVEL", "REDIS_URL", "GODEBUG"}},
+		{"transport-redis-sortedset-secret", "redis-sortedset",
+			`{"queues":[{"gate_params":{"pool":"e2e-pool","threshold":"0.7"},"gate_type":"prometheus-saturation","igw_base_url":"` + gw + `","queue_name":"saturation-request-sortedset"}],"result_queue_name":"saturation-result-list"}`,
+			[]string{"--prometheus-url=http://prometheus.e2e-integration.svc.cluster.local:9090", "--prometheus-cache-ttl=0s"}, "5m", "redis-creds/connection", "", []string{"LOG_LEVEL", "REDIS_URL"}},
+		{"transport-gcp-pubsub", "gcp-pubsub",
+			`{"project_id":"e2e-project","result_topic_id":"llm-d-async-results","topics":[{"gate_params":{"budget":"1"},"gate_type":"constant","igw_base_url":"` + gw + `","request_path_url":"/v1/completions","subscriber_id":"transport-requests-pool-a"},{"igw_base_url":"` + gw + `","inference_objective":"batch","subscriber_id":"transport-requests-pool-b"}]}`,
+			[]string{"--pool-config-file=/etc/llm-d-async/config/worker-pools.json"}, "5m", "", "", []string{"LOG_LEVEL"}},
+		{"transport-redis-pubsub-inline-url", "redis-pubsub",
+			`{"queues":[{"igw_base_url":"` + gw + `","queue_name":"pubsub-dev-requests"}],"result_queue_name":"pubsub-dev-results","url":"` + redis + `"}`,
+			nil, "0", "", "", []string{"LOG_LEVEL"}},
+		{"redis-sortedset-single", "redis-sortedset",
+			`{"batch_size":10,"poll_interval_ms":100,"queues":[{"gate_params":{"fallback":"0.0","query":"1 - inference_extension_flow_control_pool_saturation{inference_pool=\"e2e-pool\"}"},"gate_type":"prometheus-query","igw_base_url":"` + gw + `","queue_name":"prometheus-query-request-sortedset","request_path_url":"/v1/completions"}],"result_queue_name":"prometheus-query-result-list"}`,
+			[]string{"--prometheus-url=http://prometheus.e2e-integration.svc.cluster.local:9090", "--prometheus-cache-ttl=0s"}, "5m", "release-name-sluice-redis/url", redis, []string{"LOG_LEVEL", "REDIS_URL"}},
+		{"redis-pubsub", "redis-pubsub",
+			`{"queues":[{"igw_base_url":"` + gw + `","queue_name":"request-queue","request_path_url":"/v1/chat/completions"}]}`,
+			nil, "5m", "redis-creds/url", "", []string{"LOG_LEVEL", "REDIS_URL"}},
+		{"gcp-pubsub-single", "gcp-pubsub",
+			`{"project_id":"e2e-project","result_topic_id":"llm-d-async-results","topics":[{"igw_base_url":"` + gw + `","request_path_url":"/v1/chat/completions","subscriber_id":"llm-d-async-requests"}]}`,
+			nil, "5m", "", "", []string{"LOG_LEVEL"}},
+		{"gcp-pubsub-gated", "gcp-pubsub",
+			`{"project_id":"e2e-project","result_topic_id":"llm-d-async-results","topics":[{"gate_params":{"pool":"e2e-pool","threshold":0.7},"gate_type":"prometheus-saturation","igw_base_url":"` + gw + `","subscriber_id":"saturation-requests","worker_pool_id":"batch"},{"igw_base_url":"` + gw + `","subscriber_id":"interactive-requests"}]}`,
+			[]string{"--prometheus-url=http://prometheus.e2e-integration.svc.cluster.local:9090", "--prometheus-cache-ttl=0s", "--pool-config-file=/etc/llm-d-async/config/worker-pools.json"},
+			"5m", "", "", []string{"LOG_LEVEL"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.file, func(t *testing.T) {
+			t.Parallel()
+			objs := render(t, "-f", filepath.Join(chartDir, "ci", tc.file+".yaml"))
+			c := deploymentOf(t, objs).container()
+			tail := slices.Clone(upstreamTail)
+			tail[1] = "--gate-wait-timeout=" + tc.gateWait
+			wantArgs(t, c, append(append(transportArgs(tc.transport, tc.doc), tc.middle...), tail...))
+			if got := secretRef(c, "REDIS_URL"); got != tc.redisURL {
+				t.Errorf("REDIS_URL from %q, want %q", got, tc.redisURL)
+			}
+			var names []string
+			for _, e := range c.Env {
+				names = append(names, e.Name)
+			}
+			if !slices.Equal(names, tc.env) {
+				t.Errorf("env %q, want %q", names, tc.env)
+			}
+			secrets := objs.ofKind("Secret")
+			switch {
+			case tc.secretURL == "" && len(secrets) != 0:
+				t.Errorf("Secrets %s, want none", objs.summary())
+			case tc.secretURL != "" && (len(secrets) != 1 || str(secrets[0].get("stringData.url")) != tc.secretURL):
+				t.Errorf("Secrets %v, want release-name-sluice-redis with url %s", secrets, tc.secretURL)
+			}
+		})
+	}
 }

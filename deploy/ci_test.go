@@ -115,8 +115,10 @@ func TestCIValuesStartSluice(t *testing.T) {
 // ciValues are the parts of a values file the test reads.
 type ciValues struct {
 	AP struct {
-		MessageQueueImpl string `yaml:"messageQueueImpl"`
-		PrometheusURL    string `yaml:"prometheusURL"`
+		Transport        string         `yaml:"transport"`
+		TransportConfig  map[string]any `yaml:"transportConfig"`
+		MessageQueueImpl string         `yaml:"messageQueueImpl"`
+		PrometheusURL    string         `yaml:"prometheusURL"`
 		Redis            struct {
 			Enabled      bool             `yaml:"enabled"`
 			QueuesConfig []map[string]any `yaml:"queuesConfig"`
@@ -154,6 +156,10 @@ func (v ciValues) transport() (string, int) {
 	switch {
 	case v.Sluice.Config.Transport != "":
 		return v.Sluice.Config.Transport, len(v.Sluice.Config.TransportConfig.Queues)
+	case v.AP.Transport != "":
+		queues, _ := v.AP.TransportConfig["queues"].([]any)
+		topics, _ := v.AP.TransportConfig["topics"].([]any)
+		return v.AP.Transport, len(queues) + len(topics)
 	case v.AP.Redis.Enabled:
 		name := "redis-pubsub"
 		if v.AP.MessageQueueImpl == "redis-sortedset" {
@@ -166,6 +172,45 @@ func (v ciValues) transport() (string, int) {
 	return "redis-pubsub", 1
 }
 
+// urlSecret returns ap.transportConfig.urlSecret (nil without ap.transport).
+func (v ciValues) urlSecret() map[string]any {
+	if v.AP.Transport == "" {
+		return nil
+	}
+	us, _ := v.AP.TransportConfig["urlSecret"].(map[string]any)
+	return us
+}
+
+// pubsub returns the project, the result topic and the request
+// subscriptions of a gcp-pubsub values file, from ap.transportConfig or the
+// deprecated ap.gcpPubSub.
+func (v ciValues) pubsub() (project, resultTopic string, subs, resultTopics []string) {
+	topics := v.AP.GCPPubSub.TopicsConfig
+	project, resultTopic = v.AP.GCPPubSub.ProjectID, v.AP.GCPPubSub.ResultTopicID
+	if v.AP.Transport != "" {
+		project, resultTopic = str(v.AP.TransportConfig["project_id"]), str(v.AP.TransportConfig["result_topic_id"])
+		topics = nil
+		list, _ := v.AP.TransportConfig["topics"].([]any)
+		for _, e := range list {
+			m, _ := e.(map[string]any)
+			topics = append(topics, m)
+		}
+	} else if len(topics) == 0 {
+		subs = []string{v.AP.GCPPubSub.RequestSubscriberID}
+	}
+	for _, tc := range topics {
+		subs = append(subs, str(tc["subscriber_id"]))
+		if r := str(tc["result_topic_id"]); r != "" {
+			resultTopics = append(resultTopics, r)
+		}
+	}
+	return project, resultTopic, subs, resultTopics
+}
+
+// retiredFlags are the argument prefixes upstream's chart no longer renders
+// (UPSTREAM-v0.10.md §6), on the new values and the deprecated ones alike.
+var retiredFlags = []string{"--message-queue-impl", "--redis.", "--pubsub.", "--redis-tracing", "--request-merge-policy-config="}
+
 func runCIValues(t *testing.T, bin string, servers *ciServers, file string, v ciValues) {
 	health, metrics := testenv.FreePort(t), testenv.FreePort(t)
 	flags := []string{"-f", file,
@@ -175,15 +220,35 @@ func runCIValues(t *testing.T, bin string, servers *ciServers, file string, v ci
 		"--set-json", "sluice.extraArgs=" + mustJSON(t, append(v.Sluice.ExtraArgs, "--listen-host=127.0.0.1")),
 	}
 	transport, queues := v.transport()
+	// The Redis connection, where the file puts it: a literal urlSecret.url
+	// or an inline url is replaced by the test's server; an existing Secret
+	// (urlSecret.name) is one the test provides, as the operator would;
+	// otherwise the deprecated ap.redis.url.
+	external := map[string]map[string]string{}
 	if transport != "gcp-pubsub" {
-		flags = append(flags, "--set", "ap.redis.url="+servers.redisURL)
+		us := v.urlSecret()
+		switch {
+		case us["url"] != nil:
+			flags = append(flags, "--set", "ap.transportConfig.urlSecret.url="+servers.redisURL)
+		case us["name"] != nil:
+			key := str(us["key"])
+			if key == "" {
+				key = "url"
+			}
+			external[str(us["name"])] = map[string]string{key: servers.redisURL}
+		case v.AP.Transport != "" && v.AP.TransportConfig["url"] != nil:
+			flags = append(flags, "--set", "ap.transportConfig.url="+servers.redisURL)
+		default:
+			flags = append(flags, "--set", "ap.redis.url="+servers.redisURL)
+		}
 	}
 	if v.AP.PrometheusURL != "" {
 		flags = append(flags, "--set", "ap.prometheusURL="+servers.prometheusURL)
 	}
 	if transport == "gcp-pubsub" {
 		addr := servers.emulator
-		createPubSub(t, addr, v)
+		project, resultTopic, subs, resultTopics := v.pubsub()
+		createPubSub(t, addr, project, append([]string{resultTopic}, resultTopics...), subs)
 		env := append(v.Sluice.ExtraEnv, map[string]any{"name": "PUBSUB_EMULATOR_HOST", "value": addr})
 		flags = append(flags, "--set-json", "sluice.extraEnv="+mustJSON(t, env))
 	}
@@ -240,7 +305,7 @@ func runCIValues(t *testing.T, bin string, servers *ciServers, file string, v ci
 	}
 
 	// The environment, resolved as the kubelet does.
-	env := resolveEnv(t, objs, c)
+	env := resolveEnv(t, objs, external, c)
 	if len(c.EnvFrom) > 0 {
 		t.Fatalf("envFrom %v: the test cannot provide it", c.EnvFrom)
 	}
@@ -250,6 +315,27 @@ func runCIValues(t *testing.T, bin string, servers *ciServers, file string, v ci
 	var args []string
 	for _, a := range c.Args {
 		args = append(args, rewrite(expandVars(a, env)))
+		for _, r := range retiredFlags {
+			if strings.HasPrefix(a, r) {
+				t.Errorf("argument %q: upstream's chart no longer renders %s", a, r)
+			}
+		}
+	}
+	if v.Sluice.Config.Transport == "" {
+		if got := c.Args[0]; got != "--transport="+transport || c.Args[1] != "--transport-config" {
+			t.Errorf("args %q: want --transport=%s --transport-config <document> first", c.Args, transport)
+		}
+		if _, ok := c.argValue("--gate-wait-timeout"); !ok {
+			t.Errorf("args %q: no --gate-wait-timeout", c.Args)
+		}
+	}
+	hasURL := false
+	for _, e := range env {
+		hasURL = hasURL || (e.name == "REDIS_URL" && e.value == servers.redisURL)
+	}
+	inline := v.AP.Transport != "" && v.AP.TransportConfig["url"] != nil
+	if wantURL := strings.HasPrefix(transport, "redis") && !inline; hasURL != wantURL {
+		t.Errorf("REDIS_URL set to the test's server: %v, want %v (env %+v)", hasURL, wantURL, c.Env)
 	}
 	var environ []string
 	for _, e := range env {
@@ -393,8 +479,9 @@ type envEntry struct{ name, value string }
 
 // resolveEnv resolves the container's variables in order: values with
 // $(VAR) references to earlier ones expanded, fieldRefs of the pod's name
-// and namespace, secretKeyRefs of the Secrets the chart renders.
-func resolveEnv(t *testing.T, objs objects, c container) []envEntry {
+// and namespace, secretKeyRefs of the Secrets the chart renders and of the
+// existing ones in external (name -> key -> value).
+func resolveEnv(t *testing.T, objs objects, external map[string]map[string]string, c container) []envEntry {
 	t.Helper()
 	var env []envEntry
 	for _, e := range c.Env {
@@ -405,6 +492,12 @@ func resolveEnv(t *testing.T, objs objects, c container) []envEntry {
 			val := map[string]string{"metadata.name": "sluice-ci-0", "metadata.namespace": namespace}[e.ValueFrom.FieldRef.FieldPath]
 			if val == "" {
 				t.Fatalf("env %s: fieldRef %s unknown to the test", e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+			env = append(env, envEntry{e.Name, val})
+		case e.ValueFrom.SecretKeyRef != nil && external[e.ValueFrom.SecretKeyRef.Name] != nil:
+			val, ok := external[e.ValueFrom.SecretKeyRef.Name][e.ValueFrom.SecretKeyRef.Key]
+			if !ok {
+				t.Fatalf("env %s: existing Secret %s has no key %s", e.Name, e.ValueFrom.SecretKeyRef.Name, e.ValueFrom.SecretKeyRef.Key)
 			}
 			env = append(env, envEntry{e.Name, val})
 		case e.ValueFrom.SecretKeyRef != nil:
@@ -482,14 +575,13 @@ func writeTLS(t *testing.T, dir, caKey, certKey, keyKey string) {
 	}
 }
 
-// createPubSub creates, on the emulator, the subscriptions the values
-// name (each on a topic of its own), and their result topics.
-func createPubSub(t *testing.T, addr string, v ciValues) {
+// createPubSub creates, on the emulator, the topics (result topics) and
+// the subscriptions subs (each on a topic of its own) of project.
+func createPubSub(t *testing.T, addr, project string, topics, subs []string) {
 	t.Helper()
-	g := v.AP.GCPPubSub
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := pubsub.NewClient(ctx, g.ProjectID, option.WithEndpoint(addr), option.WithoutAuthentication(),
+	c, err := pubsub.NewClient(ctx, project, option.WithEndpoint(addr), option.WithoutAuthentication(),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
 	if err != nil {
 		t.Fatal(err)
@@ -499,20 +591,9 @@ func createPubSub(t *testing.T, addr string, v ciValues) {
 		if strings.HasPrefix(id, "projects/") {
 			return id
 		}
-		return "projects/" + g.ProjectID + "/" + kind + "/" + id
+		return "projects/" + project + "/" + kind + "/" + id
 	}
 	ok := func(err error) bool { return err == nil || status.Code(err) == codes.AlreadyExists }
-	topics := []string{g.ResultTopicID}
-	subs := []string{g.RequestSubscriberID}
-	if len(g.TopicsConfig) > 0 {
-		subs = nil
-		for _, tc := range g.TopicsConfig {
-			subs = append(subs, str(tc["subscriber_id"]))
-			if r := str(tc["result_topic_id"]); r != "" {
-				topics = append(topics, r)
-			}
-		}
-	}
 	for _, topic := range topics {
 		if _, err := c.TopicAdminClient.CreateTopic(ctx, &pubsubpb.Topic{Name: name("topics", topic)}); !ok(err) {
 			t.Fatalf("create topic %s: %v", topic, err)

@@ -55,7 +55,7 @@ func TestChartObservability(t *testing.T) {
 	t.Parallel()
 	t.Run("nothing by default", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t)
+		objs := render(t, withSuite()...)
 		for _, k := range []string{"PodMonitor", "PrometheusRule"} {
 			if n := len(objs.ofKind(k)); n != 0 {
 				t.Errorf("%d %s rendered by default", n, k)
@@ -67,7 +67,7 @@ func TestChartObservability(t *testing.T) {
 	})
 	t.Run("pod monitor", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.podMonitor.enabled=true", "--set", "ap.podMonitor.interval=15s", "--set", "ap.podMonitor.labels.monitoring\\.opendatahub\\.io/scrape=true")
+		objs := render(t, withSuite("--set", "ap.podMonitor.enabled=true", "--set", "ap.podMonitor.interval=15s", "--set", "ap.podMonitor.labels.monitoring\\.opendatahub\\.io/scrape=true")...)
 		pm := objs.find("PodMonitor", "release-name-sluice")
 		if pm == nil {
 			t.Fatalf("no PodMonitor (rendered %s)", objs.summary())
@@ -89,7 +89,7 @@ func TestChartObservability(t *testing.T) {
 	})
 	t.Run("pod monitor default interval and endpoint settings", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, append([]string{"--set", "ap.podMonitor.enabled=true"},
+		objs := render(t, append(withSuite("--set", "ap.podMonitor.enabled=true"),
 			values(t, "sluice:\n  podMonitor:\n    endpoint:\n      authorization: {type: Bearer, credentials: {name: prom-token, key: token}}\n      scheme: http\n")...)...)
 		ep := objs.one(t, "PodMonitor").get("spec.podMetricsEndpoints[0]").(map[string]any)
 		if ep["interval"] != "30s" || ep["scheme"] != "http" || ep["port"] != "metrics" || ep["authorization"] == nil {
@@ -98,7 +98,7 @@ func TestChartObservability(t *testing.T) {
 	})
 	t.Run("prometheus rule", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.prometheusRule.enabled=true", "--set", "ap.prometheusRule.labels.team=inference")
+		objs := render(t, withSuite("--set", "ap.prometheusRule.enabled=true", "--set", "ap.prometheusRule.labels.team=inference")...)
 		pr := objs.find("PrometheusRule", "release-name-sluice")
 		if pr == nil || str(pr.get("metadata.labels.team")) != "inference" || pr.get("metadata.namespace") != namespace {
 			t.Fatalf("PrometheusRule %v", pr)
@@ -143,11 +143,11 @@ func TestChartObservability(t *testing.T) {
 	})
 	t.Run("prometheus rule tuning", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.prometheusRule.enabled=true",
+		objs := render(t, withSuite("--set", "ap.prometheusRule.enabled=true",
 			"--set", "ap.prometheusRule.rules.highRetryRate.enabled=false", "--set", "ap.prometheusRule.rules.highShedRate.enabled=false",
 			"--set", "ap.prometheusRule.rules.lowSuccessRate.threshold=0.75", "--set", "ap.prometheusRule.rules.lowSuccessRate.for=20m",
 			"--set", "sluice.alerts.gateFailing.enabled=false", "--set", "sluice.alerts.deadLettered.window=1h", "--set", "sluice.alerts.deadLettered.severity=critical",
-			"--set", "sluice.alerts.lateResults.for=10m")
+			"--set", "sluice.alerts.lateResults.for=10m")...)
 		groups := groupsOf(t, objs)
 		if got := alertNames(groups[0]); !slices.Equal(got, []string{"AsyncProcessorHighDeadlineExceededRate", "AsyncProcessorLowSuccessRate"}) {
 			t.Errorf("upstream alerts %q, want 2", got)
@@ -163,16 +163,16 @@ func TestChartObservability(t *testing.T) {
 		if !strings.Contains(dl.Expr, "[1h]") || dl.Labels["severity"] != "critical" || groups[1].Rules[0].For != "10m" {
 			t.Errorf("tuned sluice rules %+v", groups[1].Rules)
 		}
-		objs = render(t, "--set", "ap.prometheusRule.enabled=true", "--set", "sluice.alerts.gateFailing.enabled=false",
+		objs = render(t, withSuite("--set", "ap.prometheusRule.enabled=true", "--set", "sluice.alerts.gateFailing.enabled=false",
 			"--set", "sluice.alerts.lateResults.enabled=false", "--set", "sluice.alerts.deadLettered.enabled=false",
-			"--set", "sluice.alerts.pluginRestarting.enabled=false")
+			"--set", "sluice.alerts.pluginRestarting.enabled=false")...)
 		if groups := groupsOf(t, objs); len(groups) != 1 {
 			t.Errorf("groups %+v: want no sluice group when its alerts are off", groups)
 		}
 	})
 	t.Run("dashboards", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.grafana.dashboards.enabled=true")
+		objs := render(t, withSuite("--set", "ap.grafana.dashboards.enabled=true")...)
 		cm := objs.find("ConfigMap", "release-name-sluice-dashboards")
 		if cm == nil || str(cm.get("metadata.labels.grafana_dashboard")) != "1" || cm.get("metadata.namespace") != namespace {
 			t.Fatalf("dashboards ConfigMap %v", cm)
@@ -191,14 +191,14 @@ func TestChartObservability(t *testing.T) {
 				t.Errorf("data[%s] differs from %s", filepath.Base(f), f)
 			}
 		}
-		objs = render(t, "--set", "ap.grafana.dashboards.enabled=true", "--set", "ap.grafana.dashboards.label=custom_label", "--set", "ap.grafana.dashboards.labelValue=custom")
+		objs = render(t, withSuite("--set", "ap.grafana.dashboards.enabled=true", "--set", "ap.grafana.dashboards.label=custom_label", "--set", "ap.grafana.dashboards.labelValue=custom")...)
 		if got := str(objs.find("ConfigMap", "release-name-sluice-dashboards").get("metadata.labels.custom_label")); got != "custom" {
 			t.Errorf("custom label %q", got)
 		}
 	})
 	t.Run("model server monitor", func(t *testing.T) {
 		t.Parallel()
-		objs := render(t, "--set", "ap.modelServerMonitor.enabled=true")
+		objs := render(t, withSuite("--set", "ap.modelServerMonitor.enabled=true")...)
 		pm := objs.find("PodMonitor", "release-name-sluice-modelserver")
 		if pm == nil {
 			t.Fatalf("no model-server PodMonitor (rendered %s)", objs.summary())
@@ -214,7 +214,7 @@ func TestChartObservability(t *testing.T) {
 		if got := pm.get("spec.podMetricsEndpoints[0]"); !reflect.DeepEqual(got, want) {
 			t.Errorf("endpoint %v, want %v", got, want)
 		}
-		objs = render(t, append([]string{"--set", "ap.modelServerMonitor.enabled=true", "--set", "ap.modelServerMonitor.inferencePool=pool-a"},
+		objs = render(t, append(withSuite("--set", "ap.modelServerMonitor.enabled=true", "--set", "ap.modelServerMonitor.inferencePool=pool-a"),
 			values(t, "ap:\n  modelServerMonitor:\n    namespaceSelector:\n      matchNames: [llm-d-optimized-baseline]\n")...)...)
 		pm = objs.one(t, "PodMonitor")
 		if got := pm.get("spec.namespaceSelector"); !reflect.DeepEqual(got, map[string]any{"matchNames": []any{"llm-d-optimized-baseline"}}) {

@@ -117,6 +117,10 @@ Upstream's -v and --zap-* flags are accepted too.`
 // implFamily is the prefix of the single-queue flags of each transport.
 var implFamily = map[string]string{"redis-pubsub": "redis.inference", "redis-sortedset": "redis.ss.", "gcp-pubsub": "pubsub."}
 
+// upstreamResultDefault is the result_queue_name upstream's binary uses
+// when a --transport document names none (pkg/redis options).
+var upstreamResultDefault = map[string]string{"redis-sortedset": "result-list", "redis-pubsub": "result-queue"}
+
 // newTransportFlags are the flags of upstream's newer path; when one is set,
 // upstream ignores every legacy transport flag.
 var newTransportFlags = []string{"transport", "transport-config", "transport-config-file"}
@@ -148,6 +152,11 @@ func (l *legacyFlags) apply(fs *pflag.FlagSet, cfg *config.Config, upstream bool
 		if changed(newTransportFlags...) || cfg.Transport != "" {
 			if cfg.Transport == "" {
 				cfg.Transport = "redis-pubsub" // upstream's --transport default
+			}
+			// Upstream's transport documents default the result
+			// destination; its chart renders documents without one.
+			if d := upstreamResultDefault[cfg.Transport]; d != "" && cfg.TransportConfig.ResultQueueName == "" && len(cfg.TransportConfig.Queues) > 0 {
+				cfg.TransportConfig.ResultQueueName = d
 			}
 			if len(set) > 0 {
 				warn = append(warn, fmt.Sprintf("legacy flags ignored because --transport, --transport-config or --transport-config-file (or the config file) sets the transport: %s", strings.Join(set, " ")))

@@ -60,7 +60,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.transport, "transport", "", "transport: memory, redis-sortedset, redis-pubsub, redis-stream, gcp-pubsub (default memory)")
 	fs.StringVar(&f.transportConfig, "transport-config", "", "transport config as inline JSON: {\"queues\":[...], \"result_queue_name\":..., <transport options>}")
 	fs.StringVar(&f.transportConfigFile, "transport-config-file", "", "transport config file (JSON object, or a bare array of queues)")
-	fs.IntVar(&f.concurrency, "concurrency", 0, "in-flight requests per queue at gate budget 1 (default 64)")
+	fs.IntVar(&f.concurrency, "concurrency", 0, "workers of the default worker pool: requests in flight of all queues together, when no worker pools are configured (default 64)")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", 0, "upper bound of one gateway call when the deadline is further away (default 5m)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "on SIGTERM, how long requests in flight may finish before they are handed back (default 2m)")
 	fs.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus server for prometheus-* gates")

@@ -368,3 +368,46 @@ func TestUpstreamChartRenderedArgs(t *testing.T) {
 		})
 	}
 }
+
+// TestUpstreamTransportDocument: the arguments upstream's chart renders now
+// (--transport=<t>, then --transport-config and the document as two
+// arguments) load as upstream's binary reads them: a document naming no
+// result destination gets upstream's default for its transport, and the
+// Redis URL comes from REDIS_URL when the document has none.
+func TestUpstreamTransportDocument(t *testing.T) {
+	t.Setenv("REDIS_URL", "redis://from-env:6379/0")
+	const q = `"queues":[{"queue_name":"q","igw_base_url":"http://gw:80"}]`
+	for _, tc := range []struct {
+		transport, doc, wantResult, wantURL string
+	}{
+		{"redis-sortedset", `{` + q + `}`, "result-list", "redis://from-env:6379/0"},
+		{"redis-pubsub", `{` + q + `}`, "result-queue", "redis://from-env:6379/0"},
+		{"redis-sortedset", `{` + q + `,"result_queue_name":"mine"}`, "mine", "redis://from-env:6379/0"},
+		{"redis-pubsub", `{` + q + `,"url":"redis://inline:6379"}`, "result-queue", "redis://inline:6379"},
+		{"gcp-pubsub", `{"project_id":"p","result_topic_id":"r","topics":[{"subscriber_id":"s","igw_base_url":"http://gw:80"}]}`, "r", ""},
+	} {
+		t.Run(tc.transport+" "+tc.doc, func(t *testing.T) {
+			cfg, warn, err := loadUpstream(t, "--transport="+tc.transport, "--transport-config", tc.doc, "--concurrency=64",
+				"--gate-wait-timeout=5m", "--drain-timeout=2m", "--metrics-endpoint-auth=false")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Transport != tc.transport || len(cfg.TransportConfig.Queues) != 1 || cfg.TransportConfig.ResultQueueName != tc.wantResult {
+				t.Errorf("transport %q, %d queues, result %q; want %s, 1, %q", cfg.Transport, len(cfg.TransportConfig.Queues), cfg.TransportConfig.ResultQueueName, tc.transport, tc.wantResult)
+			}
+			url := cfg.RedisURL
+			var opts struct {
+				URL string `json:"url"`
+			}
+			if err := json.Unmarshal(cfg.TransportConfig.Options, &opts); err == nil && opts.URL != "" {
+				url = opts.URL
+			}
+			if tc.wantURL != "" && url != tc.wantURL {
+				t.Errorf("Redis URL %q, want %q", url, tc.wantURL)
+			}
+			if strings.Contains(strings.Join(warn, "\n"), "legacy flags ignored") {
+				t.Errorf("warnings %q", warn)
+			}
+		})
+	}
+}

@@ -98,7 +98,9 @@ func renderChart(t *testing.T) []map[string]any {
 	}
 	helm := helmBinary(t)
 	cmd := exec.Command(helm, "template", "sluice", chartDir, "--namespace", renderNamespace,
-		"--set", "ap.prometheusRule.enabled=true", "--set", "ap.grafana.dashboards.enabled=true")
+		"--set", "ap.prometheusRule.enabled=true", "--set", "ap.grafana.dashboards.enabled=true",
+		// a transport: the chart fails without one, as upstream's does
+		"--set", "ap.redis.enabled=true", "--set", "ap.redis.secretName=redis-creds", "--set", "ap.igwBaseURL=http://igw:80")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

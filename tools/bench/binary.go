@@ -9,6 +9,11 @@ import (
 	"strings"
 )
 
+// binaryTargets: the release binary's size.
+func binaryTargets() []target {
+	return []target{maximum("binary_mb", 40, "the release binary (make build's flags), in MiB")}
+}
+
 // releaseLDFlags are the linker flags of `make build` and the Dockerfile,
 // without the version stamp (its length does not change the size).
 const releaseLDFlags = "-s -w -X main.version=bench -X main.commit=bench"

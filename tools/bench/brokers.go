@@ -36,8 +36,17 @@ import (
 // request, POST it, publish its result (confirmed), ack it (confirmed).
 func brokerScenarios() []scenario {
 	return []scenario{
-		{"nats-jetstream", runNATSJetStream},
-		{"postgres", runPostgres},
+		{"nats-jetstream", runNATSJetStream, brokerTargets()},
+		{"postgres", runPostgres, brokerTargets()},
+	}
+}
+
+// brokerTargets: the bound of every transport against its plain loop.
+func brokerTargets() []target {
+	return []target{
+		minimum("ratio", 0.70, "sluice at its defaults against the plain loop with the same guarantees and concurrency"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
 	}
 }
 
@@ -45,18 +54,21 @@ func brokerScenarios() []scenario {
 const brokerConcurrency = 64
 
 // brokerRun measures one broker: setup prepares run i's request and result
-// topics with n requests; count reports the results of run i.
+// topics with n requests; count reports how many results run i has, tally
+// reads and counts them; baseline runs the plain loop over run i's backlog
+// until it is drained or ctx ends.
 type brokerRun struct {
 	n        int
 	options  func(run int) wmtransport.Options
 	brokers  *wmtransport.Brokers
 	setup    func(ctx context.Context, run int) error
 	count    func(ctx context.Context, run int) (int64, error)
+	tally    func(ctx context.Context, run int) (resultTally, error)
 	baseline func(ctx context.Context, run int, gw string) error
 	topics   func(run int) (queue, results string)
 }
 
-func (b brokerRun) measure(ctx context.Context, o options) (figures, error) {
+func (b brokerRun) measure(ctx context.Context, name string, o options) (figures, error) {
 	sim, err := simulator.New(simulator.Config{Capacity: brokerConcurrency})
 	if err != nil {
 		return nil, err
@@ -66,38 +78,98 @@ func (b brokerRun) measure(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer sim.Close()
-	var sluiceRate, baseRate []float64
-	for i := range o.runs {
-		run := 2 * i
-		if err := b.setup(ctx, run); err != nil {
-			return nil, fmt.Errorf("setup: %w", err)
-		}
-		rate, err := b.sluice(ctx, run, gw)
-		if err != nil {
-			return nil, fmt.Errorf("sluice: %w", err)
-		}
-		sluiceRate = append(sluiceRate, rate)
-		run++
-		if err := b.setup(ctx, run); err != nil {
-			return nil, fmt.Errorf("setup: %w", err)
-		}
-		start := time.Now()
-		if err := b.baseline(ctx, run, gw); err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
-		}
-		baseRate = append(baseRate, float64(b.n)/time.Since(start).Seconds())
+	var sl, base samples
+	// Run r's sluice side uses topics 2r, its baseline 2r+1.
+	err = alternate(ctx, o.runs,
+		func(ctx context.Context, r int) error {
+			s, err := b.side(ctx, 2*r, func(ctx context.Context) error { return b.sluice(ctx, 2*r, gw) })
+			if err != nil {
+				return fmt.Errorf("sluice: %w", err)
+			}
+			sl = append(sl, s)
+			return nil
+		},
+		func(ctx context.Context, r int) error {
+			s, err := b.side(ctx, 2*r+1, func(ctx context.Context) error { return b.baseline(ctx, 2*r+1, gw) })
+			if err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			base = append(base, s)
+			return nil
+		})
+	if err != nil {
+		return nil, err
 	}
-	t, base := median(sluiceRate), median(baseRate)
-	return figures{"requests": float64(b.n), "throughput": t, "baseline": base, "ratio": t / base}, nil
+	f := pairFigures(name, sl, base)
+	f["requests"] = float64(b.n)
+	return f, nil
 }
 
-// sluice runs a deployment over the backlog of run until its n results are
-// in and returns requests per second (from when its pipeline runs).
-func (b brokerRun) sluice(ctx context.Context, run int, gw string) (float64, error) {
+// side sets run up and times launch over its backlog, the same way for
+// sluice and the baseline: the clock starts just before launch (which
+// builds its own clients) and stops when count sees n results; then the
+// results are counted by what they say.
+func (b brokerRun) side(ctx context.Context, run int, launch func(ctx context.Context) error) (sample, error) {
+	if err := b.setup(ctx, run); err != nil {
+		return sample{}, fmt.Errorf("setup: %w", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var sideErr error
+	stopped := make(chan struct{})
+	start := time.Now()
+	go func() { sideErr = launch(rctx); close(stopped) }()
+	limit := time.After(5 * time.Minute)
+	ended := false
+	var first time.Duration
+	for {
+		got, err := b.count(ctx, run)
+		if err != nil {
+			cancel()
+			<-stopped
+			return sample{}, err
+		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
+		}
+		if got >= int64(b.n) {
+			break
+		}
+		if ended {
+			if sideErr != nil {
+				return sample{}, sideErr
+			}
+			return sample{}, fmt.Errorf("stopped with %d of %d results", got, b.n)
+		}
+		select {
+		case <-stopped:
+			ended = true
+		case <-limit:
+			cancel()
+			<-stopped
+			return sample{}, fmt.Errorf("only %d of %d results after 5m", got, b.n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	elapsed := time.Since(start)
+	cancel()
+	<-stopped
+	if sideErr != nil && !errors.Is(sideErr, context.Canceled) {
+		return sample{}, sideErr
+	}
+	t, err := b.tally(ctx, run)
+	if err != nil {
+		return sample{}, err
+	}
+	return sample{ok: t.ok, failed: t.failed + max(0, b.n-t.total()), seconds: elapsed.Seconds(), first: first}, nil
+}
+
+// sluice runs a deployment over the backlog of run until ctx ends.
+func (b brokerRun) sluice(ctx context.Context, run int, gw string) error {
 	queue, results := b.topics(run)
 	tp, err := wmtransport.New(b.brokers, b.options(run), transport.Env{})
 	if err != nil {
-		return 0, err
+		return err
 	}
 	cfg := &config.Config{Transport: wmtransport.Name, MetricsPort: -1, HealthPort: -1,
 		TransportConfig: config.TransportConfig{ResultQueueName: results,
@@ -105,45 +177,25 @@ func (b brokerRun) sluice(ctx context.Context, run int, gw string) (float64, err
 	a, err := newApp(cfg, app.Options{Transport: tp})
 	if err != nil {
 		_ = tp.Close()
-		return 0, err
+		return err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(rctx) }()
-	// The clock starts once the pipeline runs, as in the other transport
-	// scenarios (the backlog is already there).
-	for !a.Pipeline().Ready() {
-		select {
-		case err := <-done:
-			return 0, fmt.Errorf("sluice stopped: %v", err)
-		case <-time.After(5 * time.Millisecond):
-		}
+	return a.Run(ctx)
+}
+
+// baselineResult is the plain loops' answer to one message: its result, or
+// an error result when the request cannot be read or the call got no
+// answer (as sluice writes one), so that both sides' failures are counted
+// the same way, from the results they leave.
+func baselineResult(ctx context.Context, client *http.Client, gw string, data []byte) []byte {
+	req, err := wire.Decode(data)
+	if err != nil {
+		return wire.ErrorResult(&wire.Request{}, wire.CodeInvalidRequest, err.Error()).Marshal()
 	}
-	start := time.Now()
-	limit := time.After(5 * time.Minute)
-	for {
-		got, err := b.count(ctx, run)
-		if err != nil {
-			return 0, err
-		}
-		if got >= int64(b.n) {
-			break
-		}
-		select {
-		case err := <-done:
-			return 0, fmt.Errorf("sluice stopped: %v", err)
-		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", got, b.n)
-		case <-time.After(10 * time.Millisecond):
-		}
+	res, err := postJSON(ctx, client, gw, req)
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
 	}
-	elapsed := time.Since(start)
-	cancel()
-	if err := <-done; err != nil {
-		return 0, err
-	}
-	return float64(b.n) / elapsed.Seconds(), nil
+	return res.Marshal()
 }
 
 // postJSON POSTs a request's payload to the gateway as the dispatcher does
@@ -238,12 +290,16 @@ func runNATSJetStream(ctx context.Context, o options) (figures, error) {
 			}
 			return int64(info.State.Msgs), nil
 		},
+		tally: func(ctx context.Context, run int) (resultTally, error) {
+			_, results := topics(run)
+			return natsTally(ctx, js, results, n)
+		},
 		baseline: func(ctx context.Context, run int, gw string) error {
 			queue, results := topics(run)
 			return natsBaseline(ctx, js, queue, results, gw, n)
 		},
 	}
-	return r.measure(ctx, o)
+	return r.measure(ctx, "nats-jetstream", o)
 }
 
 // natsBaseline is the plain loop: one fetcher pulls as many messages as
@@ -273,17 +329,7 @@ func natsBaseline(ctx context.Context, js jetstream.JetStream, queue, results, g
 	for range brokerConcurrency {
 		wg.Go(func() {
 			for m := range work {
-				req, err := wire.Decode(m.Data())
-				if err != nil {
-					fail(err)
-					return
-				}
-				res, err := postJSON(rctx, client, gw, req)
-				if err != nil {
-					fail(err)
-					return
-				}
-				if _, err := js.Publish(rctx, results, res.Marshal()); err != nil {
+				if _, err := js.Publish(rctx, results, baselineResult(rctx, client, gw, m.Data())); err != nil {
 					fail(err)
 					return
 				}
@@ -338,6 +384,36 @@ func natsBaseline(ctx context.Context, js jetstream.JetStream, queue, results, g
 	return ctx.Err()
 }
 
+// natsTally reads the n results of the results stream (a consumer of its
+// own; the run is over) and counts them.
+func natsTally(ctx context.Context, js jetstream.JetStream, results string, n int) (resultTally, error) {
+	var t resultTally
+	cons, err := js.CreateOrUpdateConsumer(ctx, natsjetstream.StreamName(results), jetstream.ConsumerConfig{
+		Durable: "tally", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: -1})
+	if err != nil {
+		return t, fmt.Errorf("read results: %w", err)
+	}
+	for t.total() < n {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return t, fmt.Errorf("read results: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			t.add(m.Data())
+			_ = m.Ack()
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return t, fmt.Errorf("read results: %w", err)
+		}
+		if got == 0 {
+			break // fewer than n: the caller counts the missing as failed
+		}
+	}
+	return t, nil
+}
+
 // runPostgres: 3k requests in a fresh PostgreSQL.
 func runPostgres(ctx context.Context, o options) (figures, error) {
 	const n = 3_000
@@ -386,12 +462,29 @@ func runPostgres(ctx context.Context, o options) (figures, error) {
 			err := db.QueryRow(ctx, `SELECT count(*) FROM `+table(results)).Scan(&c)
 			return c, err
 		},
+		tally: func(ctx context.Context, run int) (resultTally, error) {
+			_, results := topics(run)
+			var t resultTally
+			rows, err := db.Query(ctx, `SELECT payload FROM `+table(results))
+			if err != nil {
+				return t, fmt.Errorf("read results: %w", err)
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var b []byte
+				if err := rows.Scan(&b); err != nil {
+					return t, fmt.Errorf("read results: %w", err)
+				}
+				t.add(b)
+			}
+			return t, rows.Err()
+		},
 		baseline: func(ctx context.Context, run int, gw string) error {
 			queue, results := topics(run)
 			return postgresBaseline(ctx, pg.URL, table(queue), table(results), gw, n)
 		},
 	}
-	return r.measure(ctx, o)
+	return r.measure(ctx, "postgres", o)
 }
 
 // postgresBaseline is the plain loop: 64 workers, each in a transaction per
@@ -430,15 +523,8 @@ func postgresBaseline(ctx context.Context, url, queue, results, gw string, n int
 		if err != nil {
 			return false, err
 		}
-		req, err := wire.Decode(payload)
-		if err != nil {
-			return false, err
-		}
-		res, err := postJSON(ctx, client, gw, req)
-		if err != nil {
-			return false, err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+results+` (uuid, payload, metadata) VALUES ($1, $2, '{}')`, uuid, res.Marshal()); err != nil {
+		res := baselineResult(ctx, client, gw, payload)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+results+` (uuid, payload, metadata) VALUES ($1, $2, '{}')`, uuid, res); err != nil {
 			return false, err
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+queue+` WHERE "offset" = $1`, off); err != nil {

@@ -93,7 +93,8 @@ type fcSetup struct {
 
 // fcRun is what one run measured.
 type fcRun struct {
-	rate        float64
+	rate        float64 // ok results per second
+	failed      int     // results other than a first 200, and results missing
 	cpuUS       float64 // this process's CPU (sluice, gateway, bench) per request
 	redisCmds   float64 // Redis commands per request (the bench's own polls excluded)
 	redisReads  float64 // Redis read events per request: about one per round trip
@@ -101,6 +102,19 @@ type fcRun struct {
 	check       orderCheck
 	laneErrors  int64
 	gatewayLane [pipeline.NumLanes]int64
+}
+
+// flowControlTargets: what upstream's flow control may cost, and the order
+// check, which must hold on the flow setup and fail on the control.
+func flowControlTargets() []target {
+	return []target{
+		minimum("ratio", 0.80, "tier-priority lanes and a classifying redis-quota gate against random-robin without a gate"),
+		exactly("order_violations", 0, "no grant while an older request of a lower lane waits"),
+		exactly("lane_errors", 0, "every request reaches the gateway in the lane its tier and quota call for"),
+		minimum("control_violations", 1, "the control bypasses the lanes across tiers: a check that finds nothing there cannot fail"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
 }
 
 // runFlowControl: see the notes above.
@@ -130,23 +144,36 @@ func runFlowControl(ctx context.Context, o options) (figures, error) {
 		setups = append(setups, fcSetup{name: "priority-only", priority: true}, fcSetup{name: "quota-only", quota: true})
 	}
 	all := map[string][]fcRun{}
-	ratios := map[string][]float64{}
-	for i := range o.runs {
-		// Each run starts with the next setup: with two, they alternate.
-		order := append(slices.Clone(setups[i%len(setups):]), setups[:i%len(setups)]...)
-		got := map[string]fcRun{}
-		for _, s := range order {
+	// The baseline is the last side: flow first on odd runs, the baseline
+	// first on even ones.
+	sides := make([]side, 0, len(setups))
+	for _, s := range append(slices.Delete(slices.Clone(setups), 1, 2), base) {
+		sides = append(sides, func(ctx context.Context, i int) error {
 			r, err := fcMeasure(ctx, s, rs, p, gw, reqs, n)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", s.name, err)
+				return fmt.Errorf("%s: %w", s.name, err)
 			}
 			fmt.Fprintf(os.Stderr, "flow-control run %d/%d %s\n", i+1, o.runs, r.describe(s))
-			got[s.name] = r
 			all[s.name] = append(all[s.name], r)
+			return nil
+		})
+	}
+	if err := alternate(ctx, o.runs, sides...); err != nil {
+		return nil, err
+	}
+	rates := func(setup string) []float64 {
+		var xs []float64
+		for _, r := range all[setup] {
+			xs = append(xs, r.rate)
 		}
-		for _, s := range setups {
-			ratios[s.name] = append(ratios[s.name], got[s.name].rate/got[base.name].rate)
+		return xs
+	}
+	failed := func(setup string) float64 {
+		n := 0
+		for _, r := range all[setup] {
+			n += r.failed
 		}
+		return float64(n)
 	}
 	control, err := fcMeasure(ctx, fcSetup{name: "control", priority: true, quota: true, split: true}, rs, p, gw, reqs, n)
 	if err != nil {
@@ -172,7 +199,9 @@ func runFlowControl(ctx context.Context, o options) (figures, error) {
 		"requests":                          float64(n),
 		"throughput":                        med(flow.name, rate),
 		"baseline":                          med(base.name, rate),
-		"ratio":                             median(ratios[flow.name]),
+		"ratio":                             medianRatio(rates(flow.name), rates(base.name)),
+		"failed":                            failed(flow.name),
+		"baseline_failed":                   failed(base.name),
 		"order_violations":                  violations,
 		"order_violations_strict":           strict,
 		"lane_errors":                       laneErrors,
@@ -189,7 +218,7 @@ func runFlowControl(ctx context.Context, o options) (figures, error) {
 	}
 	for _, s := range setups[2:] { // SLUICE_BENCH_FLOW_PARTS
 		f[s.name+"_throughput"] = med(s.name, rate)
-		f[s.name+"_ratio"] = median(ratios[s.name])
+		f[s.name+"_ratio"] = medianRatio(rates(s.name), rates(base.name))
 		f[s.name+"_cpu_us_per_request"] = med(s.name, func(r fcRun) float64 { return r.cpuUS })
 		f[s.name+"_redis_cpu_us_per_request"] = med(s.name, func(r fcRun) float64 { return r.redisCPUUS })
 	}
@@ -337,8 +366,13 @@ func fcMeasure(ctx context.Context, s fcSetup, rs *testenv.Redis, p *producer.Pr
 		return fcRun{}, statsErr
 	}
 	own := float64(polls + 1) // LLEN polls and the first INFO
+	t, err := tallyLists(ctx, c, fcResults)
+	if err != nil {
+		return fcRun{}, err
+	}
 	r := fcRun{
-		rate:       float64(n) / elapsed.Seconds(),
+		rate:       float64(t.ok) / elapsed.Seconds(),
+		failed:     t.failed + max(0, n-t.total()),
 		cpuUS:      cpu / float64(n) * 1e6,
 		redisCmds:  (r1.cmds - r0.cmds - own) / float64(n),
 		redisReads: (r1.reads - r0.reads - own) / float64(n),

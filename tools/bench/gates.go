@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -174,6 +174,45 @@ func setBudget(ctx context.Context, c redis.UniversalClient, b string) error {
 	return c.Set(ctx, redisbudget.DefaultBudgetKey, b, 0).Err()
 }
 
+// gateReactionLimit is gate-reaction's in-flight limit (budget 1).
+const gateReactionLimit = 256
+
+// gateReactionTargets: dispatch must stop soon after the budget falls, and
+// must have been running before it fell (a dispatcher that never
+// dispatched has nothing to stop, and stop_ms 0).
+func gateReactionTargets() []target {
+	return []target{
+		maximum("stop_ms", 100, "from the budget's SET to 0 to the last request the gateway received (median run)"),
+		noLess("dispatched_before_close", "limit", "at least one wave of the in-flight limit dispatched while the gate was open, in every run"),
+		reportedOnly("stop_ms_max", "the worst run: the phase of the refresh loop at which the budget falls"),
+	}
+}
+
+// gateReactionRun is what one gate-reaction run saw.
+type gateReactionRun struct {
+	before   int64   // gateway arrivals before the budget fell to 0
+	after    int64   // arrivals after it
+	stopMs   float64 // from the SET to the last arrival (0 when none came after)
+	closedMs float64 // from the SET to the queue's limit reading 0
+}
+
+// gateReactionFigures are gate-reaction's figures over its runs.
+func gateReactionFigures(runs []gateReactionRun) figures {
+	var stops, after, closed []float64
+	minBefore := math.Inf(1)
+	for _, r := range runs {
+		stops, after, closed = append(stops, r.stopMs), append(after, float64(r.after)), append(closed, r.closedMs)
+		minBefore = min(minBefore, float64(r.before))
+	}
+	if len(runs) == 0 {
+		minBefore = 0
+	}
+	return figures{"stop_ms": median(stops), "stop_ms_max": slices.Max(append([]float64{0}, stops...)),
+		"dispatched_after_close": median(after), "dispatched_before_close": minBefore,
+		"limit": gateReactionLimit, "limit_zero_ms": median(closed),
+		"refresh_ms": float64(redisbudget.DefaultRefreshInterval.Milliseconds())}
+}
+
 // runGateReaction: under load, the Redis budget key goes from 1 to 0;
 // stop_ms is the time from the SET to the last request the gateway received.
 func runGateReaction(ctx context.Context, o options) (figures, error) {
@@ -184,7 +223,7 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 	defer rs.Stop()
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
-	var stops, after, closed []float64
+	var runs []gateReactionRun
 	for range o.runs {
 		if err := setBudget(ctx, rc, "1"); err != nil {
 			return nil, err
@@ -193,7 +232,7 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := startGateRun(ctx, gw.url, rs.Addr, 256, 100_000)
+		run, err := startGateRun(ctx, gw.url, rs.Addr, gateReactionLimit, 100_000)
 		if err != nil {
 			gw.close()
 			return nil, err
@@ -202,7 +241,8 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 		// refresh interval: without it the SET lands at the same phase of the
 		// refresh loop every run (it starts with the run), which biases stop_ms.
 		time.Sleep(time.Second + time.Duration(rand.Int64N(int64(redisbudget.DefaultRefreshInterval))))
-		before := gw.arrivals.Load()
+		var r gateReactionRun
+		r.before = gw.arrivals.Load()
 		t0 := time.Since(gw.start)
 		if err := setBudget(ctx, rc, "0"); err != nil {
 			return nil, err
@@ -211,35 +251,74 @@ func runGateReaction(ctx context.Context, o options) (figures, error) {
 		credits := run.app.Pipeline().Credits(benchQueue)
 		for {
 			if _, limit, _ := credits.Snapshot(); limit == 0 || time.Since(set) > time.Second {
-				closed = append(closed, float64(time.Since(set))/float64(time.Millisecond))
+				r.closedMs = float64(time.Since(set)) / float64(time.Millisecond)
 				break
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
 		time.Sleep(time.Second)
 		last := time.Duration(gw.lastNano.Load())
-		stops = append(stops, float64(max(0, last-t0))/float64(time.Millisecond))
-		after = append(after, float64(gw.arrivals.Load()-before))
-		if before == 0 {
-			return nil, errors.New("no request dispatched before the gate closed")
-		}
+		r.stopMs = float64(max(0, last-t0)) / float64(time.Millisecond)
+		r.after = gw.arrivals.Load() - r.before
+		runs = append(runs, r)
 		err = run.shutdown()
 		gw.close()
 		if err != nil {
 			return nil, err
 		}
 	}
-	worst := 0.0
-	for _, v := range stops {
-		worst = max(worst, v)
+	return gateReactionFigures(runs), nil
+}
+
+// noHerdLimit is no-herd's in-flight limit (max_concurrency at budget 1).
+const noHerdLimit = 1000
+
+// noHerdTargets: when the budget rises the gateway must never see more
+// than the limit at once, and must see requests at all: a dispatcher that
+// never dispatches has no herd either.
+func noHerdTargets() []target {
+	return []target{
+		noMore("max_inflight", "limit", "the most requests the gateway held at once, in the worst run: no thundering herd when the budget rises"),
+		noLess("dispatched_after_open", "limit", "the gate opened on a backlog of 20,000: at least the limit dispatched within 2 s, in every run"),
+		exactly("dispatched_while_closed", 0, "nothing dispatched while the budget was 0"),
+		reportedOnly("ramp_to_limit_ms", "from the budget's SET to 1 to the limit in flight (median of the runs that reached it)"),
 	}
-	return figures{"stop_ms": median(stops), "stop_ms_max": worst, "dispatched_after_close": median(after),
-		"limit_zero_ms": median(closed),
-		"refresh_ms":    float64(redisbudget.DefaultRefreshInterval.Milliseconds())}, nil
+}
+
+// noHerdRun is what one no-herd run saw.
+type noHerdRun struct {
+	closed int64         // gateway arrivals while the budget was 0
+	after  int64         // arrivals in the 2 s after it rose to 1
+	peak   int64         // the most requests the gateway held at once
+	ramp   time.Duration // from the SET to the limit in flight; 0: never reached
+}
+
+// noHerdFigures are no-herd's figures over its runs.
+func noHerdFigures(runs []noHerdRun) figures {
+	var ramps []float64
+	peak, closed, reached := 0.0, 0.0, 0.0
+	after := math.Inf(1)
+	for _, r := range runs {
+		peak, closed, after = max(peak, float64(r.peak)), closed+float64(r.closed), min(after, float64(r.after))
+		if r.ramp > 0 {
+			ramps = append(ramps, float64(r.ramp)/float64(time.Millisecond))
+			reached++
+		}
+	}
+	if len(runs) == 0 {
+		after = 0
+	}
+	f := figures{"max_inflight": peak, "limit": noHerdLimit, "dispatched_after_open": after,
+		"dispatched_while_closed": closed, "runs_at_limit": reached}
+	if len(ramps) > 0 {
+		f["ramp_to_limit_ms"] = median(ramps)
+	}
+	return f
 }
 
 // runNoHerd: the budget goes from 0 to 1 over a deep backlog; the gateway
-// must never see more requests at once than the limit (max_concurrency).
+// must never see more requests at once than the limit (max_concurrency),
+// and must see them come.
 func runNoHerd(ctx context.Context, o options) (figures, error) {
 	rs, err := startRedis()
 	if err != nil {
@@ -248,8 +327,7 @@ func runNoHerd(ctx context.Context, o options) (figures, error) {
 	defer rs.Stop()
 	rc := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rc.Close()
-	const limit = 1000
-	var maxes, ramps []float64
+	var runs []noHerdRun
 	for range o.runs {
 		if err := setBudget(ctx, rc, "0"); err != nil {
 			return nil, err
@@ -258,41 +336,62 @@ func runNoHerd(ctx context.Context, o options) (figures, error) {
 		if err != nil {
 			return nil, err
 		}
-		run, err := startGateRun(ctx, gw.url, rs.Addr, limit, 20_000)
+		run, err := startGateRun(ctx, gw.url, rs.Addr, noHerdLimit, 20_000)
 		if err != nil {
 			gw.close()
 			return nil, err
 		}
 		time.Sleep(500 * time.Millisecond)
-		if n := gw.arrivals.Load(); n != 0 {
-			run.shutdown()
-			gw.close()
-			return nil, fmt.Errorf("%d requests dispatched while the budget was 0", n)
-		}
+		var r noHerdRun
+		r.closed = gw.arrivals.Load()
 		t0 := time.Now()
 		if err := setBudget(ctx, rc, "1"); err != nil {
 			return nil, err
 		}
-		var ramp time.Duration
 		for end := t0.Add(2 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
-			if ramp == 0 && gw.inflight.Load() >= limit {
-				ramp = time.Since(t0)
+			if r.ramp == 0 && gw.inflight.Load() >= noHerdLimit {
+				r.ramp = time.Since(t0)
 			}
 		}
-		maxes = append(maxes, float64(gw.maxIn.Load()))
-		ramps = append(ramps, float64(ramp)/float64(time.Millisecond))
+		r.after = gw.arrivals.Load() - r.closed
+		r.peak = gw.maxIn.Load()
+		runs = append(runs, r)
 		err = run.shutdown()
 		gw.close()
 		if err != nil {
 			return nil, err
 		}
 	}
-	return figures{"max_inflight": median(maxes), "limit": limit, "ramp_to_limit_ms": median(ramps)}, nil
+	return noHerdFigures(runs), nil
 }
 
 // childEnv marks the process that runs the concurrency scenario alone, so
 // that its peak RSS is its own.
 const childEnv = "SLUICE_BENCH_CONCURRENCY_CHILD"
+
+// concurrencyTargets: HTTP/1.1 at 5,000 in flight, held to the issue's
+// absolute rate (the ideal is 5,000/s) and memory.
+func concurrencyTargets() []target {
+	return []target{
+		minimum("throughput", 4750, "5,000 one-second calls in flight over HTTP/1.1: within 5% of the ideal 5,000/s"),
+		maximum("rss_mb", 256, "sluice's peak resident set with 60,000 requests queued and 5,000 calls in flight (median run)"),
+		reportedOnly("ratio", "against 5,000 goroutines on a plain net/http Transport"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
+}
+
+// concurrencyH2CTargets: concurrency-h2c and concurrency-auto, held to the
+// fastest plain h2c loop measured beside them.
+func concurrencyH2CTargets() []target {
+	return []target{
+		minimum("ratio", 0.97, "against the minimal h2c loop on x/net/http2 framing, run by run"),
+		maximum("rss_mb", 256, "sluice's peak resident set with 60,000 requests queued and 5,000 calls in flight (median run)"),
+		reportedOnly("throughput", "the ideal is 5,000/s; the gateway shares the 2 cores"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
+}
 
 // runConcurrency: a gateway with 1 s latency, a budget allowing 5,000 in
 // flight (max_concurrency 10,000 × Redis budget 0.5), 60,000 requests.
@@ -399,12 +498,9 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 	}
 	el := time.Since(start)
 	cpu := cpuSeconds() - cpu0
-	failed := 0
-	for _, b := range run.mem.Results(benchResults) {
-		if !strings.Contains(string(b), `"status_code":200`) {
-			failed++
-		}
-	}
+	var tally resultTally
+	tally.addAll(run.mem.Results(benchResults))
+	failed := tally.failed + max(0, requests-tally.total())
 	callMs := histogramMean(run.reg, metrics.Upstream+"inference_latency_time_millis")
 	if err := run.shutdown(); err != nil {
 		return nil, err
@@ -417,7 +513,7 @@ func concurrency(ctx context.Context, o options, name, protocol string) (figures
 	f := figures{
 		"cpu_us_per_request":         cpu / requests * 1e6,
 		"gateway_cpu_us_per_request": gwCPU / requests * 1e6,
-		"requests":                   requests, "throughput": float64(requests) / el.Seconds(), "seconds": el.Seconds(),
+		"requests":                   requests, "throughput": float64(tally.ok) / el.Seconds(), "seconds": el.Seconds(),
 		"steady_throughput":       40_000 / (t50k - t10k).Seconds(),
 		"max_inflight":            float64(st.MaxIn),
 		"call_ms_mean":            callMs,
@@ -473,29 +569,32 @@ func profile(dir string) (func(), error) {
 }
 
 // repeatChild runs scenario name runs times, each in a fresh process, and
-// after (or, every other time, before) each run the baseline in another
-// fresh process, so that both see the same noise. It reports the median of
-// every figure, with the lowest and highest throughput (throughput_min,
-// throughput_max), the highest peak RSS (rss_mb_max), the baseline's
-// figures prefixed with baseline_ (its throughput as baseline), and ratio:
-// the median over the runs of throughput / baseline. Each run prints its own
-// figures to standard error.
+// beside each run the baseline in another fresh process, sluice first on odd
+// runs and the baseline first on even ones (alternate), so that both see the
+// same noise. It reports the median of every figure, with the lowest and
+// highest throughput (throughput_min, throughput_max), the highest peak RSS
+// (rss_mb_max), the baseline's figures prefixed with baseline_ (its
+// throughput as baseline), failed and baseline_failed summed over the runs,
+// and ratio: the median over the runs of throughput / baseline. Each run
+// prints its own figures to standard error.
 func repeatChild(ctx context.Context, runs int, name string) (figures, error) {
 	all := map[string][]float64{}
-	for i := range runs {
-		order := []string{"1", childBaseline}
-		if i%2 == 1 {
-			slices.Reverse(order)
-		}
-		got := map[string]figures{}
-		for _, mode := range order {
+	var sl, base []figures
+	child := func(mode string, into *[]figures) side {
+		return func(ctx context.Context, _ int) error {
 			f, err := runChild(ctx, name, mode)
 			if err != nil {
-				return nil, err
+				return err
 			}
-			got[mode] = f
+			*into = append(*into, f)
+			return nil
 		}
-		f, b := got["1"], got[childBaseline]
+	}
+	if err := alternate(ctx, runs, child("1", &sl), child(childBaseline, &base)); err != nil {
+		return nil, err
+	}
+	for i := range sl {
+		f, b := sl[i], base[i]
 		for k, v := range b {
 			if k == "throughput" {
 				k = "baseline"
@@ -520,8 +619,19 @@ func repeatChild(ctx context.Context, runs int, name string) (figures, error) {
 			out["rss_mb_max"] = slices.Max(vs)
 		}
 		out[k] = median(vs)
+		if k == "failed" || k == "baseline_failed" {
+			out[k] = sum(vs)
+		}
 	}
 	return out, nil
+}
+
+func sum(xs []float64) float64 {
+	t := 0.0
+	for _, x := range xs {
+		t += x
+	}
+	return t
 }
 
 // runChild runs one scenario in a fresh process of this program, with

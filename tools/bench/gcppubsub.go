@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
@@ -35,11 +36,21 @@ const (
 	gcpProject         = "sluice-bench"
 )
 
+// gcpPubSubTargets: the bound of every transport against its bare client.
+func gcpPubSubTargets() []target {
+	return []target{
+		minimum("ratio", 0.70, "sluice at its defaults against a bare pubsub/v2 client doing the same work"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
+}
+
 // runGCPPubSub: a backlog of 5k requests on the emulator's request topic,
 // drained by sluice at its defaults (concurrency 64, 0-ms simulated
 // gateway, results published to a result topic and counted on a
-// subscription of it); throughput is results per second from sluice being
-// ready to the last result. The baseline drains the same backlog, on the
+// subscription of it); throughput is ok results per second from sluice
+// being started to the last result (the baseline's clock starts at the
+// same point: its subscriber being started). The baseline drains the same backlog, on the
 // same emulator, with a bare pubsub/v2 client (gcpBaselineStreams streaming
 // pulls, 64 messages outstanding): each message's request POSTed to the same
 // kind of gateway, a result published and confirmed, the message acked.
@@ -57,25 +68,24 @@ func runGCPPubSub(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer c.Close()
-	var rates, bases, ratios []float64
-	for run := range o.runs {
-		sluiceFirst := run%2 == 0
-		var rate, base float64
-		for i := range 2 {
-			var err error
-			if (i == 0) == sluiceFirst {
-				rate, err = gcpSluiceRun(ctx, c, emu.Addr, "s"+strconv.Itoa(run))
-			} else {
-				base, err = gcpBaselineRun(ctx, c, "b"+strconv.Itoa(run))
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		rates, bases, ratios = append(rates, rate), append(bases, base), append(ratios, rate/base)
+	var sl, base samples
+	err = alternate(ctx, o.runs,
+		func(ctx context.Context, run int) error {
+			s, err := gcpSluiceRun(ctx, c, emu.Addr, "s"+strconv.Itoa(run))
+			sl = append(sl, s)
+			return err
+		},
+		func(ctx context.Context, run int) error {
+			s, err := gcpBaselineRun(ctx, c, "b"+strconv.Itoa(run))
+			base = append(base, s)
+			return err
+		})
+	if err != nil {
+		return nil, err
 	}
-	return figures{"requests": gcpRequests, "throughput": median(rates), "baseline": median(bases),
-		"ratio": median(ratios), "throughput_min": slices.Min(rates), "throughput_max": slices.Max(rates)}, nil
+	f := pairFigures("gcp-pubsub", sl, base)
+	f["requests"], f["throughput_min"], f["throughput_max"] = gcpRequests, slices.Min(sl.rates()), slices.Max(sl.rates())
+	return f, nil
 }
 
 // gcpTopics creates the request and result topics and subscriptions of one
@@ -84,7 +94,16 @@ func runGCPPubSub(ctx context.Context, o options) (figures, error) {
 type gcpRun struct {
 	requestsSub, resultsTopic string
 	got                       atomic.Int64
+	mu                        sync.Mutex
+	results                   resultTally
 	stop                      func()
+}
+
+// sample is the run's results counted, over seconds.
+func (r *gcpRun) sample(seconds float64) sample {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return sample{ok: r.results.ok, failed: r.results.failed + max(0, gcpRequests-r.results.total()), seconds: seconds}
 }
 
 func gcpName(kind, id string) string { return "projects/" + gcpProject + "/" + kind + "/" + id }
@@ -119,6 +138,9 @@ func startGCPRun(ctx context.Context, c *pubsub.Client, id string) (*gcpRun, err
 		defer close(done)
 		_ = c.Subscriber(gcpName("subscriptions", "results-"+id+"-sub")).Receive(rctx, func(_ context.Context, m *pubsub.Message) {
 			m.Ack()
+			r.mu.Lock()
+			r.results.add(m.Data)
+			r.mu.Unlock()
 			r.got.Add(1)
 		})
 	}()
@@ -126,50 +148,65 @@ func startGCPRun(ctx context.Context, c *pubsub.Client, id string) (*gcpRun, err
 	return r, nil
 }
 
-// wait waits until every result arrived and returns the time it took since start.
-func (r *gcpRun) wait(ctx context.Context, start time.Time) (time.Duration, error) {
+// wait waits until every result arrived and returns the time it took since
+// start, and the time to the first result (polled as transportRun polls).
+func (r *gcpRun) wait(ctx context.Context, start time.Time) (all, first time.Duration, err error) {
 	limit := time.After(5 * time.Minute)
 	for r.got.Load() < gcpRequests {
+		if first == 0 && r.got.Load() > 0 {
+			first = time.Since(start)
+		}
 		select {
 		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", r.got.Load(), gcpRequests)
+			return 0, 0, fmt.Errorf("only %d of %d results after 5m", r.got.Load(), gcpRequests)
 		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+			return 0, 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
-	return time.Since(start), nil
+	if first == 0 {
+		first = time.Since(start)
+	}
+	return time.Since(start), first, nil
 }
 
 // gcpSluiceRun drains a backlog with sluice at its defaults.
-func gcpSluiceRun(ctx context.Context, c *pubsub.Client, emulator, id string) (float64, error) {
+func gcpSluiceRun(ctx context.Context, c *pubsub.Client, emulator, id string) (sample, error) {
 	r, err := startGCPRun(ctx, c, id)
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	defer r.stop()
 	opts, _ := json.Marshal(gcppubsub.Options{ProjectID: gcpProject, EmulatorHost: emulator})
+	// No produce: the backlog is there, the clock starts with sluice.
 	tr := transportRun{transport: gcppubsub.Name, options: string(opts), queue: r.requestsSub, results: r.resultsTopic, n: gcpRequests,
-		produce: func(context.Context) error { return nil }, // the backlog is there
-		done:    func(context.Context) (int64, error) { return r.got.Load(), nil },
+		done: func(context.Context) (int64, error) { return r.got.Load(), nil },
 	}
-	return tr.measure(ctx)
+	s, err := tr.run(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	out := r.sample(s.seconds)
+	out.first = s.first
+	return out, nil
 }
 
 // gcpBaselineRun drains a backlog with a bare pubsub/v2 client.
-func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (float64, error) {
+// A call that fails is published as an error result, as sluice publishes
+// one, so that both sides' failures are counted from their results.
+func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (sample, error) {
 	r, err := startGCPRun(ctx, c, id)
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	defer r.stop()
 	sim, err := simulator.New(simulator.Config{Capacity: gcpConcurrency})
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	gw, err := sim.Start("127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	defer sim.Close()
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: gcpConcurrency, DisableCompression: true}}
@@ -194,26 +231,12 @@ func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (float64, 
 				ID      string          `json:"id"`
 				Payload json.RawMessage `json:"payload"`
 			}
+			var out []byte
 			if err := json.Unmarshal(m.Data, &req); err != nil {
-				fail(err)
-				return
+				out = wire.ErrorResult(&wire.Request{ID: m.ID}, wire.CodeInvalidRequest, err.Error()).Marshal()
+			} else {
+				out = gcpBaselineCall(hc, url, req.ID, req.Payload)
 			}
-			resp, err := hc.Post(url, "application/json", bytes.NewReader(req.Payload))
-			if err != nil {
-				fail(err)
-				return
-			}
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if err != nil {
-				fail(err)
-				return
-			}
-			out, _ := json.Marshal(struct {
-				ID         string          `json:"id"`
-				StatusCode int             `json:"status_code"`
-				Body       json.RawMessage `json:"body"`
-			}{req.ID, resp.StatusCode, body})
 			if _, err := pub.Publish(ctx, &pubsub.Message{Data: out}).Get(ctx); err != nil {
 				fail(err)
 				return
@@ -221,14 +244,32 @@ func gcpBaselineRun(ctx context.Context, c *pubsub.Client, id string) (float64, 
 			m.Ack()
 		})
 	}()
-	el, err := r.wait(rctx, start)
+	el, first, err := r.wait(rctx, start)
 	cancel()
 	<-recvDone
 	if firstErr != nil {
-		return 0, fmt.Errorf("baseline: %w", firstErr)
+		return sample{}, fmt.Errorf("baseline: %w", firstErr)
 	}
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
-	return gcpRequests / el.Seconds(), nil
+	out := r.sample(el.Seconds())
+	out.first = first
+	return out, nil
+}
+
+// gcpBaselineCall POSTs one payload and returns its result: the answer, or
+// an error result when the call got none.
+func gcpBaselineCall(hc *http.Client, url, id string, payload []byte) []byte {
+	req := &wire.Request{ID: id}
+	resp, err := hc.Post(url, "application/json", bytes.NewReader(payload))
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
+	}
+	return (&wire.Result{ID: id, StatusCode: resp.StatusCode, Payload: string(body)}).Marshal()
 }

@@ -29,11 +29,14 @@ import (
 // encoded once), and flushes what it wrote once the frames already read
 // are handled, so a burst of answers is answered with one write. It sends
 // requests (total across the connections) and returns when all answers are
-// in; any answer but 200 is an error.
-func h2cLoop(ctx context.Context, gatewayURL string, inFlight, total int) error {
+// in, with how many failed: an answer other than 200, or a stream the
+// gateway reset, is counted and the loop goes on (as sluice's failed calls
+// are results, not the end of its run); a connection that fails is an
+// error.
+func h2cLoop(ctx context.Context, gatewayURL string, inFlight, total int) (failed int, err error) {
 	u, err := url.Parse(gatewayURL + simulator.PathCompletions)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// The same body and headers the net/http baseline sends.
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":8}`)
@@ -46,7 +49,7 @@ func h2cLoop(ctx context.Context, gatewayURL string, inFlight, total int) error 
 		{Name: "x-request-deadline", Value: deadline},
 	}
 	conns := (inFlight + simulator.MaxConcurrentStreams - 1) / simulator.MaxConcurrentStreams
-	var next atomic.Int64 // requests started, across the connections
+	var next, bad atomic.Int64 // requests started and failed, across the connections
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
 	for i := range conns {
@@ -55,19 +58,19 @@ func h2cLoop(ctx context.Context, gatewayURL string, inFlight, total int) error 
 			streams++
 		}
 		wg.Go(func() {
-			if err := h2cLoopConn(ctx, u.Host, streams, int64(total), &next, fields, body); err != nil {
+			if err := h2cLoopConn(ctx, u.Host, streams, int64(total), &next, &bad, fields, body); err != nil {
 				errs <- err
 			}
 		})
 	}
 	wg.Wait()
 	close(errs)
-	return <-errs
+	return int(bad.Load()), <-errs
 }
 
 // h2cLoopConn runs one connection of h2cLoop with streams requests in
-// flight until next reaches total.
-func h2cLoopConn(ctx context.Context, addr string, streams int, total int64, next *atomic.Int64,
+// flight until next reaches total, adding the streams that failed to bad.
+func h2cLoopConn(ctx context.Context, addr string, streams int, total int64, next, bad *atomic.Int64,
 	fields []hpack.HeaderField, body []byte) error {
 	nc, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -141,6 +144,7 @@ func h2cLoopConn(ctx context.Context, addr string, streams int, total int64, nex
 	for range streams {
 		claim()
 	}
+	failedStreams := map[uint32]bool{} // open streams already counted as failed
 	// Requests go out once the gateway's SETTINGS arrived (its stream limit
 	// is known to be the simulator's); until then pending holds them.
 	settled := false
@@ -185,9 +189,13 @@ func h2cLoopConn(ctx context.Context, addr string, streams int, total int64, nex
 			}
 		case *http2.MetaHeadersFrame:
 			if s := f.PseudoValue("status"); s != "200" {
-				return fmt.Errorf("h2c loop: stream %d answered %s", f.StreamID, s)
+				failedStreams[f.StreamID] = true
+				bad.Add(1)
 			}
 			if f.StreamEnded() {
+				if len(failedStreams) > 0 {
+					delete(failedStreams, f.StreamID)
+				}
 				open--
 				claim()
 			}
@@ -200,11 +208,20 @@ func h2cLoopConn(ctx context.Context, addr string, streams int, total int64, nex
 				received = 0
 			}
 			if f.StreamEnded() {
+				if len(failedStreams) > 0 {
+					delete(failedStreams, f.StreamID)
+				}
 				open--
 				claim()
 			}
 		case *http2.RSTStreamFrame:
-			return fmt.Errorf("h2c loop: stream %d reset: %v", f.StreamID, f.ErrCode)
+			// The stream ends unanswered: a failed call, counted once.
+			if !failedStreams[f.StreamID] {
+				bad.Add(1)
+			}
+			delete(failedStreams, f.StreamID)
+			open--
+			claim()
 		case *http2.GoAwayFrame:
 			return errors.New("h2c loop: the gateway sent GOAWAY")
 		}

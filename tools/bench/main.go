@@ -2,6 +2,12 @@
 // scenario: `BENCH <scenario> key=value ...`. `make bench` runs them all;
 // `go run ./tools/bench -only core,redis-sortedset` runs some.
 //
+// Each scenario declares its targets beside it (targets.go has the types):
+// after a scenario's BENCH line the bench prints one
+// `MISS <scenario> key=value target=<op><bound>` line per figure that missed
+// its target, and exits non-zero when any figure missed (unless -no-fail) or
+// any scenario failed.
+//
 // Figures are medians where a scenario repeats (see -runs); this machine is
 // small and noisy, so compare ratios measured in the same run, not absolute
 // numbers across runs.
@@ -11,8 +17,10 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,10 +28,13 @@ import (
 	"time"
 )
 
-// scenario is one benchmark scenario. run returns its figures.
+// scenario is one benchmark scenario. run returns its figures; targets
+// are what its figures must be (or, marked reported, a figure held to no
+// bound, said so explicitly).
 type scenario struct {
-	name string
-	run  func(ctx context.Context, o options) (figures, error)
+	name    string
+	run     func(ctx context.Context, o options) (figures, error)
+	targets []target
 }
 
 // figures are a scenario's results, printed in key order.
@@ -35,30 +46,53 @@ type options struct {
 }
 
 // scenarios lists every scenario, in the order `make bench` runs them.
-// Add a scenario by adding a line here (explicit registration).
+// Add a scenario by adding a line here (explicit registration), with its
+// targets declared beside it in its own file.
 func scenarios() []scenario {
 	all := []scenario{
-		{"core", runCore},
-		{"memory", runMemory},
-		{"redis-sortedset", runRedisSortedSet},
-		{"redis-cluster", runRedisCluster},
-		{"overhead", runOverhead},
+		{"core", runCore, coreTargets()},
+		{"memory", runMemory, memoryTargets()},
+		{"redis-sortedset", runRedisSortedSet, redisSortedSetTargets()},
+		{"redis-cluster", runRedisCluster, redisClusterTargets()},
+		{"overhead", runOverhead, overheadTargets()},
 	}
 	all = append(all, transportScenarios()...)
 	all = append(all, brokerScenarios()...)
 	return append(all,
-		scenario{"gate-reaction", runGateReaction},
-		scenario{"no-herd", runNoHerd},
-		scenario{"concurrency", runConcurrency},
-		scenario{"concurrency-h2c", runConcurrencyH2C},
-		scenario{"concurrency-auto", runConcurrencyAuto},
-		scenario{"flow-control", runFlowControl},
-		scenario{ipScenario, runInteractiveProtection},
-		scenario{"ordering", runOrdering},
-		scenario{"plugin-gate", runPluginGate},
-		scenario{"binary", runBinary},
+		scenario{"gate-reaction", runGateReaction, gateReactionTargets()},
+		scenario{"no-herd", runNoHerd, noHerdTargets()},
+		scenario{"concurrency", runConcurrency, concurrencyTargets()},
+		scenario{"concurrency-h2c", runConcurrencyH2C, concurrencyH2CTargets()},
+		scenario{"concurrency-auto", runConcurrencyAuto, concurrencyH2CTargets()},
+		scenario{"flow-control", runFlowControl, flowControlTargets()},
+		scenario{ipScenario, runInteractiveProtection, ipTargets()},
+		scenario{"ordering", runOrdering, orderingTargets()},
+		scenario{"plugin-gate", runPluginGate, pluginGateTargets()},
+		scenario{"binary", runBinary, binaryTargets()},
 	)
 }
+
+const usage = `usage: go run ./tools/bench [flags]
+
+Runs sluice's benchmark scenarios (all of them, or those -only names) and
+prints one line per scenario:
+
+  BENCH <scenario> key=value ...
+
+then, for each figure that missed the target the scenario declares,
+
+  MISS <scenario> key=value target=<op><bound>
+
+(value "absent" when the scenario did not print the figure; bound is the
+number compared with, another figure's value for targets such as
+max_inflight <= limit). A scenario that fails prints BENCH <scenario>
+error="..." and counts as a failure, never as a skip.
+
+Exit status: 1 when any scenario failed, or any figure missed its target
+(unless -no-fail); 2 for bad flags; 0 otherwise.
+
+Flags:
+`
 
 func main() {
 	if spec := os.Getenv(gatewayChildEnv); spec != "" {
@@ -68,17 +102,39 @@ func main() {
 		}
 		return
 	}
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), usage)
+		flag.PrintDefaults()
+	}
 	only := flag.String("only", "", "comma-separated scenarios to run (default all)")
-	runs := flag.Int("runs", 3, "repetitions per scenario where it repeats (median reported)")
+	runs := flag.Int("runs", 3, "repetitions per scenario where it repeats (median reported; at least 1)")
 	timeout := flag.Duration("timeout", 30*time.Minute, "give up after this long")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	listTargets := flag.Bool("targets", false, "print every scenario's targets as docs/benchmarks.md's table and exit")
+	noFail := flag.Bool("no-fail", false, "print MISS lines but exit 0 when figures miss their targets (exploratory runs); a scenario that fails still exits 1")
 	flag.Parse()
+	if *runs < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -runs %d: want at least 1\n", *runs)
+		os.Exit(2)
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(os.Stderr, "bench: -timeout %s: want a positive duration\n", *timeout)
+		os.Exit(2)
+	}
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "bench: unexpected arguments %q (use -only)\n", flag.Args())
+		os.Exit(2)
+	}
 
 	all := scenarios()
 	if *list {
 		for _, s := range all {
 			fmt.Println(s.name)
 		}
+		return
+	}
+	if *listTargets {
+		fmt.Print(targetsTable(all))
 		return
 	}
 	want := map[string]bool{}
@@ -102,24 +158,39 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 
-	failed := 0
+	// A child process of the concurrency scenarios measures one side of
+	// one run: its figures are the parent's to check.
+	child := os.Getenv(childEnv) != ""
+	failed, misses := runScenarios(ctx, os.Stdout, os.Stderr, all, want, options{runs: *runs}, !child)
+	if !child {
+		fmt.Fprintf(os.Stderr, "bench: %d failed, %d missed their targets\n", failed, misses)
+	}
+	os.Exit(exitCode(failed, misses, *noFail))
+}
+
+// runScenarios runs the scenarios of all that want names (every one when
+// want is empty), printing each one's BENCH line to out and, when check is
+// set, its MISS lines; progress goes to log. It returns how many scenarios
+// failed and how many figures missed their targets.
+func runScenarios(ctx context.Context, out, log io.Writer, all []scenario, want map[string]bool, o options, check bool) (failed, misses int) {
 	for _, s := range all {
 		if len(want) > 0 && !want[s.name] {
 			continue
 		}
 		start := time.Now()
-		f, err := s.run(ctx, options{runs: max(1, *runs)})
+		f, err := s.run(ctx, o)
 		if err != nil {
 			failed++
-			fmt.Printf("BENCH %s error=%q\n", s.name, err.Error())
+			fmt.Fprintf(out, "BENCH %s error=%q\n", s.name, err.Error())
 			continue
 		}
-		fmt.Println(format(s.name, f))
-		fmt.Fprintf(os.Stderr, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintln(out, format(s.name, f))
+		if check {
+			misses += report(out, s.name, s.targets, f)
+		}
+		fmt.Fprintf(log, "bench: %s took %s\n", s.name, time.Since(start).Round(time.Millisecond))
 	}
-	if failed > 0 {
-		os.Exit(1)
-	}
+	return failed, misses
 }
 
 func format(name string, f figures) string {
@@ -135,21 +206,18 @@ func format(name string, f figures) string {
 		b.WriteString(" ")
 		b.WriteString(k)
 		b.WriteString("=")
-		v := f[k]
-		if v == float64(int64(v)) {
-			b.WriteString(strconv.FormatInt(int64(v), 10))
-		} else {
-			b.WriteString(strconv.FormatFloat(v, 'f', 2, 64))
-		}
+		b.WriteString(formatValue(f[k]))
 	}
 	return b.String()
 }
 
-// median returns the median of xs (xs is sorted in place).
+// median returns the median of xs (0 when empty; xs is not changed, so
+// that runs stay paired by index for medianRatio).
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
+	xs = slices.Clone(xs)
 	sort.Float64s(xs)
 	n := len(xs)
 	if n%2 == 1 {

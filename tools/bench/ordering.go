@@ -23,6 +23,19 @@ import (
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
+// orderingTargets: requests in flight at once may arrive in any order
+// among themselves, no more; the bound holds for the worst run.
+func orderingTargets() []target {
+	why := "earliest deadline first across two replicas: displacement within the requests in flight (worst run)"
+	return []target{
+		noMore("max_displacement_4", "inflight_limit_4", why),
+		noMore("max_displacement_32", "inflight_limit_32", why),
+		noMore("max_displacement_cluster_4", "inflight_limit_cluster_4", why+", on a Redis Cluster"),
+		noMore("max_displacement_cluster_32", "inflight_limit_cluster_32", why+", on a Redis Cluster"),
+		noFailures("failed"),
+	}
+}
+
 // runOrdering measures how far earliest-deadline-first holds across
 // replicas: a backlog of requests with distinct deadlines, enqueued in a
 // random order, is drained by two sluice replicas sharing one sorted set into
@@ -71,11 +84,12 @@ func orderingLimits(ctx context.Context, o options, f figures, sfx, url, mode st
 	for _, limit := range []int{4, 32} {
 		var disp []float64
 		for range o.runs {
-			d, err := orderingRun(ctx, url, mode, p, 2, limit, 3000)
+			d, failed, err := orderingRun(ctx, url, mode, p, 2, limit, 3000)
 			if err != nil {
 				return fmt.Errorf("%d in flight per replica: %w", limit, err)
 			}
 			disp = append(disp, float64(d))
+			f["failed"] += float64(failed)
 		}
 		k := sfx + "_" + strconv.Itoa(limit)
 		// The worst run, not the median: the target is a bound. The median
@@ -96,10 +110,11 @@ func maxOf(xs []float64) float64 {
 }
 
 // orderingRun enqueues n requests, drains them with the given number of
-// replicas of limit in flight each, and returns the largest displacement.
-func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, replicas, limit, n int) (int, error) {
+// replicas of limit in flight each, and returns the largest displacement
+// and the failed results (resultTally).
+func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, replicas, limit, n int) (worst, failed int, err error) {
 	if err := flushAll(ctx, p.Client()); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	queue := p.Names().RequestQueue("ordering")
 	results := p.Names().ResultQueue("ordering", "")
@@ -110,12 +125,12 @@ func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, re
 			Created: time.Now(), Payload: json.RawMessage(`{"model":"m","rank":` + strconv.Itoa(rank) + `}`)}
 	}
 	if err := p.EnqueueMany(ctx, queue, reqs); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	gw := &orderGateway{}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -135,7 +150,7 @@ func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, re
 		}
 		a, err := newApp(cfg, app.Options{})
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		go func() { errs <- a.Run(rctx) }()
 	}
@@ -143,21 +158,24 @@ func orderingRun(ctx context.Context, url, mode string, p *producer.Producer, re
 	cancel()
 	for range replicas {
 		if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	if werr != nil {
-		return 0, werr
+		return 0, 0, werr
 	}
 	order := gw.arrivals()
 	if len(order) < n {
-		return 0, fmt.Errorf("gateway saw %d requests, want %d", len(order), n)
+		return 0, 0, fmt.Errorf("gateway saw %d requests, want %d", len(order), n)
 	}
-	worst := 0
 	for pos, rank := range order[:n] {
 		worst = max(worst, abs(pos-rank))
 	}
-	return worst, nil
+	t, err := tallyLists(ctx, p.Client(), results)
+	if err != nil {
+		return 0, 0, err
+	}
+	return worst, t.failed + max(0, n-t.total()), nil
 }
 
 func abs(x int) int {

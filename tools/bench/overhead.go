@@ -25,6 +25,17 @@ import (
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
+// overheadTargets: the latency bounds at half load and at a
+// trickle; the plain-ZADD loads show the fallback and are reported.
+func overheadTargets() []target {
+	return []target{
+		maximum("half_p99_ms", 5, "write to gateway at half the calibrated throughput"),
+		maximum("trickle_p99_ms", 10, "write to gateway at 500 req/s into an idle queue (producer library)"),
+		reportedOnly("zadd_p99_ms", "plain ZADDs without keyspace events wait for the idle poll (up to poll_interval_ms)"),
+		reportedOnly("zadd_keyspace_p99_ms", "plain ZADDs woken by keyspace events"),
+	}
+}
+
 // runOverhead measures what sluice adds to a request's way: the time from
 // the producer's write (just before the enqueue call) to the gateway
 // receiving the POST, on the redis-sortedset transport at default settings.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -21,17 +22,32 @@ import (
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
+// redisClusterTargets: the single node's bound, at the baseline's
+// parallelism; the default concurrency's ratio is reported (with a 0-ms
+// gateway it measures the in-flight depth, not the framework).
+func redisClusterTargets() []target {
+	return []target{
+		minimum("ratio", 0.70, "the redis-sortedset bound, on a cluster, sluice at 256 in flight against the plain loop"),
+		reportedOnly("ratio_default_concurrency", "at 64 in flight the rate is in-flight depth over Redis round trips"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
+}
+
 // runRedisCluster measures sluice on the redis-sortedset transport in
 // cluster mode: a Redis Cluster of 3 masters with a replica each on
 // loopback, three queues (one pool per master, 20,000 requests each), a
 // 0-ms simulated gateway. The baseline, in the same run on the same
 // cluster, is the plain batched loop of the redis-sortedset scenario
 // (redissortedset_baseline.go) run on the three queues at once, with
-// baseWorkers goroutines per queue. sluice runs with as many requests in
-// flight per queue (throughput, ratio), and at its default concurrency
-// (throughput_default_concurrency, ratio_default_concurrency): with a 0-ms
-// gateway the rate is the in-flight depth over Redis round trips, so the
-// default's 64 measures the limit, not the overhead. Runs alternate.
+// baseWorkers goroutines per queue. sluice runs with concurrency
+// baseWorkers: 256 requests in flight in all, the workers of its one pool,
+// shared by the three queues (throughput, ratio), and at its default
+// concurrency (throughput_default_concurrency, ratio_default_concurrency):
+// with a 0-ms gateway the rate is the in-flight depth over Redis round
+// trips, so the default's 64 measures the limit, not the overhead. The
+// order alternates run by run (sluice at 256, sluice at the default, the
+// baseline; then the reverse); failed counts both sluice setups.
 func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	const perQueue = 20_000
 	c, stop, err := startBenchCluster()
@@ -61,7 +77,7 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	for _, pool := range pools {
 		queues, lists = append(queues, p.Names().RequestQueue(pool)), append(lists, p.Names().ResultQueue(pool, ""))
 	}
-	fill := func() error {
+	fill := func(ctx context.Context) error {
 		if err := flushAll(ctx, pc); err != nil {
 			return err
 		}
@@ -80,45 +96,52 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 		return nil
 	}
 	n := perQueue * len(queues)
-	var sluiceRate, defaultRate, baseRate []float64
-	for range o.runs {
-		if err := fill(); err != nil {
-			return nil, err
+	var sl, def, base samples
+	sluiceAt := func(concurrency int, into *samples, what string) side {
+		return func(ctx context.Context, _ int) error {
+			if err := fill(ctx); err != nil {
+				return err
+			}
+			s, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n, concurrency)
+			if err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			*into = append(*into, s)
+			return nil
 		}
-		rate, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n, baseWorkers)
-		if err != nil {
-			return nil, fmt.Errorf("sluice: %w", err)
-		}
-		sluiceRate = append(sluiceRate, rate)
-
-		if err := fill(); err != nil {
-			return nil, err
-		}
-		rate, err = benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, queues, lists, n, 0)
-		if err != nil {
-			return nil, fmt.Errorf("sluice at default concurrency: %w", err)
-		}
-		defaultRate = append(defaultRate, rate)
-
-		if err := fill(); err != nil {
-			return nil, err
-		}
-		rate, err = benchBaselineCluster(ctx, pc, gw, queues, lists, perQueue)
-		if err != nil {
-			return nil, fmt.Errorf("baseline: %w", err)
-		}
-		baseRate = append(baseRate, rate)
 	}
-	t, d, b := median(sluiceRate), median(defaultRate), median(baseRate)
-	return figures{"requests": float64(n), "masters": float64(c.Masters), "throughput": t, "baseline": b, "ratio": t / b,
-		"concurrency": baseWorkers, "throughput_default_concurrency": d, "ratio_default_concurrency": d / b, "rss_mb": rssMB()}, nil
+	err = alternate(ctx, o.runs,
+		sluiceAt(baseWorkers, &sl, "sluice"),
+		sluiceAt(0, &def, "sluice at default concurrency"),
+		func(ctx context.Context, _ int) error {
+			if err := fill(ctx); err != nil {
+				return err
+			}
+			s, err := timeRedisSide(ctx, pc, lists, n, func(ctx context.Context) error {
+				return benchBaselineCluster(ctx, pc, gw, queues, lists)
+			})
+			if err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			base = append(base, s)
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	f := pairFigures("redis-cluster", sl, base)
+	f["requests"], f["masters"], f["concurrency"], f["rss_mb"] = float64(n), float64(c.Masters), baseWorkers, rssMB()
+	f["throughput_default_concurrency"] = median(def.rates())
+	f["ratio_default_concurrency"] = medianRatio(def.rates(), base.rates())
+	f["failed"] += def.failed()
+	return f, nil
 }
 
 // benchSluiceQueues runs one sluice deployment on queues (each answered to
-// the list of the same index) in Redis mode mode, with concurrency in
-// flight per queue (0: the default), until n results are written, and
-// returns requests per second.
-func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.UniversalClient, queues, lists []string, n, concurrency int) (float64, error) {
+// the list of the same index) in Redis mode mode, with concurrency workers
+// (0: the default) shared by the queues, until n results are written
+// (timeRedisSide).
+func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.UniversalClient, queues, lists []string, n, concurrency int) (sample, error) {
 	qs := make([]config.Queue, len(queues))
 	for i, q := range queues {
 		qs[i] = config.Queue{Queue: transport.Queue{Name: q, ResultName: lists[i]}, IGWBaseURL: gw}
@@ -130,67 +153,66 @@ func benchSluiceQueues(ctx context.Context, url, mode, gw string, c redis.Univer
 	}
 	a, err := newApp(cfg, app.Options{})
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- a.Run(rctx) }()
-	elapsed, werr := waitResultsIn(ctx, c, lists, n, start)
-	cancel()
-	if err := <-done; err != nil {
-		return 0, err
-	}
-	if werr != nil {
-		return 0, werr
-	}
-	return float64(n) / elapsed.Seconds(), nil
+	return timeRedisSide(ctx, c, lists, n, a.Run)
 }
 
 // benchBaselineCluster runs the plain loop on every queue at once, each
-// with the single-node scenario's shape, and returns requests per second
-// over all of them.
-func benchBaselineCluster(ctx context.Context, c redis.UniversalClient, gw string, queues, lists []string, perQueue int) (float64, error) {
-	start := time.Now()
+// with the single-node scenario's shape, until they are drained.
+func benchBaselineCluster(ctx context.Context, c redis.UniversalClient, gw string, queues, lists []string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(queues))
 	for i := range queues {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = benchBaselineRedisQueue(ctx, c, gw, queues[i], lists[i], perQueue, baseWorkers, baseBatch)
+			errs[i] = benchBaselineRedisQueue(ctx, c, gw, queues[i], lists[i], baseWorkers, baseBatch)
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	for _, err := range errs {
-		if err != nil {
-			return 0, err
-		}
-	}
-	return float64(perQueue*len(queues)) / elapsed.Seconds(), nil
+	return errors.Join(errs...)
 }
 
-// waitResultsIn waits until the lists hold n results in all.
-func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time) (time.Duration, error) {
+// waitResultsIn waits until the lists hold n results in all and returns
+// the time since start. stopped (nil: not watched) is closed when the
+// measured side ends (a side that drained its queue, or failed): the count
+// must then reach n by the next poll.
+func waitResultsIn(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time, stopped <-chan struct{}) (time.Duration, error) {
+	el, _, err := waitFirstAndAll(ctx, c, lists, n, start, stopped)
+	return el, err
+}
+
+// waitFirstAndAll is waitResultsIn that also returns the time to the first
+// result seen.
+func waitFirstAndAll(ctx context.Context, c redis.UniversalClient, lists []string, n int, start time.Time, stopped <-chan struct{}) (all, first time.Duration, err error) {
 	limit := time.After(5 * time.Minute)
+	ended := false
 	for {
 		got := int64(0)
 		for _, l := range lists {
 			v, err := c.LLen(ctx, l).Result()
 			if err != nil {
-				return 0, err
+				return 0, 0, err
 			}
 			got += v
 		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
+		}
 		if got >= int64(n) {
-			return time.Since(start), nil
+			return time.Since(start), first, nil
+		}
+		if ended {
+			return 0, 0, fmt.Errorf("stopped with %d of %d results", got, n)
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", got, n)
+			return 0, 0, fmt.Errorf("only %d of %d results after 5m", got, n)
+		case <-stopped:
+			ended = true
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -34,7 +33,7 @@ import (
 // a quiet machine. On the shared 2-core bench machine, interleaved runs of
 // 64×32, 128×32, 256×16, 256×32 and 512×32 were within the noise of each
 // other (load average 15-25 from other work), so none was reliably
-// faster; benchBaselineRedisWith takes the shape as parameters to re-check.
+// faster; benchBaselineRedisQueue takes the shape as parameters to re-check.
 const (
 	baseWorkers = 256
 	baseBatch   = 32
@@ -76,37 +75,33 @@ return #res
 `)
 )
 
-// benchBaselineRedis drains n requests from the bench queue with the plain
-// loop and returns requests per second (from start to the last result
-// written).
-func benchBaselineRedis(ctx context.Context, c redis.UniversalClient, gw string, n int) (float64, error) {
-	return benchBaselineRedisWith(ctx, c, gw, n, baseWorkers, baseBatch)
-}
-
-// benchBaselineRedisWith is the loop with workers goroutines claiming up to
-// batch members at once.
-func benchBaselineRedisWith(ctx context.Context, c redis.UniversalClient, gw string, n, workers, batch int) (float64, error) {
-	return benchBaselineRedisQueue(ctx, c, gw, rss.RequestQueueName("bench"), rss.ResultQueueName("bench", ""), n, workers, batch)
+// benchBaselineRedis drains the bench queue with the plain loop until it
+// is empty; the caller times it (timeRedisSide) as it times sluice.
+func benchBaselineRedis(ctx context.Context, c redis.UniversalClient, gw string) error {
+	return benchBaselineRedisQueue(ctx, c, gw, rss.RequestQueueName("bench"), rss.ResultQueueName("bench", ""), baseWorkers, baseBatch)
 }
 
 // benchBaselineRedisQueue is the loop on request queue q and result list
 // results, which must share a hash slot on a cluster (the loop's lease keys
-// are q's companions: q+":base-leases" is in q's slot when q has a hash tag).
-func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q, results string, n, workers, batch int) (float64, error) {
+// are q's companions: q+":base-leases" is in q's slot when q has a hash tag),
+// with workers goroutines claiming up to batch members at once. A call that
+// fails (no answer, or a request it cannot read) is written as an error
+// result, as sluice writes one, so both sides' failures are counted the same
+// way by the results they leave; only Redis failing stops the loop.
+func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q, results string, workers, batch int) error {
 	ks := []string{q, q + ":base-leases", q + ":base-leased"}
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	client := &http.Client{Transport: tr}
 	defer tr.CloseIdleConnections()
 	if err := baseClaim.Load(ctx, c).Err(); err != nil {
-		return 0, err
+		return err
 	}
 	if err := baseSettle.Load(ctx, c).Err(); err != nil {
-		return 0, err
+		return err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
-		done     atomic.Int64
 		seq      atomic.Int64
 		firstErr error
 		errOnce  sync.Once
@@ -117,7 +112,6 @@ func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q
 		cancel()
 	}
 	url := gw + "/v1/completions"
-	start := time.Now()
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -135,43 +129,44 @@ func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q
 				}
 				args = args[:0]
 				for i := 0; i+1 < len(got); i += 2 {
-					req, err := wire.Decode([]byte(got[i+1]))
-					if err != nil {
-						fail(err)
-						return
-					}
-					hr, _ := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(req.Payload))
-					hr.Header.Set("Content-Type", "application/json")
-					resp, err := client.Do(hr)
-					if err != nil {
-						fail(err)
-						return
-					}
-					body, err := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					if err != nil {
-						fail(err)
-						return
-					}
-					res := wire.Result{ID: req.ID, StatusCode: resp.StatusCode, Payload: string(body), Metadata: req.Metadata}
-					args = append(args, got[i], res.Marshal())
+					args = append(args, got[i], baselineCall(rctx, client, url, got[i], []byte(got[i+1])))
 				}
-				w, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], results}, args...).Int64()
-				if err != nil {
+				if _, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], results}, args...).Int64(); err != nil {
 					fail(fmt.Errorf("settle: %w", err))
 					return
 				}
-				done.Add(w)
 			}
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
 	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
-		return 0, firstErr
+		return firstErr
 	}
-	if got := done.Load(); got < int64(n) {
-		return 0, fmt.Errorf("baseline finished %d of %d", got, n)
+	return nil
+}
+
+// baselineCall decodes one queued request, POSTs its payload and returns its
+// result: the answer, or an error result when the request cannot be read
+// (under its lease token, having no id) or the call got no answer.
+func baselineCall(ctx context.Context, client *http.Client, url, token string, member []byte) []byte {
+	req, err := wire.Decode(member)
+	if err != nil {
+		return wire.ErrorResult(&wire.Request{ID: token}, wire.CodeInvalidRequest, err.Error()).Marshal()
 	}
-	return float64(n) / elapsed.Seconds(), nil
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(req.Payload))
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(hr)
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()
+	}
+	res := wire.Result{ID: req.ID, StatusCode: resp.StatusCode, Payload: string(body), Metadata: req.Metadata}
+	return res.Marshal()
 }

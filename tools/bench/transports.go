@@ -22,9 +22,17 @@ import (
 // 64, constant gate), a 0-ms simulated gateway, real servers.
 func transportScenarios() []scenario {
 	return []scenario{
-		{"redis-pubsub", runRedisPubSub},
-		{"redis-stream", runRedisStream},
-		{"gcp-pubsub", runGCPPubSub},
+		{"redis-pubsub", runRedisPubSub, redisTransportTargets()},
+		{"redis-stream", runRedisStream, redisTransportTargets()},
+		{"gcp-pubsub", runGCPPubSub, gcpPubSubTargets()},
+	}
+}
+
+// redisTransportTargets: redis-pubsub and redis-stream have no baseline.
+func redisTransportTargets() []target {
+	return []target{
+		noFailures("failed"),
+		reportedOnly("throughput", "the transport's rate at its defaults; no baseline to compare with"),
 	}
 }
 
@@ -34,8 +42,12 @@ func benchPayload(i int, deadline time.Time) []byte {
 		i, time.Now().Unix(), deadline.Unix(), i)
 }
 
-// transportRun is one deployment measured: produce is called once sluice is
-// ready (the clock starts then); done reports how many results arrived.
+// transportRun is one deployment measured. With produce set, produce is
+// called once sluice is ready (a transport that drops what it is not
+// subscribed to yet) and the clock starts then; without it the backlog is
+// there already and the clock starts when sluice is started, where a
+// baseline's starts too. done reports how many results arrived; tally
+// counts them by what they say once all are in.
 type transportRun struct {
 	transport string
 	options   string
@@ -45,67 +57,91 @@ type transportRun struct {
 	n         int
 	produce   func(ctx context.Context) error
 	done      func(ctx context.Context) (int64, error)
+	tally     func(ctx context.Context) (resultTally, error)
 }
 
-func (r transportRun) measure(ctx context.Context) (float64, error) {
+func (r transportRun) measure(ctx context.Context) (sample, error) {
+	rate, err := r.run(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	t, err := r.tally(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	rate.ok, rate.failed = t.ok, t.failed+max(0, r.n-t.total())
+	return rate, nil
+}
+
+// run runs the deployment until n results are in; the sample has the time only.
+func (r transportRun) run(ctx context.Context) (sample, error) {
 	sim, err := simulator.New(simulator.Config{Capacity: 64})
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	gw, err := sim.Start("127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	defer sim.Close()
 	tc, err := config.ParseQueues([]byte(r.options), "bench")
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	tc.Queues = []config.Queue{{Queue: transport.Queue{Name: r.queue}, IGWBaseURL: gw}}
 	tc.ResultQueueName = r.results
 	cfg := &config.Config{Transport: r.transport, TransportConfig: tc, MetricsPort: -1, HealthPort: -1, RedisURL: r.redisURL}
 	a, err := newApp(cfg, app.Options{})
 	if err != nil {
-		return 0, err
+		return sample{}, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
+	start := time.Now()
 	go func() { runErr <- a.Run(rctx) }()
-	for !a.Pipeline().Ready() {
-		select {
-		case err := <-runErr:
-			return 0, fmt.Errorf("sluice stopped: %w", err)
-		case <-time.After(5 * time.Millisecond):
+	if r.produce != nil {
+		for !a.Pipeline().Ready() {
+			select {
+			case err := <-runErr:
+				return sample{}, fmt.Errorf("sluice stopped: %w", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		start = time.Now()
+		if err := r.produce(ctx); err != nil {
+			return sample{}, fmt.Errorf("produce: %w", err)
 		}
 	}
-	start := time.Now()
-	if err := r.produce(ctx); err != nil {
-		return 0, fmt.Errorf("produce: %w", err)
-	}
 	limit := time.After(5 * time.Minute)
+	var first time.Duration
 	for {
 		got, err := r.done(ctx)
 		if err != nil {
-			return 0, err
+			return sample{}, err
+		}
+		if got > 0 && first == 0 {
+			first = time.Since(start)
 		}
 		if got >= int64(r.n) {
 			break
 		}
 		select {
+		case err := <-runErr:
+			return sample{}, fmt.Errorf("sluice stopped: %v", err)
 		case <-limit:
-			return 0, fmt.Errorf("only %d of %d results after 5m", got, r.n)
+			return sample{}, fmt.Errorf("only %d of %d results after 5m", got, r.n)
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return sample{}, ctx.Err()
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	elapsed := time.Since(start)
 	cancel()
 	if err := <-runErr; err != nil {
-		return 0, err
+		return sample{}, err
 	}
-	return float64(r.n) / elapsed.Seconds(), nil
+	return sample{seconds: elapsed.Seconds(), first: first}, nil
 }
 
 func redisClient(url string) (*redis.Client, error) {
@@ -129,7 +165,8 @@ func runRedisPubSub(ctx context.Context, o options) (figures, error) {
 					pipe.Publish(ctx, "request-queue", benchPayload(j, dl))
 				})
 			},
-			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "result-list").Result() },
+			done:  func(ctx context.Context) (int64, error) { return c.LLen(ctx, "result-list").Result() },
+			tally: func(ctx context.Context) (resultTally, error) { return tallyLists(ctx, c, "result-list") },
 		}
 	})
 }
@@ -144,7 +181,8 @@ func runRedisStream(ctx context.Context, o options) (figures, error) {
 					pipe.XAdd(ctx, &redis.XAddArgs{Stream: "requests", Values: []any{"_watermill_message_uuid", strconv.Itoa(j), "payload", benchPayload(j, dl)}})
 				})
 			},
-			done: func(ctx context.Context) (int64, error) { return c.LLen(ctx, "results").Result() },
+			done:  func(ctx context.Context) (int64, error) { return c.LLen(ctx, "results").Result() },
+			tally: func(ctx context.Context) (resultTally, error) { return tallyLists(ctx, c, "results") },
 		}
 	})
 }
@@ -166,18 +204,18 @@ func redisScenario(ctx context.Context, o options, newRun func(c redis.Universal
 	}
 	defer c.Close()
 	run := newRun(c, srv.URL, time.Now().Add(time.Hour))
-	var rates []float64
+	var ss samples
 	for range o.runs {
 		if err := c.FlushDB(ctx).Err(); err != nil {
 			return nil, err
 		}
-		rate, err := run.measure(ctx)
+		s, err := run.measure(ctx)
 		if err != nil {
 			return nil, err
 		}
-		rates = append(rates, rate)
+		ss = append(ss, s)
 	}
-	return figures{"requests": float64(run.n), "throughput": median(rates)}, nil
+	return figures{"requests": float64(run.n), "throughput": median(ss.rates()), "failed": ss.failed()}, nil
 }
 
 // pipelined sends n commands, 500 per round trip; add queues command j.

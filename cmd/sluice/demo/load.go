@@ -37,6 +37,9 @@ type LoadResult struct {
 	AllocsPerMsg  float64
 	BytesPerMsg   float64
 	MaxGoroutines int
+	// Results are the result messages written, in order (for a caller that
+	// counts them by what they say, not by how many).
+	Results [][]byte
 }
 
 // MemoryLoad enqueues Requests into the memory transport, runs sluice until
@@ -119,5 +122,6 @@ func MemoryLoad(ctx context.Context, o LoadOptions) (LoadResult, error) {
 		AllocsPerMsg:  float64(after.Mallocs-before.Mallocs) / n,
 		BytesPerMsg:   float64(after.TotalAlloc-before.TotalAlloc) / n,
 		MaxGoroutines: maxG,
+		Results:       mem.Results(res),
 	}, nil
 }
