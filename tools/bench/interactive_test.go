@@ -1,0 +1,60 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/wire"
+)
+
+// ipReaction reads the batch's occupancy of the pool: a fall of at least
+// max(2, 10 %) after a burst starts is the reaction; the return to the
+// pre-burst level after the burst ends is the recovery; a burst without a
+// fall scores a whole phase.
+func TestIPReaction(t *testing.T) {
+	ms := time.Millisecond
+	bursts := [][2]time.Duration{{1000 * ms, 1000*ms + ipPhase}, {20000 * ms, 20000*ms + ipPhase}}
+	var samples []ipSample
+	for at := time.Duration(0); at < 40*time.Second; at += 50 * ms {
+		occ := 20.0
+		switch {
+		case at >= 1300*ms && at < bursts[0][1]+400*ms:
+			occ = 12 // fell 300 ms into the first burst, back 400 ms after it
+		case at >= 1100*ms && at < 1300*ms:
+			occ = 19 // a one-request dip is not a fall
+		}
+		samples = append(samples, ipSample{at: at, limit: occ})
+	}
+	reaction, recovery := ipReaction(samples, bursts)
+	if len(reaction) != 2 || reaction[0] != 300 || reaction[1] != float64(ipPhase.Milliseconds()) {
+		t.Fatalf("reaction %v, want [300 %d]", reaction, ipPhase.Milliseconds())
+	}
+	if len(recovery) != 2 || recovery[0] != 400 || recovery[1] != 0 {
+		t.Fatalf("recovery %v, want [400 0]", recovery)
+	}
+}
+
+// ipJudge counts a job's request as missed when its result is absent, not
+// ok, or late, and counts duplicates and results nobody asked for.
+func TestIPJudge(t *testing.T) {
+	jobs := ipJobs{unit: 2, deadlines: [3]time.Duration{time.Second, 2 * time.Second, time.Hour}}
+	sl := &ipSluice{ids: map[string]int{"j0-0": 0, "j0-1": 0, "j1-0": 1, "j1-1": 1, "j2-0": 2, "f-0": -1}}
+	res := []*wire.Result{
+		{ID: "j0-0", StatusCode: 200},
+		{ID: "j0-0", StatusCode: 200}, // duplicate
+		{ID: "j0-1", StatusCode: 200}, // late (below)
+		{ID: "j1-0", ErrorCode: wire.CodeDeadlineExceeded},
+		{ID: "f-0", StatusCode: 200},
+		{ID: "stranger", StatusCode: 200},
+		// j1-1 never answered; j2-0 is due after the run: not judged
+	}
+	at := map[string]time.Duration{"j0-0": 500 * time.Millisecond, "j0-1": 1500 * time.Millisecond, "j1-0": time.Second, "f-0": time.Second, "stranger": time.Second}
+	var r ipRun
+	ipJudge(&r, sl, res, at, jobs, 10*time.Second)
+	if r.judged != [3]int{2, 2, 0} || r.missed != [3]int{1, 2, 0} {
+		t.Fatalf("judged %v missed %v, want [2 2 0] and [1 2 0]", r.judged, r.missed)
+	}
+	if r.duplicates != 1 || r.unknownR != 1 || r.results != 6 || r.resultsOK != 4 {
+		t.Fatalf("duplicates %d unknown %d results %d ok %d, want 1 1 6 4", r.duplicates, r.unknownR, r.results, r.resultsOK)
+	}
+}
