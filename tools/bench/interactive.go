@@ -261,6 +261,17 @@ func ipSelect(all []ipProfile) ([]ipProfile, error) {
 	return out, nil
 }
 
+// ipReps is how many repetitions of every arm run: SLUICE_BENCH_IP_RUNS, or
+// 1 (one repetition of the two profiles takes about ten minutes; each arm's
+// figures already span ipCycles bursts). -runs does not apply: at its
+// default of 3 the scenario alone would take half an hour.
+func ipReps(options) int {
+	if n, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_IP_RUNS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
 func runInteractiveProtection(ctx context.Context, o options) (figures, error) {
 	var summary figures = figures{}
 	profs, err := ipSelect(ipProfiles())
@@ -293,7 +304,7 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 	}
 	window := time.Duration(ipCycles) * 2 * ipPhase
 	perArm := map[string][]figures{}
-	for rep := range o.runs {
+	for rep := range ipReps(o) {
 		capy, err := ipCalibrate(ctx, base, prof)
 		if err != nil {
 			return nil, fmt.Errorf("calibration: %w", err)
