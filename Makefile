@@ -5,7 +5,8 @@ BENCHTIME ?= 1x
 
 .PHONY: run test test-short bench lint fmt vet build fuzz proto
 
-## run: the embedded demo (memory queue, gateway simulator, constant gate); no server needed
+## run: the embedded demo (a batch through the aimd gate beside interactive bursts on the
+## simulated pool, internal/poolsim); no server needed
 run:
 	$(GO) run ./cmd/sluice demo
 
