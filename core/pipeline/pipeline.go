@@ -245,7 +245,16 @@ func New(cfg Config) (*Pipeline, error) {
 				return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
 			}
 		}
-		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
+		claims := q.MaxConcurrency
+		if q.pool != nil && q.pool.lanes != nil {
+			// Under tier-priority the lanes bound the queue's requests in
+			// flight; its claims may run as many again ahead of them, so
+			// that the next request already waits in its lane when one
+			// ends (see lanes.go).
+			claims = 2 * q.MaxConcurrency
+			q.Gate.Attach(q.pool.lanes.addSource(q.ID, q.MaxConcurrency))
+		}
+		q.credits = credit.NewPool(claims, q.Ramp)
 		q.priority = cfg.Priority
 		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
 		q.admitter, _ = q.Gate.Gate().(gate.Admitter)

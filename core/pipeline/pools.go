@@ -204,7 +204,7 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 				case err != nil:
 					return Fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
 				}
-				defer pool.lanes.release()
+				defer pool.lanes.release(q.ID)
 			}
 			// The pool's gate.
 			if pool != nil {
