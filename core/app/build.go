@@ -218,9 +218,12 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 	return params, q.GateType + "\x00" + params.Canonical(), nil
 }
 
-// newGate builds queue q's gate of params from the registry.
-func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params) (gate.Gate, error) {
-	return gates.New(q.GateType, params, gateEnv(cfg, q.MaxConcurrency))
+// newGate builds queue q's gate of params from the registry (log: what the
+// gate says on its own; nil: slog.Default()).
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger) (gate.Gate, error) {
+	env := gateEnv(cfg, q.MaxConcurrency)
+	env.Logger = log
+	return gates.New(q.GateType, params, env)
 }
 
 // gateEnv is what a gate factory gets from the deployment.
@@ -253,7 +256,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			}
 		}
 		if !ok {
-			g, err := newGate(gates, a.cfg, q, params)
+			g, err := newGate(gates, a.cfg, q, params, a.log)
 			if err != nil {
 				return nil, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
 			}
@@ -286,7 +289,9 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
 			}
-			g, err := gates.New(wp.GateType, params, gateEnv(a.cfg, wp.Workers))
+			env := gateEnv(a.cfg, wp.Workers)
+			env.Logger = a.log
+			g, err := gates.New(wp.GateType, params, env)
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}

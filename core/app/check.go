@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
@@ -75,7 +76,7 @@ func Check(cfg *config.Config, ad Adapters) error {
 
 // checkGate builds a queue's gate and closes it again.
 func checkGate(ad Adapters, cfg *config.Config, q config.Queue, params gate.Params) error {
-	g, err := newGate(ad.Gates, cfg, q, params)
+	g, err := newGate(ad.Gates, cfg, q, params, slog.New(slog.DiscardHandler)) // built to check, not run
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package gate
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/sluice-io/sluice/core/registry"
@@ -27,6 +28,17 @@ type Env struct {
 	MaxConcurrency int
 	// Build builds an inner gate, for gates that compose others.
 	Build func(typ string, params Params) (Gate, error)
+	// Logger receives what a gate says on its own (a deprecated metric it
+	// fell back to, ...); nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// Log returns e.Logger, or slog.Default() when it is nil.
+func (e Env) Log() *slog.Logger {
+	if e.Logger == nil {
+		return slog.Default()
+	}
+	return e.Logger
 }
 
 // Factory builds a gate from its parameters. It must report every parameter
