@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -74,7 +75,7 @@ func (a *App) build(o Options) error {
 		Pools:               pools,
 		Priority:            prio,
 		Transforms:          a.transform,
-		GateTimeout:         a.cfg.RequestTimeout.D(),
+		GateTimeout:         gateWaitTimeout(a.cfg),
 		Retry:               retryPolicy(a.cfg),
 		DrainTimeout:        a.cfg.DrainTimeout.D(),
 		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
@@ -337,4 +338,16 @@ func (a *App) newTracer(given trace.TracerProvider) (trace.TracerProvider, error
 	}
 	a.tracing = tp
 	return tp, nil
+}
+
+// gateWaitTimeout is the pipeline's GateTimeout for cfg: unset → the
+// pipeline's default (5m), 0 → the deadline only.
+func gateWaitTimeout(cfg *config.Config) time.Duration {
+	switch {
+	case cfg.GateWaitTimeout == nil:
+		return 0
+	case *cfg.GateWaitTimeout == 0:
+		return -1
+	}
+	return cfg.GateWaitTimeout.D()
 }

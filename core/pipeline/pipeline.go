@@ -98,8 +98,10 @@ type Config struct {
 	// pool's workers go to requests by lane (see lanes.go). nil: upstream's
 	// random-robin, the pool's workers taken when requests are claimed.
 	Priority *Priority
-	// GateTimeout bounds how long a request may wait on Wait decisions
-	// (default 5m; upstream's --request-timeout); its deadline bounds it too.
+	// GateTimeout bounds how long a request may wait on Wait decisions and
+	// for a worker of the lanes before it is re-queued (upstream's
+	// --gate-wait-timeout; 0: the default, 5m; negative: only the
+	// deadline bounds the wait).
 	GateTimeout time.Duration
 	Retry       RetryPolicy
 	// DrainTimeout is how long requests in flight may finish after shutdown
@@ -148,7 +150,7 @@ func (c *Config) setDefaults() {
 	if c.GaugeInterval <= 0 {
 		c.GaugeInterval = 2 * time.Second
 	}
-	if c.GateTimeout <= 0 {
+	if c.GateTimeout == 0 {
 		c.GateTimeout = 5 * time.Minute
 	}
 	if c.Logger == nil {
