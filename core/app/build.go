@@ -1,13 +1,18 @@
 package app
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
@@ -134,13 +139,58 @@ func priority(cfg *config.Config, c *dispatch.Client) (*pipeline.Priority, error
 	if cfg.MergePolicy.Type != config.PolicyTierPriority {
 		return nil, nil
 	}
-	p := &pipeline.Priority{Header: cfg.MergePolicy.Param("priority_header"), TierLabel: cfg.MergePolicy.Param("tier_label")}
+	p := &pipeline.Priority{Header: cfg.MergePolicy.Param("priority_header"), TierLabel: cfg.MergePolicy.Param("tier_label"),
+		ObjectiveHeader: cfg.MergePolicy.Param("objective_header")}
 	if p.Header != "" {
 		if err := c.CheckHeaderName(p.Header); err != nil {
 			return nil, fmt.Errorf("merge_policy: priority_header: %w", err)
 		}
 	}
+	if p.ObjectiveHeader != "" {
+		if err := c.CheckHeaderName(p.ObjectiveHeader); err != nil {
+			return nil, fmt.Errorf("merge_policy: objective_header: %w", err)
+		}
+	}
+	objectives, err := laneObjectives(cfg.MergePolicy.Parameters)
+	if err != nil {
+		return nil, fmt.Errorf("merge_policy: lane_objectives: %w", err)
+	}
+	p.LaneObjectives = objectives
 	return p, nil
+}
+
+// laneObjectives reads the tier-priority parameter lane_objectives: an
+// object from lane key ("reserved-interactive" … "overflow-batch", see
+// pipeline.LaneKey) to an InferenceObjective name. An unknown key, or a
+// value that is not a string a header may carry, is an error.
+func laneObjectives(params json.RawMessage) (out [pipeline.NumLanes]string, err error) {
+	var obj map[string]json.RawMessage
+	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj["lane_objectives"] == nil {
+		return out, nil
+	}
+	raw := obj["lane_objectives"]
+	if string(bytes.TrimSpace(raw)) == "null" {
+		return out, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return out, fmt.Errorf("want an object of lane key to objective name: %v", err)
+	}
+	keys := make([]string, pipeline.NumLanes)
+	for i := range keys {
+		keys[i] = pipeline.LaneKey(i)
+	}
+	for k, v := range m {
+		i := slices.Index(keys, k)
+		if i < 0 {
+			return out, fmt.Errorf("unknown lane %q (lanes: %s)", k, strings.Join(keys, ", "))
+		}
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return out, fmt.Errorf("lane %q: %q is not a valid header value", k, v)
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // maxConcurrency is the most requests in flight at once over all queues,

@@ -26,6 +26,9 @@ func Check(cfg *config.Config, ad Adapters) error {
 	if c, err := newDispatcher(cfg); err != nil {
 		errs = append(errs, err)
 	} else {
+		if _, err := priority(cfg, c); err != nil {
+			errs = append(errs, err)
+		}
 		c.Close()
 	}
 	p := retryPolicy(cfg)

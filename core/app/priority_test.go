@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/pipeline"
@@ -294,6 +296,90 @@ func TestTierPriorityInteractiveFirst(t *testing.T) {
 	for _, id := range order[first : first+10] {
 		if !strings.HasPrefix(id, "ti-") {
 			t.Fatalf("a batch request went between the interactive ones: %s", strings.Join(order[first:], " "))
+		}
+	}
+}
+
+// lane_objectives: a lane with an entry sends its objective in
+// objective_header (default x-llm-d-inference-objective), the others send
+// none; priority_header is off unless set (upstream v0.10); bad entries
+// stop the start.
+func TestTierPriorityLaneObjectives(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]http.Header{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PRI" {
+			return
+		}
+		mu.Lock()
+		got[r.Header.Get("x-test-id")] = r.Header.Clone()
+		mu.Unlock()
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(srv.Close)
+	cfgWith := func(params string) *config.Config {
+		queue := func(name, tier string) config.Queue {
+			return config.Queue{Queue: transport.Queue{Name: name}, IGWBaseURL: srv.URL, WorkerPoolID: "p", Labels: map[string]string{"tier": tier}}
+		}
+		return &config.Config{
+			Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+			WorkerPools:     []config.WorkerPool{{ID: "p", Workers: 2}},
+			MergePolicy:     config.MergePolicy{Type: config.PolicyTierPriority, Parameters: []byte(params)},
+			TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{queue("oi", "interactive"), queue("ob", "batch")}},
+		}
+	}
+	run := func(t *testing.T, params string) {
+		t.Helper()
+		h := startAppWith(t, cfgWith(params), Options{Transport: memory.New(memory.Options{})})
+		far := time.Now().Add(time.Minute)
+		for _, q := range []string{"oi", "ob"} {
+			if err := h.mem.Enqueue(q, idRequest(q+"-1", far)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.waitResults(2, 10*time.Second)
+		if err := h.shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("default header, one lane", func(t *testing.T) {
+		run(t, `{"lane_objectives":{"overflow-interactive":"chat-fast"}}`)
+		mu.Lock()
+		defer mu.Unlock()
+		if v := got["oi-1"].Get("x-llm-d-inference-objective"); v != "chat-fast" {
+			t.Errorf("interactive lane: objective %q, want chat-fast", v)
+		}
+		if v, ok := got["ob-1"]["X-Llm-D-Inference-Objective"]; ok {
+			t.Errorf("batch lane (no entry): objective %q sent", v)
+		}
+		for id, hs := range got {
+			if v, ok := hs["X-Gateway-Priority"]; ok {
+				t.Errorf("%s: priority header %q sent, want none (priority_header is off by default)", id, v)
+			}
+		}
+	})
+	t.Run("own header, and the priority header when set", func(t *testing.T) {
+		run(t, `{"objective_header":"x-objective","priority_header":"x-prio","lane_objectives":{"overflow-batch":"bulk","reserved-batch":"never"}}`)
+		mu.Lock()
+		defer mu.Unlock()
+		if v := got["ob-1"].Get("x-objective"); v != "bulk" {
+			t.Errorf("batch lane: objective %q, want bulk", v)
+		}
+		if v := got["ob-1"].Get("x-prio"); v != "5" {
+			t.Errorf("batch lane: priority %q, want 5", v)
+		}
+		if v := got["oi-1"].Get("x-objective"); v != "" {
+			t.Errorf("interactive lane (no entry): objective %q", v)
+		}
+	})
+	for _, bad := range []struct{ params, want string }{
+		{`{"lane_objectives":{"overflow-urgent":"x"}}`, `unknown lane "overflow-urgent"`},
+		{`{"lane_objectives":{"overflow-batch":"a\nb"}}`, "not a valid header value"},
+		{`{"lane_objectives":["x"]}`, "want an object"},
+		{`{"objective_header":"bad header"}`, "objective_header"},
+	} {
+		if _, err := New(cfgWith(bad.params), Options{Adapters: testAdapters(t), Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()}); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: error %v, want one containing %q", bad.params, err, bad.want)
 		}
 	}
 }

@@ -44,8 +44,28 @@ type Priority struct {
 	Header string
 	// TierLabel is the label holding the tier (default "tier").
 	TierLabel string
+	// ObjectiveHeader carries a lane's objective (upstream's
+	// objective_header; default DefaultObjectiveHeader).
+	ObjectiveHeader string
+	// LaneObjectives are the InferenceObjective names sent in
+	// ObjectiveHeader, by lane ("": none for that lane; see LaneKey).
+	LaneObjectives [NumLanes]string
 
-	headers [NumLanes][]dispatch.Header // the priority header of each lane, built once
+	headers [NumLanes][]dispatch.Header // each lane's priority and objective headers, built once
+}
+
+// DefaultObjectiveHeader is upstream's objective header (api.ObjectiveHeader).
+const DefaultObjectiveHeader = "x-llm-d-inference-objective"
+
+// LaneKey is the name upstream's lane_objectives give lane i:
+// "<class>-<tier>", class reserved or overflow, tier interactive, async or
+// batch.
+func LaneKey(i int) string {
+	class := "overflow"
+	if i/3 == 0 {
+		class = "reserved"
+	}
+	return class + "-" + [...]string{"interactive", "async", "batch"}[i%3]
 }
 
 // init fills the defaults and the lanes' headers.
@@ -53,11 +73,18 @@ func (p *Priority) init() {
 	if p.TierLabel == "" {
 		p.TierLabel = wire.DefaultTierLabel
 	}
-	if p.Header == "" {
-		return
+	if p.ObjectiveHeader == "" {
+		p.ObjectiveHeader = DefaultObjectiveHeader
 	}
 	for i := range p.headers {
-		p.headers[i] = []dispatch.Header{{Name: p.Header, Value: laneValues[i]}}
+		var hs []dispatch.Header
+		if p.Header != "" {
+			hs = append(hs, dispatch.Header{Name: p.Header, Value: laneValues[i]})
+		}
+		if o := p.LaneObjectives[i]; o != "" {
+			hs = append(hs, dispatch.Header{Name: p.ObjectiveHeader, Value: o})
+		}
+		p.headers[i] = hs
 	}
 }
 
