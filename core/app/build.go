@@ -271,9 +271,9 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 
 // newGate builds queue q's gate of params from the registry (log: what the
 // gate says on its own; nil: slog.Default()).
-func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger) (gate.Gate, error) {
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger, m *metrics.Metrics) (gate.Gate, error) {
 	env := gateEnv(cfg, q.MaxConcurrency)
-	env.Logger = log
+	env.Logger, env.Pool, env.Lease = log, q.WorkerPoolID, leaseRecorder(m)
 	return gates.New(q.GateType, params, env)
 }
 
@@ -307,7 +307,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			}
 		}
 		if !ok {
-			g, err := newGate(gates, a.cfg, q, params, a.log)
+			g, err := newGate(gates, a.cfg, q, params, a.log, m)
 			if err != nil {
 				return nil, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
 			}
@@ -341,7 +341,7 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
 			}
 			env := gateEnv(a.cfg, wp.Workers)
-			env.Logger = a.log
+			env.Logger, env.Pool, env.Lease = a.log, wp.ID, leaseRecorder(m)
 			g, err := gates.New(wp.GateType, params, env)
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
@@ -400,4 +400,23 @@ func gateWaitTimeout(cfg *config.Config) time.Duration {
 		return -1
 	}
 	return cfg.GateWaitTimeout.D()
+}
+
+// leaseRecorder sets the drain_limit gauges of m (nil: records nothing).
+func leaseRecorder(m *metrics.Metrics) gate.LeaseRecorder {
+	if m == nil {
+		return nil
+	}
+	return func(pool string, rps float64, valid bool, until time.Time) {
+		v, u := 0.0, 0.0
+		if valid {
+			v = 1
+		}
+		if !until.IsZero() {
+			u = float64(until.UnixMilli()) / 1000
+		}
+		m.DrainLimitRPS.WithLabelValues(pool).Set(rps)
+		m.DrainLimitValid.WithLabelValues(pool).Set(v)
+		m.DrainLimitUntil.WithLabelValues(pool).Set(u)
+	}
 }
