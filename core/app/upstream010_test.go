@@ -113,3 +113,83 @@ func TestGateWaitTimeout(t *testing.T) {
 		}
 	})
 }
+
+// The lease a gate records through gate.Env.Lease reaches the
+// drain_limit gauges, labelled with the gate's pool (a pool gate's pool id;
+// a queue gate's worker_pool_id).
+func TestLeaseMetrics(t *testing.T) {
+	ad := testAdapters(t)
+	until := time.UnixMilli(1_900_000_000_123)
+	if err := ad.Gates.Register("test-lease", func(_ gate.Params, env gate.Env) (gate.Gate, error) {
+		env.Lease(env.Pool, 2.5, true, until)
+		return &waitGate{}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		WorkerPools: []config.WorkerPool{{ID: "pa", Workers: 1, GateType: "test-lease"}},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{
+			{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: "http://127.0.0.1:1", WorkerPoolID: "pa"}}},
+	}
+	reg := prometheus.NewRegistry()
+	startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: reg})
+	pool := map[string]string{"pool_name": "pa"}
+	if v := metricValue(t, reg, "llm_d_async_async_drain_limit_rps", pool); v != 2.5 {
+		t.Errorf("drain_limit_rps %v, want 2.5", v)
+	}
+	if v := metricValue(t, reg, "llm_d_async_async_drain_limit_lease_valid", pool); v != 1 {
+		t.Errorf("drain_limit_lease_valid %v, want 1", v)
+	}
+	if v := metricValue(t, reg, "llm_d_async_async_drain_limit_valid_until_seconds", pool); v != 1_900_000_000.123 {
+		t.Errorf("drain_limit_valid_until_seconds %v, want 1900000000.123", v)
+	}
+}
+
+// tokens_total counts the usage of 2xx JSON answers by direction, and
+// dispatched_requests_total every attempt, the retried ones included.
+func TestTokensAndDispatched(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "PRI" {
+			return
+		}
+		switch id := r.Header.Get("x-test-id"); {
+		case id == "retried" && calls.Add(1) == 1:
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case id == "bad":
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"usage":{"prompt_tokens":1000,"completion_tokens":1000}}`)) // not 2xx: not counted
+		default:
+			_, _ = w.Write([]byte(`{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":11}}`))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cfg := &config.Config{
+		Transport: memory.Name, MetricsPort: -1, HealthPort: -1, DrainTimeout: config.Duration(time.Second),
+		Retry: config.Retry{Base: config.Duration(time.Millisecond), Max: config.Duration(5 * time.Millisecond)},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults, Queues: []config.Queue{
+			{Queue: transport.Queue{Name: e2eQueue}, IGWBaseURL: srv.URL}}},
+	}
+	reg := prometheus.NewRegistry()
+	h := startAppWith(t, cfg, Options{Transport: memory.New(memory.Options{}), Registry: reg})
+	for _, id := range []string{"plain", "retried", "bad"} {
+		if err := h.mem.Enqueue(e2eQueue, idRequest(id, time.Now().Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.waitResults(3, 10*time.Second)
+	q := map[string]string{"queue_id": e2eQueue, "queue_name": e2eQueue, "pool_name": "default"}
+	if v := metricValue(t, reg, "llm_d_async_async_dispatched_requests_total", q); v != 4 {
+		t.Errorf("dispatched %v, want 4 (three requests, one retried once)", v)
+	}
+	for dir, want := range map[string]float64{"input": 14, "output": 22} {
+		l := map[string]string{"direction": dir}
+		for k, v := range q {
+			l[k] = v
+		}
+		if v := metricValue(t, reg, "llm_d_async_async_tokens_total", l); v != want {
+			t.Errorf("tokens %s %v, want %v (two 2xx answers)", dir, v, want)
+		}
+	}
+}
