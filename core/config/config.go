@@ -314,8 +314,9 @@ const (
 
 // MergePolicy is upstream's merge-policy file: {"type", "parameters"}.
 // Parameters: fairness_header and fairness_attribute (both policies),
-// priority_header and tier_label (tier-priority); other keys are ignored,
-// as upstream ignores them.
+// priority_header, tier_label, objective_header and lane_objectives
+// (tier-priority; core/app checks them); other keys are ignored, as
+// upstream ignores them.
 type MergePolicy struct {
 	// Type is PolicyRandomRobin (default) or PolicyTierPriority.
 	Type string `json:"type,omitempty"`
