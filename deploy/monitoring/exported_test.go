@@ -90,6 +90,9 @@ func sluiceExports(t testing.TB) *exports {
 		t.Fatalf("metrics.New: %v", err)
 	}
 	m.For(metrics.Labels{QueueID: "q", QueueName: "q", Pool: "default"}) // creates the per-queue series
+	// The deadline-proximity histogram is a snapshot collector: one snapshot gives it its series.
+	m.DeadlineProximity.Set(metrics.Labels{QueueID: "q", QueueName: "q", Pool: "default"},
+		metrics.Proximity{Cumulative: make([]uint64, len(metrics.ProximityBounds))})
 
 	// A deployment registers the collector of its one transport; here one
 	// collector carries the events of them all.
