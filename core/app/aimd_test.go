@@ -7,10 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
@@ -211,7 +214,8 @@ func runAIMD(t *testing.T, url string, requests int) time.Duration {
 			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: mc}, IGWBaseURL: url,
 				GateType: aimd.Type, GateParams: map[string]json.RawMessage{"max_window": json.RawMessage(`64`)}}}},
 	}
-	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{})})
+	reg := prometheus.NewRegistry()
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: reg})
 	far := time.Now().Add(2 * time.Minute)
 	start := time.Now()
 	for i := range requests {
@@ -221,6 +225,7 @@ func runAIMD(t *testing.T, url string, requests int) time.Duration {
 	}
 	res := h.waitResults(requests, 60*time.Second) // fails on a second result for an id
 	elapsed := time.Since(start)
+	checkAIMDMetrics(t, reg)
 	if err := h.shutdown(); err != nil {
 		t.Fatal(err)
 	}
@@ -272,5 +277,41 @@ func TestAIMDRetryAfterClosesTheBand(t *testing.T) {
 	}
 	if after == 0 {
 		t.Errorf("nothing sent after the band reopened")
+	}
+}
+
+// checkAIMDMetrics checks the gate's series: a window per band, and the
+// events of its reactions to the rejections.
+func checkAIMDMetrics(t *testing.T, reg *prometheus.Registry) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bands, reactions := 0, 0.0
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "sluice_gate_window":
+			for _, m := range mf.GetMetric() {
+				if m.GetGauge().GetValue() < 1 {
+					t.Errorf("window %v below 1", m)
+				}
+				bands++
+			}
+		case "sluice_gate_events_total":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "event" && strings.HasPrefix(l.GetValue(), "aimd_") {
+						reactions += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	if bands != aimd.NumBands {
+		t.Errorf("%d sluice_gate_window series, want one per band (%d)", bands, aimd.NumBands)
+	}
+	if reactions == 0 {
+		t.Errorf("no aimd_* event counted in sluice_gate_events_total")
 	}
 }

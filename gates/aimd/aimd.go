@@ -138,11 +138,12 @@ type Gate struct {
 }
 
 var (
-	_ gate.Gate         = (*Gate)(nil)
-	_ gate.Admitter     = (*Gate)(nil)
-	_ gate.Describer    = (*Gate)(nil)
-	_ gate.Intervaler   = (*Gate)(nil)
-	_ gate.EventCounter = (*Gate)(nil)
+	_ gate.Gate           = (*Gate)(nil)
+	_ gate.Admitter       = (*Gate)(nil)
+	_ gate.Describer      = (*Gate)(nil)
+	_ gate.Intervaler     = (*Gate)(nil)
+	_ gate.EventCounter   = (*Gate)(nil)
+	_ gate.WindowReporter = (*Gate)(nil)
 )
 
 // New returns the gate.
@@ -481,6 +482,16 @@ func (g *Gate) Bands() []BandState {
 		b := &g.bands[i]
 		out[i] = BandState{Name: bandNames[i], Window: b.w, SSThresh: b.ssthresh, InFlight: b.inflight,
 			Closed: now.Before(b.closedUntil), Held: now.Before(b.heldUntil), Decreases: b.decreases}
+	}
+	return out
+}
+
+// Windows returns the bands' windows, for sluice_gate_window{gate, band}.
+func (g *Gate) Windows() []gate.Window {
+	bs := g.Bands()
+	out := make([]gate.Window, len(bs))
+	for i, b := range bs {
+		out[i] = gate.Window{Band: b.Name, Size: b.Window, SSThresh: b.SSThresh, InFlight: b.InFlight, Closed: b.Closed}
 	}
 	return out
 }

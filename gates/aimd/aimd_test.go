@@ -539,3 +539,27 @@ func TestConcurrentFeedback(t *testing.T) {
 		t.Fatalf("after concurrent feedback: %+v", s)
 	}
 }
+
+// The windows and events are found through the generic parameters' wrapper.
+func TestReportersThroughWrappers(t *testing.T) {
+	g, err := build(t, `{"refresh_interval":"50ms"}`, gate.Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, direct := g.(*aimd.Gate); direct {
+		t.Fatal("refresh_interval did not wrap the gate; the test checks nothing")
+	}
+	wr := gate.WindowsOf(g)
+	if wr == nil || len(wr.Windows()) != aimd.NumBands {
+		t.Fatalf("WindowsOf = %v", wr)
+	}
+	if w := wr.Windows()[5]; w.Band != "overflow-batch" || w.Size != 1 || w.SSThresh != 256 {
+		t.Errorf("overflow-batch window %+v", w)
+	}
+	if gate.EventsOf(g) == nil {
+		t.Error("EventsOf = nil")
+	}
+	if gate.IntervalOf(g) != 50*time.Millisecond {
+		t.Errorf("interval %v", gate.IntervalOf(g))
+	}
+}
