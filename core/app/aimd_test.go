@@ -1,6 +1,7 @@
 package app
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,8 +17,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/aimd"
+	"github.com/sluice-io/sluice/gates/composite"
+	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/waitonrefuse"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -313,5 +319,63 @@ func checkAIMDMetrics(t *testing.T, reg *prometheus.Registry) {
 	}
 	if reactions == 0 {
 		t.Errorf("no aimd_* event counted in sluice_gate_events_total")
+	}
+}
+
+// The gates that wrap others pass the aimd gate's Observe on: inside a
+// composite or wait-on-refuse, a rejection still shrinks its window.
+func TestAIMDLearnsThroughWrappers(t *testing.T) {
+	r := gate.NewRegistry()
+	for typ, f := range map[string]gate.Factory{
+		aimd.Type: aimd.Factory, composite.Type: composite.Factory, waitonrefuse.Type: waitonrefuse.Factory, constant.Type: constant.Factory,
+	} {
+		if err := r.Register(typ, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner := `{"gate_type":"aimd","gate_params":{"initial_window":2}}`
+	for _, tt := range []struct{ typ, params string }{
+		{composite.Type, `{"gates":[{"gate_type":"constant","gate_params":{"budget":1}},` + inner + `]}`},
+		{waitonrefuse.Type, `{"gate":` + inner + `}`},
+	} {
+		t.Run(tt.typ, func(t *testing.T) {
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(tt.params), &obj); err != nil {
+				t.Fatal(err)
+			}
+			p, err := gate.ParseParams(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := r.New(tt.typ, p, gate.Env{MaxConcurrency: 8})
+			if err != nil {
+				t.Fatal(err)
+			}
+			adm := g.(gate.Admitter)
+			req := &wire.Request{ID: "r", Deadline: time.Now().Add(time.Minute)}
+			admit := func() gate.Decision {
+				d, err := adm.Admit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			a, b := admit(), admit() // window 2
+			if a.Verdict != gate.Admit || b.Verdict != gate.Admit || a.Observe == nil {
+				t.Fatalf("decisions %+v, %+v: want two admissions with an Observe", a, b)
+			}
+			a.Observe(gate.Feedback{StatusCode: http.StatusTooManyRequests})
+			a.Release()
+			// The window is 1 now, held by b.
+			if d := admit(); d.Verdict == gate.Admit {
+				t.Fatalf("after a 429 the window still admits a second request: %+v", d)
+			}
+			b.Release()
+			if d := admit(); d.Verdict != gate.Admit {
+				t.Fatalf("window 1 with none in flight: %+v", d)
+			} else {
+				d.Release()
+			}
+		})
 	}
 }
