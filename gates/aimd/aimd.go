@@ -29,8 +29,9 @@
 //     and is ignored. With Retry-After the band closes until then and its
 //     window drops to min_window (it reopens in slow start towards the
 //     ssthresh set at the close). The decrease, and the close, apply to
-//     every band below too; the bands above hold their growth for
-//     hold_duration;
+//     every band below too (a band idle for activeFor only has its window
+//     shrunk, keeping its ssthresh and so its slow start); the bands above
+//     hold their growth for hold_duration;
 //   - reason rejected-ttl-expired: a gentle decrease (×0.9), and the bands
 //     above hold;
 //   - evicted*, any other reason, a transport failure, a 5xx or another
@@ -382,7 +383,7 @@ func (g *Gate) react(i int, seq uint64, out outcome, retryAfter time.Duration, q
 				g.events[EventCoalesced]++
 			}
 			for j := i + 1; j < NumBands; j++ {
-				if g.decrease(j, seq, g.cfg.DecreaseFactor) {
+				if g.coupledDecrease(j, seq, now) {
 					g.events[EventDecreaseCoupled]++
 				}
 			}
@@ -423,6 +424,24 @@ func (g *Gate) decrease(j int, seq uint64, f float64) bool {
 	b.w = b.ssthresh
 	b.decreasedAt = g.sent
 	b.decreases++
+	return true
+}
+
+// coupledDecrease decreases band j, below a band whose request was
+// rejected. A band in use decreases as on its own rejection; an idle band
+// (no request for activeFor) only has its window shrunk, keeping its
+// ssthresh, so that when its traffic starts it still opens in slow start
+// (as TCP restarts an idle connection) instead of creeping up from the
+// minimum in additive increase.
+func (g *Gate) coupledDecrease(j int, seq uint64, now time.Time) bool {
+	b := &g.bands[j]
+	if !b.lastSeen.IsZero() && now.Sub(b.lastSeen) <= activeFor {
+		return g.decrease(j, seq, g.cfg.DecreaseFactor)
+	}
+	if b.w <= b.lo {
+		return false
+	}
+	b.w = max(b.lo, b.w*g.cfg.DecreaseFactor)
 	return true
 }
 
