@@ -196,19 +196,19 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	}
 	now := g.cfg.Now()
 	g.mu.Lock()
-	allowance, active := 0.0, false
+	allowance, inUse := 0.0, false
 	for i := range g.bands {
 		b := &g.bands[i]
-		if b.lastSeen.IsZero() || now.Sub(b.lastSeen) > activeFor {
+		if !active(b, now) {
 			continue
 		}
-		active = true
+		inUse = true
 		if !now.Before(b.closedUntil) {
 			allowance += math.Floor(b.w)
 		}
 	}
 	g.mu.Unlock()
-	if !active {
+	if !inUse {
 		allowance = math.Floor(g.cfg.InitialWindow)
 	}
 	return min(1, allowance/mc), nil
@@ -374,7 +374,7 @@ func (g *Gate) react(i int, seq uint64, out outcome, retryAfter time.Duration, q
 		if retryAfter > 0 {
 			until := now.Add(retryAfter)
 			for j := i; j < NumBands; j++ {
-				g.close(j, seq, until)
+				g.close(j, seq, until, j == i || active(&g.bands[j], now))
 			}
 		} else {
 			if g.decrease(i, seq, g.cfg.DecreaseFactor) {
@@ -435,7 +435,7 @@ func (g *Gate) decrease(j int, seq uint64, f float64) bool {
 // minimum in additive increase.
 func (g *Gate) coupledDecrease(j int, seq uint64, now time.Time) bool {
 	b := &g.bands[j]
-	if !b.lastSeen.IsZero() && now.Sub(b.lastSeen) <= activeFor {
+	if active(b, now) {
 		return g.decrease(j, seq, g.cfg.DecreaseFactor)
 	}
 	if b.w <= b.lo {
@@ -445,12 +445,19 @@ func (g *Gate) coupledDecrease(j int, seq uint64, now time.Time) bool {
 	return true
 }
 
+// active says b saw a request in the last activeFor.
+func active(b *band, now time.Time) bool {
+	return !b.lastSeen.IsZero() && now.Sub(b.lastSeen) <= activeFor
+}
+
 // close closes band j until until (a Retry-After is a server instruction:
 // it applies whenever the request was sent) and drops its window to its
-// minimum; ssthresh is lowered once per flight, as a decrease.
-func (g *Gate) close(j int, seq uint64, until time.Time) {
+// minimum; lower says whether ssthresh is lowered too (the rejecting band
+// and the bands in use below it, once per flight, as a decrease; an idle
+// band keeps its slow start).
+func (g *Gate) close(j int, seq uint64, until time.Time, lower bool) {
 	b := &g.bands[j]
-	if seq >= b.decreasedAt {
+	if lower && seq >= b.decreasedAt {
 		b.ssthresh = max(b.lo, b.w*g.cfg.DecreaseFactor)
 		b.decreases++
 	}

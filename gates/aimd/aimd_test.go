@@ -581,3 +581,16 @@ func TestCoupledDecreaseOfAnIdleBand(t *testing.T) {
 	answerAll(f.admitN(batch, 4), 200)
 	f.wantWindow(5, 8)
 }
+
+// A Retry-After closes the idle bands below too, but they keep their
+// ssthresh: they reopen in slow start.
+func TestRetryAfterClosesAnIdleBandKeepingSlowStart(t *testing.T) {
+	f := newFixture(t, aimd.Config{InitialWindow: 8})
+	answer(f.admitN(req(wire.ClassOverflow, wire.TierInteractive), 1)[0], 429, time.Second, reason, saturated)
+	if s := f.band(3); !s.Closed || s.Window != 1 || s.SSThresh != 4 {
+		t.Errorf("rejecting band: %+v, want closed, window 1, ssthresh 4", s)
+	}
+	if s := f.band(5); !s.Closed || s.Window != 1 || s.SSThresh != aimd.DefaultMaxWindow {
+		t.Errorf("idle band below: %+v, want closed, window 1, ssthresh kept", s)
+	}
+}
