@@ -5,6 +5,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/transform/gcsmultipart"
+	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/endpointscrape"
@@ -56,6 +57,7 @@ func adapters() (app.Adapters, error) {
 		ad.Gates.Register(tieradmission.Type, tieradmission.Factory),
 		ad.Gates.Register(promql.Type, promql.Factory),
 		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),
+		ad.Gates.Register(aimd.Type, aimd.Factory),
 		ad.Gates.Register(host.Type, host.Factory),
 
 		ad.Transforms.Register(gcsmultipart.Type, gcsmultipart.Factory),

@@ -58,6 +58,9 @@ func (a *App) build(o Options) error {
 	if err := a.reg.Register(metrics.NewGateCallsCollector(a.gateCalls)); err != nil {
 		return err
 	}
+	if err := a.reg.Register(metrics.NewGateWindowsCollector(a.gateWindows)); err != nil {
+		return err
+	}
 	tracer, err := a.newTracer(o.TracerProvider)
 	if err != nil {
 		return err
@@ -241,6 +244,19 @@ func (a *App) gateCalls() []metrics.GateCalls {
 		if cr := gate.CallsOf(r.Gate()); cr != nil {
 			for _, c := range cr.Calls() {
 				out = append(out, metrics.GateCalls{Gate: r.Name(), RPC: c.Call, Count: c.Count, Failures: c.Failures, Seconds: c.Seconds, Buckets: c.Buckets})
+			}
+		}
+	}
+	return out
+}
+
+// gateWindows reads the feedback gates' windows (aimd's bands).
+func (a *App) gateWindows() []metrics.GateWindow {
+	var out []metrics.GateWindow
+	for _, r := range a.gates {
+		if wr := gate.WindowsOf(r.Gate()); wr != nil {
+			for _, w := range wr.Windows() {
+				out = append(out, metrics.GateWindow{Gate: r.Name(), Band: w.Band, Size: w.Size, SSThresh: w.SSThresh, InFlight: w.InFlight, Closed: w.Closed})
 			}
 		}
 	}

@@ -356,6 +356,7 @@ func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoi
 		Class:         classifyStatus(resp.StatusCode),
 		StatusCode:    resp.StatusCode,
 		DroppedReason: headerValue(resp.Header, headerDroppedReason),
+		Header:        resp.Header,
 	}
 	if ra := headerValue(resp.Header, headerRetryAfter); ra != "" {
 		out.RetryAfter = parseRetryAfter(ra, time.Now())
@@ -368,7 +369,7 @@ func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoi
 	}
 	if err != nil {
 		f := c.failure(parent, call, dl, ep, fmt.Errorf("status %d, reading body: %w", resp.StatusCode, err))
-		f.RetryAfter, f.DroppedReason = out.RetryAfter, out.DroppedReason
+		f.RetryAfter, f.DroppedReason, f.Header = out.RetryAfter, out.DroppedReason, out.Header
 		return f
 	}
 	out.Body = body

@@ -66,6 +66,9 @@ type Outcome struct {
 	RetryAfter time.Duration
 	// DroppedReason is the response header x-llm-d-request-dropped-reason.
 	DroppedReason string
+	// Header holds the response's headers when a response came back (nil
+	// otherwise), for the gates that learn from them (gate.Feedback).
+	Header http.Header
 	// Refused counts the message headers that were not forwarded (see
 	// Client.FilterHeaders), and the Overrides.Headers refused likewise, so
 	// the caller can log them with the request id.

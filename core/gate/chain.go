@@ -13,9 +13,12 @@ import (
 // or decision other than Admit is returned as it is, after what the earlier
 // members reserved was given back (in reverse order); when all admit, the
 // decision is Admit with one Release giving back every reservation, in
-// reverse order of acquisition. Labels members set are kept either way.
+// reverse order of acquisition, and one Observe handing the gateway's
+// answer to every member that observes (JoinObservers). Labels members set
+// are kept either way.
 func Chain(ctx context.Context, req *wire.Request, admitters ...Admitter) (Decision, error) {
 	var releases []func()
+	var observers []func(Feedback)
 	for _, a := range admitters {
 		d, err := a.Admit(ctx, req)
 		if err != nil || d.Verdict != Admit {
@@ -29,8 +32,11 @@ func Chain(ctx context.Context, req *wire.Request, admitters ...Admitter) (Decis
 		if d.Release != nil {
 			releases = append(releases, d.Release)
 		}
+		if d.Observe != nil {
+			observers = append(observers, d.Observe)
+		}
 	}
-	return Decision{Verdict: Admit, Release: JoinReleases(releases...)}, nil
+	return Decision{Verdict: Admit, Release: JoinReleases(releases...), Observe: JoinObservers(observers...)}, nil
 }
 
 // JoinReleases returns one release running fs in reverse order, at most

@@ -3,6 +3,8 @@ package gate
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,3 +79,35 @@ func TestChain(t *testing.T) {
 type admitFunc func() (Decision, error)
 
 func (f admitFunc) Admit(context.Context, *wire.Request) (Decision, error) { return f() }
+
+// Chain joins its members' observers in order, and drops them when a
+// member refuses (a refused request is never dispatched).
+func TestChainObservers(t *testing.T) {
+	req := &wire.Request{ID: "r", Deadline: time.Now().Add(time.Minute)}
+	var seen []string
+	obs := func(name string) func(Feedback) {
+		return func(fb Feedback) { seen = append(seen, name+":"+http.StatusText(fb.StatusCode)) }
+	}
+	a := admitFunc(func() (Decision, error) { return Decision{Verdict: Admit, Observe: obs("a")}, nil })
+	plain := admitFunc(func() (Decision, error) { return Admitted, nil })
+	b := admitFunc(func() (Decision, error) { return Decision{Verdict: Admit, Observe: obs("b")}, nil })
+	refuse := admitFunc(func() (Decision, error) { return Decision{Verdict: Defer}, nil })
+
+	d, err := Chain(context.Background(), req, a, plain, b)
+	if err != nil || d.Verdict != Admit || d.Observe == nil {
+		t.Fatalf("Chain = %+v, %v; want Admit with an Observe", d, err)
+	}
+	d.Observe(Feedback{StatusCode: http.StatusTooManyRequests})
+	if got := strings.Join(seen, ","); got != "a:Too Many Requests,b:Too Many Requests" {
+		t.Errorf("observers saw %q", got)
+	}
+	if d, _ := Chain(context.Background(), req, a, refuse); d.Observe != nil {
+		t.Errorf("a refused chain carries an Observe")
+	}
+	if d, _ := Chain(context.Background(), req, plain, plain); d.Observe != nil {
+		t.Errorf("a chain of members that do not observe carries an Observe")
+	}
+	if JoinObservers(nil, nil) != nil {
+		t.Errorf("JoinObservers of nils is not nil")
+	}
+}

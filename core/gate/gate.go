@@ -10,6 +10,8 @@
 //
 // Gates that decide per request (tenant quotas, plugins) also implement
 // Admitter; the pipeline calls Admit once per request just before dispatch.
+// A gate that learns from the gateway's answers (aimd) returns an Observe
+// with its admission: the pipeline hands it the Feedback of the HTTP call.
 //
 // Implementations live in gates/ (and plugins/host for out-of-process gates);
 // this package never imports them. cmd/sluice registers them explicitly in a
@@ -100,6 +102,16 @@ type Decision struct {
 	// when the request ends: its result written, or it re-queued or handed
 	// back. nil: nothing was reserved.
 	Release func()
+	// Observe, for Admit, is how a gate learns what the gateway answered
+	// (a feedback gate such as aimd sizes its windows from it). The
+	// pipeline calls it at most once, when the request it admitted was
+	// dispatched, with the answer (or the failure to get one), before
+	// Release; a request that ended before its HTTP call (a later gate
+	// refused it, its deadline passed) is not observed. It runs on the
+	// per-message path: keep it cheap and never block. Gates that wrap
+	// others pass their inner gates' Observe on (Chain joins them). nil:
+	// the gate does not learn from answers.
+	Observe func(Feedback)
 }
 
 // Admitted is the decision that lets a request through.

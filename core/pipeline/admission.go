@@ -84,6 +84,7 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 				defer pool.lanes.release(q.ID)
 			}
 			// The pool's gate.
+			var poolObserve func(gate.Feedback)
 			if pool != nil {
 				pdec, out, done, err := a.ask(pool.admitter, pool.metrics, pool)
 				if done {
@@ -92,8 +93,9 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 				if pdec.Release != nil {
 					defer pdec.Release()
 				}
+				poolObserve = pdec.Observe
 			}
-			return next(m)
+			return observed(d, next, m, dec.Observe, poolObserve)
 		}
 	}
 }

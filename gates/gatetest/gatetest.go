@@ -425,7 +425,8 @@ func checkDecision(t T, d gate.Decision) {
 
 // CheckDecision reports what is wrong with one decision of Admit, or nil:
 // an unknown verdict, a negative delay, or a Release with a decision other
-// than Admit (a gate that does not admit must hold nothing).
+// than Admit (a gate that does not admit must hold nothing), or an Observe
+// with a decision other than Admit.
 func CheckDecision(d gate.Decision) error {
 	switch d.Verdict {
 	case gate.Admit, gate.Reject, gate.Defer, gate.Wait:
@@ -437,6 +438,9 @@ func CheckDecision(d gate.Decision) error {
 	}
 	if d.Verdict != gate.Admit && d.Release != nil {
 		return fmt.Errorf("%v carries a Release: a gate that does not admit must hold nothing", d.Verdict)
+	}
+	if d.Verdict != gate.Admit && d.Observe != nil {
+		return fmt.Errorf("%v carries an Observe: only an admitted request is dispatched", d.Verdict)
 	}
 	return nil
 }

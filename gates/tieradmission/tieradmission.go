@@ -14,8 +14,8 @@
 //
 //   - an error: the error "saturation gate failed: …";
 //   - anything but Defer (the pool has room): Admit, carrying whatever the
-//     inner gate reserved (an inner Wait or Reject also becomes Admit, as
-//     upstream);
+//     inner gate reserved and its Observe (an inner Wait or Reject also
+//     becomes Admit, as upstream);
 //   - Defer (saturated) and classification reserved: Wait;
 //   - saturated, tier interactive and classification overflow: Reject with
 //     the result {"error": "Too Many Requests", "code": 429} (no status code,
@@ -139,7 +139,7 @@ func (g *Gate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, err
 		// The pool has room. Whatever the inner gate reserved goes with the
 		// admission (an inner Wait or Reject should hold nothing; if one
 		// did, the pipeline still gives it back), given back at most once.
-		return gate.Decision{Verdict: gate.Admit, Release: gate.JoinReleases(d.Release)}, nil
+		return gate.Decision{Verdict: gate.Admit, Release: gate.JoinReleases(d.Release), Observe: d.Observe}, nil
 	}
 	giveBack(&d)
 	class := req.Classification()

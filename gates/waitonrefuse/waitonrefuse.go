@@ -14,8 +14,8 @@
 // decision (gate.AdmitterOf: its own Admit, or, for a budget-only gate,
 // Defer while its budget is 0): Defer becomes Wait (keeping its Delay and
 // reason), an error is wrapped, and every other decision — Admit with its
-// Release (made safe to call twice), Reject with its Result — passes
-// through unchanged.
+// Release (made safe to call twice) and its Observe, Reject with its
+// Result — passes through unchanged.
 //
 // Upstream's Wait only acts in a pool gate (at queue level it dispatches);
 // sluice's pipeline acts on Wait wherever the gate runs.
