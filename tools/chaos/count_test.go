@@ -38,7 +38,7 @@ func TestLedgerCounts(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			l := newLedger()
+			l := newLedger(false)
 			for _, id := range c.sent {
 				l.expect(id, time.Time{})
 			}
@@ -95,7 +95,7 @@ func TestLine(t *testing.T) {
 // TestAnsweredBy checks the instant a result counts as read, which the
 // in-flight-at-kill figure depends on.
 func TestAnsweredBy(t *testing.T) {
-	l := newLedger()
+	l := newLedger(false)
 	l.expect("a", time.Time{})
 	t0 := time.Now()
 	l.record("a", "ok", t0)
@@ -160,47 +160,11 @@ func TestCheckSchedule(t *testing.T) {
 	}
 }
 
-// fakeTracer says which process last received each id.
-type fakeTracer map[string]int
-
-func (fakeTracer) traced() bool { return true }
-
-func (f fakeTracer) lastHolder(id string) (int, bool) {
-	pid, ok := f[id]
-	return pid, ok
-}
-
-// TestClassifyHeld feeds the kill -9 classification known deliveries: a
-// request never delivered, or last delivered to a killed replica, is the
-// broker's; one last delivered to a running replica, or to a process the
-// proxy could not tell (pid 0), stays lost and fails the case.
-func TestClassifyHeld(t *testing.T) {
-	l := newLedger()
-	for _, id := range []string{"answered", "never", "killed", "alive", "unknown"} {
-		l.expect(id, time.Time{})
-	}
-	l.record("answered", "ok", time.Now())
-	tr := fakeTracer{"answered": 10, "killed": 11, "alive": 12, "unknown": 0}
-	tl := l.tally()
-	h := classifyHeld(&tl, tr, map[int]bool{10: true, 11: true})
-	if h.held != 2 || h.never != 1 || strings.Join(h.ids, ",") != "killed,never" {
-		t.Errorf("held = %+v, want 2 held (killed, never), 1 never delivered", h)
-	}
-	if tl.lost != 2 || strings.Join(tl.lostIDs, ",") != "alive,unknown" {
-		t.Errorf("lost = %d %v, want 2 (alive, unknown)", tl.lost, tl.lostIDs)
-	}
-	v := &verdict{t: tl, extra: figures{}}
-	v.judge(0)
-	if len(v.failures) != 1 || !strings.Contains(v.failures[0], "2 ids lost") {
-		t.Errorf("failures = %q, want one for the 2 lost by sluice", v.failures)
-	}
-}
-
 // TestRecoveredAfter checks the recovery figure: when the last first
 // result came, or how long it has been when one is still missing.
 func TestRecoveredAfter(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	l := newLedger()
+	l := newLedger(false)
 	l.expect("a", time.Time{})
 	l.expect("b", time.Time{})
 	l.record("a", "ok", t0.Add(-time.Second)) // before the kill
