@@ -355,9 +355,9 @@ type pubSub struct {
 	r       *rig
 	emuAddr string // the emulator, host:port (a restart keeps its port)
 	c       *pubsub.Client
-	proxy  *pubSubProxy // what sluice and the bare control connect to, when traced
-	prefix string
-	dead   atomic.Int64
+	proxy   *pubSubProxy // what sluice and the bare control connect to, when traced
+	prefix  string
+	dead    atomic.Int64
 	// seen holds the message ids of the results and dead letters read:
 	// the emulator delivering one again (the harness's ack lost) is not a
 	// second result.
