@@ -14,7 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluice-io/sluice/core/wire"
@@ -493,7 +495,9 @@ func (p *pubSub) recordResult(l *ledger, msgID string, data []byte) {
 // in subscription sub (id: "requests-sub", "results-sub"): it seeks the
 // subscription to since, which makes every message published after it and
 // not acked available again (acked ones are not retained), then pulls and
-// acks until two pulls in a row come back empty, or within passed. fn gets
+// acks until three pulls in a row come back empty (each waits up to 10 s:
+// the emulator is slow on a loaded machine), or within passed. A pull that
+// fails otherwise is an error: the drain proves nothing then. fn gets
 // each message's id and data; the count of messages is returned.
 func (p *pubSub) drain(ctx context.Context, sub string, since time.Time, within time.Duration, fn func(msgID string, data []byte)) (int, error) {
 	c, err := pubsub.NewClient(ctx, pubSubProject, option.WithEndpoint(p.emuAddr), option.WithoutAuthentication(),
@@ -508,10 +512,13 @@ func (p *pubSub) drain(ctx context.Context, sub string, since time.Time, within 
 		return 0, fmt.Errorf("drain %s: seek: %w", sub, err)
 	}
 	n, empty := 0, 0
-	for end := time.Now().Add(within); empty < 2 && time.Now().Before(end) && ctx.Err() == nil; {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	for end := time.Now().Add(within); empty < 3 && time.Now().Before(end) && ctx.Err() == nil; {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		r, err := c.SubscriptionAdminClient.Pull(cctx, &pubsubpb.PullRequest{Subscription: name, MaxMessages: 100})
 		cancel()
+		if err != nil && ctx.Err() == nil && status.Code(err) != codes.DeadlineExceeded {
+			return n, fmt.Errorf("drain %s: pull: %w", sub, err)
+		}
 		if err != nil || len(r.ReceivedMessages) == 0 {
 			empty++
 			continue

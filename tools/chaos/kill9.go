@@ -207,12 +207,12 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, since, until time.Time, killed map[int]bool, dupAllowed int) {
 	s.stopRd()
 	<-s.rdDone
-	nres, err := ps.drain(ctx, "results-sub", since, 60*time.Second, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
+	nres, err := ps.drain(ctx, "results-sub", since, 90*time.Second, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
 	if err != nil {
 		v.fail("%v", err)
 	}
 	drained, drainedAnswered := map[string]bool{}, 0
-	nreq, err := ps.drain(ctx, "requests-sub", since, 60*time.Second, func(_ string, data []byte) {
+	nreq, err := ps.drain(ctx, "requests-sub", since, 90*time.Second, func(_ string, data []byte) {
 		if id := requestID(data); id != "" {
 			drained[id] = true
 		}
@@ -236,6 +236,9 @@ func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, s
 	v.extra["drained_answered"] = float64(drainedAnswered)
 	v.extra["broker_held_never_delivered"] = float64(h.neverDelivered(a.brokerHeld))
 	v.extra["broker_held_called"] = float64(heldCalled(s.gw, a.brokerHeld))
+	for _, id := range v.t.lostIDs {
+		fmt.Fprintf(os.Stderr, "chaos: %s: unanswered %s: %s\n", s.r.name, id, h.describe(id, since, killed, drained[id]))
+	}
 	for _, c := range []struct {
 		what string
 		ids  []string

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -172,4 +174,44 @@ func (h psHistory) neverDelivered(ids []string) int {
 		}
 	}
 	return n
+}
+
+// describe says what the proxy saw of id, times from t0: its deliveries
+// (to which process, killed or not), acks, deadline changes and publishes.
+func (h psHistory) describe(id string, t0 time.Time, killed map[int]bool, drained bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "drained=%v deliveries=[", drained)
+	for i, d := range h.deliveries[id] {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		state := "running"
+		switch {
+		case d.pid == 0:
+			state = "unknown"
+		case killed[d.pid]:
+			state = "killed"
+		}
+		fmt.Fprintf(&b, "+%.1fs:%d(%s)", d.at.Sub(t0).Seconds(), d.pid, state)
+	}
+	b.WriteString("] acks=[")
+	for i, c := range h.acks[id] {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		what := "ack"
+		if c.deadline >= 0 {
+			what = fmt.Sprintf("deadline=%d", c.deadline)
+		}
+		fmt.Fprintf(&b, "+%.1fs:%d:%s(ok=%v)", c.at.Sub(t0).Seconds(), c.pid, what, c.ok)
+	}
+	b.WriteString("] published=[")
+	for i, p := range h.published[id] {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "+%.1fs:%s(ok=%v)", p.at.Sub(t0).Seconds(), p.topic[strings.LastIndexByte(p.topic, '/')+1:], p.ok)
+	}
+	b.WriteString("]")
+	return b.String()
 }
