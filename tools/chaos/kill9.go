@@ -207,12 +207,23 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, since, until time.Time, killed map[int]bool, dupAllowed int) {
 	s.stopRd()
 	<-s.rdDone
-	nres, err := ps.drain(ctx, "results-sub", since, 90*time.Second, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
+	nres, _, err := ps.drain(ctx, "results-sub", since, 90*time.Second, nil, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
 	if err != nil {
 		v.fail("%v", err)
 	}
+	// Drain the requests until every unanswered id is found (or 3 minutes).
+	unanswered := s.l.tally().lostIDs
 	drained, drainedAnswered := map[string]bool{}, 0
-	nreq, err := ps.drain(ctx, "requests-sub", since, 90*time.Second, func(_ string, data []byte) {
+	missing := func() bool {
+		for _, id := range unanswered {
+			if !drained[id] {
+				return true
+			}
+		}
+		return false
+	}
+	drainStart := time.Now()
+	nreq, seeks, err := ps.drain(ctx, "requests-sub", since, 3*time.Minute, missing, func(_ string, data []byte) {
 		if id := requestID(data); id != "" {
 			drained[id] = true
 		}
@@ -220,6 +231,8 @@ func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, s
 	if err != nil {
 		v.fail("%v", err)
 	}
+	v.extra["drain_seconds"] = time.Since(drainStart).Seconds()
+	v.extra["drain_seeks"] = float64(seeks)
 	v.t = s.l.tally()
 	for id := range drained {
 		if s.l.answeredBy(id, time.Now().Add(time.Hour)) {
