@@ -213,8 +213,14 @@ func TestCountingPubSubProxy(t *testing.T) {
 	seen := map[string]bool{}
 	var mu sync.Mutex
 	recvDone := make(chan error, 1)
+	rsub := sc.Subscriber(ps.name("subscriptions", "requests-sub"))
+	// A short lease for held, so that the drain finds it soon once the
+	// replica has stopped (the fake does not release a closed stream's
+	// messages before their deadline).
+	rsub.ReceiveSettings.MaxExtension = time.Second
+	rsub.ReceiveSettings.MaxDurationPerAckExtension = 10 * time.Second
 	go func() {
-		recvDone <- sc.Subscriber(ps.name("subscriptions", "requests-sub")).Receive(sctx, func(ctx context.Context, m *pubsub.Message) {
+		recvDone <- rsub.Receive(sctx, func(ctx context.Context, m *pubsub.Message) {
 			id := requestID(m.Data)
 			mu.Lock()
 			first := !seen[id]

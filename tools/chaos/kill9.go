@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -211,8 +212,15 @@ func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, s
 	if err != nil {
 		v.fail("%v", err)
 	}
-	// Drain the requests until every unanswered id is found (or 3 minutes).
-	unanswered := s.l.tally().lostIDs
+	// Drain the requests until every unanswered id no subscriber acked is
+	// found (or 3 minutes).
+	acked := ps.proxy.history().acks
+	var unanswered []string
+	for _, id := range s.l.tally().lostIDs {
+		if !slices.ContainsFunc(acked[id], func(c ackCall) bool { return c.deadline < 0 }) {
+			unanswered = append(unanswered, id)
+		}
+	}
 	drained, drainedAnswered := map[string]bool{}, 0
 	missing := func() bool {
 		for _, id := range unanswered {
