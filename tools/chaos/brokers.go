@@ -416,6 +416,11 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 			p.resultsSubAt = time.Now()
 		}
 	}
+	// A new emulator numbers its messages afresh: the ids read from the
+	// old one say nothing about the new one's.
+	p.seenMu.Lock()
+	p.seen = map[string]bool{}
+	p.seenMu.Unlock()
 	return nil
 }
 
