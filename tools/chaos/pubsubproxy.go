@@ -164,11 +164,14 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 		}
 	}()
 	if unary {
-		ok := false
+		ok, doneAt := false, time.Time{}
 		defer func() {
 			<-sent
+			if doneAt.IsZero() {
+				doneAt = time.Now()
+			}
 			if req != nil {
-				p.recordUnary(method, req, reqAt, time.Now(), pid, ok)
+				p.recordUnary(method, req, reqAt, doneAt, pid, ok)
 			}
 		}()
 		f := &rawFrame{}
@@ -182,7 +185,9 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 			}
 			return err
 		}
-		ok = true // the emulator answered with success
+		// The emulator answered with success: noted before the client can
+		// see the answer (and ack what the call published).
+		ok, doneAt = true, time.Now()
 		if err := ss.SendMsg(f); err != nil {
 			return err
 		}
