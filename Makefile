@@ -28,8 +28,9 @@ bench:
 	$(GO) run ./tools/bench
 
 ## chaos: every fault the harness can cause (kill -9, Redis and emulator restarts, a faulty
-## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each;
-## exits non-zero on any loss (docs/chaos.md). Not part of `make test`; about 9 minutes.
+## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each, after
+## the self-check (planted faults, counted exactly); exits non-zero on any loss, wrong code or
+## failed self-check (docs/chaos.md). Not part of `make test`; about 11 minutes.
 .PHONY: chaos
 chaos:
 	$(GO) run ./tools/chaos

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/gates/promql"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
+	"github.com/sluice-io/sluice/gates/redisleasedrate"
 	"github.com/sluice-io/sluice/gates/redisquota"
 	"github.com/sluice-io/sluice/gates/tieradmission"
 	"github.com/sluice-io/sluice/gates/waitonrefuse"
@@ -46,6 +47,7 @@ func adapters() (app.Adapters, error) {
 
 		ad.Gates.Register(constant.Type, constant.Factory),
 		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
+		ad.Gates.Register(redisleasedrate.Type, redisleasedrate.Factory),
 		ad.Gates.Register(redisquota.Type, redisquota.NewFactory()),
 		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
 		ad.Gates.Register(prombudget.Type, prombudget.Factory),

@@ -38,6 +38,7 @@ type serveFlags struct {
 	prometheusURLFile   string
 	retryBase           time.Duration
 	retryMax            time.Duration
+	gateWaitTimeout     time.Duration
 	retryMaxAttempts    int
 	deadlineHeader      string
 	timeoutHeader       string
@@ -62,6 +63,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.transportConfigFile, "transport-config-file", "", "transport config file (JSON object, or a bare array of queues)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "workers of the default worker pool: requests in flight of all queues together, when no worker pools are configured (default 64)")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", 0, "upper bound of one gateway call when the deadline is further away (default 5m)")
+	fs.DurationVar(&f.gateWaitTimeout, "gate-wait-timeout", 5*time.Minute, "how long a request waits on a gate's Wait verdict before it is re-queued with no result (0: until its deadline)")
 	fs.DurationVar(&f.drainTimeout, "drain-timeout", 0, "on SIGTERM, how long requests in flight may finish before they are handed back (default 2m)")
 	fs.StringVar(&f.prometheusURL, "prometheus-url", "", "Prometheus server for prometheus-* gates")
 	fs.DurationVar(&f.prometheusCacheTTL, "prometheus-cache-ttl", 0, "how long Prometheus answers are reused (default 5s; 0s turns the cache off, as upstream)")
@@ -131,6 +133,7 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("transport", func() { cfg.Transport = f.transport })
 	set("concurrency", func() { cfg.Concurrency = f.concurrency })
 	set("request-timeout", func() { cfg.RequestTimeout = config.Duration(f.requestTimeout) })
+	set("gate-wait-timeout", func() { d := config.Duration(f.gateWaitTimeout); cfg.GateWaitTimeout = &d })
 	set("drain-timeout", func() { cfg.DrainTimeout = config.Duration(f.drainTimeout) })
 	set("prometheus-url", func() { cfg.Prometheus.URL = f.prometheusURL })
 	set("prometheus-cache-ttl", func() {

@@ -28,18 +28,11 @@ type upstreamFlags struct {
 	mergePolicyAlias    string
 	transformConfigFile string
 	backlogPoll         time.Duration
-	// gateWaitTimeout is upstream's --gate-wait-timeout (after v0.10.0,
-	// #426), which upstream's chart renders on every start. Accepted and
-	// checked here only, so that the chart's arguments start this build;
-	// the behaviour (a request refused by its pool gate goes back to its
-	// queue after this long) comes with the gate-wait work, which replaces
-	// this field.
-	gateWaitTimeout    time.Duration
-	zapDevel           bool
-	zapEncoder         string
-	zapLogLevel        string
-	zapStacktraceLevel string
-	zapTimeEncoding    string
+	zapDevel            bool
+	zapEncoder          string
+	zapLogLevel         string
+	zapStacktraceLevel  string
+	zapTimeEncoding     string
 
 	// authConfig is where the metrics guard finds the API server and the
 	// service-account files (zero: in-cluster defaults; tests point it at
@@ -61,7 +54,6 @@ func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.StringVar(&u.mergePolicyAlias, "request-merge-policy-config", "", "legacy: same as --request-merge-policy-config-file")
 	fs.StringVar(&u.transformConfigFile, "transform-config-file", "", "request body transforms ({\"requestTransforms\": [{\"name\", \"type\", \"parameters\"}]}), e.g. gcs_uri_multipart")
 	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll (broker_backlog gauge); 0 disables it")
-	fs.DurationVar(&u.gateWaitTimeout, "gate-wait-timeout", 5*time.Minute, "upstream: how long a request refused by its worker pool's gate waits before it is re-queued (0: until its deadline); accepted, not applied by this build")
 	fs.BoolVar(&u.zapDevel, "zap-devel", true, "upstream: zap development mode; accepted and ignored")
 	fs.StringVar(&u.zapEncoder, "zap-encoder", "", "upstream: json or console; same as --log-format json or text")
 	fs.StringVar(&u.zapLogLevel, "zap-log-level", "", "upstream: no effect (as in upstream, -v decides)")
@@ -151,12 +143,6 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 			warn = append(warn, fmt.Sprintf("--pool-config-file=%s replaces the config's worker_pools", u.poolConfigFile))
 		}
 		cfg.WorkerPools = pools
-	}
-	if u.gateWaitTimeout < 0 {
-		return nil, fmt.Errorf("--gate-wait-timeout: %s is negative (want 0, meaning until the deadline, or a positive duration)", u.gateWaitTimeout)
-	}
-	if fs.Changed("gate-wait-timeout") {
-		warn = append(warn, fmt.Sprintf("--gate-wait-timeout=%s is accepted and not applied by this build: a request refused by its worker pool's gate waits as before", u.gateWaitTimeout))
 	}
 	if fs.Changed("metrics-backlog-poll-interval") {
 		cfg.BacklogPollInterval = config.Duration(u.backlogPoll)

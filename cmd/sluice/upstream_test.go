@@ -74,6 +74,10 @@ func TestUpstreamFlags(t *testing.T) {
 		{"--concurrency", []string{"--concurrency=32"}, func(c *config.Config) bool { return c.Concurrency == 32 }, ""},
 		{"--request-timeout", []string{"--request-timeout=90s"}, func(c *config.Config) bool { return time.Duration(c.RequestTimeout) == 90*time.Second }, ""},
 		{"--drain-timeout", []string{"--drain-timeout=2m"}, func(c *config.Config) bool { return time.Duration(c.DrainTimeout) == 2*time.Minute }, ""},
+		{"--gate-wait-timeout", []string{"--gate-wait-timeout=90s"}, func(c *config.Config) bool {
+			return c.GateWaitTimeout != nil && time.Duration(*c.GateWaitTimeout) == 90*time.Second
+		}, ""},
+		{"--gate-wait-timeout 0", []string{"--gate-wait-timeout=0"}, func(c *config.Config) bool { return c.GateWaitTimeout != nil && *c.GateWaitTimeout == 0 }, ""},
 		{"--pool-config-file", []string{"--pool-config-file", poolsJSON, "--redis.queues-config", `[{"queue_name":"qp","igw_base_url":"http://gw:80","worker_pool_id":"batch"}]`},
 			func(c *config.Config) bool {
 				return len(c.WorkerPools) == 2 && c.Pool("batch").Workers == 3 && q0(c).WorkerPoolID == "batch" && q0(c).MaxConcurrency == 3

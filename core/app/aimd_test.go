@@ -379,3 +379,95 @@ func TestAIMDLearnsThroughWrappers(t *testing.T) {
 		})
 	}
 }
+
+// TestAIMDAsPoolGate: as a worker pool's gate, the aimd gate sees the
+// requests of every queue of the pool, one band per queue here (reserved
+// interactive, overflow batch), learns each answer (the pool gate's
+// Observe), and every request still ends in one 200 result.
+func TestAIMDAsPoolGate(t *testing.T) {
+	const capacity, perQueue = 6, 80
+	gw, url := newSaturatingGateway(t, capacity, 20*time.Millisecond)
+	ad := testAdapters(t)
+	if err := ad.Gates.Register(aimd.Type, aimd.Factory); err != nil {
+		t.Fatal(err)
+	}
+	const interactiveQueue = "llm-d-async:requests:e2e-interactive"
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: 32, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(2 * time.Second),
+		Retry:        config.Retry{Base: config.Duration(20 * time.Millisecond), Max: config.Duration(200 * time.Millisecond), Jitter: 0.2},
+		WorkerPools: []config.WorkerPool{{ID: "p", Workers: 32, GateType: aimd.Type,
+			GateParams: map[string]json.RawMessage{"max_window": json.RawMessage(`32`)}}},
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
+			Queues: []config.Queue{
+				{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: 32}, IGWBaseURL: url, WorkerPoolID: "p"},
+				{Queue: transport.Queue{Name: interactiveQueue, MaxConcurrency: 32}, IGWBaseURL: url, WorkerPoolID: "p",
+					Labels: map[string]string{wire.LabelClassification: wire.ClassReserved, wire.DefaultTierLabel: wire.TierInteractive}},
+			}},
+	}
+	reg := prometheus.NewRegistry()
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: reg})
+	far := time.Now().Add(2 * time.Minute)
+	for i := range perQueue {
+		for _, q := range []string{e2eQueue, interactiveQueue} {
+			if err := h.mem.Enqueue(q, request(fmt.Sprintf("%s-%03d", q[len(q)-5:], i), far, nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	res := h.waitResults(2*perQueue, 60*time.Second)
+	windows, ssthresh := map[string]float64{}, map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := 0.0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case mf.GetName() == "sluice_gate_window" && labels["gate"] == "pool:p":
+				windows[labels["band"]] = m.GetGauge().GetValue()
+			case mf.GetName() == "sluice_gate_window_ssthresh" && labels["gate"] == "pool:p":
+				ssthresh[labels["band"]] = m.GetGauge().GetValue()
+			case mf.GetName() == "sluice_gate_events_total" && labels["gate"] == "pool:p" && strings.HasPrefix(labels["event"], "aimd_"):
+				events += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if err := h.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	gw.stopSampling()
+	for id, r := range res {
+		if r.StatusCode != http.StatusOK {
+			t.Errorf("%s: %+v", id, r)
+		}
+	}
+	if len(res) != 2*perQueue {
+		t.Errorf("%d results for %d requests", len(res), 2*perQueue)
+	}
+	t.Logf("aimd e2e pool gate: %d attempts, %d rejections, peak asked %d (capacity %d); windows %v; ssthresh %v; %v aimd events",
+		gw.attempts.Load(), gw.rejections.Load(), gw.peak.Load(), capacity, windows, ssthresh, events)
+	if len(windows) != aimd.NumBands {
+		t.Fatalf("pool gate windows %v, want one per band", windows)
+	}
+	// Both bands learned: a band that saw no answer and no coupled
+	// decrease keeps its initial state, window 1 and ssthresh 32
+	// (max_window); these grew on the 2xx
+	// answers (window above 1) or were decreased (ssthresh below 32).
+	for _, band := range []string{"reserved-interactive", "overflow-batch"} {
+		if windows[band] <= 1 && ssthresh[band] >= 32 {
+			t.Errorf("band %s: window %v, ssthresh %v: the pool gate learned nothing", band, windows[band], ssthresh[band])
+		}
+	}
+	if gw.rejections.Load() == 0 || events == 0 {
+		t.Errorf("%d rejections, %v aimd events: want the windows to reach the gateway's capacity and shrink", gw.rejections.Load(), events)
+	}
+	if gw.peak.Load() > 3*capacity {
+		t.Errorf("peak %d at a gateway of capacity %d", gw.peak.Load(), capacity)
+	}
+}

@@ -1,12 +1,18 @@
 package app
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
@@ -77,7 +83,7 @@ func (a *App) build(o Options) error {
 		Pools:               pools,
 		Priority:            prio,
 		Transforms:          a.transform,
-		GateTimeout:         a.cfg.RequestTimeout.D(),
+		GateTimeout:         gateWaitTimeout(a.cfg),
 		Retry:               retryPolicy(a.cfg),
 		DrainTimeout:        a.cfg.DrainTimeout.D(),
 		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
@@ -136,13 +142,58 @@ func priority(cfg *config.Config, c *dispatch.Client) (*pipeline.Priority, error
 	if cfg.MergePolicy.Type != config.PolicyTierPriority {
 		return nil, nil
 	}
-	p := &pipeline.Priority{Header: cfg.MergePolicy.Param("priority_header"), TierLabel: cfg.MergePolicy.Param("tier_label")}
+	p := &pipeline.Priority{Header: cfg.MergePolicy.Param("priority_header"), TierLabel: cfg.MergePolicy.Param("tier_label"),
+		ObjectiveHeader: cfg.MergePolicy.Param("objective_header")}
 	if p.Header != "" {
 		if err := c.CheckHeaderName(p.Header); err != nil {
 			return nil, fmt.Errorf("merge_policy: priority_header: %w", err)
 		}
 	}
+	if p.ObjectiveHeader != "" {
+		if err := c.CheckHeaderName(p.ObjectiveHeader); err != nil {
+			return nil, fmt.Errorf("merge_policy: objective_header: %w", err)
+		}
+	}
+	objectives, err := laneObjectives(cfg.MergePolicy.Parameters)
+	if err != nil {
+		return nil, fmt.Errorf("merge_policy: lane_objectives: %w", err)
+	}
+	p.LaneObjectives = objectives
 	return p, nil
+}
+
+// laneObjectives reads the tier-priority parameter lane_objectives: an
+// object from lane key ("reserved-interactive" … "overflow-batch", see
+// pipeline.LaneKey) to an InferenceObjective name. An unknown key, or a
+// value that is not a string a header may carry, is an error.
+func laneObjectives(params json.RawMessage) (out [pipeline.NumLanes]string, err error) {
+	var obj map[string]json.RawMessage
+	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj["lane_objectives"] == nil {
+		return out, nil
+	}
+	raw := obj["lane_objectives"]
+	if string(bytes.TrimSpace(raw)) == "null" {
+		return out, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return out, fmt.Errorf("want an object of lane key to objective name: %v", err)
+	}
+	keys := make([]string, pipeline.NumLanes)
+	for i := range keys {
+		keys[i] = pipeline.LaneKey(i)
+	}
+	for k, v := range m {
+		i := slices.Index(keys, k)
+		if i < 0 {
+			return out, fmt.Errorf("unknown lane %q (lanes: %s)", k, strings.Join(keys, ", "))
+		}
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return out, fmt.Errorf("lane %q: %q is not a valid header value", k, v)
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // maxConcurrency is the most requests in flight at once over all queues,
@@ -234,9 +285,12 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 	return params, q.GateType + "\x00" + params.Canonical(), nil
 }
 
-// newGate builds queue q's gate of params from the registry.
-func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params) (gate.Gate, error) {
-	return gates.New(q.GateType, params, gateEnv(cfg, q.MaxConcurrency))
+// newGate builds queue q's gate of params from the registry (log: what the
+// gate says on its own; nil: slog.Default()).
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger, m *metrics.Metrics) (gate.Gate, error) {
+	env := gateEnv(cfg, q.MaxConcurrency)
+	env.Logger, env.Pool, env.Lease = log, q.WorkerPoolID, leaseRecorder(m)
+	return gates.New(q.GateType, params, env)
 }
 
 // gateEnv is what a gate factory gets from the deployment.
@@ -269,7 +323,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			}
 		}
 		if !ok {
-			g, err := newGate(gates, a.cfg, q, params)
+			g, err := newGate(gates, a.cfg, q, params, a.log, m)
 			if err != nil {
 				return nil, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
 			}
@@ -302,7 +356,9 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
 			}
-			g, err := gates.New(wp.GateType, params, gateEnv(a.cfg, wp.Workers))
+			env := gateEnv(a.cfg, wp.Workers)
+			env.Logger, env.Pool, env.Lease = a.log, wp.ID, leaseRecorder(m)
+			g, err := gates.New(wp.GateType, params, env)
 			if err != nil {
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}
@@ -348,4 +404,35 @@ func (a *App) newTracer(given trace.TracerProvider) (trace.TracerProvider, error
 	}
 	a.tracing = tp
 	return tp, nil
+}
+
+// gateWaitTimeout is the pipeline's GateTimeout for cfg: unset → the
+// pipeline's default (5m), 0 → the deadline only.
+func gateWaitTimeout(cfg *config.Config) time.Duration {
+	switch {
+	case cfg.GateWaitTimeout == nil:
+		return 0
+	case *cfg.GateWaitTimeout == 0:
+		return -1
+	}
+	return cfg.GateWaitTimeout.D()
+}
+
+// leaseRecorder sets the drain_limit gauges of m (nil: records nothing).
+func leaseRecorder(m *metrics.Metrics) gate.LeaseRecorder {
+	if m == nil {
+		return nil
+	}
+	return func(pool string, rps float64, valid bool, until time.Time) {
+		v, u := 0.0, 0.0
+		if valid {
+			v = 1
+		}
+		if !until.IsZero() {
+			u = float64(until.UnixMilli()) / 1000
+		}
+		m.DrainLimitRPS.WithLabelValues(pool).Set(rps)
+		m.DrainLimitValid.WithLabelValues(pool).Set(v)
+		m.DrainLimitUntil.WithLabelValues(pool).Set(u)
+	}
 }

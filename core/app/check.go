@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/gate"
@@ -25,6 +26,9 @@ func Check(cfg *config.Config, ad Adapters) error {
 	if c, err := newDispatcher(cfg); err != nil {
 		errs = append(errs, err)
 	} else {
+		if _, err := priority(cfg, c); err != nil {
+			errs = append(errs, err)
+		}
 		c.Close()
 	}
 	p := retryPolicy(cfg)
@@ -60,7 +64,9 @@ func Check(cfg *config.Config, ad Adapters) error {
 		params, err := gate.ParseParams(wp.GateParams)
 		if err == nil {
 			var g gate.Gate
-			if g, err = ad.Gates.New(wp.GateType, params, gateEnv(cfg, wp.Workers)); err == nil {
+			env := gateEnv(cfg, wp.Workers)
+			env.Pool = wp.ID
+			if g, err = ad.Gates.New(wp.GateType, params, env); err == nil {
 				if c, ok := g.(interface{ Close() error }); ok {
 					_ = c.Close()
 				}
@@ -75,7 +81,7 @@ func Check(cfg *config.Config, ad Adapters) error {
 
 // checkGate builds a queue's gate and closes it again.
 func checkGate(ad Adapters, cfg *config.Config, q config.Queue, params gate.Params) error {
-	g, err := newGate(ad.Gates, cfg, q, params)
+	g, err := newGate(ad.Gates, cfg, q, params, slog.New(slog.DiscardHandler), nil) // built to check, not run
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,11 @@ type Config struct {
 	// RequestTimeout bounds one gateway call when the deadline is further
 	// away (0: core/dispatch's default, 5m).
 	RequestTimeout Duration `json:"request_timeout,omitempty"`
+	// GateWaitTimeout bounds how long a request waits on a gate's Wait
+	// verdict (or for a worker of the tier-priority lanes) before it is
+	// re-queued with no result (--gate-wait-timeout; nil: 5m; 0: until its
+	// deadline).
+	GateWaitTimeout *Duration `json:"gate_wait_timeout,omitempty"`
 	// DrainTimeout is how long requests in flight may finish on shutdown
 	// (0: core/pipeline's default, 2m).
 	DrainTimeout Duration `json:"drain_timeout,omitempty"`
@@ -309,8 +314,9 @@ const (
 
 // MergePolicy is upstream's merge-policy file: {"type", "parameters"}.
 // Parameters: fairness_header and fairness_attribute (both policies),
-// priority_header and tier_label (tier-priority); other keys are ignored,
-// as upstream ignores them.
+// priority_header, tier_label, objective_header and lane_objectives
+// (tier-priority; core/app checks them); other keys are ignored, as
+// upstream ignores them.
 type MergePolicy struct {
 	// Type is PolicyRandomRobin (default) or PolicyTierPriority.
 	Type string `json:"type,omitempty"`
@@ -606,6 +612,9 @@ func (c *Config) Validate(k Known) error {
 	}
 	if c.RequestTimeout < 0 {
 		add("request_timeout", "must not be negative")
+	}
+	if c.GateWaitTimeout != nil && *c.GateWaitTimeout < 0 {
+		add("gate_wait_timeout", "must not be negative (0 waits until the deadline)")
 	}
 	if c.DrainTimeout < 0 {
 		add("drain_timeout", "must not be negative")

@@ -139,6 +139,7 @@ func TestValidateComponentSettings(t *testing.T) {
 	}{
 		{"zero", func(*Config) {}, ""},
 		{"negative request timeout", func(c *Config) { c.RequestTimeout = -1 }, "request_timeout: must not be negative"},
+		{"negative gate wait timeout", func(c *Config) { d := Duration(-1); c.GateWaitTimeout = &d }, "gate_wait_timeout: must not be negative"},
 		{"negative drain", func(c *Config) { c.DrainTimeout = -1 }, "drain_timeout: must not be negative"},
 		{"negative result write timeout", func(c *Config) { c.ResultWriteTimeout = -1 }, "result_write_timeout: must not be negative"},
 		{"negative result hand-back delay", func(c *Config) { c.ResultHandBackDelay = -1 }, "result_hand_back_delay: must not be negative"},

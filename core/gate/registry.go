@@ -2,6 +2,7 @@ package gate
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/sluice-io/sluice/core/registry"
@@ -27,6 +28,28 @@ type Env struct {
 	MaxConcurrency int
 	// Build builds an inner gate, for gates that compose others.
 	Build func(typ string, params Params) (Gate, error)
+	// Logger receives what a gate says on its own (a deprecated metric it
+	// fell back to, ...); nil: slog.Default().
+	Logger *slog.Logger
+	// Pool is the worker pool the gate belongs to: the pool's id for a pool
+	// gate, the queue's worker_pool_id for a queue gate ("": unknown).
+	Pool string
+	// Lease, when set, receives a leased-rate gate's lease at each
+	// evaluation (the drain_limit metrics); nil: not recorded.
+	Lease LeaseRecorder
+}
+
+// LeaseRecorder records a rate lease: pool is the gate's pool_id, rps the
+// granted rate (0 when paused or invalid), valid whether the lease is, and
+// validUntil its end (zero when there is none).
+type LeaseRecorder func(pool string, rps float64, valid bool, validUntil time.Time)
+
+// Log returns e.Logger, or slog.Default() when it is nil.
+func (e Env) Log() *slog.Logger {
+	if e.Logger == nil {
+		return slog.Default()
+	}
+	return e.Logger
 }
 
 // Factory builds a gate from its parameters. It must report every parameter

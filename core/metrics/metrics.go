@@ -81,6 +81,19 @@ type Metrics struct {
 	GateMetricValue     *prometheus.GaugeVec
 	GateMetricThreshold *prometheus.GaugeVec
 	GateMetricAvailable *prometheus.GaugeVec
+	// Upstream's, since v0.9.1 (see docs/metrics.md).
+	Tokens             *prometheus.CounterVec
+	Dispatched         *prometheus.CounterVec
+	BacklogAvailable   *prometheus.GaugeVec
+	QueueConfigReloads *prometheus.CounterVec
+	GateWaitRequeues   *prometheus.CounterVec
+	GateWaiting        *prometheus.GaugeVec
+	DrainLimitRPS      *prometheus.GaugeVec
+	DrainLimitValid    *prometheus.GaugeVec
+	DrainLimitUntil    *prometheus.GaugeVec
+	// DeadlineProximity is the custom histogram of the requests waiting in
+	// the broker by time left before their deadline.
+	DeadlineProximity *ProximityCollector
 
 	// sluice's own.
 	Results        *prometheus.CounterVec
@@ -151,6 +164,20 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		GateFailures:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gate_failures_total", Help: "Failed gate budget queries."}, []string{"gate"}),
 		GateFailing:    gv("sluice_gate_failing", "1 while a gate's budget queries fail (its failure policy is in force).", "gate"),
 	}
+	m.Tokens = cv(Upstream+"tokens_total", "Tokens the gateway reported in the usage object of 2xx JSON responses, by direction (input: prompt_tokens, output: completion_tokens).", "direction")
+	m.Dispatched = cv(Upstream+"dispatched_requests_total", "Attempts sent to the gateway, retries included.")
+	m.BacklogAvailable = qgv(Upstream+"broker_backlog_source_available", "1 when the last read of the queue's broker backlog succeeded, 0 when it failed.")
+	m.QueueConfigReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: Upstream + "queue_config_reloads_total",
+		Help: "Reloads of the queue configuration file, by result (success, error)."}, []string{"result"})
+	m.GateWaitRequeues = cv(Upstream+"gate_wait_requeues_total", "Requests re-queued because they waited on a pool gate's Wait verdict for --gate-wait-timeout.")
+	m.GateWaiting = qgv(Upstream+"gate_waiting_requests", "Requests waiting on a pool gate's Wait verdict now.")
+	m.DrainLimitRPS = gv(Upstream+"drain_limit_rps", "The admission rate a redis-leased-rate gate's lease grants (0 when paused or invalid).", "pool_name")
+	m.DrainLimitValid = gv(Upstream+"drain_limit_lease_valid", "1 while a redis-leased-rate gate holds a valid lease.", "pool_name")
+	m.DrainLimitUntil = gv(Upstream+"drain_limit_valid_until_seconds", "When a redis-leased-rate gate's lease ends, in Unix seconds (0: none).", "pool_name")
+	m.DeadlineProximity = newProximityCollector()
+	for _, r := range []string{"success", "error"} {
+		m.QueueConfigReloads.WithLabelValues(r) // created at 0: no reload yet
+	}
 	m.ResultWriteErrors = cv("sluice_result_write_errors_total", "Failed attempts to write a result (retried with a backoff; the request is not dispatched again).")
 	for _, c := range []prometheus.Collector{
 		m.Requests, m.Retries, m.Succeeded, m.Failed, m.Expired, m.Shedded, m.GateDecisions,
@@ -159,6 +186,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
 		m.ResultWriteErrors,
+		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.GateWaitRequeues, m.GateWaiting,
+		m.DrainLimitRPS, m.DrainLimitValid, m.DrainLimitUntil, m.DeadlineProximity,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -179,6 +208,9 @@ type Queue struct {
 	Claimed, Delayed, InflightMax, CreditLimit             prometheus.Gauge
 
 	ResultWriteErrors prometheus.Counter
+
+	TokensIn, TokensOut, Dispatched, GateWaitRequeues prometheus.Counter
+	BacklogAvailable, GateWaiting                     prometheus.Gauge
 
 	results   map[string]prometheus.Counter
 	decisions map[string]prometheus.Counter
@@ -206,6 +238,9 @@ func (m *Metrics) For(l Labels) *Queue {
 		results: map[string]prometheus.Counter{}, decisions: map[string]prometheus.Counter{}, verdicts: map[string]prometheus.Counter{},
 	}
 	q.ResultWriteErrors = m.ResultWriteErrors.WithLabelValues(v...)
+	q.TokensIn, q.TokensOut = m.Tokens.WithLabelValues(l.values("input")...), m.Tokens.WithLabelValues(l.values("output")...)
+	q.Dispatched, q.GateWaitRequeues = m.Dispatched.WithLabelValues(v...), m.GateWaitRequeues.WithLabelValues(v...)
+	q.BacklogAvailable, q.GateWaiting = m.BacklogAvailable.WithLabelValues(v...), m.GateWaiting.WithLabelValues(v...)
 	for _, c := range ResultCodes {
 		q.results[c] = m.Results.WithLabelValues(l.values(c)...)
 	}

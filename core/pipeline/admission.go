@@ -20,7 +20,11 @@ import (
 // the request where it is and asks again when its pool frees capacity (a
 // request of the pool ends, a reservation is given back, the pool gate's
 // budget changes) or after the decision's delay (at most maxWait), bounded by
-// the request's deadline and the gate timeout; a shutdown re-queues it.
+// the request's deadline and the gate-wait timeout (upstream's
+// --gate-wait-timeout): at the deadline it ends with DEADLINE_EXCEEDED, at
+// the timeout it is re-queued at once with no result
+// (gate_wait_requeues_total); a shutdown re-queues it too. The same bounds
+// hold for the wait for a worker of the lanes.
 
 // minDefer is the delay of a deferral whose gate gave none: upstream takes
 // such a request again at once, which spins through the gates (a quota
@@ -37,7 +41,8 @@ var errDraining = errors.New("shutdown began while the request waited")
 // Admission asks the queue's gate, then takes a worker of the pool's lanes
 // (tier-priority policy only), then asks the pool's gate, per request (see
 // the notes above). gateTimeout bounds the waits of a request (upstream's
-// --request-timeout); draining closes when shutdown begins.
+// --gate-wait-timeout; ≤ 0: only the deadline); draining closes when
+// shutdown begins.
 func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <-chan struct{}, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
@@ -70,10 +75,13 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 					return deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
 				case err != nil && d.Ctx.Err() != nil:
 					return nil, context.Cause(d.Ctx)
+				case err != nil && time.Now().Before(d.Req.Deadline):
+					d.mq().GateWaitRequeues.Inc()
+					return deferTo(d, requeue, time.Now(), "waited the gate-wait timeout for a worker")
 				case err != nil:
 					return Fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
 				}
-				defer pool.lanes.release()
+				defer pool.lanes.release(q.ID)
 			}
 			// The pool's gate.
 			var poolObserve func(gate.Feedback)
@@ -141,8 +149,14 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 				mq.Decision(refusal(d.Req)).Inc()
 			}
 			waited = true
-			out, done, err := wait(d, freed, dec.Delay, a.bound, a.draining)
+			waiting := d.mq().GateWaiting
+			waiting.Inc()
+			out, done, timedOut, err := wait(d, freed, dec.Delay, a.bound, a.draining)
+			waiting.Dec()
 			switch {
+			case timedOut: // the gate-wait timeout, before the deadline: back to the queue now, no result
+				d.mq().GateWaitRequeues.Inc()
+				return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: "waited the gate-wait timeout"}, nil, true, nil
 			case done && out == nil && err == nil: // shutdown: back to the queue now
 				return gate.Decision{Verdict: gate.Defer, Reason: "shutdown while waiting for the gate"}, nil, true, nil
 			case done:
@@ -176,15 +190,19 @@ func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue
 }
 
 // wait waits for a Wait decision to be asked again: done is false when it
-// is time to ask; otherwise out and err end the request (DEADLINE_EXCEEDED
-// at the bound), or both are nil when shutdown began.
-func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Time, draining <-chan struct{}) (out []*message.Message, done bool, err error) {
+// is time to ask; timedOut says the bound passed before the deadline (the
+// gate-wait timeout); otherwise out and err end the request
+// (DEADLINE_EXCEEDED at the deadline), or both are nil when shutdown began.
+func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Time, draining <-chan struct{}) (out []*message.Message, done, timedOut bool, err error) {
 	if delay <= 0 || delay > maxWait {
 		delay = maxWait
 	}
 	left := time.Until(bound)
 	if left <= 0 {
-		return Fail(d, wire.CodeDeadlineExceeded, "gate kept the request waiting until its deadline"), true, nil
+		if time.Now().Before(d.Req.Deadline) {
+			return nil, true, true, nil
+		}
+		return Fail(d, wire.CodeDeadlineExceeded, "gate kept the request waiting until its deadline"), true, false, nil
 	}
 	t := time.NewTimer(min(delay, left))
 	defer t.Stop()
@@ -193,14 +211,14 @@ func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Ti
 	case <-t.C:
 	case <-draining:
 	case <-d.Ctx.Done():
-		return nil, true, context.Cause(d.Ctx)
+		return nil, true, false, context.Cause(d.Ctx)
 	}
 	select {
 	case <-draining: // whatever woke it, a waiting request does not start during shutdown
-		return nil, true, nil
+		return nil, true, false, nil
 	default:
 	}
-	return nil, false, nil
+	return nil, false, false, nil
 }
 
 // deferTo re-queues the request without counting an attempt.

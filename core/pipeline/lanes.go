@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"sync"
 
@@ -12,15 +13,26 @@ import (
 // Upstream's tier-priority merge policy, on sluice's credits.
 //
 // With the policy on, a worker pool's workers are not taken when a request
-// is claimed (its queue's credits still bound what is claimed, so at most
-// the queues' max_concurrency requests wait in memory) but after the
-// queue's gate, in one of six lanes: lane = class×3 + tier, class 0 for a
-// request classified reserved and 1 otherwise, tier 0 interactive, 1 async,
-// 2 anything else. A freed worker goes to the lowest non-empty lane (strict
-// priority), and within a lane to its source queues in turn, in the order
-// they first appeared. The pool's gate is asked once the worker is held, as
-// upstream's worker asks it; the lane goes to the gateway in the priority
-// header.
+// is claimed but after the queue's gate, in one of six lanes: lane =
+// class×3 + tier, class 0 for a request classified reserved and 1
+// otherwise, tier 0 interactive, 1 async, 2 anything else. A freed worker
+// goes to the lowest lane with a request that may start (strict priority),
+// and within a lane to its source queues in turn, in the order they first
+// appeared. The pool's gate is asked once the worker is held, as upstream's
+// worker asks it; the lane goes to the gateway in the priority header when
+// one is configured.
+//
+// Each queue keeps two bounds. Its in-flight limit, ceil(max_concurrency ×
+// budget), is counted here: a queue whose requests hold that many workers
+// starts no more, and its waiters let lower lanes go. Its claims are
+// bounded by twice that (the queue's credits, see Pipeline.New), so that
+// while its requests run, as many again wait in their lane: when one ends,
+// the next is already there. With claims bounded by the in-flight limit
+// alone, a queue whose requests held all the workers it may use had nothing
+// waiting at the moment one of them ended (its next request is claimed
+// only once that one settles), and the worker went to a lower lane: with
+// one worker, batch and interactive requests took turns. Upstream's readers
+// fill each lane up to 1000 messages whatever the workers do.
 
 // NumLanes is the number of priority lanes.
 const NumLanes = 6
@@ -28,24 +40,51 @@ const NumLanes = 6
 // Priority configures the tier-priority policy.
 type Priority struct {
 	// Header carries the lane ("0"…"5") to the gateway (upstream's
-	// priority_header, default x-gateway-priority).
+	// priority_header; empty: not sent, upstream's default since v0.10).
 	Header string
 	// TierLabel is the label holding the tier (default "tier").
 	TierLabel string
+	// ObjectiveHeader carries a lane's objective (upstream's
+	// objective_header; default DefaultObjectiveHeader).
+	ObjectiveHeader string
+	// LaneObjectives are the InferenceObjective names sent in
+	// ObjectiveHeader, by lane ("": none for that lane; see LaneKey).
+	LaneObjectives [NumLanes]string
 
-	headers [NumLanes][]dispatch.Header // the priority header of each lane, built once
+	headers [NumLanes][]dispatch.Header // each lane's priority and objective headers, built once
+}
+
+// DefaultObjectiveHeader is upstream's objective header (api.ObjectiveHeader).
+const DefaultObjectiveHeader = "x-llm-d-inference-objective"
+
+// LaneKey is the name upstream's lane_objectives give lane i:
+// "<class>-<tier>", class reserved or overflow, tier interactive, async or
+// batch.
+func LaneKey(i int) string {
+	class := "overflow"
+	if i/3 == 0 {
+		class = "reserved"
+	}
+	return class + "-" + [...]string{"interactive", "async", "batch"}[i%3]
 }
 
 // init fills the defaults and the lanes' headers.
 func (p *Priority) init() {
-	if p.Header == "" {
-		p.Header = "x-gateway-priority"
-	}
 	if p.TierLabel == "" {
 		p.TierLabel = wire.DefaultTierLabel
 	}
+	if p.ObjectiveHeader == "" {
+		p.ObjectiveHeader = DefaultObjectiveHeader
+	}
 	for i := range p.headers {
-		p.headers[i] = []dispatch.Header{{Name: p.Header, Value: laneValues[i]}}
+		var hs []dispatch.Header
+		if p.Header != "" {
+			hs = append(hs, dispatch.Header{Name: p.Header, Value: laneValues[i]})
+		}
+		if o := p.LaneObjectives[i]; o != "" {
+			hs = append(hs, dispatch.Header{Name: p.ObjectiveHeader, Value: o})
+		}
+		p.headers[i] = hs
 	}
 }
 
@@ -109,8 +148,17 @@ type lanes struct {
 	free    int
 	open    bool
 	queues  [NumLanes]laneQueue
-	observe func(LaneEvent) // Pipeline.ObserveLanes (nil: not observed)
-	seq     uint64          // the last LaneEvent.Seq given
+	sources map[string]*laneSource // by queue id
+	observe func(LaneEvent)        // Pipeline.ObserveLanes (nil: not observed)
+	seq     uint64                 // the last LaneEvent.Seq given
+}
+
+// laneSource is one queue of the pool: its in-flight limit and the workers
+// its requests hold.
+type laneSource struct {
+	max     int // max_concurrency: the limit at budget 1
+	limit   int // ceil(max × budget); 0 until the first budget
+	running int // requests of the queue holding a worker
 }
 
 // laneQueue holds one lane's waiters by source, served in turn.
@@ -128,11 +176,42 @@ type laneWaiter struct {
 }
 
 func newLanes(workers int) *lanes {
-	l := &lanes{free: workers, open: true}
+	l := &lanes{free: workers, open: true, sources: map[string]*laneSource{}}
 	for i := range l.queues {
 		l.queues[i].waiting = map[string][]*laneWaiter{}
 	}
 	return l
+}
+
+// addSource registers queue id with its max_concurrency and returns the
+// follower that sets its in-flight limit from the queue gate's budget.
+// A request of a queue never registered is bounded by the pool only.
+func (l *lanes) addSource(id string, maxConcurrency int) sourceFollower {
+	l.mu.Lock()
+	l.sources[id] = &laneSource{max: max(1, maxConcurrency)}
+	l.mu.Unlock()
+	return sourceFollower{l, id}
+}
+
+// sourceFollower sets one queue's in-flight limit in the lanes from its
+// gate's budget, as credit.Pool does for claims (without the ramp: the
+// claims, which ramp, bound what can start).
+type sourceFollower struct {
+	l  *lanes
+	id string
+}
+
+// SetBudget sets the queue's limit to ceil(max × b) and hands out workers
+// it frees.
+func (f sourceFollower) SetBudget(b float64) {
+	if b != b || b < 0 {
+		b = 0
+	}
+	f.l.mu.Lock()
+	src := f.l.sources[f.id]
+	src.limit = int(math.Ceil(float64(src.max) * min(b, 1)))
+	f.l.grantLocked()
+	f.l.mu.Unlock()
 }
 
 // SetBudget opens the lanes while a pool gate's budget is above 0.
@@ -143,20 +222,11 @@ func (l *lanes) SetBudget(b float64) {
 	l.mu.Unlock()
 }
 
-// acquire takes a worker for a request of lane from source, waiting behind
-// every request of a lower lane; it returns ctx's error, or errDraining when
-// draining closes first.
+// acquire takes a worker for a request of lane from source, after every
+// request of a lower lane that may start; it returns ctx's error, or
+// errDraining when draining closes first.
 func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) error {
 	l.mu.Lock()
-	if l.open && l.free > 0 && l.waitingBefore(lane+1) == 0 {
-		l.free--
-		if l.observe != nil {
-			l.seq++
-			l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: source, Seq: l.seq})
-		}
-		l.mu.Unlock()
-		return nil
-	}
 	w := &laneWaiter{ready: make(chan struct{})}
 	q := &l.queues[lane]
 	if _, ok := q.waiting[source]; !ok {
@@ -167,6 +237,13 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 	if l.observe != nil {
 		l.seq++
 		w.seq = l.seq
+	}
+	l.grantLocked()
+	if w.granted {
+		l.mu.Unlock()
+		return nil
+	}
+	if w.seq != 0 {
 		l.observe(LaneEvent{Kind: LaneWaiting, Lane: lane, Queue: source, Seq: w.seq})
 	}
 	l.mu.Unlock()
@@ -185,8 +262,7 @@ func (l *lanes) abandon(w *laneWaiter, lane int, source string, err error) error
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w.granted {
-		l.free++
-		l.grantLocked()
+		l.releaseLocked(source)
 		return err
 	}
 	q := &l.queues[lane]
@@ -204,53 +280,67 @@ func (l *lanes) abandon(w *laneWaiter, lane int, source string, err error) error
 	return err
 }
 
-// release gives a worker back and hands it to the first waiter in order.
-func (l *lanes) release() {
+// release gives back the worker a request of source held and hands it to
+// the first waiter in order.
+func (l *lanes) release(source string) {
 	l.mu.Lock()
-	l.free++
-	l.grantLocked()
+	l.releaseLocked(source)
 	l.mu.Unlock()
 }
 
+func (l *lanes) releaseLocked(source string) {
+	l.free++
+	if src := l.sources[source]; src != nil {
+		src.running--
+	}
+	l.grantLocked()
+}
+
+// mayStart reports whether a request of source may take a worker now.
+func (l *lanes) mayStart(source string) bool {
+	src := l.sources[source]
+	return src == nil || src.running < src.limit
+}
+
 // grantLocked hands free workers to waiters: lowest lane first, its sources
-// in turn.
+// in turn, skipping sources at their in-flight limit.
 func (l *lanes) grantLocked() {
 	for l.open && l.free > 0 {
-		lane := -1
-		for i := range l.queues {
-			if l.queues[i].nwaiting > 0 {
-				lane = i
-				break
-			}
-		}
-		if lane < 0 {
+		if !l.grantOneLocked() {
 			return
-		}
-		q := &l.queues[lane]
-		for range q.sources {
-			src := q.sources[q.next%len(q.sources)]
-			q.next++
-			if ws := q.waiting[src]; len(ws) > 0 {
-				w := ws[0]
-				q.waiting[src] = ws[1:]
-				q.nwaiting--
-				w.granted = true
-				l.free--
-				if l.observe != nil && w.seq != 0 {
-					l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
-				}
-				close(w.ready)
-				break
-			}
 		}
 	}
 }
 
-// waitingBefore counts the waiters of lanes below n.
-func (l *lanes) waitingBefore(n int) int {
-	total := 0
-	for i := 0; i < n && i < NumLanes; i++ {
-		total += l.queues[i].nwaiting
+// grantOneLocked gives one free worker to the first waiter in order that
+// may start; it reports false when there is none.
+func (l *lanes) grantOneLocked() bool {
+	for lane := range l.queues {
+		q := &l.queues[lane]
+		if q.nwaiting == 0 {
+			continue
+		}
+		for range q.sources {
+			src := q.sources[q.next%len(q.sources)]
+			q.next++
+			ws := q.waiting[src]
+			if len(ws) == 0 || !l.mayStart(src) {
+				continue
+			}
+			w := ws[0]
+			q.waiting[src] = ws[1:]
+			q.nwaiting--
+			w.granted = true
+			l.free--
+			if s := l.sources[src]; s != nil {
+				s.running++
+			}
+			if l.observe != nil && w.seq != 0 {
+				l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
+			}
+			close(w.ready)
+			return true
+		}
 	}
-	return total
+	return false
 }

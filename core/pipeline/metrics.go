@@ -203,9 +203,15 @@ func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.Depth
 			q.metrics.history.observeDepth(time.Now(), d)
 			own.BrokerBacklog.Set(float64(d.Waiting))
 			own.Delayed.Set(float64(d.Delayed))
+			own.BacklogAvailable.Set(1)
 			if budget <= 0 && d.Waiting > 0 {
 				own.Decision(metrics.ReasonGateClosed).Inc()
 			}
+		} else {
+			own.BacklogAvailable.Set(0)
+		}
+		if pr, ok := dr.(transport.DeadlineProximityReporter); ok {
+			p.sampleProximity(ctx, q, pr)
 		}
 	}
 	q.metrics.history.sample(time.Now(), budget, q.metrics.resultTotal())
@@ -227,4 +233,16 @@ func (p *Pipeline) sampleQueue(ctx context.Context, q *Queue, dr transport.Depth
 		p.log.Warn("requests name more queue ids or names than the metrics keep per queue; the excess is counted under the queue's own labels",
 			"queue", q.ID, "kept", maxViews)
 	}
+}
+
+// sampleProximity records q's deadline proximity snapshot; on a failed read
+// every bucket reads 0, as upstream.
+func (p *Pipeline) sampleProximity(ctx context.Context, q *Queue, pr transport.DeadlineProximityReporter) {
+	dctx, cancel := context.WithTimeout(ctx, max(p.cfg.GaugeInterval, time.Second))
+	cum, total, err := pr.DeadlineProximity(dctx, q.Queue, metrics.ProximityBounds)
+	cancel()
+	if err != nil {
+		cum, total = make([]uint64, len(metrics.ProximityBounds)), 0
+	}
+	p.cfg.Metrics.DeadlineProximity.Set(q.metrics.own.Labels, metrics.Proximity{Cumulative: cum, Total: total})
 }

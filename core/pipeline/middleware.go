@@ -209,6 +209,7 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 		}
 		mq := d.mq()
 		mq.Inflight.Inc()
+		mq.Dispatched.Inc()
 		d.Dispatched = time.Now()
 		ctx, req, end := httpSpan(d)
 		o := client.DoWith(ctx, d.Queue.Target, req, ov)
@@ -221,6 +222,12 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 		}
 		if o.DroppedReason != "" {
 			mq.GatewayDropped.Inc()
+		}
+		if o.StatusCode >= 200 && o.StatusCode < 300 {
+			if in, out, ok := dispatch.ParseUsage(o.Body); ok {
+				mq.TokensIn.Add(float64(in))
+				mq.TokensOut.Add(float64(out))
+			}
 		}
 		switch o.Class {
 		case dispatch.Success:

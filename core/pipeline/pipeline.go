@@ -98,8 +98,10 @@ type Config struct {
 	// pool's workers go to requests by lane (see lanes.go). nil: upstream's
 	// random-robin, the pool's workers taken when requests are claimed.
 	Priority *Priority
-	// GateTimeout bounds how long a request may wait on Wait decisions
-	// (default 5m; upstream's --request-timeout); its deadline bounds it too.
+	// GateTimeout bounds how long a request may wait on Wait decisions and
+	// for a worker of the lanes before it is re-queued (upstream's
+	// --gate-wait-timeout; 0: the default, 5m; negative: only the
+	// deadline bounds the wait).
 	GateTimeout time.Duration
 	Retry       RetryPolicy
 	// DrainTimeout is how long requests in flight may finish after shutdown
@@ -148,7 +150,7 @@ func (c *Config) setDefaults() {
 	if c.GaugeInterval <= 0 {
 		c.GaugeInterval = 2 * time.Second
 	}
-	if c.GateTimeout <= 0 {
+	if c.GateTimeout == 0 {
 		c.GateTimeout = 5 * time.Minute
 	}
 	if c.Logger == nil {
@@ -245,7 +247,16 @@ func New(cfg Config) (*Pipeline, error) {
 				return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
 			}
 		}
-		q.credits = credit.NewPool(q.MaxConcurrency, q.Ramp)
+		claims := q.MaxConcurrency
+		if q.pool != nil && q.pool.lanes != nil {
+			// Under tier-priority the lanes bound the queue's requests in
+			// flight; its claims may run as many again ahead of them, so
+			// that the next request already waits in its lane when one
+			// ends (see lanes.go).
+			claims = 2 * q.MaxConcurrency
+			q.Gate.Attach(q.pool.lanes.addSource(q.ID, q.MaxConcurrency))
+		}
+		q.credits = credit.NewPool(claims, q.Ramp)
 		q.priority = cfg.Priority
 		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
 		q.admitter, _ = q.Gate.Gate().(gate.Admitter)

@@ -167,6 +167,15 @@ type DepthReporter interface {
 	Depth(ctx context.Context, q Queue) (Depth, error)
 }
 
+// DeadlineProximityReporter reports how close the requests waiting in a
+// queue are to their deadlines (upstream's async_deadline_proximity_millis,
+// sorted sets only): cumulative[i] counts those with less than bounds[i]
+// left (a bound of 0: already expired), total all of them, read in one
+// consistent step.
+type DeadlineProximityReporter interface {
+	DeadlineProximity(ctx context.Context, q Queue, bounds []time.Duration) (cumulative []uint64, total uint64, err error)
+}
+
 // DeadLetterer keeps a message that cannot be answered (no readable id).
 // After it returns nil the core acks the message.
 type DeadLetterer interface {

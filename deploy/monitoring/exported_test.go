@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
@@ -90,6 +91,9 @@ func sluiceExports(t testing.TB) *exports {
 		t.Fatalf("metrics.New: %v", err)
 	}
 	m.For(metrics.Labels{QueueID: "q", QueueName: "q", Pool: "default"}) // creates the per-queue series
+	// The deadline-proximity histogram is a snapshot collector: one snapshot gives it its series.
+	m.DeadlineProximity.Set(metrics.Labels{QueueID: "q", QueueName: "q", Pool: "default"},
+		metrics.Proximity{Cumulative: make([]uint64, len(metrics.ProximityBounds))})
 
 	// A deployment registers the collector of its one transport; here one
 	// collector carries the events of them all.
@@ -110,6 +114,12 @@ func sluiceExports(t testing.TB) *exports {
 		calls = append(calls, metrics.GateCalls{Gate: "plugin", RPC: c.Call, Count: c.Count, Seconds: c.Seconds, Buckets: c.Buckets})
 	}
 	rec.MustRegister(metrics.NewGateCallsCollector(func() []metrics.GateCalls { return calls }))
+	// The gates that report windows: the aimd gate, one series per band.
+	var windows []metrics.GateWindow
+	for i := range aimd.NumBands {
+		windows = append(windows, metrics.GateWindow{Gate: "aimd", Band: aimd.BandName(i), Size: 1, SSThresh: 256})
+	}
+	rec.MustRegister(metrics.NewGateWindowsCollector(func() []metrics.GateWindow { return windows }))
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	kinds := map[string]dto.MetricType{}

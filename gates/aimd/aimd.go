@@ -29,8 +29,9 @@
 //     and is ignored. With Retry-After the band closes until then and its
 //     window drops to min_window (it reopens in slow start towards the
 //     ssthresh set at the close). The decrease, and the close, apply to
-//     every band below too; the bands above hold their growth for
-//     hold_duration;
+//     every band below too (a band idle for activeFor only has its window
+//     shrunk, keeping its ssthresh and so its slow start); the bands above
+//     hold their growth for hold_duration;
 //   - reason rejected-ttl-expired: a gentle decrease (×0.9), and the bands
 //     above hold;
 //   - evicted*, any other reason, a transport failure, a 5xx or another
@@ -195,19 +196,19 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	}
 	now := g.cfg.Now()
 	g.mu.Lock()
-	allowance, active := 0.0, false
+	allowance, inUse := 0.0, false
 	for i := range g.bands {
 		b := &g.bands[i]
-		if b.lastSeen.IsZero() || now.Sub(b.lastSeen) > activeFor {
+		if !active(b, now) {
 			continue
 		}
-		active = true
+		inUse = true
 		if !now.Before(b.closedUntil) {
 			allowance += math.Floor(b.w)
 		}
 	}
 	g.mu.Unlock()
-	if !active {
+	if !inUse {
 		allowance = math.Floor(g.cfg.InitialWindow)
 	}
 	return min(1, allowance/mc), nil
@@ -373,7 +374,7 @@ func (g *Gate) react(i int, seq uint64, out outcome, retryAfter time.Duration, q
 		if retryAfter > 0 {
 			until := now.Add(retryAfter)
 			for j := i; j < NumBands; j++ {
-				g.close(j, seq, until)
+				g.close(j, seq, until, j == i || active(&g.bands[j], now))
 			}
 		} else {
 			if g.decrease(i, seq, g.cfg.DecreaseFactor) {
@@ -382,7 +383,7 @@ func (g *Gate) react(i int, seq uint64, out outcome, retryAfter time.Duration, q
 				g.events[EventCoalesced]++
 			}
 			for j := i + 1; j < NumBands; j++ {
-				if g.decrease(j, seq, g.cfg.DecreaseFactor) {
+				if g.coupledDecrease(j, seq, now) {
 					g.events[EventDecreaseCoupled]++
 				}
 			}
@@ -426,12 +427,37 @@ func (g *Gate) decrease(j int, seq uint64, f float64) bool {
 	return true
 }
 
+// coupledDecrease decreases band j, below a band whose request was
+// rejected. A band in use decreases as on its own rejection; an idle band
+// (no request for activeFor) only has its window shrunk, keeping its
+// ssthresh, so that when its traffic starts it still opens in slow start
+// (as TCP restarts an idle connection) instead of creeping up from the
+// minimum in additive increase.
+func (g *Gate) coupledDecrease(j int, seq uint64, now time.Time) bool {
+	b := &g.bands[j]
+	if active(b, now) {
+		return g.decrease(j, seq, g.cfg.DecreaseFactor)
+	}
+	if b.w <= b.lo {
+		return false
+	}
+	b.w = max(b.lo, b.w*g.cfg.DecreaseFactor)
+	return true
+}
+
+// active says b saw a request in the last activeFor.
+func active(b *band, now time.Time) bool {
+	return !b.lastSeen.IsZero() && now.Sub(b.lastSeen) <= activeFor
+}
+
 // close closes band j until until (a Retry-After is a server instruction:
 // it applies whenever the request was sent) and drops its window to its
-// minimum; ssthresh is lowered once per flight, as a decrease.
-func (g *Gate) close(j int, seq uint64, until time.Time) {
+// minimum; lower says whether ssthresh is lowered too (the rejecting band
+// and the bands in use below it, once per flight, as a decrease; an idle
+// band keeps its slow start).
+func (g *Gate) close(j int, seq uint64, until time.Time, lower bool) {
 	b := &g.bands[j]
-	if seq >= b.decreasedAt {
+	if lower && seq >= b.decreasedAt {
 		b.ssthresh = max(b.lo, b.w*g.cfg.DecreaseFactor)
 		b.decreases++
 	}

@@ -563,3 +563,34 @@ func TestReportersThroughWrappers(t *testing.T) {
 		t.Errorf("interval %v", gate.IntervalOf(g))
 	}
 }
+
+// A coupled decrease of an idle band shrinks its window but keeps its
+// slow start; a band in use loses it as on its own rejection.
+func TestCoupledDecreaseOfAnIdleBand(t *testing.T) {
+	f := newFixture(t, aimd.Config{InitialWindow: 8})
+	async := req(wire.ClassOverflow, wire.TierAsync) // band 4, in use
+	f.admitN(async, 1)[0].Release()
+	answer(f.admitN(req(wire.ClassOverflow, wire.TierInteractive), 1)[0], 429, 0, reason, saturated) // band 3
+	if s := f.band(4); s.Window != 4 || s.SSThresh != 4 {
+		t.Errorf("band in use after a coupled decrease: %+v, want window and ssthresh 4", s)
+	}
+	if s := f.band(5); s.Window != 4 || s.SSThresh != aimd.DefaultMaxWindow {
+		t.Errorf("idle band after a coupled decrease: %+v, want window 4, ssthresh kept", s)
+	}
+	// Its traffic starts: slow start, +1 per answer.
+	answerAll(f.admitN(batch, 4), 200)
+	f.wantWindow(5, 8)
+}
+
+// A Retry-After closes the idle bands below too, but they keep their
+// ssthresh: they reopen in slow start.
+func TestRetryAfterClosesAnIdleBandKeepingSlowStart(t *testing.T) {
+	f := newFixture(t, aimd.Config{InitialWindow: 8})
+	answer(f.admitN(req(wire.ClassOverflow, wire.TierInteractive), 1)[0], 429, time.Second, reason, saturated)
+	if s := f.band(3); !s.Closed || s.Window != 1 || s.SSThresh != 4 {
+		t.Errorf("rejecting band: %+v, want closed, window 1, ssthresh 4", s)
+	}
+	if s := f.band(5); !s.Closed || s.Window != 1 || s.SSThresh != aimd.DefaultMaxWindow {
+		t.Errorf("idle band below: %+v, want closed, window 1, ssthresh kept", s)
+	}
+}

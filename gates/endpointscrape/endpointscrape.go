@@ -19,8 +19,18 @@
 //	           pods_metric at pods_url, filtered by pods_labels; none, or
 //	           one ≤ 0, is an error)
 //	s        = v / maxCount when maxCount > 0, else v
-//	D        = 1 − clamp(s, 0, 1)
+//	D        = 1 − clamp(s, 0, 1)   (value_type saturation, the default: v is used capacity)
+//	D        = clamp(s, 0, 1)       (value_type budget: v is the free share already)
 //	budget   = 0 if D ≤ baseline, else min(1, D − baseline)
+//
+// absent_value, when set, is v for a scrape that worked but has no
+// matching series (a gauge the server exports only once it is non-zero).
+//
+// admission "counted" (upstream #484) decides per request instead: each
+// read of the endpoint, at most one per cache_ttl, admits floor(maxCount −
+// v) requests; the next are deferred until the next read, and a failed read
+// admits none. It needs max_count_per_pod > 0, value_type saturation, and
+// neither baseline nor fallback. Its budget is D (baseline 0).
 //
 // Evaluations (failures included, as upstream) are reused for cache_ttl
 // (default --prometheus-cache-ttl, 5 s), and concurrent callers share one
@@ -51,6 +61,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/internal/promquery"
 )
 
@@ -66,6 +77,14 @@ const DefaultTTL = promquery.DefaultTTL
 
 // maxBody bounds a scraped body; a /metrics page is kilobytes to a few MB.
 const maxBody = 64 << 20
+
+// The value types and admission modes.
+const (
+	ValueSaturation  = "saturation" // the value is the used capacity
+	ValueBudget      = "budget"     // the value is the free share
+	AdmissionBudget  = "budget"     // the gate yields a budget
+	AdmissionCounted = "counted"    // each read admits floor(maxCount − value) requests
+)
 
 // ErrNoSample means the scrape worked but the metric, or a series matching
 // the label filters, is missing.
@@ -99,6 +118,14 @@ type Config struct {
 	// Pool names the inference pool, for the inference_pool label of the
 	// gate's readings only.
 	Pool string
+	// ValueType is ValueSaturation (default) or ValueBudget: what the
+	// scraped value means.
+	ValueType string
+	// AbsentValue, when set, is the value of a scrape without a matching
+	// series; nil: such a scrape fails.
+	AbsentValue *float64
+	// Admission is AdmissionBudget (default) or AdmissionCounted.
+	Admission string
 	// TTL is how long an evaluation is reused (default DefaultTTL).
 	TTL time.Duration
 	// Now is the clock (default time.Now); for tests.
@@ -111,6 +138,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.ValueType == "" {
+		c.ValueType = ValueSaturation
+	}
+	if c.Admission == "" {
+		c.Admission = AdmissionBudget
 	}
 	if c.Fallback != nil && !math.IsNaN(*c.Fallback) {
 		f := min(1, max(0, *c.Fallback))
@@ -149,6 +182,27 @@ func (c Config) Validate() error {
 	if c.TTL < 0 {
 		errs = append(errs, fmt.Errorf("gate_params.cache_ttl: %v is negative", c.TTL))
 	}
+	if c.ValueType != ValueSaturation && c.ValueType != ValueBudget {
+		errs = append(errs, fmt.Errorf("gate_params.value_type: %q is neither %q nor %q", c.ValueType, ValueSaturation, ValueBudget))
+	}
+	if c.AbsentValue != nil && (math.IsNaN(*c.AbsentValue) || math.IsInf(*c.AbsentValue, 0)) {
+		errs = append(errs, fmt.Errorf("gate_params.absent_value: %v is not a finite number", *c.AbsentValue))
+	}
+	switch c.Admission {
+	case AdmissionBudget:
+	case AdmissionCounted:
+		if !(c.MaxCountPerPod > 0) {
+			errs = append(errs, errors.New("gate_params.admission counted: needs max_count_per_pod > 0"))
+		}
+		if c.ValueType != ValueSaturation {
+			errs = append(errs, errors.New("gate_params.admission counted: needs value_type saturation"))
+		}
+		if c.Baseline != 0 {
+			errs = append(errs, errors.New("gate_params.admission counted: takes no baseline"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("gate_params.admission: %q is neither %q nor %q", c.Admission, AdmissionBudget, AdmissionCounted))
+	}
 	return errors.Join(errs...)
 }
 
@@ -180,7 +234,17 @@ type Gate struct {
 	flight *evaluation // the evaluation running now, if any
 	closed bool
 
+	headroom headroom // admission counted
+
 	readings gate.ReadingRecorder
+}
+
+// headroom is admission counted's state: the admissions the last read
+// left, and when it was made.
+type headroom struct {
+	mu     sync.Mutex
+	readAt time.Time
+	left   int
 }
 
 // evaluation is one scrape's outcome: D of the first matching series, or
@@ -227,8 +291,19 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	cfg := Config{
 		URL: p.String("url", ""), Metric: p.String("metric", ""),
 		PodsURL: p.String("pods_url", ""), PodsMetric: p.String("pods_metric", ""),
+		ValueType: p.String("value_type", ValueSaturation), Admission: p.String("admission", AdmissionBudget),
 	}
 	var err error
+	if p.Has("absent_value") {
+		v, err := p.Float("absent_value", 0)
+		if err != nil {
+			return nil, err
+		}
+		cfg.AbsentValue = &v
+	}
+	if cfg.Admission == AdmissionCounted && (p.Has("baseline") || p.Has("fallback") || p.Has("failure_policy")) {
+		return nil, errors.New("gate_params.admission counted: takes no baseline, fallback or failure_policy (a failed read admits nothing)")
+	}
 	if cfg.Labels, err = p.StringMap("labels"); err != nil {
 		return nil, err
 	}
@@ -261,6 +336,9 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if err != nil {
 		return nil, err // not g: a nil *Gate would make a non-nil gate.Gate
 	}
+	if g.cfg.Admission == AdmissionCounted {
+		return Counted{g}, nil
+	}
 	return g, nil
 }
 
@@ -274,6 +352,14 @@ func pool(p gate.Params) (string, error) {
 		return a, nil
 	}
 	return b, nil
+}
+
+// freeOf is D for one value under the configured value type.
+func (g *Gate) freeOf(v, maxCount float64) float64 {
+	if g.cfg.ValueType == ValueBudget {
+		return 1 - Free(v, maxCount) // the share itself, clamped
+	}
+	return Free(v, maxCount)
 }
 
 // Free is D for one value: 1 − clamp(value / maxCount, 0, 1), or
@@ -364,29 +450,76 @@ func (g *Gate) free(ctx context.Context) (float64, error) {
 // evaluate scrapes the metric (and the pods metric) and returns D of the
 // first matching series.
 func (g *Gate) evaluate(ctx context.Context) (float64, error) {
-	pages := map[string]map[string]*dto.MetricFamily{} // one scrape per distinct URL
-	vals, err := g.values(ctx, pages, g.cfg.URL, g.cfg.Metric, g.cfg.Labels)
+	v, maxCount, err := g.read(ctx)
 	if err != nil {
 		return 0, err
 	}
-	maxCount := g.cfg.MaxCountPerPod
+	return g.freeOf(v, maxCount), nil
+}
+
+// read scrapes the metric (and the pods metric) and returns the value of
+// the first matching series (or absent_value) and the capacity.
+func (g *Gate) read(ctx context.Context) (v, maxCount float64, err error) {
+	pages := map[string]map[string]*dto.MetricFamily{} // one scrape per distinct URL
+	vals, err := g.values(ctx, pages, g.cfg.URL, g.cfg.Metric, g.cfg.Labels)
+	if err != nil {
+		return 0, 0, err
+	}
+	maxCount = g.cfg.MaxCountPerPod
 	if g.cfg.PodsURL != "" {
 		pods, err := g.values(ctx, pages, g.cfg.PodsURL, g.cfg.PodsMetric, g.cfg.PodsLabels)
 		if err != nil {
-			return 0, fmt.Errorf("pods metric: %w", err)
+			return 0, 0, fmt.Errorf("pods metric: %w", err)
 		}
 		if len(pods) == 0 {
-			return 0, fmt.Errorf("pods metric %s%s not found at %s: %w", g.cfg.PodsMetric, filterString(g.cfg.PodsLabels), g.cfg.PodsURL, ErrNoSample)
+			return 0, 0, fmt.Errorf("pods metric %s%s not found at %s: %w", g.cfg.PodsMetric, filterString(g.cfg.PodsLabels), g.cfg.PodsURL, ErrNoSample)
 		}
 		if !(pods[0] > 0) {
-			return 0, fmt.Errorf("pods metric %s at %s is %v: no capacity", g.cfg.PodsMetric, g.cfg.PodsURL, pods[0])
+			return 0, 0, fmt.Errorf("pods metric %s at %s is %v: no capacity", g.cfg.PodsMetric, g.cfg.PodsURL, pods[0])
 		}
 		maxCount = pods[0] * g.cfg.MaxCountPerPod
 	}
 	if len(vals) == 0 {
-		return 0, fmt.Errorf("metric %s%s not found at %s: %w", g.cfg.Metric, filterString(g.cfg.Labels), g.cfg.URL, ErrNoSample)
+		if g.cfg.AbsentValue != nil {
+			return *g.cfg.AbsentValue, maxCount, nil
+		}
+		return 0, 0, fmt.Errorf("metric %s%s not found at %s: %w", g.cfg.Metric, filterString(g.cfg.Labels), g.cfg.URL, ErrNoSample)
 	}
-	return Free(vals[0], maxCount), nil
+	return vals[0], maxCount, nil
+}
+
+// Counted is the gate with admission counted: the scrape gate plus a
+// per-request decision. (A gate with admission budget has no Admit, so
+// the pipeline treats it as a budget-only gate.)
+type Counted struct{ *Gate }
+
+var _ gate.Admitter = Counted{}
+
+// Admit implements admission counted. A read of the endpoint, at most one
+// per cache_ttl, admits floor(maxCount − value) requests; the others are
+// deferred until the next read may run. A failed read admits none.
+func (c Counted) Admit(ctx context.Context, _ *wire.Request) (gate.Decision, error) {
+	g := c.Gate
+	h := &g.headroom
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := g.cfg.Now()
+	if h.readAt.IsZero() || now.Sub(h.readAt) >= g.cfg.TTL {
+		v, maxCount, err := g.read(ctx)
+		if err != nil && ctx.Err() != nil {
+			return gate.Decision{}, err // the caller gave up: no read happened
+		}
+		h.readAt, h.left = now, 0
+		if err == nil && !math.IsNaN(v) {
+			h.left = int(math.Max(0, math.Floor(maxCount-v)))
+		}
+	}
+	if h.left > 0 {
+		h.left--
+		return gate.Admitted, nil
+	}
+	return gate.Decision{Verdict: gate.Defer, Delay: max(time.Millisecond, h.readAt.Add(g.cfg.TTL).Sub(now)),
+		Reason: "no headroom left until the next read of " + g.cfg.URL}, nil
 }
 
 // values returns the values of metric's series at u matching filters, in

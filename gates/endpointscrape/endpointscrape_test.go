@@ -245,6 +245,12 @@ func TestScrape(t *testing.T) {
 		{"status 503: fallback", `"url":"` + failing.URL() + `","metric":"plain","fallback":0.5`, 0.5, 0, true},
 		{"bad exposition: fallback", `"url":"` + broken.URL() + `","metric":"x","fallback":0.5`, 0.5, 0, true},
 		{"fallback clamped", `"url":"` + ep.URL() + `","metric":"nope","fallback":7`, 1, 0, true},
+		{"value_type budget: the value is the free share", `"url":"` + ep.URL() + `","metric":"plain","value_type":"budget"`, 0.25, 0.25, false},
+		{"value_type budget over a capacity", m + `,"labels":{"model_name":"a"},"max_count_per_pod":64,"value_type":"budget"`, 0.25, 0.25, false},
+		{"value_type budget, clamped", `"url":"` + ep.URL() + `","metric":"requests_total","value_type":"budget"`, 1, 1, false},
+		{"absent_value for a missing metric", `"url":"` + ep.URL() + `","metric":"nope","max_count_per_pod":64,"absent_value":16`, 0.75, 0.75, false},
+		{"absent_value for no matching series", m + `,"labels":{"model_name":"z"},"max_count_per_pod":64,"absent_value":0`, 1, 1, false},
+		{"absent_value does not cover a failed scrape", `"url":"` + failing.URL() + `","metric":"plain","absent_value":0,"fallback":0.5`, 0.5, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -405,6 +411,16 @@ func TestParams(t *testing.T) {
 		{"negative cache_ttl", `{` + u + `,"cache_ttl":"-1s"}`, "gate_params.cache_ttl"},
 		{"zero cache_ttl", `{` + u + `,"cache_ttl":"0s"}`, "gate_params.cache_ttl"},
 		{"unknown param", `{` + u + `,"threshold":0.5}`, "unknown gate_params: threshold"},
+		{"value_type budget", `{` + u + `,"value_type":"budget"}`, ""},
+		{"value_type unknown", `{` + u + `,"value_type":"share"}`, "gate_params.value_type"},
+		{"absent_value", `{` + u + `,"absent_value":0}`, ""},
+		{"absent_value not a number", `{` + u + `,"absent_value":"none"}`, "gate_params.absent_value"},
+		{"admission counted", `{` + u + `,"admission":"counted","max_count_per_pod":8}`, ""},
+		{"admission unknown", `{` + u + `,"admission":"strict"}`, "gate_params.admission"},
+		{"counted without capacity", `{` + u + `,"admission":"counted"}`, "needs max_count_per_pod > 0"},
+		{"counted on a budget value", `{` + u + `,"admission":"counted","max_count_per_pod":8,"value_type":"budget"}`, "needs value_type saturation"},
+		{"counted with a baseline", `{` + u + `,"admission":"counted","max_count_per_pod":8,"baseline":0.1}`, "takes no baseline"},
+		{"counted with a fallback", `{` + u + `,"admission":"counted","max_count_per_pod":8,"fallback":1}`, "takes no baseline, fallback"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -483,5 +499,63 @@ func TestOnePagePerEvaluation(t *testing.T) {
 	}
 	if ep.Hits() != 1 {
 		t.Fatalf("%d fetches for one evaluation, want 1", ep.Hits())
+	}
+}
+
+// TestCounted: admission counted admits floor(max − value) requests per
+// read, reads at most once per cache_ttl, defers the rest until the next
+// read, and admits nothing after a failed read; admission budget has no
+// per-request decision at all.
+func TestCounted(t *testing.T) {
+	ep := startEndpoint(t, "running 60\n")
+	g := mustBuild(t, `{"url":"`+ep.URL()+`","metric":"running","max_count_per_pod":64,"admission":"counted","cache_ttl":"300ms"}`)
+	adm, ok := g.(gate.Admitter)
+	if !ok {
+		t.Fatal("admission counted: the gate decides no request")
+	}
+	admits := func() (n int, delay time.Duration) {
+		t.Helper()
+		for range 10 {
+			d, err := adm.Admit(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch d.Verdict {
+			case gate.Admit:
+				n++
+			case gate.Defer:
+				delay = d.Delay
+			default:
+				t.Fatalf("verdict %v", d.Verdict)
+			}
+		}
+		return n, delay
+	}
+	start := time.Now()
+	if n, delay := admits(); n != 4 || delay <= 0 || delay > 300*time.Millisecond {
+		t.Fatalf("value 60 of 64: %d admitted (delay %v), want 4 and a delay up to the next read", n, delay)
+	}
+	ep.set("running 62.5\n")
+	if n, _ := admits(); n != 0 && time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("within the TTL: %d more admitted, want 0 (one read per cache_ttl)", n)
+	}
+	if h := ep.Hits(); h != 1 {
+		t.Fatalf("%d reads within the TTL, want 1", h)
+	}
+	time.Sleep(350 * time.Millisecond)
+	if n, _ := admits(); n != 1 {
+		t.Fatalf("value 62.5 of 64: %d admitted, want floor(1.5) = 1", n)
+	}
+	ep.setStatus(http.StatusServiceUnavailable)
+	time.Sleep(350 * time.Millisecond)
+	if n, _ := admits(); n != 0 {
+		t.Fatalf("failed read: %d admitted, want 0", n)
+	}
+	if h := ep.Hits(); h != 3 {
+		t.Fatalf("%d reads, want 3", h)
+	}
+	plain := mustBuild(t, `{"url":"`+ep.URL()+`","metric":"running","max_count_per_pod":64}`)
+	if _, ok := plain.(gate.Admitter); ok {
+		t.Fatal("admission budget: the gate must not decide per request (the pipeline would skip its budget at pool level)")
 	}
 }

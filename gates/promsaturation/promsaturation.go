@@ -3,8 +3,13 @@
 // (the endpoint picker exports it) and stays open while it is below a
 // threshold.
 //
-//	saturation = max over series of inference_extension_flow_control_pool_saturation{inference_pool="<pool>"[,namespace="<ns>"]}
+//	saturation = max over series of llm_d_epp_flow_control_pool_saturation{inference_pool="<pool>"[,namespace="<ns>"]}
 //	budget     = threshold − saturation   when saturation < threshold, else 0
+//
+// The endpoint picker renamed the gauge (upstream v0.10 reads the new name
+// only); where the new name has no sample, the gate reads the old one,
+// inference_extension_flow_control_pool_saturation, and says so once in the
+// log, so a pool whose endpoint picker is older keeps its gate.
 //
 // On a missing metric or a failed query the gate uses the fallback
 // saturation (default 0, so the budget is the threshold: it fails open, as
@@ -16,7 +21,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"sync/atomic"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/gates/internal/promquery"
@@ -26,7 +33,11 @@ import (
 const Type = "prometheus-saturation"
 
 // Metric is the saturation gauge the gate reads.
-const Metric = "inference_extension_flow_control_pool_saturation"
+const Metric = "llm_d_epp_flow_control_pool_saturation"
+
+// LegacyMetric is the gauge's name before the endpoint picker renamed it;
+// it is read where Metric has no sample.
+const LegacyMetric = "inference_extension_flow_control_pool_saturation"
 
 // DefaultThreshold is the saturation at which the gate closes.
 const DefaultThreshold = 0.8
@@ -63,7 +74,10 @@ func (c Config) Validate() error {
 type Gate struct {
 	cfg    Config
 	query  string
+	legacy string // the same selector on LegacyMetric
 	client *promquery.Client
+	log    *slog.Logger
+	warned atomic.Bool // the fallback to LegacyMetric was logged
 
 	readings gate.ReadingRecorder
 }
@@ -76,13 +90,21 @@ var (
 )
 
 // New returns the gate; it takes ownership of client (Close closes it).
-func New(cfg Config, client *promquery.Client) (*Gate, error) {
+// log receives the one line about a fallback to LegacyMetric (nil:
+// slog.Default()).
+func New(cfg Config, client *promquery.Client, log *slog.Logger) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		_ = client.Close()
 		return nil, err
 	}
-	q := promquery.Selector(Metric, "inference_pool", cfg.Pool, "namespace", cfg.Namespace)
-	return &Gate{cfg: cfg, query: q, client: client}, nil
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Gate{
+		cfg: cfg, client: client, log: log,
+		query:  promquery.Selector(Metric, "inference_pool", cfg.Pool, "namespace", cfg.Namespace),
+		legacy: promquery.Selector(LegacyMetric, "inference_pool", cfg.Pool, "namespace", cfg.Namespace),
+	}, nil
 }
 
 // Factory builds the gate from gate_params: inference_pool (or pool),
@@ -104,12 +126,12 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return promquery.Finish(p, env, func(c *promquery.Client) (*Gate, error) { return New(cfg, c) })
+	return promquery.Finish(p, env, func(c *promquery.Client) (*Gate, error) { return New(cfg, c, env.Log()) })
 }
 
 // Budget queries the saturation and returns threshold − saturation.
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
-	vals, err := g.client.Values(ctx, g.query)
+	vals, err := g.values(ctx)
 	if err == nil {
 		if sat, ok := promquery.Max(vals); ok {
 			// Upstream's reading: 1 − saturation against 1 − threshold.
@@ -125,6 +147,24 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	return 0, err
 }
 
+// values reads Metric, or LegacyMetric where Metric has no sample; a
+// failed query of Metric is not retried on the old name.
+func (g *Gate) values(ctx context.Context) ([]float64, error) {
+	vals, err := g.client.Values(ctx, g.query)
+	if !errors.Is(err, promquery.ErrNoData) {
+		return vals, err
+	}
+	old, oldErr := g.client.Values(ctx, g.legacy)
+	if oldErr != nil {
+		return nil, err // the new name's "no data" is what the operator should see
+	}
+	if !g.warned.Swap(true) {
+		g.log.Warn("prometheus-saturation: "+Metric+" has no sample; reading the deprecated "+LegacyMetric+
+			" (an endpoint picker older than the rename); said once", "pool", g.cfg.Pool, "query", g.legacy)
+	}
+	return old, nil
+}
+
 func (g *Gate) budget(sat float64) float64 {
 	if math.IsNaN(sat) || sat >= g.cfg.Threshold {
 		return 0
@@ -134,7 +174,7 @@ func (g *Gate) budget(sat float64) float64 {
 
 // Describe says when the gate closes.
 func (g *Gate) Describe() string {
-	s := fmt.Sprintf("when %s ≥ %g (budget = %g − saturation)", g.query, g.cfg.Threshold, g.cfg.Threshold)
+	s := fmt.Sprintf("when %s ≥ %g (budget = %g − saturation; %s where it has no sample)", g.query, g.cfg.Threshold, g.cfg.Threshold, LegacyMetric)
 	if g.cfg.Fallback != nil {
 		s += fmt.Sprintf("; on a missing metric or failed query: saturation %g (budget %g)", *g.cfg.Fallback, g.budget(*g.cfg.Fallback))
 	}

@@ -1,11 +1,14 @@
 package promsaturation_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +23,10 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-const query = `inference_extension_flow_control_pool_saturation{inference_pool="p"}`
+const (
+	query       = `llm_d_epp_flow_control_pool_saturation{inference_pool="p"}`
+	legacyQuery = `inference_extension_flow_control_pool_saturation{inference_pool="p"}`
+)
 
 func build(t testing.TB, params string, env gate.Env) (gate.Gate, error) {
 	t.Helper()
@@ -124,7 +130,7 @@ func TestParams(t *testing.T) {
 
 func TestNamespaceAndDescribe(t *testing.T) {
 	fp := fakeprom.Start(t)
-	fp.Set(`inference_extension_flow_control_pool_saturation{inference_pool="p",namespace="team-a"}`, 0.1)
+	fp.Set(`llm_d_epp_flow_control_pool_saturation{inference_pool="p",namespace="team-a"}`, 0.1)
 	g := mustBuild(t, `{"inference_pool":"p","namespace":"team-a","threshold":0.5,"prometheus_url":"`+fp.URL()+`"}`)
 	if b, err := gatetest.Query(t, g); err != nil || math.Abs(b-0.4) > 1e-9 {
 		t.Fatalf("Budget = %v, %v; want 0.4", b, err)
@@ -169,32 +175,130 @@ func TestConformance(t *testing.T) {
 }
 
 // TestRealPrometheus: a real prometheus scrapes a fake endpoint-picker
-// endpoint; the budget follows the saturation the endpoint reports, and a
-// metric that disappears makes the gate fall back (open, at the threshold).
+// endpoint; the budget follows the saturation the endpoint reports under
+// either name (the new one wins where both exist; the old one alone is read
+// and said once in the log), and a metric that disappears makes the gate
+// fall back (open, at the threshold).
 func TestRealPrometheus(t *testing.T) {
 	epp := testenv.StartGauges(t)
 	epp.Set(promsaturation.Metric, 0.1, "inference_pool", "p")
 	prom := testenv.StartPrometheus(t, []string{epp.URL()}, 500*time.Millisecond)
-	g := mustBuild(t, `{"inference_pool":"p","threshold":0.8,"cache_ttl":"100ms","prometheus_url":"`+prom.URL+`"}`)
+	var logs lockedBuffer
+	g, err := build(t, `{"inference_pool":"p","threshold":0.8,"cache_ttl":"100ms","prometheus_url":"`+prom.URL+`"}`,
+		gate.Env{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := gate.NewRefresher(g, gate.RefresherConfig{Name: "sat", Interval: 50 * time.Millisecond})
 	r.Start(context.Background())
 	defer r.Close()
+	const (
+		set = iota
+		del
+	)
 	steps := []struct {
-		sat  float64 // -1: metric removed
-		want float64
-	}{{0.1, 0.7}, {0.5, 0.3}, {0.95, 0}, {0.2, 0.6}, {-1, 0.8}}
+		what   string
+		op     int
+		metric string
+		sat    float64
+		want   float64
+	}{
+		{"new name", set, promsaturation.Metric, 0.1, 0.7},
+		{"new name rises", set, promsaturation.Metric, 0.5, 0.3},
+		{"new name above the threshold", set, promsaturation.Metric, 0.95, 0},
+		{"old name beside the new: the new one counts", set, promsaturation.LegacyMetric, 0.1, 0},
+		{"new name gone: the old one is read", del, promsaturation.Metric, 0, 0.7},
+		{"old name alone moves", set, promsaturation.LegacyMetric, 0.6, 0.2},
+		{"new name back", set, promsaturation.Metric, 0.2, 0.6},
+		{"new name gone again: the old one (0.6) is read", del, promsaturation.Metric, 0, 0.2},
+		{"both gone: fallback", del, promsaturation.LegacyMetric, 0, 0.8},
+	}
 	for _, s := range steps {
-		if s.sat < 0 {
-			epp.Delete(promsaturation.Metric, "inference_pool", "p")
+		if s.op == del {
+			epp.Delete(s.metric, "inference_pool", "p")
 		} else {
-			epp.Set(promsaturation.Metric, s.sat, "inference_pool", "p")
+			epp.Set(s.metric, s.sat, "inference_pool", "p")
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for math.Abs(r.Budget()-s.want) > 1e-6 {
 			if time.Now().After(deadline) {
-				t.Fatalf("saturation %v: budget %v, want %v", s.sat, r.Budget(), s.want)
+				t.Fatalf("%s: budget %v, want %v", s.what, r.Budget(), s.want)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	if n := strings.Count(logs.String(), promsaturation.LegacyMetric+" (an endpoint picker"); n != 1 {
+		t.Errorf("the fallback to the old name was logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// TestLegacyName: the old name is read only where the new one has no
+// sample, a failure of the new query is not hidden by the old one, and the
+// fallback is logged once.
+func TestLegacyName(t *testing.T) {
+	tests := []struct {
+		name        string
+		cur, legacy []float64 // nil: no sample
+		fail        int       // HTTP status of every query (0: none)
+		want        float64
+		wantErr     bool
+		wantLog     bool
+	}{
+		{"new name only", []float64{0.2}, nil, 0, 0.6, false, false},
+		{"both: the new one counts", []float64{0.2}, []float64{0.7}, 0, 0.6, false, false},
+		{"old name only", nil, []float64{0.7}, 0, 0.1, false, true},
+		{"neither: fallback", nil, nil, 0, 0.8, true, false},
+		{"query fails: fallback, the old name not asked", nil, []float64{0.7}, 500, 0.8, true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fp := fakeprom.Start(t)
+			fp.Set(query, tt.cur...)
+			fp.Set(legacyQuery, tt.legacy...)
+			if tt.fail != 0 {
+				fp.Fail(tt.fail)
+			}
+			var logs lockedBuffer
+			g, err := build(t, `{"inference_pool":"p","cache_ttl":"1ns","prometheus_url":"`+fp.URL()+`"}`,
+				gate.Env{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				b, err := gatetest.Query(t, g)
+				var fb *gate.FallbackError
+				if errors.As(err, &fb) {
+					b = fb.Budget
+				}
+				if (err != nil) != tt.wantErr || math.Abs(b-tt.want) > 1e-9 {
+					t.Fatalf("Budget = %v, %v; want %v (error %v)", b, err, tt.want, tt.wantErr)
+				}
+			}
+			n := strings.Count(logs.String(), "deprecated")
+			if want := map[bool]int{false: 0, true: 1}[tt.wantLog]; n != want {
+				t.Errorf("%d log lines about the old name after 3 reads, want %d:\n%s", n, want, logs.String())
+			}
+			if tt.fail != 0 && fp.Queries() != 3 {
+				t.Errorf("%d queries for 3 failed reads, want 3 (the old name is not asked after a failure)", fp.Queries())
+			}
+		})
+	}
+}
+
+// lockedBuffer is a log destination safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

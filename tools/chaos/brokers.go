@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,7 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
@@ -42,6 +46,12 @@ type broker interface {
 	deadLetters(ctx context.Context) (int, error)
 	// close releases what the broker holds (not the servers).
 	close()
+}
+
+// deadLetterReader is a broker whose dead letters can be read back (the
+// fuzz case matches each to the message it was).
+type deadLetterReader interface {
+	deadLetterBodies(ctx context.Context) ([][]byte, error)
 }
 
 // transportCase is one transport under test: adding a broker (NATS,
@@ -255,6 +265,24 @@ func (s *sortedSet) deadLetters(ctx context.Context) (int, error) {
 	return int(n), err
 }
 
+// deadLetterBodies returns the messages of the dead-letter list.
+func (s *sortedSet) deadLetterBodies(ctx context.Context) ([][]byte, error) {
+	return listBodies(ctx, s.c, s.queue+":dead")
+}
+
+// listBodies returns every entry of a Redis list.
+func listBodies(ctx context.Context, c redis.UniversalClient, key string) ([][]byte, error) {
+	vals, err := c.LRange(ctx, key, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	out := make([][]byte, len(vals))
+	for i, v := range vals {
+		out[i] = []byte(v)
+	}
+	return out, nil
+}
+
 func (s *sortedSet) close() { s.p.Close(); s.c.Close() }
 
 // ---- redis-stream ----
@@ -304,6 +332,20 @@ func (s *stream) deadLetters(ctx context.Context) (int, error) {
 	return int(n), err
 }
 
+// deadLetterBodies returns the payloads of the dead-letter stream.
+func (s *stream) deadLetterBodies(ctx context.Context) ([][]byte, error) {
+	es, err := s.c.XRange(ctx, s.queue+":dead", "-", "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("read %s:dead: %w", s.queue, err)
+	}
+	out := make([][]byte, 0, len(es))
+	for _, e := range es {
+		p, _ := e.Values["payload"].(string)
+		out = append(out, []byte(p))
+	}
+	return out, nil
+}
+
 func (s *stream) close() { s.c.Close() }
 
 // ---- gcp-pubsub (emulator) ----
@@ -312,11 +354,18 @@ func (s *stream) close() { s.c.Close() }
 const pubSubProject = "sluice-chaos"
 
 type pubSub struct {
-	r      *rig
-	c      *pubsub.Client
-	proxy  *pubSubProxy // what sluice and the bare control connect to, when traced
-	prefix string
-	dead   atomic.Int64
+	r       *rig
+	emuAddr string // the emulator, host:port (a restart keeps its port)
+	c       *pubsub.Client
+	proxy   *pubSubProxy // what sluice and the bare control connect to, when traced
+	prefix  string
+	dead    atomic.Int64
+	// seen holds the message ids of the results and dead letters read:
+	// the emulator delivering one again (the harness's ack lost) is not a
+	// second result.
+	seenMu     sync.Mutex
+	seen       map[string]bool
+	deadBodies [][]byte // the dead letters read, in order
 	// resultsSubAt is when createTopics last created the result
 	// subscription (a result published to the topic before it is dropped).
 	resultsSubAt time.Time
@@ -339,7 +388,7 @@ func openPubSub(ctx context.Context, r *rig, tw brokerTweak) (broker, error) {
 			return nil, err
 		}
 	}
-	p := &pubSub{r: r, c: c, proxy: proxy, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	p := &pubSub{r: r, emuAddr: emu, c: c, proxy: proxy, seen: map[string]bool{}, prefix: "c" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
 	if err := p.createTopics(ctx); err != nil {
 		p.close()
 		return nil, err
@@ -367,6 +416,11 @@ func (p *pubSub) createTopics(ctx context.Context) error {
 			p.resultsSubAt = time.Now()
 		}
 	}
+	// A new emulator numbers its messages afresh: the ids read from the
+	// old one say nothing about the new one's.
+	p.seenMu.Lock()
+	p.seen = map[string]bool{}
+	p.seenMu.Unlock()
 	return nil
 }
 
@@ -408,17 +462,106 @@ func (p *pubSub) receive(ctx context.Context, sub string, fn func(*pubsub.Messag
 
 func (p *pubSub) readResults(ctx context.Context, l *ledger) {
 	done := make(chan struct{})
-	go func() { defer close(done); p.receive(ctx, "dead-sub", func(*pubsub.Message) { p.dead.Add(1) }) }()
+	go func() {
+		defer close(done)
+		p.receive(ctx, "dead-sub", func(m *pubsub.Message) {
+			if p.first(m.ID) {
+				p.dead.Add(1)
+				p.seenMu.Lock()
+				p.deadBodies = append(p.deadBodies, m.Data)
+				p.seenMu.Unlock()
+			}
+		})
+	}()
 	defer func() { <-done }()
-	p.receive(ctx, "results-sub", func(m *pubsub.Message) {
-		id, code := resultID(m.Data)
+	p.receive(ctx, "results-sub", func(m *pubsub.Message) { p.recordResult(l, m.ID, m.Data) })
+}
+
+// first reports whether message id is read for the first time.
+func (p *pubSub) first(msgID string) bool {
+	p.seenMu.Lock()
+	defer p.seenMu.Unlock()
+	if p.seen[msgID] {
+		return false
+	}
+	p.seen[msgID] = true
+	return true
+}
+
+// recordResult records a result message the first time it is read.
+func (p *pubSub) recordResult(l *ledger, msgID string, data []byte) {
+	if p.first(msgID) {
+		id, code := resultID(data)
 		l.record(id, code, time.Now())
-	})
+	}
+}
+
+// drain takes, with a fresh client of its own, every message still held
+// in subscription sub (id: "requests-sub", "results-sub"): it seeks the
+// subscription to since, which makes every message published after it and
+// not acked available again (acked ones are not retained), then pulls and
+// acks until three pulls in a row come back empty (each waits up to 10 s:
+// the emulator is slow on a loaded machine). The emulator's seek leaves
+// alone what it still counts as leased to a stream it has not seen end, so
+// while sought says something is still missing the drain seeks and pulls
+// again, until within has passed. A pull that fails otherwise is an
+// error: the drain proves nothing then. fn gets each message's id and
+// data; the count of messages and of seeks is returned.
+func (p *pubSub) drain(ctx context.Context, sub string, since time.Time, within time.Duration, sought func() bool,
+	fn func(msgID string, data []byte)) (n, seeks int, err error) {
+	c, err := pubsub.NewClient(ctx, pubSubProject, option.WithEndpoint(p.emuAddr), option.WithoutAuthentication(),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())))
+	if err != nil {
+		return 0, 0, fmt.Errorf("drain %s: %w", sub, err)
+	}
+	defer c.Close()
+	name := p.name("subscriptions", sub)
+	end := time.Now().Add(within)
+	for ctx.Err() == nil {
+		if _, err := c.SubscriptionAdminClient.Seek(ctx, &pubsubpb.SeekRequest{Subscription: name,
+			Target: &pubsubpb.SeekRequest_Time{Time: timestamppb.New(since)}}); err != nil {
+			return n, seeks, fmt.Errorf("drain %s: seek: %w", sub, err)
+		}
+		seeks++
+		for empty := 0; empty < 3 && time.Now().Before(end) && ctx.Err() == nil; {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			r, err := c.SubscriptionAdminClient.Pull(cctx, &pubsubpb.PullRequest{Subscription: name, MaxMessages: 100})
+			cancel()
+			if err != nil && ctx.Err() == nil && status.Code(err) != codes.DeadlineExceeded {
+				return n, seeks, fmt.Errorf("drain %s: pull: %w", sub, err)
+			}
+			if err != nil || len(r.ReceivedMessages) == 0 {
+				empty++
+				continue
+			}
+			empty = 0
+			ackIDs := make([]string, 0, len(r.ReceivedMessages))
+			for _, m := range r.ReceivedMessages {
+				n++
+				fn(m.GetMessage().GetMessageId(), m.GetMessage().GetData())
+				ackIDs = append(ackIDs, m.AckId)
+			}
+			if err := c.SubscriptionAdminClient.Acknowledge(ctx, &pubsubpb.AcknowledgeRequest{Subscription: name, AckIds: ackIDs}); err != nil {
+				return n, seeks, fmt.Errorf("drain %s: ack: %w", sub, err)
+			}
+		}
+		if sought == nil || !sought() || !time.Now().Before(end) {
+			return n, seeks, nil
+		}
+	}
+	return n, seeks, ctx.Err()
 }
 
 // deadLetters is how many messages the dead-letter subscription has
 // delivered so far (readResults reads it alongside the results).
 func (p *pubSub) deadLetters(context.Context) (int, error) { return int(p.dead.Load()), nil }
+
+// deadLetterBodies returns the dead letters read so far.
+func (p *pubSub) deadLetterBodies(context.Context) ([][]byte, error) {
+	p.seenMu.Lock()
+	defer p.seenMu.Unlock()
+	return append([][]byte(nil), p.deadBodies...), nil
+}
 
 func (p *pubSub) close() {
 	p.c.Close()
@@ -433,11 +576,8 @@ func (p *pubSub) subscriberAddr() string {
 	if p.proxy != nil {
 		return p.proxy.Addr
 	}
-	return p.r.emu.Addr
+	return p.emuAddr
 }
 
-// traced reports whether deliveries are recorded (lastHolder).
+// traced reports whether the subscribers' traffic is recorded (the proxy).
 func (p *pubSub) traced() bool { return p.proxy != nil }
-
-// lastHolder is the process the emulator last delivered request id to.
-func (p *pubSub) lastHolder(id string) (int, bool) { return p.proxy.lastHolder(id) }

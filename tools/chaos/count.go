@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -10,33 +11,53 @@ import (
 )
 
 // ledger records what a fault run sent and what came back: how many
-// messages were sent per id (an id sent twice expects two results), and
-// every result read from the result destination, with its code and when
-// it was read. It is the one place the CHAOS figures are counted from.
+// messages were sent per id (an id sent twice expects two results) and
+// which result codes each may have, and every result read from the result
+// destination, with its code and when it was read. It is the one place the
+// CHAOS figures are counted from.
 type ledger struct {
-	mu       sync.Mutex
-	sent     map[string]int       // id → messages sent with it
-	got      map[string]int       // id → results read
-	codes    map[string]int       // result code ("ok", "http_503", error codes) → results
-	firstAt  map[string]time.Time // id → when its first result was read
-	unknown  int                  // results whose id was never sent
-	total    int                  // results read
-	deadline map[string]time.Time // id → the request's deadline (when the fault checks it)
+	mu sync.Mutex
+	// okOnly: a result whose id has no codes of its own must be "ok" (the
+	// fault's gateway answers every call with a 200).
+	okOnly  bool
+	sent    map[string]*expectation
+	got     map[string][]string  // id → codes of the results read, in order
+	codes   map[string]int       // result code ("ok", "http_503", error codes) → results
+	firstAt map[string]time.Time // id → when its first result was read
+	unknown int                  // results whose id was never sent
+	total   int                  // results read
 }
 
-func newLedger() *ledger {
-	return &ledger{sent: map[string]int{}, got: map[string]int{}, codes: map[string]int{},
-		firstAt: map[string]time.Time{}, deadline: map[string]time.Time{}}
+// expectation is what the ledger expects for one id.
+type expectation struct {
+	n        int       // messages sent with the id
+	kind     string    // the fuzzed kind ("" for a good request)
+	codes    []string  // the result codes allowed (nil: as the ledger's okOnly says)
+	anyCode  bool      // any code is allowed, whatever okOnly says
+	deadline time.Time // the request's deadline (zero: not checked)
 }
 
-// expect records one message sent with id (fuzzed messages are not
-// recorded: the fuzz case counts them in bulk).
-func (l *ledger) expect(id string, deadline time.Time) {
+func newLedger(okOnly bool) *ledger {
+	return &ledger{okOnly: okOnly, sent: map[string]*expectation{}, got: map[string][]string{}, codes: map[string]int{},
+		firstAt: map[string]time.Time{}}
+}
+
+// expect records one good message sent with id.
+func (l *ledger) expect(id string, deadline time.Time) { l.expectAs(id, "", nil, deadline) }
+
+// expectAs records one message sent with id, of a kind, whose results may
+// carry only codes (nil: as okOnly says).
+func (l *ledger) expectAs(id, kind string, codes []string, deadline time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sent[id]++
+	e := l.sent[id]
+	if e == nil {
+		e = &expectation{kind: kind, codes: codes}
+		l.sent[id] = e
+	}
+	e.n++
 	if !deadline.IsZero() {
-		l.deadline[id] = deadline
+		e.deadline = deadline
 	}
 }
 
@@ -50,10 +71,61 @@ func (l *ledger) record(id, code string, at time.Time) {
 		l.unknown++
 		return
 	}
-	l.got[id]++
+	l.got[id] = append(l.got[id], code)
 	if _, ok := l.firstAt[id]; !ok {
 		l.firstAt[id] = at
 	}
+}
+
+// merge adds everything o recorded (another run of the same fault, with
+// ids of its own) to l: expectations, results with their codes, results
+// for ids never sent.
+func (l *ledger) merge(o *ledger) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, e := range o.sent {
+		x := l.sent[id]
+		if x == nil {
+			x = &expectation{kind: e.kind, codes: e.codes, anyCode: e.anyCode, deadline: e.deadline}
+			if e.codes == nil && !e.anyCode && o.okOnly != l.okOnly {
+				// Keep what o required of this id.
+				if o.okOnly {
+					x.codes = []string{"ok"}
+				} else {
+					x.anyCode = true
+				}
+			}
+			l.sent[id] = x
+		}
+		x.n += e.n
+	}
+	for id, cs := range o.got {
+		l.got[id] = append(l.got[id], cs...)
+		if at, ok := o.firstAt[id]; ok {
+			if mine, ok := l.firstAt[id]; !ok || at.Before(mine) {
+				l.firstAt[id] = at
+			}
+		}
+	}
+	for c, n := range o.codes {
+		l.codes[c] += n
+	}
+	l.unknown += o.unknown
+	l.total += o.total
+}
+
+// ids lists the ids sent, sorted.
+func (l *ledger) ids() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]string, 0, len(l.sent))
+	for id := range l.sent {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // sentID reports whether id was sent.
@@ -96,12 +168,40 @@ func (l *ledger) recoveredAfter(t, now time.Time) float64 {
 func (l *ledger) complete() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for id, n := range l.sent {
-		if l.got[id] < n {
+	for id, e := range l.sent {
+		if len(l.got[id]) < e.n {
 			return false
 		}
 	}
 	return true
+}
+
+// lateResults counts the ids whose first result was read more than slack
+// after their request's deadline.
+func (l *ledger) lateResults(slack time.Duration) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	late := 0
+	for id, at := range l.firstAt {
+		if dl := l.sent[id].deadline; !dl.IsZero() && at.After(dl.Add(slack)) {
+			late++
+		}
+	}
+	return late
+}
+
+// allowed reports whether a result of code is allowed for e.
+func (l *ledger) allowed(e *expectation, code string) bool {
+	switch {
+	case e.codes != nil:
+		return slices.Contains(e.codes, code)
+	case e.anyCode:
+		return true
+	case l.okOnly:
+		return code == "ok"
+	default:
+		return true
+	}
 }
 
 // tally is what a ledger counts.
@@ -112,31 +212,42 @@ type tally struct {
 	duplicated int // ids with more results than messages sent with them
 	extra      int // results beyond one per message, summed
 	unknown    int // results for ids never sent
+	wrongCode  int // ids with a result whose code is not allowed for them
 	lostIDs    []string
 	dupIDs     []string
+	wrongIDs   []string // id=code of the first result not allowed, per id
 }
 
 func (l *ledger) tally() tally {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	t := tally{requests: len(l.sent), unknown: l.unknown}
-	for id, n := range l.sent {
-		g := l.got[id]
+	for id, e := range l.sent {
+		got := l.got[id]
+		g := len(got)
 		if g > 0 {
 			t.answered++
 		}
-		if g < n {
+		if g < e.n {
 			t.lost++
 			t.lostIDs = append(t.lostIDs, id)
 		}
-		if g > n {
+		if g > e.n {
 			t.duplicated++
-			t.extra += g - n
+			t.extra += g - e.n
 			t.dupIDs = append(t.dupIDs, id)
+		}
+		for _, c := range got {
+			if !l.allowed(e, c) {
+				t.wrongCode++
+				t.wrongIDs = append(t.wrongIDs, id+"="+c)
+				break
+			}
 		}
 	}
 	sort.Strings(t.lostIDs)
 	sort.Strings(t.dupIDs)
+	sort.Strings(t.wrongIDs)
 	return t
 }
 
@@ -169,10 +280,21 @@ func (v *verdict) fail(format string, args ...any) {
 
 // judge applies the common rules: any loss fails, and any duplicate fails
 // unless dupAllowed (the transport may repeat a result on a crash) covers
-// it; an id never sent that came back fails too.
-func (v *verdict) judge(dupAllowed int) {
-	if v.t.lost > 0 {
-		v.fail("%d ids lost (first: %s)", v.t.lost, firstFew(v.t.lostIDs))
+// it; a result for an id never sent fails, and so does a result whose code
+// the id does not allow (on a fault whose gateway answers 200, anything
+// but "ok"). The figures wrong_code and unknown are always shown.
+func (v *verdict) judge(dupAllowed int) { v.judgeExcusing(dupAllowed, 0, "") }
+
+// judgeExcusing is judge with excused of the lost ids proven to be the
+// broker's own loss (why says how): lost= still counts them, they do not
+// fail the fault.
+func (v *verdict) judgeExcusing(dupAllowed, excused int, why string) {
+	if n := v.t.lost - excused; n > 0 {
+		if excused > 0 {
+			v.fail("%d ids lost (%d more proven %s; first: %s)", n, excused, why, firstFew(v.t.lostIDs))
+		} else {
+			v.fail("%d ids lost (first: %s)", n, firstFew(v.t.lostIDs))
+		}
 	}
 	if v.t.duplicated > dupAllowed {
 		v.fail("%d ids duplicated, %d allowed (first: %s)", v.t.duplicated, dupAllowed, firstFew(v.t.dupIDs))
@@ -180,6 +302,11 @@ func (v *verdict) judge(dupAllowed int) {
 	if v.t.unknown > 0 {
 		v.fail("%d results for ids never sent", v.t.unknown)
 	}
+	if v.t.wrongCode > 0 {
+		v.fail("%d ids with a result code they do not allow (first: %s)", v.t.wrongCode, firstFew(v.t.wrongIDs))
+	}
+	v.extra["wrong_code"] = float64(v.t.wrongCode)
+	v.extra["unknown"] = float64(v.t.unknown)
 }
 
 func firstFew(ids []string) string {

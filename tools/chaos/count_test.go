@@ -16,6 +16,7 @@ func TestLedgerCounts(t *testing.T) {
 		sent       []string
 		got        []string
 		dupAllowed int
+		okOnly     bool // the ledger requires "ok" (got entries are id or id=code)
 		want       tally
 		wantFail   []string
 	}{
@@ -35,15 +36,27 @@ func TestLedgerCounts(t *testing.T) {
 			want: tally{requests: 1, answered: 1, unknown: 1}, wantFail: []string{"1 results for ids never sent"}},
 		{name: "nothing back", sent: []string{"a", "b"},
 			want: tally{requests: 2, lost: 2, lostIDs: []string{"a", "b"}}, wantFail: []string{"2 ids lost"}},
+		{name: "wrong code on a 200-only gateway", okOnly: true, sent: []string{"a", "b"}, got: []string{"a", "b=INFERENCE_ERROR"},
+			want:     tally{requests: 2, answered: 2, wrongCode: 1, wrongIDs: []string{"b=INFERENCE_ERROR"}},
+			wantFail: []string{"1 ids with a result code they do not allow (first: b=INFERENCE_ERROR)"}},
+		{name: "a second result with a wrong code", okOnly: true, sent: []string{"a"}, got: []string{"a", "a=http_503"},
+			want:     tally{requests: 1, answered: 1, duplicated: 1, extra: 1, dupIDs: []string{"a"}, wrongCode: 1, wrongIDs: []string{"a=http_503"}},
+			wantFail: []string{"1 ids duplicated", "1 ids with a result code"}},
+		{name: "any code on a faulty gateway", sent: []string{"a", "b"}, got: []string{"a=http_503", "b=DEADLINE_EXCEEDED"},
+			want: tally{requests: 2, answered: 2}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			l := newLedger()
+			l := newLedger(c.okOnly)
 			for _, id := range c.sent {
 				l.expect(id, time.Time{})
 			}
-			for _, id := range c.got {
-				l.record(id, "ok", now)
+			for _, g := range c.got {
+				id, code, ok := strings.Cut(g, "=")
+				if !ok {
+					code = "ok"
+				}
+				l.record(id, code, now)
 			}
 			got := l.tally()
 			if !equalTally(got, c.want) {
@@ -77,7 +90,8 @@ func TestLedgerCounts(t *testing.T) {
 func equalTally(a, b tally) bool {
 	return a.requests == b.requests && a.answered == b.answered && a.lost == b.lost && a.duplicated == b.duplicated &&
 		a.extra == b.extra && a.unknown == b.unknown && strings.Join(a.lostIDs, ",") == strings.Join(b.lostIDs, ",") &&
-		strings.Join(a.dupIDs, ",") == strings.Join(b.dupIDs, ",")
+		strings.Join(a.dupIDs, ",") == strings.Join(b.dupIDs, ",") && a.wrongCode == b.wrongCode &&
+		strings.Join(a.wrongIDs, ",") == strings.Join(b.wrongIDs, ",")
 }
 
 // TestLine checks the CHAOS line's shape: the fixed figures first, then the
@@ -86,7 +100,7 @@ func TestLine(t *testing.T) {
 	v := &verdict{name: "kill9-x", t: tally{requests: 10, answered: 9, lost: 1}, seconds: 12.345,
 		extra: figures{"z_last": 2, "a_first": 0.5}}
 	v.judge(0)
-	want := "CHAOS kill9-x requests=10 answered=9 lost=1 duplicated=0 seconds=12.3 a_first=0.50 z_last=2 result=FAIL"
+	want := "CHAOS kill9-x requests=10 answered=9 lost=1 duplicated=0 seconds=12.3 a_first=0.50 unknown=0 wrong_code=0 z_last=2 result=FAIL"
 	if got := v.line(); got != want {
 		t.Errorf("line\n got %s\nwant %s", got, want)
 	}
@@ -95,7 +109,7 @@ func TestLine(t *testing.T) {
 // TestAnsweredBy checks the instant a result counts as read, which the
 // in-flight-at-kill figure depends on.
 func TestAnsweredBy(t *testing.T) {
-	l := newLedger()
+	l := newLedger(false)
 	l.expect("a", time.Time{})
 	t0 := time.Now()
 	l.record("a", "ok", t0)
@@ -160,47 +174,11 @@ func TestCheckSchedule(t *testing.T) {
 	}
 }
 
-// fakeTracer says which process last received each id.
-type fakeTracer map[string]int
-
-func (fakeTracer) traced() bool { return true }
-
-func (f fakeTracer) lastHolder(id string) (int, bool) {
-	pid, ok := f[id]
-	return pid, ok
-}
-
-// TestClassifyHeld feeds the kill -9 classification known deliveries: a
-// request never delivered, or last delivered to a killed replica, is the
-// broker's; one last delivered to a running replica, or to a process the
-// proxy could not tell (pid 0), stays lost and fails the case.
-func TestClassifyHeld(t *testing.T) {
-	l := newLedger()
-	for _, id := range []string{"answered", "never", "killed", "alive", "unknown"} {
-		l.expect(id, time.Time{})
-	}
-	l.record("answered", "ok", time.Now())
-	tr := fakeTracer{"answered": 10, "killed": 11, "alive": 12, "unknown": 0}
-	tl := l.tally()
-	h := classifyHeld(&tl, tr, map[int]bool{10: true, 11: true})
-	if h.held != 2 || h.never != 1 || strings.Join(h.ids, ",") != "killed,never" {
-		t.Errorf("held = %+v, want 2 held (killed, never), 1 never delivered", h)
-	}
-	if tl.lost != 2 || strings.Join(tl.lostIDs, ",") != "alive,unknown" {
-		t.Errorf("lost = %d %v, want 2 (alive, unknown)", tl.lost, tl.lostIDs)
-	}
-	v := &verdict{t: tl, extra: figures{}}
-	v.judge(0)
-	if len(v.failures) != 1 || !strings.Contains(v.failures[0], "2 ids lost") {
-		t.Errorf("failures = %q, want one for the 2 lost by sluice", v.failures)
-	}
-}
-
 // TestRecoveredAfter checks the recovery figure: when the last first
 // result came, or how long it has been when one is still missing.
 func TestRecoveredAfter(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	l := newLedger()
+	l := newLedger(false)
 	l.expect("a", time.Time{})
 	l.expect("b", time.Time{})
 	l.record("a", "ok", t0.Add(-time.Second)) // before the kill

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -22,9 +24,12 @@ import (
 //   - batch c (100) is sent after the restart, once the topics exist again.
 //
 // sluice_lost counts lost ids of a, c and b's in-flight part: sluice had
-// them, or had the broker back, and must answer them. broker_lost counts
-// lost ids of b that were still in the emulator when it died. Only
-// sluice_lost fails the case; lost= is the sum.
+// them, or had the broker back, and must answer them, and every lost id of
+// b the proxy saw delivered to sluice before the restart. broker_lost
+// counts lost ids of b that the proxy saw delivered to no subscriber
+// before the emulator, which held them, was killed. Only sluice_lost fails
+// the case; lost= is the sum. An ack sent before an accepted publish of
+// the request's result fails it too (acked_without_result).
 //
 // The replica reaches the emulator through the recording proxy, which notes
 // every Publish call it makes: a lost id whose result the emulator accepted
@@ -103,20 +108,50 @@ func runEmulatorRestart(ctx context.Context, e *env) *verdict {
 	if _, err := p.term(30 * time.Second); err != nil {
 		v.fail("%v", err)
 	}
+	// What the emulator accepted on the result topic and the reader did not
+	// get is drained with a fresh client before anything is called the
+	// broker's.
+	s.stopRd()
+	<-s.rdDone
+	nres, _, err := ps.drain(ctx, "results-sub", restartAt, 90*time.Second, nil, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
+	if err != nil {
+		v.fail("%v", err)
+	}
+	v.extra["drained_results"] = float64(nres)
 	v.t = s.l.tally()
+	h := ps.proxy.history()
+	okTopics := map[string]bool{ps.name("topics", "results"): true, ps.name("topics", "dead"): true, ps.name("topics", "requests"): true}
+	// Acked before an accepted publish of the result: sluice's, whatever
+	// the emulator did (accountPubSub's first rule, with nothing drained).
+	awr := accountPubSub(tally{}, s.l.ids(), h, nil, nil, time.Now(), okTopics, "").ackedWithoutResult
+	v.extra["acked_without_result"] = float64(len(awr))
+	if len(awr) > 0 {
+		v.fail("%d ids acked before any accepted publish of their result (first: %s)", len(awr), firstFew(awr))
+	}
 	sluiceLost, brokerLost, dropped := 0, 0, 0
 	for _, id := range v.t.lostIDs {
 		pubs := ps.proxy.publishedTo(id, ps.name("topics", "results"))
+		deliveredBefore := false
+		for _, d := range h.deliveries[id] {
+			deliveredBefore = deliveredBefore || d.at.Before(restartAt)
+		}
 		switch {
-		case id[:2] == "eb" && !inSluice[id]:
-			brokerLost++
+		case slices.Contains(awr, id):
+			sluiceLost++
 		case len(pubs) > 0:
+			// Accepted, and not in the result subscription at the end.
 			brokerLost++
 			dropped++
 			fmt.Fprintf(os.Stderr, "chaos: pubsub-emulator-restart: %s: its result was accepted by the emulator %s after the restart (the result subscription was created again %s after it); the broker dropped it\n",
 				id, pubs[len(pubs)-1].Sub(restartAt).Round(time.Millisecond), ps.resultsSubAt.Sub(restartAt).Round(time.Millisecond))
+		case strings.HasPrefix(id, "eb-") && !inSluice[id] && !deliveredBefore:
+			// Proven the broker's: the proxy saw no delivery of it to
+			// sluice before the emulator, which held it, was killed.
+			brokerLost++
+			fmt.Fprintf(os.Stderr, "chaos: pubsub-emulator-restart: %s: never delivered before the restart; it died with the emulator\n", id)
 		default:
 			sluiceLost++
+			fmt.Fprintf(os.Stderr, "chaos: pubsub-emulator-restart: %s: lost by sluice (delivered before the restart: %v)\n", id, deliveredBefore)
 		}
 	}
 	v.extra["result_dropped_by_broker"] = float64(dropped)
@@ -129,6 +164,11 @@ func runEmulatorRestart(ctx context.Context, e *env) *verdict {
 	if v.t.unknown > 0 {
 		v.fail("%d results for ids never sent", v.t.unknown)
 	}
+	if v.t.wrongCode > 0 {
+		v.fail("%d ids with a result other than a 200 answer (first: %s)", v.t.wrongCode, firstFew(v.t.wrongIDs))
+	}
+	v.extra["wrong_code"] = float64(v.t.wrongCode)
+	v.extra["unknown"] = float64(v.t.unknown)
 	v.extra["inflight_at_restart"] = float64(len(inSluice))
 	v.extra["waiting_at_restart"] = float64(waiting)
 	v.extra["sluice_lost"] = float64(sluiceLost)

@@ -27,6 +27,12 @@ type gatewayFaults struct {
 	rateStall              float64       // 200, half a body, then nothing until the client gives up
 }
 
+// alwaysOK reports whether every call is answered with a 200 (a latency
+// at most): a fault run against such a gateway allows no other result.
+func (f gatewayFaults) alwaysOK() bool {
+	return f.rate429 == 0 && f.rate5xx == 0 && f.rateReset == 0 && f.rateStall == 0
+}
+
 // attempt is one call the gateway received.
 type attempt struct {
 	start, end time.Time

@@ -76,14 +76,9 @@ func runGatewayFaults(ctx context.Context, e *env) *verdict {
 	v.judge(0)
 
 	// Results after their deadline.
-	late := 0
-	s.l.mu.Lock()
-	for id, at := range s.l.firstAt {
-		if dl, ok := s.l.deadline[id]; ok && at.After(dl.Add(time.Second)) {
-			late++
-		}
-	}
+	late := s.l.lateResults(time.Second)
 	terminal := 0
+	s.l.mu.Lock()
 	for code, c := range s.l.codes {
 		if code != "ok" {
 			terminal += c

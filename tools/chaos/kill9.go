@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -20,18 +22,11 @@ type kill9Size struct {
 	// emulator leases whatever is waiting to a subscriber in chunks of 100,
 	// whatever its flow control says, and strands them when it dies).
 	trickle int
-	// stall > 0: on a broker that tracks its deliveries (deliveryTracer),
-	// stop waiting once at least stallMin after the last kill nothing has
-	// moved for stall (no gateway call running, no result), rather than
-	// waiting out settle: what is missing then is classified (below).
+	// stall > 0: on the traced Pub/Sub broker, stop waiting once at least
+	// stallMin after the last kill nothing has moved for stall (no gateway
+	// call running, no result), rather than waiting out settle: what is
+	// missing then is drained and classified (below).
 	stall, stallMin time.Duration
-}
-
-// deliveryTracer is a broker that can say to which process it last
-// delivered a request (the Pub/Sub emulator, through the recording proxy).
-type deliveryTracer interface {
-	traced() bool
-	lastHolder(id string) (pid int, delivered bool)
 }
 
 // kill9Kills is how many kill -9 the case makes.
@@ -45,13 +40,16 @@ const kill9Kills = 20
 // called for and whose result had not been read 2 s before a kill came —
 // an upper bound of what the killed replicas held unacked).
 //
-// On a deliveryTracer broker (the Pub/Sub emulator), a request still
-// unanswered at the end whose last delivery went to a replica the harness
-// killed, or that was never delivered, is broker_held: the broker has not
-// delivered it again since (the emulator redelivers a killed subscriber's
-// messages only minutes later). It is shown, and not counted in lost=;
-// one whose last delivery went to a replica still running, or to a process
-// the proxy could not tell, is lost by sluice and fails the case.
+// On the traced Pub/Sub broker (the emulator behind the recording proxy),
+// lost= is every request unanswered at the end, and each is classified
+// (accountPubSub): the replicas are stopped, the result and request
+// subscriptions drained with a fresh client, and what is still missing is
+// the broker's only when that is proven — found in the request
+// subscription by the drain, never acked, and never delivered or last
+// delivered to a replica the harness killed (broker_held), or its result
+// accepted by the emulator (result_dropped_by_broker). Anything else is
+// sluice's and fails the case, and so does any ack sent before an accepted
+// publish of the request's result (acked_without_result), answered or not.
 func kill9Fault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 	return kill9Run(tc, false)
 }
@@ -95,6 +93,7 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 				return v
 			}
 		}
+		caseStart := time.Now().Add(-time.Second) // the drain seeks back to here
 		msgs := s.goodMessages("k", sz.requests, 15*time.Minute)
 		sendErr := make(chan error, 1)
 		if sz.trickle == 0 {
@@ -140,8 +139,8 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 			return v
 		}
 		answeredAtLastKill := s.l.tally().answered
-		tracer, tracing := s.b.(deliveryTracer)
-		tracing = tracing && tracer.traced()
+		ps, tracing := s.b.(*pubSub)
+		tracing = tracing && ps.traced()
 		var done bool
 		if tracing && sz.stall > 0 {
 			done = s.waitStalled(ctx, killedAt, sz.stallMin, sz.settle, sz.stall)
@@ -157,6 +156,7 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 			q = 3 * time.Second
 		}
 		s.quiet(ctx, q, 2*q)
+		until := time.Now() // the end of the watch
 		s.checkCrashes()
 		killed := s.r.killedPIDs() // before the survivors are stopped
 		for _, p := range reps {
@@ -168,27 +168,26 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 				v.fail("%v", err)
 			}
 		}
-		v.t = s.l.tally()
+		allowed := 0
+		if tc.dupOnCrash {
+			allowed = len(inflight)
+		}
+		if bare {
+			// The control calls no gateway: what it had in flight at the
+			// kills is not known, its duplicates are only shown.
+			allowed = sz.requests
+		}
 		if tracing {
-			held := classifyHeld(&v.t, tracer, killed)
-			v.extra["broker_held"] = float64(held.held)
-			v.extra["broker_held_never_delivered"] = float64(held.never)
-			v.extra["broker_held_called"] = float64(heldCalled(s.gw, held.ids))
-			if held.held > 0 {
-				fmt.Fprintf(os.Stderr, "chaos: %s: %d requests held by the broker at the end: last delivered to a replica killed since (%d never delivered); not counted as lost (first: %s)\n",
-					s.r.name, held.held, held.never, firstFew(held.ids))
-			}
+			pubSubAccounting(ctx, s, ps, v, caseStart, until, killed, allowed)
+		} else {
+			v.t = s.l.tally()
+			v.judge(allowed)
 		}
 		v.extra["kills"] = kill9Kills
 		v.extra["answered_at_last_kill"] = float64(answeredAtLastKill)
 		v.extra["gateway_calls"] = float64(s.gw.totalCalls())
 		v.extra["inflight_at_kill"] = float64(len(inflight))
-		allowed := 0
-		if tc.dupOnCrash {
-			allowed = len(inflight)
-		}
-		v.judge(allowed)
-		if tc.dupOnCrash {
+		if tc.dupOnCrash && !bare {
 			outside := 0
 			for _, id := range v.t.dupIDs {
 				if !inflight[id] {
@@ -205,33 +204,82 @@ func kill9Run(tc transportCase, bare bool) func(ctx context.Context, e *env) *ve
 	}
 }
 
-// heldSummary is what classifyHeld found.
-type heldSummary struct {
-	held, never int
-	ids         []string
-}
-
-// classifyHeld takes out of t's lost ids those the broker holds: never
-// delivered, or last delivered to a process in killed. What remains lost
-// was last delivered to a running replica (or to a process not known).
-func classifyHeld(t *tally, tr deliveryTracer, killed map[int]bool) heldSummary {
-	var h heldSummary
-	var lost []string
-	for _, id := range t.lostIDs {
-		pid, delivered := tr.lastHolder(id)
-		switch {
-		case !delivered:
-			h.never++
-			h.ids = append(h.ids, id)
-		case pid != 0 && killed[pid]:
-			h.ids = append(h.ids, id)
-		default:
-			lost = append(lost, id)
+// pubSubAccounting ends a traced Pub/Sub run once its replicas are
+// stopped: it stops the result reader, drains the result subscription into
+// the ledger and the request subscription into a set, tallies, classifies
+// every unanswered id from the proxy's history (accountPubSub), puts the
+// figures on v and judges it (dupAllowed duplicates allowed), failing it
+// for what is sluice's; the ids of each class are named on stderr.
+func pubSubAccounting(ctx context.Context, s *session, ps *pubSub, v *verdict, since, until time.Time, killed map[int]bool, dupAllowed int) {
+	s.stopRd()
+	<-s.rdDone
+	nres, _, err := ps.drain(ctx, "results-sub", since, 90*time.Second, nil, func(msgID string, data []byte) { ps.recordResult(s.l, msgID, data) })
+	if err != nil {
+		v.fail("%v", err)
+	}
+	// Drain the requests until every unanswered id no subscriber acked is
+	// found (or 3 minutes).
+	acked := ps.proxy.history().acks
+	var unanswered []string
+	for _, id := range s.l.tally().lostIDs {
+		if !slices.ContainsFunc(acked[id], func(c ackCall) bool { return c.deadline < 0 }) {
+			unanswered = append(unanswered, id)
 		}
 	}
-	h.held = len(h.ids)
-	t.lost, t.lostIDs = len(lost), lost
-	return h
+	drained, drainedAnswered := map[string]bool{}, 0
+	missing := func() bool {
+		for _, id := range unanswered {
+			if !drained[id] {
+				return true
+			}
+		}
+		return false
+	}
+	drainStart := time.Now()
+	nreq, seeks, err := ps.drain(ctx, "requests-sub", since, 3*time.Minute, missing, func(_ string, data []byte) {
+		if id := requestID(data); id != "" {
+			drained[id] = true
+		}
+	})
+	if err != nil {
+		v.fail("%v", err)
+	}
+	v.extra["drain_seconds"] = time.Since(drainStart).Seconds()
+	v.extra["drain_seeks"] = float64(seeks)
+	v.t = s.l.tally()
+	for id := range drained {
+		if s.l.answeredBy(id, time.Now().Add(time.Hour)) {
+			drainedAnswered++
+		}
+	}
+	h := ps.proxy.history()
+	okTopics := map[string]bool{ps.name("topics", "results"): true, ps.name("topics", "dead"): true, ps.name("topics", "requests"): true}
+	a := accountPubSub(v.t, s.l.ids(), h, killed, drained, until, okTopics, ps.name("topics", "results"))
+	a.apply(v, h)
+	v.judgeExcusing(dupAllowed, a.excused(), "the broker's own: held in the subscription (drained), or a result it accepted")
+	v.extra["drained_results"] = float64(nres)
+	v.extra["drained_requests"] = float64(nreq)
+	v.extra["drained_answered"] = float64(drainedAnswered)
+	v.extra["broker_held_never_delivered"] = float64(h.neverDelivered(a.brokerHeld))
+	v.extra["broker_held_called"] = float64(heldCalled(s.gw, a.brokerHeld))
+	for _, id := range v.t.lostIDs {
+		fmt.Fprintf(os.Stderr, "chaos: %s: unanswered %s: %s\n", s.r.name, id, h.describe(id, since, killed, drained[id]))
+	}
+	for _, c := range []struct {
+		what string
+		ids  []string
+	}{
+		{"acked by a subscriber before an accepted publish of its result", a.ackedWithoutResult},
+		{"lost by sluice", a.sluiceLost},
+		{"acked by nobody and not in the subscription", a.vanished},
+		{"held by the broker (found by the drain; never delivered, or last to a killed replica)", a.brokerHeld},
+		{"held by the broker more than 10 s past its last lease", a.heldPastLease},
+		{"result accepted by the emulator, never delivered", a.resultDropped},
+	} {
+		if len(c.ids) > 0 {
+			fmt.Fprintf(os.Stderr, "chaos: %s: %d %s: %s\n", s.r.name, len(c.ids), c.what, strings.Join(c.ids, ","))
+		}
+	}
 }
 
 // heldCalled counts the ids of ids the gateway had been called for: a

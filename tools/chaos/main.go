@@ -8,8 +8,11 @@
 //	CHAOS <name> requests=N answered=N lost=N duplicated=N seconds=S [key=value ...] result=ok|FAIL
 //
 // and the command exits non-zero when any fault lost a request, repeated
-// a result where its transport promises none, or broke a rule of its own
-// (printed on stderr). What each fault does and checks: docs/chaos.md.
+// a result where its transport promises none, returned a result code the
+// request does not allow, or broke a rule of its own (printed on stderr).
+// Every run starts with the self-check (-selfcheck runs it alone), which
+// passes only when the harness counts the faults it planted itself,
+// exactly. What each fault does and checks: docs/chaos.md.
 //
 // The sluice binary is built once (go build ./cmd/sluice); the servers
 // (redis-server, the Pub/Sub emulator, prometheus) are started by the
@@ -51,7 +54,9 @@ type env struct {
 // faults lists every fault, in the order `make chaos` runs them. Add one
 // by adding a line here.
 func faults() []fault {
-	var all []fault
+	// First the self-check: the harness plants a loss, a duplicate, a wrong
+	// code and an unknown result and must count exactly those.
+	all := []fault{{name: "selfcheck", run: runSelfcheck}}
 	for _, tc := range transportCases() {
 		all = append(all, fault{name: "kill9-" + tc.name, run: kill9Fault(tc)})
 	}
@@ -94,7 +99,7 @@ func main() {
 	}
 	only := flag.String("only", "", "comma-separated faults to run (default all)")
 	list := flag.Bool("list", false, "list the faults and exit")
-	selfcheck := flag.Bool("selfcheck", false, "run only the self-check: the harness removes one request and adds one result itself, and must report lost=1 duplicated=1 and exit non-zero")
+	selfcheck := flag.Bool("selfcheck", false, "run only the self-check (which every full run starts with): the harness plants a loss, a duplicate, a wrong code and an unknown result; exit status 0 only when it counted exactly those")
 	keep := flag.Bool("keep", false, "keep the scratch dir (replica logs, configs) and print where it is")
 	timeout := flag.Duration("timeout", 15*time.Minute, "give up after this long")
 	flag.Parse()

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -44,25 +45,44 @@ type pubSubProxy struct {
 	deliveries map[string][]delivery // request id → deliveries, in order
 	streamPID  map[int]int           // stream → the process that opened it (0: unknown)
 	published  map[string][]publish  // id in a published message → Publish calls that carried it
+	ackIDs     map[string]string     // ack id of a delivery → its request id
+	acks       map[string][]ackCall  // request id → acks and deadline changes of its deliveries
+	unmapped   int                   // ack ids acked or modified that no delivery carried
 }
 
-// publish is one Publish call a subscriber made (a result, a dead letter):
-// when it was sent, to which topic, and whether the emulator accepted it.
+// publish is one Publish call a subscriber made (a result, a dead letter,
+// a retry's re-queue): when it was sent and answered, to which topic, and
+// whether the emulator accepted it.
 type publish struct {
-	at    time.Time
-	topic string
-	ok    bool
+	at, done time.Time
+	topic    string
+	ok       bool
 }
 
 // delivery is one delivery of a request message on a streaming pull.
 type delivery struct {
 	stream int
 	at     time.Time
+	ackID  string
+}
+
+// ackCall is one ack of a delivery (deadline < 0), or a change of its ack
+// deadline (0: a nack, handing it back; > 0: an extension), as a
+// subscriber sent it: when, from which process (0: unknown), and whether
+// the emulator answered it with success (false also when the call never
+// got an answer: it may still have been applied).
+type ackCall struct {
+	at       time.Time
+	pid      int
+	deadline int
+	ok       bool
 }
 
 const (
 	streamingPull = "/google.pubsub.v1.Subscriber/StreamingPull"
 	publishMethod = "/google.pubsub.v1.Publisher/Publish"
+	ackMethod     = "/google.pubsub.v1.Subscriber/Acknowledge"
+	modAckMethod  = "/google.pubsub.v1.Subscriber/ModifyAckDeadline"
 )
 
 // proxyMaxMsg bounds one frame either way (the fuzz case's chunks of
@@ -81,7 +101,8 @@ func startPubSubProxy(upstream string, owner func(port int) int) (*pubSubProxy, 
 		return nil, err
 	}
 	p := &pubSubProxy{Addr: ln.Addr().String(), up: up, owner: owner,
-		deliveries: map[string][]delivery{}, streamPID: map[int]int{}, published: map[string][]publish{}}
+		deliveries: map[string][]delivery{}, streamPID: map[int]int{}, published: map[string][]publish{},
+		ackIDs: map[string]string{}, acks: map[string][]ackCall{}}
 	p.srv = grpc.NewServer(grpc.UnknownServiceHandler(p.handle), grpc.ForceServerCodec(rawCodec{}),
 		grpc.MaxRecvMsgSize(proxyMaxMsg), grpc.MaxSendMsgSize(proxyMaxMsg))
 	go func() { _ = p.srv.Serve(ln) }()
@@ -93,7 +114,10 @@ func (p *pubSubProxy) close() {
 	p.up.Close()
 }
 
-// handle forwards one call of any method, frame by frame.
+// handle forwards one call of any method, frame by frame, and records
+// what the kill -9 accounting needs: the deliveries of a StreamingPull (and
+// the acks and deadline changes a client sends on it), and the request and
+// outcome of each Publish, Acknowledge and ModifyAckDeadline call.
 func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 	method, ok := grpc.MethodFromServerStream(ss)
 	if !ok {
@@ -106,11 +130,14 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 	if err != nil {
 		return err
 	}
+	pid := p.peerPID(ss.Context())
 	stream := -1
 	if method == streamingPull {
-		stream = p.openStream(ss.Context())
+		stream = p.openStream(pid)
 	}
-	var pub *pubsubpb.PublishRequest // the request of a Publish call
+	unary := method == publishMethod || method == ackMethod || method == modAckMethod
+	var req []byte // the request of a unary call, once sent upstream
+	var reqAt time.Time
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)
@@ -124,23 +151,28 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 				}
 				return
 			}
-			if method == publishMethod && pub == nil {
-				pub = &pubsubpb.PublishRequest{}
-				if proto.Unmarshal(f.b, pub) != nil {
-					pub = nil
-				}
+			at := time.Now()
+			if method == streamingPull {
+				p.recordPullRequest(f.b, at, pid)
 			}
 			if err := cs.SendMsg(f); err != nil {
 				return
 			}
+			if unary && req == nil {
+				req, reqAt = f.b, at
+			}
 		}
 	}()
-	at := time.Now()
-	if method == publishMethod {
-		ok := false
+	if unary {
+		ok, doneAt := false, time.Time{}
 		defer func() {
 			<-sent
-			p.recordPublish(pub, at, ok)
+			if doneAt.IsZero() {
+				doneAt = time.Now()
+			}
+			if req != nil {
+				p.recordUnary(method, req, reqAt, doneAt, pid, ok)
+			}
 		}()
 		f := &rawFrame{}
 		if h, err := cs.Header(); err == nil {
@@ -153,10 +185,12 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 			}
 			return err
 		}
+		// The emulator answered with success: noted before the client can
+		// see the answer (and ack what the call published).
+		ok, doneAt = true, time.Now()
 		if err := ss.SendMsg(f); err != nil {
 			return err
 		}
-		ok = true
 		if err := cs.RecvMsg(&rawFrame{}); !errors.Is(err, io.EOF) && err != nil {
 			ok = false
 			return err
@@ -185,14 +219,18 @@ func (p *pubSubProxy) handle(_ any, ss grpc.ServerStream) error {
 	}
 }
 
-// openStream numbers a new streaming pull and finds its process.
-func (p *pubSubProxy) openStream(ctx context.Context) int {
-	pid := 0
+// peerPID finds the process at the other end of a call (0: unknown).
+func (p *pubSubProxy) peerPID(ctx context.Context) int {
 	if pr, ok := peer.FromContext(ctx); ok && p.owner != nil {
 		if a, ok := pr.Addr.(*net.TCPAddr); ok {
-			pid = p.owner(a.Port)
+			return p.owner(a.Port)
 		}
 	}
+	return 0
+}
+
+// openStream numbers a new streaming pull of process pid.
+func (p *pubSubProxy) openStream(pid int) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seq++
@@ -200,7 +238,7 @@ func (p *pubSubProxy) openStream(ctx context.Context) int {
 	return p.seq
 }
 
-// record notes the request ids of one StreamingPull response.
+// record notes the request ids and ack ids of one StreamingPull response.
 func (p *pubSubProxy) record(stream int, b []byte) {
 	var r pubsubpb.StreamingPullResponse
 	if proto.Unmarshal(b, &r) != nil {
@@ -213,27 +251,104 @@ func (p *pubSubProxy) record(stream int, b []byte) {
 		if m.GetMessage() == nil {
 			continue
 		}
-		if id, _ := resultID(m.Message.Data); id != "" {
-			p.deliveries[id] = append(p.deliveries[id], delivery{stream: stream, at: now})
+		if id := requestID(m.Message.Data); id != "" {
+			p.deliveries[id] = append(p.deliveries[id], delivery{stream: stream, at: now, ackID: m.AckId})
+			p.ackIDs[m.AckId] = id
 		}
 	}
 }
 
-// recordPublish notes the ids of a Publish call's messages.
-func (p *pubSubProxy) recordPublish(r *pubsubpb.PublishRequest, at time.Time, ok bool) {
-	if r == nil {
+// recordPullRequest notes the acks and deadline changes a client sends on
+// its streaming pull (the Go client sends them as separate calls; others
+// may not).
+func (p *pubSubProxy) recordPullRequest(b []byte, at time.Time, pid int) {
+	var r pubsubpb.StreamingPullRequest
+	if proto.Unmarshal(b, &r) != nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, m := range r.Messages {
-		if id, _ := resultID(m.Data); id != "" {
-			p.published[id] = append(p.published[id], publish{at: at, topic: r.Topic, ok: ok})
+	for _, a := range r.AckIds {
+		p.noteAck(a, ackCall{at: at, pid: pid, deadline: -1})
+	}
+	for i, a := range r.ModifyDeadlineAckIds {
+		if i < len(r.ModifyDeadlineSeconds) {
+			p.noteAck(a, ackCall{at: at, pid: pid, deadline: int(r.ModifyDeadlineSeconds[i])})
 		}
 	}
 }
 
-// publishedTo returns the accepted Publish calls to topic carrying id.
+// recordUnary notes one Publish, Acknowledge or ModifyAckDeadline call: its
+// request, sent at at, answered (ok) or not at done.
+func (p *pubSubProxy) recordUnary(method string, b []byte, at, done time.Time, pid int, ok bool) {
+	switch method {
+	case publishMethod:
+		var r pubsubpb.PublishRequest
+		if proto.Unmarshal(b, &r) == nil {
+			p.recordPublish(&r, at, done, ok)
+		}
+	case ackMethod:
+		var r pubsubpb.AcknowledgeRequest
+		if proto.Unmarshal(b, &r) == nil {
+			p.mu.Lock()
+			for _, a := range r.AckIds {
+				p.noteAck(a, ackCall{at: at, pid: pid, deadline: -1, ok: ok})
+			}
+			p.mu.Unlock()
+		}
+	case modAckMethod:
+		var r pubsubpb.ModifyAckDeadlineRequest
+		if proto.Unmarshal(b, &r) == nil {
+			p.mu.Lock()
+			for _, a := range r.AckIds {
+				p.noteAck(a, ackCall{at: at, pid: pid, deadline: int(r.AckDeadlineSeconds), ok: ok})
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+// noteAck maps an ack id back to its request (p.mu held).
+func (p *pubSubProxy) noteAck(ackID string, c ackCall) {
+	id, ok := p.ackIDs[ackID]
+	if !ok {
+		p.unmapped++
+		return
+	}
+	p.acks[id] = append(p.acks[id], c)
+}
+
+// recordPublish notes the ids of a Publish call's messages.
+func (p *pubSubProxy) recordPublish(r *pubsubpb.PublishRequest, at, done time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range r.Messages {
+		if id := requestID(m.Data); id != "" {
+			p.published[id] = append(p.published[id], publish{at: at, done: done, topic: r.Topic, ok: ok})
+		}
+	}
+}
+
+// requestID reads the id of a request or result message: a top-level id
+// (the flat form, a result) or the envelope's data.id ("" when neither).
+func requestID(b []byte) string {
+	var m struct {
+		ID   string `json:"id"`
+		Data *struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(b, &m) != nil {
+		return ""
+	}
+	if m.ID == "" && m.Data != nil {
+		return m.Data.ID
+	}
+	return m.ID
+}
+
+// publishedTo returns when the accepted Publish calls to topic carrying id
+// were sent.
 func (p *pubSubProxy) publishedTo(id, topic string) []time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -246,16 +361,27 @@ func (p *pubSubProxy) publishedTo(id, topic string) []time.Time {
 	return out
 }
 
-// lastHolder returns the process the emulator last delivered id to
-// (0: unknown), and whether it delivered it at all.
-func (p *pubSubProxy) lastHolder(id string) (pid int, delivered bool) {
+// history is a copy of what the proxy recorded, for the accounting
+// (accountPubSub): per request id, its deliveries with the process each
+// went to, the acks and deadline changes of its deliveries, and the
+// Publish calls carrying it.
+func (p *pubSubProxy) history() psHistory {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ds := p.deliveries[id]
-	if len(ds) == 0 {
-		return 0, false
+	h := psHistory{deliveries: map[string][]psDelivery{}, acks: map[string][]ackCall{}, published: map[string][]publish{},
+		unmappedAcks: p.unmapped}
+	for id, ds := range p.deliveries {
+		for _, d := range ds {
+			h.deliveries[id] = append(h.deliveries[id], psDelivery{at: d.at, pid: p.streamPID[d.stream]})
+		}
 	}
-	return p.streamPID[ds[len(ds)-1].stream], true
+	for id, as := range p.acks {
+		h.acks[id] = append([]ackCall(nil), as...)
+	}
+	for id, ps := range p.published {
+		h.published[id] = append([]publish(nil), ps...)
+	}
+	return h
 }
 
 // rawFrame is one gRPC message, passed through as bytes.

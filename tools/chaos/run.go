@@ -41,7 +41,7 @@ func open(ctx context.Context, e *env, name string, tc transportCase, tw brokerT
 		v.fail("gateway: %v", err)
 		return nil, v
 	}
-	s := &session{r: r, b: b, gw: gw, l: newLedger(), v: v, rdDone: make(chan struct{})}
+	s := &session{r: r, b: b, gw: gw, l: newLedger(f.alwaysOK()), v: v, rdDone: make(chan struct{})}
 	rctx, cancel := context.WithCancel(ctx)
 	s.stopRd = cancel
 	go func() { defer close(s.rdDone); b.readResults(rctx, s.l) }()
