@@ -84,6 +84,7 @@ func TestMigrateToUpstream(t *testing.T) {
 	e2 := e1
 	e2.id, e2.token, e2.deadline = "e2", newToken(t), dl.Add(time.Minute)
 	e1m, e2m := e1.member(t), e2.member(t)
+	_ = e2m
 	for _, m := range []string{e1m, e2m} {
 		r, err := wire.Decode([]byte(m))
 		if err != nil {
@@ -169,7 +170,13 @@ func TestMigrateToUpstream(t *testing.T) {
 	if s := zscore(t, c, q.Name, e1m); s != float64(dl.Unix()) {
 		t.Errorf("e1 score %v, want its deadline %d", s, dl.Unix())
 	}
-	if s := zscore(t, c, rss.DefaultUpstreamRetryQueueName, e2m); math.Abs(s-float64(due.UnixMilli())/1000) > 2 {
+	// The retry is the envelope as the replica delivered it: stamped with
+	// its routing at dequeue, as upstream stamps it.
+	e2r := string(msgs["e2"].Payload)
+	if !strings.Contains(e2r, `"result_routing_resolved":true`) {
+		t.Errorf("e2 was not stamped at dequeue: %s", e2r)
+	}
+	if s := zscore(t, c, rss.DefaultUpstreamRetryQueueName, e2r); math.Abs(s-float64(due.UnixMilli())/1000) > 2 {
 		t.Errorf("e2 score %v, want its due time %d", s, due.Unix())
 	}
 	f1m := string(msgs["f1"].Payload)
@@ -304,8 +311,36 @@ func TestMigrateFromUpstream(t *testing.T) {
 	s := subscribe(t, tp, q, 5)
 	defer s.close()
 	got := s.next(5 * time.Second)
-	if string(got.Payload) != dueM || got.Metadata.Get(rss.MetaScore) != wantScore {
+	if idOf(t, got) != "due" || got.Metadata.Get(rss.MetaScore) != wantScore || !sameUnstamped(t, got.Payload, dueM) {
 		t.Fatalf("claimed %s (score %s), want the due retry at its deadline", got.Payload, got.Metadata.Get(rss.MetaScore))
 	}
 	s.none(300 * time.Millisecond)
+}
+
+// sameUnstamped reports whether a delivered envelope is want with only the
+// stamps a dequeue adds (result_routing_resolved, and result_ttl_seconds,
+// result_queue_name, request_queue_name and queue_id when they were
+// empty): decoded, everything else is equal.
+func sameUnstamped(t *testing.T, got []byte, want string) bool {
+	t.Helper()
+	var g, w map[string]any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("delivered %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	gi, _ := g["internal"].(map[string]any)
+	wi, _ := w["internal"].(map[string]any)
+	if gi["result_routing_resolved"] != true {
+		return false
+	}
+	for _, k := range []string{"result_routing_resolved", "result_ttl_seconds", "result_queue_name", "request_queue_name", "queue_id"} {
+		if _, ok := wi[k]; !ok {
+			delete(gi, k)
+		}
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	return string(gb) == string(wb)
 }

@@ -112,15 +112,6 @@ func (r queueRoutes) queueOf(msg []byte) (string, bool) {
 	return q, ok
 }
 
-// deadlineScore is a message's score in a request queue: its deadline, or 0
-// (answered INVALID_REQUEST at once) when it does not decode.
-func deadlineScore(msg []byte) string {
-	if r, err := wire.Decode(msg); err == nil {
-		return Score(r.Deadline)
-	}
-	return "0"
-}
-
 // moveItem is where a member of a sorted set goes: destination key, score
 // there, member there ("" keeps it), and the request queue it counts for.
 type moveItem struct {
@@ -206,7 +197,7 @@ func (t *Transport) adoptUpstreamRetries(ctx context.Context) (int, error) {
 		if !ok {
 			return moveItem{}, false
 		}
-		return moveItem{queue: q, dst: q, score: deadlineScore([]byte(m))}, true
+		return moveItem{queue: q, dst: q, score: QueueScore([]byte(m))}, true
 	})
 	n := 0
 	for q, c := range moved {
