@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,8 +12,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
 // Rolling cut-overs between upstream llm-d-async and sluice on one queue:
@@ -219,4 +223,89 @@ func TestCutoverSluiceReplicaDiesUpstreamReclaims(t *testing.T) {
 	}
 	checkAnsweredOnce(t, c, results, tokens)
 	checkClaimsGone(t, c, q)
+}
+
+// TestEqualDeadlinesKeepEnqueueOrder: requests with one deadline, written
+// alternately by upstream's producer and sluice's (Envelope), come out in
+// enqueue order, also after sluice re-scored them: handed back (nack),
+// retried through the delay set, and returned after their claim expired
+// with a dead replica (upstream #462: re-ZADDs at the plain deadline broke
+// this order).
+func TestEqualDeadlinesKeepEnqueueOrder(t *testing.T) {
+	f, _ := cutoverFixture(t, 0)
+	c := f.prod.Client()
+	ctx := context.Background()
+	const q, results, n = "llm-d-async:requests:order", "llm-d-async:results:order", 40
+	up := upProducer{c: c, queue: q, results: results}
+	sp := producer.New(c, producer.Config{Envelope: true, ResultQueueName: results})
+	dl := time.Now().Add(time.Hour).Truncate(time.Second)
+	var want []string
+	for i := range n {
+		id := fmt.Sprintf("o-%02d", i)
+		want = append(want, id)
+		if i%2 == 0 {
+			up.submit(t, id, dl.Unix(), payloadFor(id))
+			continue
+		}
+		r := request(id, "", time.Hour, nil)
+		r.Deadline, r.Payload = dl, json.RawMessage(payloadFor(id))
+		if err := sp.Enqueue(ctx, q, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, z := range c.ZRangeWithScores(ctx, q, 0, -1).Val() {
+		m := z.Member.(string)
+		if got := strconv.FormatFloat(z.Score, 'g', 17, 64); got != upQueueScore(m) {
+			t.Fatalf("enqueued at %s, want upstream's score %s: %.120s", got, upQueueScore(m), m)
+		}
+	}
+
+	// A replica takes them all: hands back a third, retries a third at
+	// once, and dies holding the rest.
+	a := f.transport(rss.Options{LeaseMS: 1500, HeartbeatMS: 500})
+	t.Cleanup(func() { _ = a.Close() })
+	qq := queueOf(q)
+	qq.ResultName = results
+	s := subscribe(t, a, qq, n)
+	for i := range n {
+		m := s.next(5 * time.Second)
+		switch i % 3 {
+		case 0:
+			transport.Nack(m)
+		case 1:
+			r, err := wire.Decode(m.Payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload, err := wire.WithRetryCount(m.Payload, r.RetryCount+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Requeue(ctx, qq, m, payload, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			transport.Ack(m)
+		}
+	}
+	s.close()
+	crash(a)
+	time.Sleep(1600 * time.Millisecond)
+	if got, err := rss.ReclaimExpired(ctx, c, f.prod.Names().Queue(q), time.Now()); err != nil || got != n/3 {
+		t.Fatalf("reclaimed %d (%v), want %d", got, err, n/3)
+	}
+
+	// Another replica, one request at a time.
+	b := f.transport(rss.Options{PollIntervalMS: 20})
+	t.Cleanup(func() { _ = b.Close() })
+	s2 := subscribe(t, b, qq, 1)
+	defer s2.close()
+	var got []string
+	for range n {
+		m := s2.next(5 * time.Second)
+		got = append(got, idOf(t, m))
+		s2.answer(m)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("dispatch order\n%v\nwant\n%v", got, want)
+	}
 }

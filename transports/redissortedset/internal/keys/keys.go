@@ -673,6 +673,40 @@ end
 return last
 `)
 
+// SubmitEnvelopes enqueues requests as upstream's producer does (its
+// submitRequestScript, main at #463/#458), for many requests in one call:
+// per request, the enqueue sequence of its (queue, deadline) is
+// incremented (and expires an hour after the deadline), request-cancel:<id>
+// is deleted, request-active:<id> set to the token until the deadline, the
+// member written with the sequence spliced between its two halves and
+// scored deadline + min(seq, 2^21-1)/2^21 (%.17g), and, with payload keys,
+// the payload stored apart until 10 minutes after the deadline. Each
+// request is 12 ARGV entries: seq key, cancel key, active key, token,
+// active ttl ms, seq expire-at (Unix s), member before the sequence, member
+// after it, deadline (Unix s), payload key or "", payload, payload ttl ms.
+//
+//	KEYS: queue
+//	returns: the last sequence number
+var SubmitEnvelopes = redis.NewScript(`
+local last = 0
+for i = 1, #ARGV, 12 do
+  local seq = redis.call('INCR', ARGV[i])
+  redis.call('EXPIREAT', ARGV[i], ARGV[i + 5])
+  redis.call('DEL', ARGV[i + 1])
+  redis.call('SET', ARGV[i + 2], ARGV[i + 3], 'PX', ARGV[i + 4])
+  local s = seq
+  if s > 2097151 then s = 2097151 end
+  local score = tonumber(ARGV[i + 8]) + s / 2097152
+  redis.call('ZADD', KEYS[1], string.format('%.17g', score), ARGV[i + 6] .. seq .. ARGV[i + 7])
+  if ARGV[i + 9] ~= '' then redis.call('SET', ARGV[i + 9], ARGV[i + 10], 'PX', ARGV[i + 11]) end
+  last = seq
+end
+return last
+`)
+
+// SubmitArgs is the number of ARGV entries per SubmitEnvelopes request.
+const SubmitArgs = 12
+
 // JobQueue records that queue holds waiting messages of a job, in a
 // cluster (see Enqueue): the job's set of queues gains queue and lives at
 // least ttl ms.
