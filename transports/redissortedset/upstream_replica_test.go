@@ -357,11 +357,13 @@ type gateway struct {
 	calls map[string]int
 	order []string
 	delay time.Duration
-	srv   *httptest.Server
+	// fail answers that many first calls of an id with 503.
+	fail map[string]int
+	srv  *httptest.Server
 }
 
 func newGateway(t *testing.T, delay time.Duration) *gateway {
-	g := &gateway{calls: map[string]int{}, delay: delay}
+	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}}
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
@@ -371,6 +373,16 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 		g.dispatch(p.Prompt, body)
 		if g.delay > 0 {
 			time.Sleep(g.delay)
+		}
+		g.mu.Lock()
+		failing := g.fail[p.Prompt] > 0
+		if failing {
+			g.fail[p.Prompt]--
+		}
+		g.mu.Unlock()
+		if failing {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"ok":true}`))
