@@ -25,6 +25,9 @@ const (
 	// maxHeartbeatMS caps the default heartbeat, as upstream clamps its own
 	// (lease/3 within [1 s, 30 s]).
 	maxHeartbeatMS = 30000
+	// maxReclaimIntervalMS caps the default reclaim interval at upstream's
+	// default (claim_reclaim_interval_ms 15000).
+	maxReclaimIntervalMS = 15000
 )
 
 // Options are the transport's options (the transport config object minus
@@ -76,7 +79,7 @@ type Options struct {
 	// LeaseMS/3, at most 30 s as upstream's heartbeat).
 	HeartbeatMS int `json:"heartbeat_ms,omitempty"`
 	// ReclaimIntervalMS is how often expired claims are returned to the
-	// queue (default LeaseMS/3).
+	// queue (default LeaseMS/3, at most 15 s as upstream's default).
 	ReclaimIntervalMS int `json:"reclaim_interval_ms,omitempty"`
 	// ClaimReclaimIntervalMS is upstream's name of ReclaimIntervalMS
 	// (claim_reclaim_interval_ms; upstream's default is 15000): when set it
@@ -141,7 +144,7 @@ func (o *Options) SetDefaults() {
 		o.ReclaimIntervalMS = o.ClaimReclaimIntervalMS
 	}
 	if o.ReclaimIntervalMS <= 0 {
-		o.ReclaimIntervalMS = max(o.LeaseMS/3, 1)
+		o.ReclaimIntervalMS = min(max(o.LeaseMS/3, 1), maxReclaimIntervalMS)
 	}
 	if o.MaxDeliveries <= 0 {
 		o.MaxDeliveries = DefaultMaxDeliveries

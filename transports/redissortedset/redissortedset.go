@@ -611,7 +611,7 @@ func (t *Transport) Names() keys.Names { return t.names }
 // replica serves: due entries of upstream's retry set naming it are moved
 // back into it.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
-	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+	if err := t.CheckQueue(q); err != nil {
 		return nil, err
 	}
 	qs := t.queue(q.Name)
@@ -621,9 +621,13 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	return &source{t: t, q: q, qs: qs}, nil
 }
 
-// CheckQueue implements transport.QueueChecker: on a Redis Cluster the
-// queue's keys and its result list must share a hash slot.
+// CheckQueue implements transport.QueueChecker: result_ttl_seconds must not
+// be negative, and on a Redis Cluster the queue's keys and its result list
+// must share a hash slot.
 func (t *Transport) CheckQueue(q transport.Queue) error {
+	if q.ResultTTLSeconds < 0 {
+		return fmt.Errorf("queue %s: result_ttl_seconds %d must not be negative (0: the result list does not expire)", q.Name, q.ResultTTLSeconds)
+	}
 	return t.names.CheckSlots(q.Name, q.ResultName)
 }
 
@@ -632,7 +636,7 @@ var _ transport.QueueChecker = (*Transport)(nil)
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
 func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
-	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+	if err := t.CheckQueue(q); err != nil {
 		return nil, err
 	}
 	return &publisher{t: t, q: q, qs: t.queue(q.Name)}, nil
