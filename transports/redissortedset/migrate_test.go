@@ -366,7 +366,7 @@ func TestMigrateClaims(t *testing.T) {
 		members[e.Data.ID] = z
 	}
 	alive := newUpReplica(t, c, q, time.Hour, nil)
-	dead := newUpReplica(t, c, q, -time.Second, nil) // its lease is already over
+	dead := newUpReplica(t, c, q, -time.Second, nil)                           // its lease is already over
 	if len(alive.claimSome(ctx, 1)) != 1 || len(dead.claimSome(ctx, 1)) != 1 { // in enqueue order
 		t.Fatal("the upstream replicas claimed nothing")
 	}
