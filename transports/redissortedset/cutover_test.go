@@ -95,6 +95,10 @@ func TestCutoverMixedFleet(t *testing.T) {
 	}
 	checkAnsweredOnce(t, c, results, tokens)
 	checkClaimsGone(t, c, q)
+	// Each claim call deletes the previous one's record: one is left.
+	if ks := c.Keys(context.Background(), q+":claim-call:*").Val(); len(ks) > 1 {
+		t.Errorf("%d claim-call records left, want at most 1", len(ks))
+	}
 	if st := tp.Stats(); st.LateResults != 0 {
 		t.Errorf("late results with both fleets alive: %+v", st)
 	}

@@ -206,6 +206,9 @@ type queueState struct {
 
 	mu   sync.Mutex
 	held map[string]hold // owner tokens of claims this replica holds, not yet settled
+	// lastCall is the record of the last claim call (see keys.Claim),
+	// deleted by the next one.
+	lastCall string
 }
 
 // hold is one claim this replica holds: its claim id, the score it had in

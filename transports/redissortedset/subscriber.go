@@ -80,7 +80,11 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 	if t.cluster {
 		ks = ks[:7] // the epoch is in another slot: Claim reads it apart
 	}
-	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix).Slice()
+	qs.mu.Lock()
+	prev := qs.lastCall
+	qs.lastCall = ks[6]
+	qs.mu.Unlock()
+	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix, prev).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim from %s: %w", qs.k.Name, err)
 	}
@@ -106,9 +110,7 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 		c.deliveries = int(d)
 		c.member, _ = raw[i+3].(string)
 		c.claim, _ = raw[i+4].(string)
-		if exp, _ := raw[i+5].(int64); exp < res.now+int64(t.opts.LeaseMS) {
-			c.capMS = exp // the deadline bounded the lease: the heartbeat keeps the bound
-		}
+		c.capMS, _ = raw[i+5].(int64) // the heartbeat keeps the lease within deadline + 5 min
 		res.items = append(res.items, c)
 	}
 	t.claimed.Add(int64(len(res.items)))

@@ -258,23 +258,27 @@ const ClaimGraceSeconds = 300
 // The owner-token prefix must be new for every claim. A claim whose reply
 // was lost (the connection or the server died after the script ran) and
 // that the client sends again with the same arguments finds the record of
-// the first run (KEYS[7], a list kept one minute) and returns the claims of
-// that run it still owns instead of claiming more.
+// the first run (KEYS[7], a list kept 10 s, longer than the client's
+// retries take) and returns the claims of that run it still owns instead
+// of claiming more. The next claim of the loop deletes the record (ARGV[5]:
+// the previous call's record, "" for none), so a busy queue keeps one.
 //
 //	KEYS: queue, claimed, owners, idx, redeliveries, delayed, call record[, cancel-epoch]
-//	ARGV: n, lease ms, owner-token prefix, job index prefix
+//	ARGV: n, lease ms, owner-token prefix, job index prefix, previous call record
 //
 // Without the cancel-epoch key (a cluster, where it lives in another slot)
 // the epoch returned is "0" and the caller reads it on its own.
 //
 //	returns: {next delayed due ms or -1, cancel epoch, now ms,
-//	          owner token, score, deliveries, message, claim id, expiry ms, ...}
+//	          owner token, score, deliveries, message, claim id,
+//	          lease cap ms (deadline + 5 min; 0 for none), ...}
 var Claim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local epoch = '0'
 if #KEYS >= 8 then epoch = redis.call('GET', KEYS[8]) or '0' end
 local out = {-1, epoch, now}
+if ARGV[5] and ARGV[5] ~= '' and ARGV[5] ~= KEYS[7] then redis.call('DEL', ARGV[5]) end
 local prev = redis.call('LRANGE', KEYS[7], 0, -1)
 if #prev > 0 then
   for i = 1, #prev do
@@ -319,7 +323,7 @@ else
         local p = redis.call('HGET', KEYS[5], m)
         if p then d = tonumber(p) + 1 end
       end
-      local ck, exp = tok, lease
+      local ck, exp, cap = tok, lease, 0
       if string.find(m, '"request_token"', 1, true) or string.find(m, '"request_kind"', 1, true) then
         local ok, v = pcall(cjson.decode, m)
         if ok and type(v) == 'table' and type(v.data) == 'table' and type(v.data.id) == 'string' and v.data.id ~= '' then
@@ -329,7 +333,7 @@ else
           if type(rt) == 'string' and rt ~= '' then ck = ck .. '\0' .. rt end
           local dl = tonumber(v.data.deadline)
           if dl and dl > 0 then
-            local cap = math.floor((dl + 300) * 1000)
+            cap = math.floor((dl + 300) * 1000)
             if cap < exp then exp = cap end
           end
         end
@@ -341,16 +345,16 @@ else
       redis.call('HSET', KEYS[2], ck, m)
       redis.call('HSET', KEYS[3], ck, tok)
       redis.call('ZADD', KEYS[4], exp / 1000, ck)
-      mark[#mark + 1] = s .. '|' .. d .. '|' .. exp .. '|' .. ck
+      mark[#mark + 1] = s .. '|' .. d .. '|' .. cap .. '|' .. ck
       out[#out + 1] = tok
       out[#out + 1] = s
       out[#out + 1] = d
       out[#out + 1] = m
       out[#out + 1] = ck
-      out[#out + 1] = exp
+      out[#out + 1] = cap
     end
     redis.call('RPUSH', KEYS[7], unpack(mark))
-    redis.call('PEXPIRE', KEYS[7], 60000)
+    redis.call('PEXPIRE', KEYS[7], 10000)
   end
 end
 local nxt = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
