@@ -314,7 +314,7 @@ else
   if #popped > 0 then
     local lease = now + tonumber(ARGV[2])
     local redel = redis.call('EXISTS', KEYS[5]) == 1
-    local mark = {}
+    local mark, hc, ho, zi = {}, {}, {}, {}
     for i = 1, #popped, 2 do
       local m, s = popped[i], popped[i + 1]
       local tok = ARGV[3] .. ((i + 1) / 2)
@@ -342,9 +342,12 @@ else
         local job = string.match(m, '^{"_sluice":"%d+/([^"]+)"')
         if job then redis.call('SREM', ARGV[4] .. job, m) end
       end
-      redis.call('HSET', KEYS[2], ck, m)
-      redis.call('HSET', KEYS[3], ck, tok)
-      redis.call('ZADD', KEYS[4], exp / 1000, ck)
+      hc[#hc + 1] = ck
+      hc[#hc + 1] = m
+      ho[#ho + 1] = ck
+      ho[#ho + 1] = tok
+      zi[#zi + 1] = exp / 1000
+      zi[#zi + 1] = ck
       mark[#mark + 1] = s .. '|' .. d .. '|' .. cap .. '|' .. ck
       out[#out + 1] = tok
       out[#out + 1] = s
@@ -353,6 +356,9 @@ else
       out[#out + 1] = ck
       out[#out + 1] = cap
     end
+    redis.call('HSET', KEYS[2], unpack(hc))
+    redis.call('HSET', KEYS[3], unpack(ho))
+    redis.call('ZADD', KEYS[4], unpack(zi))
     redis.call('RPUSH', KEYS[7], unpack(mark))
     redis.call('PEXPIRE', KEYS[7], 10000)
   end
@@ -395,14 +401,13 @@ for _, k in ipairs({KEYS[4], KEYS[5]}) do
   end
 end
 local redel = redis.call('EXISTS', KEYS[7]) == 1
-local out, results, late, ttl = {}, {}, 0, 0
+local out, results, late, ttl, done = {}, {}, 0, 0, {}
 for i = 1, #ARGV, 9 do
   local mode, tok, ck = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
-    local rec = redis.call('HGET', KEYS[1], ck)
-    redis.call('HDEL', KEYS[1], ck)
-    redis.call('HDEL', KEYS[2], ck)
-    redis.call('ZREM', KEYS[3], ck)
+  if tok ~= '' and not done[ck] and redis.call('HGET', KEYS[2], ck) == tok then
+    done[ck] = true
+    local rec
+    if redel or mode == 'b' then rec = redis.call('HGET', KEYS[1], ck) end
     if redel and rec then redis.call('HDEL', KEYS[7], rec) end
     if mode ~= 'd' then results[#results + 1] = ARGV[i + 3] end
     if mode == 'd' then
@@ -426,6 +431,13 @@ for i = 1, #ARGV, 9 do
     late = late + 1
     out[#out + 1] = 0
   end
+end
+local drop = {}
+for ck in pairs(done) do drop[#drop + 1] = ck end
+if #drop > 0 then
+  redis.call('HDEL', KEYS[1], unpack(drop))
+  redis.call('HDEL', KEYS[2], unpack(drop))
+  redis.call('ZREM', KEYS[3], unpack(drop))
 end
 if #results > 0 then
   redis.call('LPUSH', KEYS[4], unpack(results))
