@@ -306,6 +306,11 @@ func TestPayloadKeys(t *testing.T) {
 	// (its retry waits without the payload, which is read again).
 	gone := "pk-up-3"
 	c.Del(ctx, "request-payload:"+gone+":"+tokens[gone])
+	// An expired request whose payload key is gone too is answered
+	// DEADLINE_EXCEEDED, as upstream does (it reads no payload for it).
+	expired := "pk-expired"
+	tokens[expired] = up.submit(t, expired, time.Now().Unix()-10, payloadFor(expired))
+	c.Del(ctx, "request-payload:"+expired+":"+tokens[expired])
 	gw.mu.Lock()
 	gw.fail["pk-up-5"] = 1
 	gw.mu.Unlock()
@@ -322,6 +327,12 @@ func TestPayloadKeys(t *testing.T) {
 			}
 			continue
 		}
+		if id == expired {
+			if r["error_code"] != "DEADLINE_EXCEEDED" || r["error_message"] != "deadline exceeded" || r["status_code"] != nil {
+				t.Errorf("%s: %v, want DEADLINE_EXCEEDED", id, r)
+			}
+			continue
+		}
 		if r["status_code"] != float64(200) {
 			t.Errorf("%s: %v, want 200", id, r)
 		}
@@ -330,7 +341,7 @@ func TestPayloadKeys(t *testing.T) {
 	for id := range tokens {
 		want := 1
 		switch id {
-		case gone:
+		case gone, expired:
 			want = 0
 		case "pk-up-5":
 			want = 2

@@ -214,17 +214,21 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 	}
 	if ref := e.str(func() json.RawMessage { return e.Internal.PayloadRef }); ref != "" {
 		m.Metadata[metaPayloadKey] = ref
-		if len(e.Internal.KeptResult) > 0 && string(e.Internal.KeptResult) != "null" {
-			m.Metadata[metaKeptResult] = "1"
+		kept := len(e.Internal.KeptResult) > 0 && string(e.Internal.KeptResult) != "null"
+		if d := e.deadline(); kept || (d > 0 && float64(time.Now().UnixMilli())/1000 >= d) {
+			// Answered without calling the gateway (its kept result, or
+			// DEADLINE_EXCEEDED as upstream, which reads no payload for an
+			// expired request): a payload key that is gone does not matter.
+			m.Metadata[metaNoPayload] = "1"
 		}
 		return true
 	}
 	return false
 }
 
-// metaKeptResult marks a delivery carrying a kept result (its payload is
-// not needed: the gateway is not called again).
-const metaKeptResult = "sluice_kept_result"
+// metaNoPayload marks a delivery whose payload is not needed: it carries a
+// kept result, or its deadline passed (the gateway is not called).
+const metaNoPayload = "sluice_no_payload"
 
 // routeOf is the result list of delivery m: the one its envelope resolved
 // to, else the queue's.
@@ -239,7 +243,7 @@ func (s *source) routeOf(m *message.Message) string {
 const (
 	payloadMissing      = "request payload is missing"
 	payloadNotAttached  = "request payload could not be attached"
-	keptResultNoPayload = "{}"
+	keptResultNoPayload = "{}" // attached when the payload is not needed and gone
 )
 
 // attachPayloads reads the payloads of refs (messages of out whose
@@ -265,7 +269,7 @@ func (s *source) attachPayloads(ctx context.Context, out, refs []*message.Messag
 	} else {
 		for i, m := range refs {
 			v, ok := vals[i].(string)
-			if !ok && m.Metadata.Get(metaKeptResult) != "" {
+			if !ok && m.Metadata.Get(metaNoPayload) != "" {
 				v, ok = keptResultNoPayload, true
 			}
 			msg := payloadMissing
