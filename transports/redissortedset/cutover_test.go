@@ -313,3 +313,55 @@ func TestEqualDeadlinesKeepEnqueueOrder(t *testing.T) {
 		t.Errorf("dispatch order\n%v\nwant\n%v", got, want)
 	}
 }
+
+// TestUpstreamReclaimTakesOverSluiceClaim: an upstream replica that claims
+// the same request (same id and token: it re-claims a retried copy, as its
+// retry path does) takes the claim over; the sluice replica's heartbeat
+// reports it lost and its result is fenced off, so one result is written.
+func TestUpstreamReclaimTakesOverSluiceClaim(t *testing.T) {
+	f, _ := cutoverFixture(t, 0)
+	c := f.prod.Client()
+	ctx := context.Background()
+	const q, results = "llm-d-async:requests:takeover", "llm-d-async:results:takeover"
+	up := upProducer{c: c, queue: q, results: results}
+	tok := up.submit(t, "tk", time.Now().Add(time.Hour).Unix(), payloadFor("tk"))
+	tp := f.transport(rss.Options{LeaseMS: 3000, HeartbeatMS: 200})
+	t.Cleanup(func() { _ = tp.Close() })
+	qq := queueOf(q)
+	qq.ResultName = results
+	s := subscribe(t, tp, qq, 1)
+	defer s.close()
+	msg := s.next(5 * time.Second)
+	if got := msg.Metadata.Get(rss.MetaClaim); got != "tk\x00"+tok {
+		t.Fatalf("claim id %q", got)
+	}
+	// The retried copy (retry_count 1) comes back and upstream claims it.
+	var e upEnvelope
+	if err := json.Unmarshal(msg.Payload, &e); err != nil {
+		t.Fatal(err)
+	}
+	e.Internal.RetryCount = 1
+	copyM, _ := json.Marshal(e)
+	c.ZAdd(ctx, q, redis.Z{Score: 1, Member: string(copyM)})
+	u := newUpReplica(t, c, q, time.Hour, nil)
+	if n := len(u.claimSome(ctx, 1)); n != 1 {
+		t.Fatalf("upstream claimed %d", n)
+	}
+	end := time.Now().Add(5 * time.Second)
+	for tp.Stats().LostLeases == 0 && time.Now().Before(end) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := tp.Stats(); st.LostLeases != 1 {
+		t.Errorf("sluice's heartbeat did not see the takeover: %+v", st)
+	}
+	s.answer(msg)
+	if st := tp.Stats(); st.LateResults != 1 {
+		t.Errorf("sluice's result was not fenced: %+v", st)
+	}
+	if n := c.LLen(ctx, results).Val(); n != 0 {
+		t.Errorf("%d results written by the replica that lost the claim", n)
+	}
+	if o := c.HGet(ctx, q+":claim-owners", "tk\x00"+tok).Val(); o != u.owner {
+		t.Errorf("claim owned by %q, want upstream's %q", o, u.owner)
+	}
+}
