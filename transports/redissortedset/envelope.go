@@ -32,25 +32,36 @@ const (
 	metaPayloadKey = "sluice_payload_key"
 )
 
+// rawJSON is a JSON value as it is in the message: unlike json.RawMessage
+// it aliases the input instead of copying it (the message outlives every
+// use of it here).
+type rawJSON []byte
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (r *rawJSON) UnmarshalJSON(b []byte) error {
+	*r = b
+	return nil
+}
+
 // envelopeInfo is the part of an upstream envelope the transport reads.
 // Every value is kept raw so that a member of an unexpected type reads as
 // absent instead of failing the whole message (the core decides whether the
 // message is valid).
 type envelopeInfo struct {
-	RequestKind json.RawMessage `json:"request_kind"`
+	RequestKind rawJSON `json:"request_kind"`
 	Internal    *struct {
-		QueueID               json.RawMessage `json:"queue_id"`
-		RequestQueueName      json.RawMessage `json:"request_queue_name"`
-		ResultQueueName       json.RawMessage `json:"result_queue_name"`
-		ResultTTLSeconds      json.RawMessage `json:"result_ttl_seconds"`
-		ResultRoutingResolved json.RawMessage `json:"result_routing_resolved"`
-		EnqueueSeq            json.RawMessage `json:"enqueue_seq"`
-		PayloadRef            json.RawMessage `json:"payload_ref"`
-		KeptResult            json.RawMessage `json:"kept_result"`
+		QueueID               rawJSON `json:"queue_id"`
+		RequestQueueName      rawJSON `json:"request_queue_name"`
+		ResultQueueName       rawJSON `json:"result_queue_name"`
+		ResultTTLSeconds      rawJSON `json:"result_ttl_seconds"`
+		ResultRoutingResolved rawJSON `json:"result_routing_resolved"`
+		EnqueueSeq            rawJSON `json:"enqueue_seq"`
+		PayloadRef            rawJSON `json:"payload_ref"`
+		KeptResult            rawJSON `json:"kept_result"`
 	} `json:"internal"`
 	Data *struct {
-		ID       json.RawMessage `json:"id"`
-		Deadline json.RawMessage `json:"deadline"`
+		ID       rawJSON `json:"id"`
+		Deadline rawJSON `json:"deadline"`
 	} `json:"data"`
 }
 
@@ -69,14 +80,14 @@ func parseEnvelope(b []byte) (e envelopeInfo, ok bool) {
 	return e, e.Internal != nil || (len(e.RequestKind) > 0 && string(e.RequestKind) != "null")
 }
 
-func (e *envelopeInfo) str(raw func() json.RawMessage) string {
+func (e *envelopeInfo) str(raw func() rawJSON) string {
 	if e.Internal == nil {
 		return ""
 	}
-	return jsonString(raw())
+	return jsonString(json.RawMessage(raw()))
 }
 
-func (e *envelopeInfo) int(raw json.RawMessage) int64 {
+func (e *envelopeInfo) int(raw rawJSON) int64 {
 	if e.Internal == nil || len(raw) == 0 {
 		return 0
 	}
@@ -180,14 +191,14 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 		m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
 	}
 	var set []wire.InternalMember
-	str := func(v string) []byte { b, _ := json.Marshal(v); return b }
-	if e.str(func() json.RawMessage { return e.Internal.RequestQueueName }) == "" {
+	str := quoteJSON
+	if e.str(func() rawJSON { return e.Internal.RequestQueueName }) == "" {
 		set = append(set, wire.InternalMember{Name: "request_queue_name", Value: str(q.Name)})
 	}
-	if q.ID != "" && e.str(func() json.RawMessage { return e.Internal.QueueID }) == "" {
+	if q.ID != "" && e.str(func() rawJSON { return e.Internal.QueueID }) == "" {
 		set = append(set, wire.InternalMember{Name: "queue_id", Value: str(q.ID)})
 	}
-	route := e.str(func() json.RawMessage { return e.Internal.ResultQueueName })
+	route := e.str(func() rawJSON { return e.Internal.ResultQueueName })
 	var ttl int64
 	if e.resolved() {
 		ttl = e.int(e.Internal.ResultTTLSeconds)
@@ -212,7 +223,7 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 	if stamped, err := wire.SetInternal(m.Payload, set...); err == nil {
 		m.Payload = stamped
 	}
-	if ref := e.str(func() json.RawMessage { return e.Internal.PayloadRef }); ref != "" {
+	if ref := e.str(func() rawJSON { return e.Internal.PayloadRef }); ref != "" {
 		m.Metadata[metaPayloadKey] = ref
 		kept := len(e.Internal.KeptResult) > 0 && string(e.Internal.KeptResult) != "null"
 		if d := e.deadline(); kept || (d > 0 && float64(time.Now().UnixMilli())/1000 >= d) {
@@ -326,7 +337,7 @@ func (s *source) answerUnavailable(m *message.Message, msg string) {
 	id := m.Metadata.Get(metaRequestID)
 	if id == "" {
 		if e, ok := parseEnvelope(m.Payload); ok && e.Data != nil {
-			id = jsonString(e.Data.ID)
+			id = jsonString(json.RawMessage(e.Data.ID))
 		}
 	}
 	t.log.Warn("a request's payload key is gone; answering PAYLOAD_UNAVAILABLE", "queue", s.q.Name, "id", id, "key", m.Metadata.Get(metaPayloadKey))
@@ -368,7 +379,7 @@ func withRequestToken(result []byte, token string) []byte {
 	if end < 0 || bytes.Contains(result, []byte(`"request_token"`)) {
 		return result
 	}
-	tok, _ := json.Marshal(token)
+	tok := quoteJSON(token)
 	out := make([]byte, 0, len(result)+len(tok)+20)
 	out = append(out, result[:end]...)
 	if bytes.TrimSpace(result[:end])[len(bytes.TrimSpace(result[:end]))-1] != '{' {
