@@ -401,13 +401,15 @@ for _, k in ipairs({KEYS[4], KEYS[5]}) do
   end
 end
 local redel = redis.call('EXISTS', KEYS[7]) == 1
-local out, results, late, ttl, done = {}, {}, 0, 0, {}
+local out, results, late, ttl = {}, {}, 0, 0
 for i = 1, #ARGV, 9 do
   local mode, tok, ck = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if tok ~= '' and not done[ck] and redis.call('HGET', KEYS[2], ck) == tok then
-    done[ck] = true
+  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
     local rec
     if redel or mode == 'b' then rec = redis.call('HGET', KEYS[1], ck) end
+    redis.call('HDEL', KEYS[1], ck)
+    redis.call('HDEL', KEYS[2], ck)
+    redis.call('ZREM', KEYS[3], ck)
     if redel and rec then redis.call('HDEL', KEYS[7], rec) end
     if mode ~= 'd' then results[#results + 1] = ARGV[i + 3] end
     if mode == 'd' then
@@ -431,13 +433,6 @@ for i = 1, #ARGV, 9 do
     late = late + 1
     out[#out + 1] = 0
   end
-end
-local drop = {}
-for ck in pairs(done) do drop[#drop + 1] = ck end
-if #drop > 0 then
-  redis.call('HDEL', KEYS[1], unpack(drop))
-  redis.call('HDEL', KEYS[2], unpack(drop))
-  redis.call('ZREM', KEYS[3], unpack(drop))
 end
 if #results > 0 then
   redis.call('LPUSH', KEYS[4], unpack(results))
