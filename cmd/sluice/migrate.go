@@ -35,22 +35,29 @@ func newMigrate() *cobra.Command {
 for a rollback or a cut-over. Waiting requests need nothing: both read the same
 sorted sets.
 
---to-upstream (rollback to upstream): leased, unsettled requests (<queue>:leased)
-go back into the queue with their deadline score, and delayed retries
+Claims are shared: sluice writes upstream's claim keys (<queue>:claimed,
+:claim-owners, :claims-idx), and replicas of either kind return each other's
+expired claims; both directions also return expired claims at once.
+
+--to-upstream (rollback to upstream): expired claims of any replica, and leases
+of earlier sluice versions (<queue>:leased), go back into the queue at
+upstream's score (deadline plus enqueue sequence), and delayed retries
 (<queue>:delayed, or the delay set retry_queue_name names) go into upstream's
 retry set (member: the message; score: the due time in Unix seconds). A retry
 whose message does not name its queue in internal.request_queue_name goes back
 into the queue at once instead, since upstream's retry mover would send it to
 its first queue (or drop it, when it is not an envelope). Stop every sluice
-replica first: while any lease of a queue is still being renewed the command
-refuses, before moving anything, unless --force (a running replica's result is
+replica first: while any claim of a sluice replica is still being renewed the
+command refuses, before moving anything (live claims of upstream replicas are
+left to them), unless --force (a running replica's result is
 then discarded as late and upstream answers the request). Dead-letter lists, redelivery counts, stats, job indexes
 and cancellations are left in place: upstream has no such keys, and they serve
 a later cut-over back to sluice.
 
 --from-upstream (cut-over to sluice, optional): entries of upstream's retry
 set that belong to the given queues (by internal.request_queue_name, else
-internal.queue_id) move into each queue's delay set, keeping their due time.
+internal.queue_id) move into each queue's delay set, keeping their due time,
+and expired claims (of upstream replicas that died) go back into the queue.
 A running sluice does this for due entries on its own; this is the explicit,
 one-time form. Entries of other queues are left.
 
@@ -204,7 +211,7 @@ func toUpstream(cmd *cobra.Command, m *rss.Migrator, queues []transport.Queue, o
 		}
 	}
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "QUEUE\tLEASED->QUEUE\tRETRIES->%s\tRETRIES->QUEUE\tDEAD-LETTERED (LEFT)\tREDELIVERY COUNTS (LEFT)\n", m.UpstreamRetrySet())
+	fmt.Fprintf(w, "QUEUE\tCLAIMS->QUEUE\tRETRIES->%s\tRETRIES->QUEUE\tUPSTREAM CLAIMS (LEFT)\tDEAD-LETTERED (LEFT)\tREDELIVERY COUNTS (LEFT)\n", m.UpstreamRetrySet())
 	var errs []error
 	for _, q := range queues {
 		r, err := m.ToUpstream(ctx, q.Name)
@@ -212,7 +219,7 @@ func toUpstream(cmd *cobra.Command, m *rss.Migrator, queues []transport.Queue, o
 		if r.LiveLeases > 0 {
 			leased += fmt.Sprintf(" (%d live)", r.LiveLeases)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\n", q.Name, leased, r.Retries, r.RetriesToQueue, r.DeadLettered, r.Redeliveries)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\n", q.Name, leased, r.Retries, r.RetriesToQueue, r.UpstreamClaims, r.DeadLettered, r.Redeliveries)
 		if r.RetriesLeft > 0 {
 			errs = append(errs, fmt.Errorf("%s: %d delay-set entries not in sluice's format were left", q.Name, r.RetriesLeft))
 		}
@@ -230,14 +237,16 @@ func toUpstream(cmd *cobra.Command, m *rss.Migrator, queues []transport.Queue, o
 func fromUpstream(cmd *cobra.Command, m *rss.Migrator, queues []transport.Queue, out io.Writer) error {
 	moved, left, err := m.FromUpstream(cmd.Context(), queues)
 	w := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "QUEUE\t%s->DELAY SET\n", m.UpstreamRetrySet())
+	fmt.Fprintf(w, "QUEUE\t%s->DELAY SET\tEXPIRED CLAIMS->QUEUE\tLIVE CLAIMS (UPSTREAM, SLUICE)\n", m.UpstreamRetrySet())
 	names := make([]string, 0, len(queues))
 	for _, q := range queues {
 		names = append(names, q.Name)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "%s\t%d\n", n, moved[n])
+		cr, cerr := m.ReturnClaims(cmd.Context(), n)
+		err = errors.Join(err, cerr)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d, %d\n", n, moved[n], cr.Returned, cr.LiveUpstream, cr.LiveSluice)
 	}
 	if ferr := w.Flush(); ferr != nil {
 		return ferr

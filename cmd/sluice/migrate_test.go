@@ -80,7 +80,7 @@ func TestMigrateCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile(`(?m)^llm-d-async:requests:pool-a\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$`)
+	row := regexp.MustCompile(`(?m)^llm-d-async:requests:pool-a\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$`)
 	counts := func(out string) string {
 		m := row.FindStringSubmatch(out)
 		if m == nil {
@@ -91,7 +91,7 @@ func TestMigrateCommand(t *testing.T) {
 
 	before := dumpKeys(t, c, "*")
 	out, _, err := runCLI(t, ctx, "", "migrate", "--to-upstream", "--dry-run", "--pool", "pool-a")
-	if err != nil || !strings.Contains(out, "dry run") || counts(out) != "1 1 1 1 0" {
+	if err != nil || !strings.Contains(out, "dry run") || counts(out) != "1 1 1 0 1 0" {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
 	if after := dumpKeys(t, c, "*"); after != before {
@@ -107,7 +107,7 @@ func TestMigrateCommand(t *testing.T) {
 	}
 
 	out, _, err = runCLI(t, ctx, "", "migrate", "--to-upstream", "--pool", "pool-a")
-	if err != nil || counts(out) != "1 1 1 1 1" || !strings.Contains(out, "left in place: dead-letter lists") {
+	if err != nil || counts(out) != "1 1 1 0 1 1" || !strings.Contains(out, "left in place: dead-letter lists") {
 		t.Fatalf("migration: %v\n%s", err, out)
 	}
 	for member, key := range map[string]string{a: q, flat: q, b: "retry-sortedset"} {
@@ -128,7 +128,7 @@ func TestMigrateCommand(t *testing.T) {
 	}
 	before = dumpKeys(t, c, "*")
 	out, _, err = runCLI(t, ctx, "", "migrate", "--to-upstream", "--pool", "pool-a")
-	if err != nil || counts(out) != "0 0 0 1 1" {
+	if err != nil || counts(out) != "0 0 0 0 1 1" {
 		t.Fatalf("second run: %v\n%s", err, out)
 	}
 	if after := dumpKeys(t, c, "*"); after != before {
@@ -143,7 +143,7 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, err = runCLI(t, ctx, "", "migrate", "--from-upstream", "--transport-config-file", cfg)
-	if err != nil || !regexp.MustCompile(`(?m)^llm-d-async:requests:pool-a\s+1$`).MatchString(out) || !strings.Contains(out, "left in retry-sortedset: 0") {
+	if err != nil || !regexp.MustCompile(`(?m)^llm-d-async:requests:pool-a\s+1\s+0\s+0, 0$`).MatchString(out) || !strings.Contains(out, "left in retry-sortedset: 0") {
 		t.Fatalf("--from-upstream: %v\n%s", err, out)
 	}
 	if s, err := c.ZScore(ctx, q+":retry-sortedset", score+"|"+b).Result(); err != nil || int64(s) != due {

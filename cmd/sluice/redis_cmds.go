@@ -346,8 +346,8 @@ func discoverQueues(ctx context.Context, p *producer.Producer) ([]string, error)
 		iter := c.ScanType(ctx, 0, p.Names().RequestQueue("*"), 1000, "zset").Iterator()
 		for iter.Next(ctx) {
 			n := iter.Val()
-			// The queues' own sorted sets (leases, delay sets) match the pattern too.
-			if !strings.HasSuffix(n, ":leases") && !strings.HasSuffix(n, ":delayed") && !strings.HasSuffix(n, ":pending") {
+			// The queues' own sorted sets (claims, leases, delay sets) match the pattern too.
+			if !strings.HasSuffix(n, ":claims-idx") && !strings.HasSuffix(n, ":leases") && !strings.HasSuffix(n, ":delayed") && !strings.HasSuffix(n, ":pending") {
 				mu.Lock()
 				set[n] = true
 				mu.Unlock()

@@ -291,12 +291,12 @@ func TestServeSurvivesKill9(t *testing.T) {
 		}
 	}
 	c := p.Client()
-	for _, k := range []string{queue, queue + ":leases", queue + ":delayed", results + ":pending"} {
+	for _, k := range []string{queue, queue + ":claims-idx", queue + ":leases", queue + ":delayed", results + ":pending"} {
 		if n := c.ZCard(ctx, k).Val(); n != 0 {
 			t.Errorf("%s holds %d", k, n)
 		}
 	}
-	for _, k := range []string{queue + ":leased", queue + ":redeliveries"} {
+	for _, k := range []string{queue + ":claimed", queue + ":claim-owners", queue + ":leased", queue + ":redeliveries"} {
 		if n := c.HLen(ctx, k).Val(); n != 0 {
 			t.Errorf("%s holds %d", k, n)
 		}

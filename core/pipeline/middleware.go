@@ -114,7 +114,7 @@ func Deadline() message.HandlerMiddleware {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := From(m)
 			if d.Req.Expired(time.Now()) {
-				return Fail(d, wire.CodeDeadlineExceeded, "deadline passed before dispatch"), nil
+				return Fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
 			}
 			return next(m)
 		}
@@ -245,7 +245,7 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 			// passed on as it came, without an error code, as upstream does.
 			return Finish(d, answer(d.Req, o)), nil
 		case dispatch.DeadlineExceeded:
-			return Fail(d, wire.CodeDeadlineExceeded, "deadline passed during dispatch"), nil
+			return Fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
 		case dispatch.Cancelled:
 			// Err is the cause the call was cancelled with.
 			switch {

@@ -78,7 +78,7 @@ func TestDispatchOutcomes(t *testing.T) {
 		{"4xx with a body", dispatch.Outcome{Class: dispatch.Fatal, StatusCode: 404, Body: []byte(`nope`)}, wire.Result{StatusCode: 404, Payload: `nope`}, false},
 		{"4xx without a body", dispatch.Outcome{Class: dispatch.Fatal, StatusCode: 400}, wire.Result{StatusCode: 400}, false},
 		{"too large", dispatch.Outcome{Class: dispatch.Fatal, StatusCode: 200, Err: tooLarge}, wire.Result{ErrorCode: wire.CodeInferenceError, ErrorMessage: tooLarge.Error() + " (limit: dispatch.max_response_bytes)"}, false},
-		{"deadline", dispatch.Outcome{Class: dispatch.DeadlineExceeded}, wire.Result{ErrorCode: wire.CodeDeadlineExceeded, ErrorMessage: "deadline passed during dispatch"}, false},
+		{"deadline", dispatch.Outcome{Class: dispatch.DeadlineExceeded}, wire.Result{ErrorCode: wire.CodeDeadlineExceeded, ErrorMessage: "deadline exceeded"}, false},
 		{"cancelled", dispatch.Outcome{Class: dispatch.Cancelled, Err: ErrCancelled}, wire.Result{ErrorCode: wire.CodeCancelled, ErrorMessage: "cancelled during dispatch"}, false},
 		{"503", dispatch.Outcome{Class: dispatch.Retryable, StatusCode: 503}, wire.Result{}, true},
 	} {

@@ -78,6 +78,11 @@ type Queue struct {
 	// the transport is a ResultRouter — upstream's order: the queue's, the
 	// message's, the transport's.
 	ResultFromMessage bool `json:"-"`
+	// ResultTTLSeconds, when above 0, is the expiry the result list is
+	// given on every result written to it (upstream's per-queue
+	// result_ttl_seconds, for per-request result keys); transports with
+	// result lists honour it (redis-sortedset), the others ignore it.
+	ResultTTLSeconds int64 `json:"result_ttl_seconds,omitempty"`
 }
 
 // Transport is one configured transport of a deployment.

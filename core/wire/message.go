@@ -30,6 +30,9 @@ const (
 	CodeGateError        ErrorCode = "GATE_ERROR"
 	CodeInferenceError   ErrorCode = "INFERENCE_ERROR"
 	CodeInvalidRequest   ErrorCode = "INVALID_REQUEST"
+	// CodePayloadUnavailable answers a request whose payload was kept in its
+	// own key (upstream's internal.payload_ref) and is gone.
+	CodePayloadUnavailable ErrorCode = "PAYLOAD_UNAVAILABLE"
 )
 
 // Request is one inference request taken from a queue.

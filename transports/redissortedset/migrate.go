@@ -63,31 +63,134 @@ func (e *LiveLeasesError) Error() string {
 		e.Queue, e.Count, e.Until.Format(time.RFC3339))
 }
 
-// CheckLeases returns a *LiveLeasesError when queue has leases whose expiry
-// (by Redis' clock) is in the future, nil when none.
-func (m *Migrator) CheckLeases(ctx context.Context, queue string) error {
-	k := m.names.Queue(queue)
+// SluiceOwner reports whether a claim's owner token is a sluice replica's
+// ("<replica>:<claim call>:<i>"); upstream's are 16 hex digits.
+func SluiceOwner(token string) bool { return strings.Contains(token, ":") }
+
+// liveClaim is a claim whose lease has not expired.
+type liveClaim struct {
+	claim, owner string
+	until        time.Time
+}
+
+// liveClaims lists the claims of k whose lease expires after now (Redis'
+// clock), with their owners.
+func (m *Migrator) liveClaims(ctx context.Context, k keys.Queue) ([]liveClaim, error) {
 	now, err := m.c.Time(ctx).Result()
 	if err != nil {
-		return fmt.Errorf("read the Redis clock: %w", err)
+		return nil, fmt.Errorf("read the Redis clock: %w", err)
 	}
-	from := "(" + strconv.FormatInt(now.UnixMilli(), 10)
-	n, err := m.c.ZCount(ctx, k.Leases, from, "+inf").Result()
+	from := "(" + strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
+	zs, err := m.c.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: from, Stop: "+inf"}).Result()
 	if err != nil {
-		return fmt.Errorf("count live leases of %s: %w", queue, err)
+		return nil, fmt.Errorf("read claims of %s: %w", k.Name, err)
 	}
-	if n == 0 {
+	out := make([]liveClaim, 0, len(zs))
+	for i := 0; i < len(zs); i += 1000 {
+		page := zs[i:min(i+1000, len(zs))]
+		cks := make([]string, len(page))
+		for j, z := range page {
+			cks[j], _ = z.Member.(string)
+		}
+		owners, err := m.c.HMGet(ctx, k.Owners, cks...).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read claim owners of %s: %w", k.Name, err)
+		}
+		for j, z := range page {
+			o, _ := owners[j].(string)
+			out = append(out, liveClaim{claim: cks[j], owner: o, until: time.UnixMilli(int64(z.Score * 1000))})
+		}
+	}
+	// The lease layout of earlier sluice versions.
+	legacy, err := m.c.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.Leases, ByScore: true,
+		Start: "(" + strconv.FormatInt(now.UnixMilli(), 10), Stop: "+inf"}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read leases of %s: %w", k.Name, err)
+	}
+	for _, z := range legacy {
+		tok, _ := z.Member.(string)
+		out = append(out, liveClaim{owner: tok, until: time.UnixMilli(int64(z.Score))})
+	}
+	return out, nil
+}
+
+// CheckLeases returns a *LiveLeasesError when queue has claims of sluice
+// replicas whose lease (by Redis' clock) expires in the future, nil when
+// none. Live claims of upstream replicas do not count: upstream answers
+// them.
+func (m *Migrator) CheckLeases(ctx context.Context, queue string) error {
+	live, err := m.liveClaims(ctx, m.names.Queue(queue))
+	if err != nil {
+		return err
+	}
+	e := &LiveLeasesError{Queue: queue}
+	for _, c := range live {
+		if SluiceOwner(c.owner) {
+			e.Count++
+			if c.until.After(e.Until) {
+				e.Until = c.until
+			}
+		}
+	}
+	if e.Count == 0 {
 		return nil
 	}
-	last, err := m.c.ZRangeWithScores(ctx, k.Leases, -1, -1).Result()
-	if err != nil {
-		return fmt.Errorf("read leases of %s: %w", queue, err)
-	}
-	e := &LiveLeasesError{Queue: queue, Count: n}
-	if len(last) == 1 {
-		e.Until = time.UnixMilli(int64(last[0].Score))
-	}
 	return e
+}
+
+// ClaimsReport is what ReturnClaims found in a queue's claims.
+type ClaimsReport struct {
+	// Returned counts expired claims (of any replica, sluice or upstream,
+	// that died or was stopped) returned to the queue with their stored
+	// member, and the expired leases of earlier sluice versions.
+	Returned int
+	// LiveSluice and LiveUpstream count claims still being renewed by
+	// sluice and by upstream replicas, left alone.
+	LiveSluice, LiveUpstream int
+}
+
+// ReturnClaims returns the expired claims of queue to it, as every
+// replica's reclaimer does (so after a cut-over in either direction nothing
+// waits for a lease to lapse and a replica to notice), and counts the live
+// ones by owner. With DryRun it only counts.
+func (m *Migrator) ReturnClaims(ctx context.Context, queue string) (ClaimsReport, error) {
+	var rep ClaimsReport
+	k := m.names.Queue(queue)
+	live, err := m.liveClaims(ctx, k)
+	if err != nil {
+		return rep, err
+	}
+	for _, c := range live {
+		if SluiceOwner(c.owner) {
+			rep.LiveSluice++
+		} else {
+			rep.LiveUpstream++
+		}
+	}
+	if m.DryRun {
+		total, err := m.c.ZCard(ctx, k.ClaimsIdx).Result()
+		if err != nil {
+			return rep, fmt.Errorf("count claims of %s: %w", queue, err)
+		}
+		legacy, err := m.c.ZCard(ctx, k.Leases).Result()
+		if err != nil {
+			return rep, fmt.Errorf("count leases of %s: %w", queue, err)
+		}
+		rep.Returned = int(total+legacy) - len(live)
+		return rep, nil
+	}
+	now, err := m.c.Time(ctx).Result()
+	if err != nil {
+		return rep, fmt.Errorf("read the Redis clock: %w", err)
+	}
+	n, err := ReclaimExpired(ctx, m.c, k, now)
+	rep.Returned += n
+	if err != nil {
+		return rep, err
+	}
+	n, err = reclaimLegacy(ctx, m.c, k)
+	rep.Returned += n
+	return rep, err
 }
 
 // RollbackReport is what MigrateToUpstream moved (or would move) for one
@@ -109,6 +212,23 @@ type RollbackReport struct {
 	// DeadLettered and Redeliveries are left in place (upstream has neither);
 	// they stay for a later cut-over back to sluice.
 	DeadLettered, Redeliveries int64
+	// UpstreamClaims counts live claims of upstream replicas, left to them.
+	UpstreamClaims int
+}
+
+// countUpstreamClaims counts the live claims of upstream replicas on k.
+func (m *Migrator) countUpstreamClaims(ctx context.Context, k keys.Queue) (int, error) {
+	if m.DryRun {
+		return 0, nil
+	}
+	live, err := m.liveClaims(ctx, k)
+	n := 0
+	for _, c := range live {
+		if !SluiceOwner(c.owner) {
+			n++
+		}
+	}
+	return n, err
 }
 
 // ToUpstream moves queue's sluice-only state into upstream's shapes:
@@ -129,6 +249,9 @@ func (m *Migrator) ToUpstream(ctx context.Context, queue string) (RollbackReport
 	n, err := m.returnLeases(ctx, k)
 	rep.Leased = n
 	if err != nil {
+		return rep, err
+	}
+	if rep.UpstreamClaims, err = m.countUpstreamClaims(ctx, k); err != nil {
 		return rep, err
 	}
 	retrySet := m.UpstreamRetrySet()
@@ -162,52 +285,53 @@ func (m *Migrator) ToUpstream(ctx context.Context, queue string) (RollbackReport
 	return rep, nil
 }
 
-// returnLeases returns every lease of k to the queue at its original score:
-// expired ones as the reclaimer would (the delivery counts), and with Force
-// the live ones as a hand-back.
+// returnLeases returns the expired claims of k (of any owner: upstream
+// reclaims them too, this only does it at once) and the leases of earlier
+// sluice versions to the queue, the stored member scored by QueueScore,
+// and with Force the live claims of sluice replicas as a hand-back (their
+// results will be discarded as late). Live claims of upstream replicas are
+// left to them.
 func (m *Migrator) returnLeases(ctx context.Context, k keys.Queue) (int, error) {
-	release := []string{k.Leases, k.Leased, k.Name, k.Redeliveries, k.Stats}
 	if m.DryRun {
-		n, err := m.c.ZCard(ctx, k.Leases).Result()
-		if err != nil {
-			return 0, fmt.Errorf("count leases of %s: %w", k.Name, err)
+		rep, err := m.ReturnClaims(ctx, k.Name)
+		n := rep.Returned
+		if m.Force {
+			n += rep.LiveSluice
 		}
-		return int(n), nil
+		return n, err
 	}
-	const limit = 500
-	total := 0
-	for {
-		n, err := keys.Release.Run(ctx, m.c, release, "reclaim", limit).Int()
+	rep, err := m.ReturnClaims(ctx, k.Name)
+	total := rep.Returned
+	if err != nil || !m.Force {
+		return total, err
+	}
+	live, err := m.liveClaims(ctx, k)
+	if err != nil {
+		return total, err
+	}
+	var args []any
+	for _, c := range live {
+		if SluiceOwner(c.owner) && c.claim != "" {
+			member, err := m.c.HGet(ctx, k.Claimed, c.claim).Result()
+			if err != nil {
+				continue // settled meanwhile
+			}
+			args = append(args, c.owner, c.claim, QueueScore([]byte(member)))
+		}
+	}
+	if len(args) > 0 {
+		n, err := keys.Release.Run(ctx, m.c, []string{k.Claimed, k.Owners, k.ClaimsIdx, k.Name}, args...).Int()
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("return expired leases of %s: %w", k.Name, err)
-		}
-		if n < limit {
-			break
+			return total, fmt.Errorf("return live claims of %s: %w", k.Name, err)
 		}
 	}
-	if !m.Force {
-		return total, nil
+	n, err := keys.LegacyRelease.Run(ctx, m.c, []string{k.Leases, k.Leased, k.Name, k.Redeliveries, k.Stats}, 1<<30, "all").Int()
+	total += n
+	if err != nil {
+		return total, fmt.Errorf("return live leases of %s: %w", k.Name, err)
 	}
-	for {
-		toks, err := m.c.ZRange(ctx, k.Leases, 0, limit-1).Result()
-		if err != nil {
-			return total, fmt.Errorf("read leases of %s: %w", k.Name, err)
-		}
-		if len(toks) == 0 {
-			return total, nil
-		}
-		args := make([]any, 0, len(toks)+1)
-		args = append(args, "release")
-		for _, tok := range toks {
-			args = append(args, tok)
-		}
-		n, err := keys.Release.Run(ctx, m.c, release, args...).Int()
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("return live leases of %s: %w", k.Name, err)
-		}
-	}
+	return total, nil
 }
 
 // FromUpstream moves the entries of upstream's retry set that belong to
@@ -229,6 +353,6 @@ func (m *Migrator) FromUpstream(ctx context.Context, queues []transport.Queue) (
 			return moveItem{}, false
 		}
 		due := strconv.FormatInt(int64(math.Round(z.Score*1000)), 10)
-		return moveItem{queue: q, dst: m.names.Queue(q).Delayed, score: due, member: deadlineScore([]byte(msg)) + "|" + msg}, true
+		return moveItem{queue: q, dst: m.names.Queue(q).Delayed, score: due, member: QueueScore([]byte(msg)) + "|" + msg}, true
 	})
 }

@@ -84,6 +84,7 @@ func TestMigrateToUpstream(t *testing.T) {
 	e2 := e1
 	e2.id, e2.token, e2.deadline = "e2", newToken(t), dl.Add(time.Minute)
 	e1m, e2m := e1.member(t), e2.member(t)
+	_ = e2m
 	for _, m := range []string{e1m, e2m} {
 		r, err := wire.Decode([]byte(m))
 		if err != nil {
@@ -169,7 +170,13 @@ func TestMigrateToUpstream(t *testing.T) {
 	if s := zscore(t, c, q.Name, e1m); s != float64(dl.Unix()) {
 		t.Errorf("e1 score %v, want its deadline %d", s, dl.Unix())
 	}
-	if s := zscore(t, c, rss.DefaultUpstreamRetryQueueName, e2m); math.Abs(s-float64(due.UnixMilli())/1000) > 2 {
+	// The retry is the envelope as the replica delivered it: stamped with
+	// its routing at dequeue, as upstream stamps it.
+	e2r := string(msgs["e2"].Payload)
+	if !strings.Contains(e2r, `"result_routing_resolved":true`) {
+		t.Errorf("e2 was not stamped at dequeue: %s", e2r)
+	}
+	if s := zscore(t, c, rss.DefaultUpstreamRetryQueueName, e2r); math.Abs(s-float64(due.UnixMilli())/1000) > 2 {
 		t.Errorf("e2 score %v, want its due time %d", s, due.Unix())
 	}
 	f1m := string(msgs["f1"].Payload)
@@ -304,8 +311,118 @@ func TestMigrateFromUpstream(t *testing.T) {
 	s := subscribe(t, tp, q, 5)
 	defer s.close()
 	got := s.next(5 * time.Second)
-	if string(got.Payload) != dueM || got.Metadata.Get(rss.MetaScore) != wantScore {
+	if idOf(t, got) != "due" || got.Metadata.Get(rss.MetaScore) != wantScore || !sameUnstamped(t, got.Payload, dueM) {
 		t.Fatalf("claimed %s (score %s), want the due retry at its deadline", got.Payload, got.Metadata.Get(rss.MetaScore))
 	}
 	s.none(300 * time.Millisecond)
+}
+
+// sameUnstamped reports whether a delivered envelope is want with only the
+// stamps a dequeue adds (result_routing_resolved, and result_ttl_seconds,
+// result_queue_name, request_queue_name and queue_id when they were
+// empty): decoded, everything else is equal.
+func sameUnstamped(t *testing.T, got []byte, want string) bool {
+	t.Helper()
+	var g, w map[string]any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("delivered %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	gi, _ := g["internal"].(map[string]any)
+	wi, _ := w["internal"].(map[string]any)
+	if gi["result_routing_resolved"] != true {
+		return false
+	}
+	for _, k := range []string{"result_routing_resolved", "result_ttl_seconds", "result_queue_name", "request_queue_name", "queue_id"} {
+		if _, ok := wi[k]; !ok {
+			delete(gi, k)
+		}
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	return string(gb) == string(wb)
+}
+
+// TestMigrateClaims: both directions return expired claims (here an
+// upstream replica's) to the queue at upstream's score; a rollback refuses
+// while a sluice replica's claim is live but not for an upstream
+// replica's, which it leaves to it; --force hands the sluice claim back.
+func TestMigrateClaims(t *testing.T) {
+	f := newFixture(t, simulator.Config{})
+	ctx := context.Background()
+	c := f.prod.Client()
+	const q, results = "llm-d-async:requests:mclaims", "llm-d-async:results:mclaims"
+	up := upProducer{c: c, queue: q, results: results}
+	dl := time.Now().Add(time.Hour).Unix()
+	for _, id := range []string{"live-up", "dead-up", "live-sluice"} {
+		up.submit(t, id, dl, payloadFor(id))
+	}
+	members := map[string]string{}
+	for _, z := range c.ZRange(ctx, q, 0, -1).Val() {
+		var e upEnvelope
+		_ = json.Unmarshal([]byte(z), &e)
+		members[e.Data.ID] = z
+	}
+	alive := newUpReplica(t, c, q, time.Hour, nil)
+	dead := newUpReplica(t, c, q, -time.Second, nil)                           // its lease is already over
+	if len(alive.claimSome(ctx, 1)) != 1 || len(dead.claimSome(ctx, 1)) != 1 { // in enqueue order
+		t.Fatal("the upstream replicas claimed nothing")
+	}
+	tp := f.transport(rss.Options{})
+	t.Cleanup(func() { _ = tp.Close() })
+	qq := queueOf(q)
+	qq.ResultName = results
+	s := subscribe(t, tp, qq, 1)
+	defer s.close()
+	msg := s.next(5 * time.Second)
+	if idOf(t, msg) != "live-sluice" {
+		t.Fatalf("sluice claimed %s", idOf(t, msg))
+	}
+
+	m, err := rss.NewMigrator(c, rss.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live *rss.LiveLeasesError
+	if _, err := m.ToUpstream(ctx, q); !errors.As(err, &live) || live.Count != 1 {
+		t.Fatalf("rollback with a live sluice claim: %v, want a LiveLeasesError for 1", err)
+	}
+	m.DryRun = true
+	if rep, err := m.ReturnClaims(ctx, q); err != nil || rep != (rss.ClaimsReport{Returned: 1, LiveSluice: 1, LiveUpstream: 1}) {
+		t.Fatalf("dry run: %+v %v", rep, err)
+	}
+	if n := c.ZCard(ctx, q).Val(); n != 0 {
+		t.Fatalf("the dry run moved %d", n)
+	}
+	m.DryRun = false
+	if rep, err := m.ReturnClaims(ctx, q); err != nil || rep != (rss.ClaimsReport{Returned: 1, LiveSluice: 1, LiveUpstream: 1}) {
+		t.Fatalf("return claims: %+v %v", rep, err)
+	}
+	if s := strconv.FormatFloat(zscore(t, c, q, members["dead-up"]), 'g', 17, 64); s != upQueueScore(members["dead-up"]) {
+		t.Errorf("the dead replica's request is back at %s, want %s", s, upQueueScore(members["dead-up"]))
+	}
+	m.Force = true
+	rep, err := m.ToUpstream(ctx, q)
+	if err != nil || rep.Leased != 1 || rep.LiveLeases != 1 || rep.UpstreamClaims != 1 {
+		t.Fatalf("forced rollback: %+v %v", rep, err)
+	}
+	zscore(t, c, q, members["live-sluice"])
+	if o := c.HGet(ctx, q+":claim-owners", "live-up\x00"+mustToken(t, members["live-up"])).Val(); o != alive.owner {
+		t.Errorf("the live upstream claim is owned by %q, want it left to %q", o, alive.owner)
+	}
+	s.answer(msg)
+	if st := tp.Stats(); st.LateResults != 1 {
+		t.Errorf("the handed-back request's result was not fenced: %+v", st)
+	}
+}
+
+func mustToken(t *testing.T, member string) string {
+	t.Helper()
+	var e upEnvelope
+	if err := json.Unmarshal([]byte(member), &e); err != nil {
+		t.Fatal(err)
+	}
+	return e.Internal.RequestToken
 }

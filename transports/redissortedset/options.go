@@ -22,6 +22,12 @@ const (
 	MaxBatchSize          = 1000
 	DefaultLeaseMS        = 15000
 	DefaultMaxDeliveries  = 5
+	// maxHeartbeatMS caps the default heartbeat, as upstream clamps its own
+	// (lease/3 within [1 s, 30 s]).
+	maxHeartbeatMS = 30000
+	// maxReclaimIntervalMS caps the default reclaim interval at upstream's
+	// default (claim_reclaim_interval_ms 15000).
+	maxReclaimIntervalMS = 15000
 )
 
 // Options are the transport's options (the transport config object minus
@@ -64,11 +70,22 @@ type Options struct {
 	// (default 15000). A crashed replica's requests are back in the queue
 	// within LeaseMS + ReclaimIntervalMS.
 	LeaseMS int `json:"lease_ms,omitempty"`
-	// HeartbeatMS is how often leases in flight are renewed (default LeaseMS/3).
+	// ClaimLeaseTTLSeconds is upstream's name of the lease, in seconds
+	// (claim_lease_ttl_seconds; upstream's default is 300): when set it is
+	// the lease (LeaseMS = 1000 × it). 0 means unset; negative is an error,
+	// and so is a lease_ms that says otherwise.
+	ClaimLeaseTTLSeconds int `json:"claim_lease_ttl_seconds,omitempty"`
+	// HeartbeatMS is how often leases in flight are renewed (default
+	// LeaseMS/3, at most 30 s as upstream's heartbeat).
 	HeartbeatMS int `json:"heartbeat_ms,omitempty"`
-	// ReclaimIntervalMS is how often expired leases are returned to the queue
-	// (default LeaseMS/3).
+	// ReclaimIntervalMS is how often expired claims are returned to the
+	// queue (default LeaseMS/3, at most 15 s as upstream's default).
 	ReclaimIntervalMS int `json:"reclaim_interval_ms,omitempty"`
+	// ClaimReclaimIntervalMS is upstream's name of ReclaimIntervalMS
+	// (claim_reclaim_interval_ms; upstream's default is 15000): when set it
+	// is the reclaim interval. 0 means unset; negative is an error, and so
+	// is a reclaim_interval_ms that says otherwise.
+	ClaimReclaimIntervalMS int `json:"claim_reclaim_interval_ms,omitempty"`
 	// MaxDeliveries is how many times a request may be claimed and lost
 	// (lease expired) before it is dead-lettered with an INFERENCE_ERROR
 	// result (default 5).
@@ -114,14 +131,20 @@ func (o *Options) SetDefaults() {
 		o.BatchSize = DefaultBatchSize
 	}
 	o.BatchSize = min(max(o.BatchSize, MinBatchSize), MaxBatchSize)
+	if o.LeaseMS <= 0 && o.ClaimLeaseTTLSeconds > 0 {
+		o.LeaseMS = o.ClaimLeaseTTLSeconds * 1000
+	}
 	if o.LeaseMS <= 0 {
 		o.LeaseMS = DefaultLeaseMS
 	}
 	if o.HeartbeatMS <= 0 {
-		o.HeartbeatMS = max(o.LeaseMS/3, 1)
+		o.HeartbeatMS = min(max(o.LeaseMS/3, 1), maxHeartbeatMS)
+	}
+	if o.ReclaimIntervalMS <= 0 && o.ClaimReclaimIntervalMS > 0 {
+		o.ReclaimIntervalMS = o.ClaimReclaimIntervalMS
 	}
 	if o.ReclaimIntervalMS <= 0 {
-		o.ReclaimIntervalMS = max(o.LeaseMS/3, 1)
+		o.ReclaimIntervalMS = min(max(o.LeaseMS/3, 1), maxReclaimIntervalMS)
 	}
 	if o.MaxDeliveries <= 0 {
 		o.MaxDeliveries = DefaultMaxDeliveries
@@ -141,6 +164,16 @@ func (o *Options) SetDefaults() {
 // Validate reports unusable options (after SetDefaults).
 func (o *Options) Validate() error {
 	var errs []error
+	if o.ClaimLeaseTTLSeconds < 0 {
+		errs = append(errs, fmt.Errorf("claim_lease_ttl_seconds %d must be non-negative", o.ClaimLeaseTTLSeconds))
+	} else if o.ClaimLeaseTTLSeconds > 0 && o.LeaseMS != o.ClaimLeaseTTLSeconds*1000 {
+		errs = append(errs, fmt.Errorf("claim_lease_ttl_seconds %d and lease_ms %d disagree: give one", o.ClaimLeaseTTLSeconds, o.LeaseMS))
+	}
+	if o.ClaimReclaimIntervalMS < 0 {
+		errs = append(errs, fmt.Errorf("claim_reclaim_interval_ms %d must be non-negative", o.ClaimReclaimIntervalMS))
+	} else if o.ClaimReclaimIntervalMS > 0 && o.ReclaimIntervalMS != o.ClaimReclaimIntervalMS {
+		errs = append(errs, fmt.Errorf("claim_reclaim_interval_ms %d and reclaim_interval_ms %d disagree: give one", o.ClaimReclaimIntervalMS, o.ReclaimIntervalMS))
+	}
 	if o.HeartbeatMS >= o.LeaseMS {
 		errs = append(errs, fmt.Errorf("heartbeat_ms %d must be below lease_ms %d", o.HeartbeatMS, o.LeaseMS))
 	}

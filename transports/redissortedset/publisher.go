@@ -16,28 +16,42 @@ import (
 // publisher writes results with the fenced settle script.
 type publisher struct {
 	t  *Transport
+	q  transport.Queue
 	qs *queueState
 }
 
 var _ message.Publisher = (*publisher)(nil)
 
-// Publish writes each result to the list topic and drops its lease, in one
-// atomic step fenced by the lease token in the message's metadata. A result
-// whose lease was lost is discarded and counted (Stats.LateResults): the
+// Publish writes each result to the list topic and drops its claim, in one
+// atomic step fenced by the owner token in the message's metadata. An
+// envelope's result goes to the list its routing resolved to at dequeue
+// (see stampEnvelope) rather than topic, carries the request's
+// request_token, and its result_ttl_seconds is the list's expiry. A result
+// whose claim was lost is discarded and counted (Stats.LateResults): the
 // request was reclaimed and another claim answers it. While Redis is
 // unreachable the write is retried with backoff for up to result_retry_ms;
-// the request stays leased meanwhile, so a final failure loses nothing: the
-// core nacks, or the lease expires and the request is run again.
+// the request stays claimed meanwhile, so a final failure loses nothing:
+// the core nacks, or the lease expires and the request is run again.
 func (p *publisher) Publish(topic string, ms ...*message.Message) error {
 	for _, m := range ms {
-		token := m.Metadata.Get(MetaLease)
-		if token == "" {
+		if m.Metadata.Get(MetaLease) == "" {
 			return fmt.Errorf("publish result %s to %s: message has no lease token", m.UUID, topic)
 		}
-		it := settleItem{mode: 'r', token: token, result: m.Payload,
-			reqID: m.Metadata.Get(metaRequestID), reqToken: m.Metadata.Get(metaRequestToken)}
-		if err := p.t.settleRetrying(p.qs, topic, it); err != nil {
+		list := topic
+		if r := m.Metadata.Get(metaRoute); r != "" {
+			list = r
+		}
+		it := p.t.resultItem(p.q, m, m.Payload)
+		if err := p.t.settleRetrying(p.qs, list, it); err != nil {
 			return err
+		}
+		if key := m.Metadata.Get(metaPayloadKey); key != "" && p.t.cluster {
+			// In a cluster the payload key is in another slot than the
+			// claim: deleted after the result, as upstream does there (it
+			// expires on its own if this fails).
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = p.t.client.Del(ctx, key).Err()
+			cancel()
 		}
 	}
 	return nil
@@ -83,15 +97,19 @@ func (t *Transport) settleRetrying(qs *queueState, list string, it settleItem) e
 	}
 }
 
-// settleItem is one lease to settle; see keys.Settle for the modes.
-// reqID and reqToken are the request's id and upstream request token when
-// the message carries one: the settle then also cleans upstream's
-// cancellation keys of that request.
+// settleItem is one claim to settle (owner token and claim id); see
+// keys.Settle for the modes. reqID and reqToken are the request's id and
+// upstream request token when the message carries one: the settle then
+// also cleans upstream's cancellation keys of that request. payloadKey is
+// deleted with the result; ttl (seconds, when above 0) becomes the result
+// list's expiry.
 type settleItem struct {
 	mode            byte
-	token           string
+	token, claim    string
 	result, dead    []byte
 	reqID, reqToken string
+	payloadKey      string
+	ttl             int64
 	done            chan settleOutcome
 }
 
@@ -126,7 +144,7 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 	if err := t.names.CheckSlots(qs.k.Name, list); err != nil {
 		return nil, err
 	}
-	s := &settler{t: t, keys: []string{qs.k.Leases, qs.k.Leased, list, qs.k.Dead, qs.k.Stats}, ch: make(chan settleItem)}
+	s := &settler{t: t, keys: []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, list, qs.k.Dead, qs.k.Stats, qs.k.Redeliveries}, ch: make(chan settleItem)}
 	t.batchers[key] = s
 	t.wg.Add(1)
 	go s.run()
@@ -187,7 +205,7 @@ func (s *settler) run() {
 		}
 		args = args[:0]
 		for _, it := range batch {
-			args = append(args, modeArg(it.mode), it.token, it.result, it.dead, it.reqID, it.reqToken)
+			args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, it.payloadKey, it.ttl)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		st, err := s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()

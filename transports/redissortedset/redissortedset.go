@@ -60,6 +60,10 @@ const (
 	MetaScore      = "sluice_score"
 	MetaDeliveries = "sluice_deliveries"
 	MetaQueue      = "sluice_queue"
+	// MetaClaim is the claim id of the delivery in upstream's claim keys
+	// (data.id + "\x00" + request token for an envelope); MetaLease is its
+	// owner token.
+	MetaClaim = "sluice_claim"
 )
 
 // RequestQueueName is the request queue of pool under the default prefix:
@@ -201,7 +205,18 @@ type queueState struct {
 	id      string // its queue id, when served
 
 	mu   sync.Mutex
-	held map[string]struct{} // tokens leased by this replica and not yet settled
+	held map[string]hold // owner tokens of claims this replica holds, not yet settled
+	// lastCall is the record of the last claim call (see keys.Claim),
+	// deleted by the next one.
+	lastCall string
+}
+
+// hold is one claim this replica holds: its claim id, the score it had in
+// the queue (a hand-back restores it) and the cap of its lease (Unix ms:
+// deadline + 5 min; 0 for none).
+type hold struct {
+	claim, score string
+	capMS        int64
 }
 
 // queue returns the state of request queue name, creating it.
@@ -210,36 +225,42 @@ func (t *Transport) queue(name string) *queueState {
 	defer t.mu.Unlock()
 	qs, ok := t.queues[name]
 	if !ok {
-		qs = &queueState{k: t.names.Queue(name), held: map[string]struct{}{}}
+		qs = &queueState{k: t.names.Queue(name), held: map[string]hold{}}
 		t.queues[name] = qs
 	}
 	return qs
 }
 
-// hold records tokens as leased by this replica.
-func (qs *queueState) hold(tokens ...string) {
+// hold records the claims of items as held by this replica.
+func (qs *queueState) hold(items []claimed) {
 	qs.mu.Lock()
-	for _, tok := range tokens {
-		qs.held[tok] = struct{}{}
+	for _, c := range items {
+		qs.held[c.token] = hold{claim: c.claim, score: c.score, capMS: c.capMS}
 	}
 	qs.mu.Unlock()
 }
 
-// settle forgets token and reports whether it was still held.
-func (qs *queueState) settle(token string) bool {
+// settle forgets token and reports whether it was still held, and how.
+func (qs *queueState) settle(token string) (hold, bool) {
 	qs.mu.Lock()
-	_, ok := qs.held[token]
+	h, ok := qs.held[token]
 	delete(qs.held, token)
 	qs.mu.Unlock()
-	return ok
+	return h, ok
 }
 
-func (qs *queueState) tokens() []string {
+// heldClaim is one held claim with its owner token.
+type heldClaim struct {
+	token string
+	hold
+}
+
+func (qs *queueState) holds() []heldClaim {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
-	out := make([]string, 0, len(qs.held))
-	for tok := range qs.held {
-		out = append(out, tok)
+	out := make([]heldClaim, 0, len(qs.held))
+	for tok, h := range qs.held {
+		out = append(out, heldClaim{token: tok, hold: h})
 	}
 	return out
 }
@@ -292,19 +313,19 @@ func (t *Transport) heartbeatLoop(qs *queueState) {
 	t.every(ms(t.opts.HeartbeatMS), func(ctx context.Context) { t.heartbeat(ctx, qs) })
 }
 
-// heartbeat renews the leases this replica holds on qs.
+// heartbeat renews the claims this replica holds on qs.
 func (t *Transport) heartbeat(ctx context.Context, qs *queueState) {
-	toks := qs.tokens()
-	for len(toks) > 0 {
-		n := min(len(toks), 1000)
-		args := make([]any, 0, n+1)
+	hs := qs.holds()
+	for len(hs) > 0 {
+		n := min(len(hs), 1000)
+		args := make([]any, 0, 3*n+1)
 		args = append(args, t.opts.LeaseMS)
-		for _, tok := range toks[:n] {
-			args = append(args, tok)
+		for _, h := range hs[:n] {
+			args = append(args, h.token, h.claim, h.capMS)
 		}
-		toks = toks[n:]
+		hs = hs[n:]
 		cctx, cancel := context.WithTimeout(ctx, ms(t.opts.HeartbeatMS))
-		lost, err := keys.Extend.Run(cctx, t.client, []string{qs.k.Leases}, args...).StringSlice()
+		lost, err := keys.Extend.Run(cctx, t.client, []string{qs.k.Owners, qs.k.ClaimsIdx}, args...).StringSlice()
 		cancel()
 		if err != nil {
 			t.log.Warn("lease heartbeat failed", "queue", qs.k.Name, "err", err)
@@ -312,7 +333,7 @@ func (t *Transport) heartbeat(ctx context.Context, qs *queueState) {
 		}
 		if len(lost) > 0 {
 			t.lostLeases.Add(int64(len(lost)))
-			t.log.Warn("leases lost (expired and reclaimed); their results will be discarded", "queue", qs.k.Name, "count", len(lost))
+			t.log.Warn("claims lost (expired and reclaimed, or taken over by a later claim of the same request); their results will be discarded", "queue", qs.k.Name, "count", len(lost))
 		}
 	}
 }
@@ -324,26 +345,84 @@ func (t *Transport) reclaimLoop(qs *queueState) {
 	})
 }
 
-// reclaim returns the expired leases of qs to the queue.
+// reclaim returns the expired claims of qs, whoever made them (this or
+// another sluice replica, or an upstream replica), to the queue, and the
+// expired leases of earlier sluice versions.
 func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
-	const limit = 500
+	n, err := ReclaimExpired(ctx, t.client, qs.k, time.Now())
+	if err == nil {
+		var legacy int
+		legacy, err = reclaimLegacy(ctx, t.client, qs.k)
+		n += legacy
+	}
+	if err != nil && ctx.Err() == nil {
+		t.log.Warn("reclaiming expired claims failed", "queue", qs.k.Name, "err", err)
+	}
+	if n > 0 {
+		t.reclaimed.Add(int64(n))
+		t.log.Info("returned requests with expired claims to the queue", "queue", qs.k.Name, "count", n)
+		t.notify(ctx, qs)
+	}
+}
+
+// reclaimPage is how many expired claims one reclaim round examines
+// (upstream's reclaimBatchSize).
+const reclaimPage = 100
+
+// ReclaimExpired returns every claim of queue k whose lease expired before
+// now (by the index; the script checks again by Redis' clock) to the queue
+// with its stored member, scored by QueueScore, as upstream's reclaimer
+// does; it returns how many it returned.
+func ReclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time) (int, error) {
+	upTo := strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
+	total := 0
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, err := keys.Release.Run(cctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Name, qs.k.Redeliveries, qs.k.Stats}, "reclaim", limit).Int()
+		n, more, err := reclaimRound(cctx, c, k, upTo)
 		cancel()
+		total += n
 		if err != nil {
-			if ctx.Err() == nil {
-				t.log.Warn("reclaiming expired leases failed", "queue", qs.k.Name, "err", err)
-			}
-			return
+			return total, fmt.Errorf("reclaim expired claims of %s: %w", k.Name, err)
 		}
-		if n > 0 {
-			t.reclaimed.Add(int64(n))
-			t.log.Info("returned requests with expired leases to the queue", "queue", qs.k.Name, "count", n)
-			t.notify(ctx, qs)
+		if !more {
+			return total, nil
+		}
+	}
+}
+
+// reclaimRound reclaims one page of expired claims; more reports a full page.
+func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string) (n int, more bool, err error) {
+	cks, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: "-inf", Stop: upTo, Count: reclaimPage}).Result()
+	if err != nil || len(cks) == 0 {
+		return 0, false, err
+	}
+	members, err := c.HMGet(ctx, k.Claimed, cks...).Result()
+	if err != nil {
+		return 0, false, err
+	}
+	args := make([]any, 0, 2*len(cks))
+	for i, ck := range cks {
+		m, _ := members[i].(string)
+		args = append(args, ck, QueueScore([]byte(m))) // a ghost (no member) is dropped by the script
+	}
+	n, err = keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats}, args...).Int()
+	return n, len(cks) == reclaimPage && n > 0, err
+}
+
+// reclaimLegacy returns the expired leases of earlier sluice versions.
+func reclaimLegacy(ctx context.Context, c redis.Cmdable, k keys.Queue) (int, error) {
+	const limit = 500
+	total := 0
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := keys.LegacyRelease.Run(cctx, c, []string{k.Leases, k.Leased, k.Name, k.Redeliveries, k.Stats}, limit).Int()
+		cancel()
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("reclaim expired leases of an earlier version on %s: %w", k.Name, err)
 		}
 		if n < limit {
-			return
+			return total, nil
 		}
 	}
 }
@@ -352,31 +431,34 @@ func (t *Transport) notify(ctx context.Context, qs *queueState) {
 	_ = t.client.Publish(ctx, qs.k.Notify, "1").Err()
 }
 
-// release hands tokens back to their queue at once (a nack).
-func (t *Transport) release(ctx context.Context, qs *queueState, tokens ...string) error {
-	if len(tokens) == 0 {
+// release hands held claims back to their queue at once (a nack), each at
+// the score it had there.
+func (t *Transport) release(ctx context.Context, qs *queueState, hs ...heldClaim) error {
+	if len(hs) == 0 {
 		return nil
 	}
-	args := make([]any, 0, len(tokens)+1)
-	args = append(args, "release")
-	for _, tok := range tokens {
-		args = append(args, tok)
+	args := make([]any, 0, 3*len(hs))
+	for _, h := range hs {
+		args = append(args, h.token, h.claim, h.score)
 	}
-	err := keys.Release.Run(ctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Name, qs.k.Redeliveries, qs.k.Stats}, args...).Err()
+	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name}, args...).Err()
 	if err != nil {
-		return fmt.Errorf("hand back %d request(s) to %s: %w", len(tokens), qs.k.Name, err)
+		return fmt.Errorf("hand back %d request(s) to %s: %w", len(hs), qs.k.Name, err)
 	}
 	t.notify(ctx, qs)
 	return nil
 }
 
-// releaseRetrying hands tokens back, retrying briefly; on failure the leases
-// expire and the reclaimer returns the requests instead.
-func (t *Transport) releaseRetrying(qs *queueState, tokens ...string) {
+// releaseRetrying hands claims back, retrying briefly; on failure the
+// leases expire and the reclaimer returns the requests instead.
+func (t *Transport) releaseRetrying(qs *queueState, hs ...heldClaim) {
+	if len(hs) == 0 {
+		return
+	}
 	backoff := 50 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := t.release(ctx, qs, tokens...)
+		err := t.release(ctx, qs, hs...)
 		cancel()
 		if err == nil {
 			return
@@ -407,14 +489,14 @@ func (t *Transport) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for _, qs := range qss {
-			toks := qs.tokens()
-			for len(toks) > 0 {
-				n := min(len(toks), 1000)
-				if rerr := t.release(ctx, qs, toks[:n]...); rerr != nil {
+			hs := qs.holds()
+			for len(hs) > 0 {
+				n := min(len(hs), 1000)
+				if rerr := t.release(ctx, qs, hs[:n]...); rerr != nil {
 					err = errors.Join(err, rerr)
 					break
 				}
-				toks = toks[n:]
+				hs = hs[n:]
 			}
 		}
 		err = errors.Join(err, t.client.Close())
@@ -423,13 +505,11 @@ func (t *Transport) Close() error {
 }
 
 // PublishRequest implements transport.RequestPublisher: payload is added to
-// queue q.Name with its deadline as score (0 when it does not decode, so its
-// INVALID_REQUEST answer comes at once).
+// queue q.Name scored by QueueScore (its deadline, plus an envelope's
+// enqueue sequence; 0 when it does not decode, so its INVALID_REQUEST
+// answer comes at once).
 func (t *Transport) PublishRequest(ctx context.Context, q transport.Queue, payload []byte) error {
-	score := "0"
-	if r, err := wire.Decode(payload); err == nil {
-		score = Score(r.Deadline)
-	}
+	score := QueueScore(payload)
 	qs := t.queue(q.Name)
 	if _, err := t.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Do(ctx, "ZADD", q.Name, score, payload)
@@ -470,8 +550,16 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 	if score == "" {
 		score = "0"
 	}
-	delay := max(time.Until(due).Milliseconds(), 0)
-	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Leases, qs.k.Leased, qs.k.Delayed, qs.k.Stats}, token, delay, score, payload).Int()
+	if m.Metadata.Get(metaPayloadKey) != "" {
+		// The payload stays in its key: the retry carries the envelope
+		// without it, as upstream's does.
+		if stripped, err := wire.WithPayload(payload, []byte("null")); err == nil {
+			payload = stripped
+		}
+	}
+	delay := max((time.Until(due) + time.Millisecond - 1).Milliseconds(), 0) // rounded up: never due early
+	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries},
+		token, m.Metadata.Get(MetaClaim), delay, score, payload).Int()
 	if err != nil {
 		return fmt.Errorf("requeue to %s: %w", qs.k.Delayed, err)
 	}
@@ -492,7 +580,7 @@ func (t *Transport) DeadLetter(_ context.Context, q transport.Queue, m *message.
 	}
 	qs := t.queue(q.Name)
 	t.log.Warn("dead-lettering a message", "queue", q.Name, "reason", reason)
-	return t.settleRetrying(qs, q.ResultName, settleItem{mode: 'd', token: token, dead: m.Payload})
+	return t.settleRetrying(qs, q.ResultName, settleItem{mode: 'd', token: token, claim: m.Metadata.Get(MetaClaim), dead: m.Payload})
 }
 
 // Depth implements transport.DepthReporter.
@@ -503,11 +591,12 @@ func (t *Transport) Depth(ctx context.Context, q transport.Queue) (transport.Dep
 // QueueDepth reports the depths of request queue name (shared with the CLI).
 func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name string) (transport.Depth, error) {
 	k := names.Queue(name)
-	var w, f, d *redis.IntCmd
+	var w, f, fl, d *redis.IntCmd
 	var dl *redis.IntCmd
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		w = p.ZCard(ctx, k.Name)
-		f = p.ZCard(ctx, k.Leases)
+		f = p.ZCard(ctx, k.ClaimsIdx)
+		fl = p.ZCard(ctx, k.Leases)
 		d = p.ZCard(ctx, k.Delayed)
 		dl = p.LLen(ctx, k.Dead)
 		return nil
@@ -515,7 +604,7 @@ func QueueDepth(ctx context.Context, c redis.Cmdable, names keys.Names, name str
 	if err != nil {
 		return transport.Depth{Waiting: -1, InFlight: -1, Delayed: -1, DeadLettered: -1}, fmt.Errorf("depth of %s: %w", name, err)
 	}
-	return transport.Depth{Waiting: w.Val(), InFlight: f.Val(), Delayed: d.Val(), DeadLettered: dl.Val()}, nil
+	return transport.Depth{Waiting: w.Val(), InFlight: f.Val() + fl.Val(), Delayed: d.Val(), DeadLettered: dl.Val()}, nil
 }
 
 // Names returns the transport's key layout.
@@ -525,7 +614,7 @@ func (t *Transport) Names() keys.Names { return t.names }
 // replica serves: due entries of upstream's retry set naming it are moved
 // back into it.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
-	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+	if err := t.CheckQueue(q); err != nil {
 		return nil, err
 	}
 	qs := t.queue(q.Name)
@@ -535,9 +624,13 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	return &source{t: t, q: q, qs: qs}, nil
 }
 
-// CheckQueue implements transport.QueueChecker: on a Redis Cluster the
-// queue's keys and its result list must share a hash slot.
+// CheckQueue implements transport.QueueChecker: result_ttl_seconds must not
+// be negative, and on a Redis Cluster the queue's keys and its result list
+// must share a hash slot.
 func (t *Transport) CheckQueue(q transport.Queue) error {
+	if q.ResultTTLSeconds < 0 {
+		return fmt.Errorf("queue %s: result_ttl_seconds %d must not be negative (0: the result list does not expire)", q.Name, q.ResultTTLSeconds)
+	}
 	return t.names.CheckSlots(q.Name, q.ResultName)
 }
 
@@ -546,10 +639,10 @@ var _ transport.QueueChecker = (*Transport)(nil)
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
 func (t *Transport) Publisher(q transport.Queue) (message.Publisher, error) {
-	if err := t.names.CheckSlots(q.Name, q.ResultName); err != nil {
+	if err := t.CheckQueue(q); err != nil {
 		return nil, err
 	}
-	return &publisher{t: t, qs: t.queue(q.Name)}, nil
+	return &publisher{t: t, q: q, qs: t.queue(q.Name)}, nil
 }
 
 // Events implements transport.EventCounter.

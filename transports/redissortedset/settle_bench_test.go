@@ -24,7 +24,7 @@ func BenchmarkSettle(b *testing.B) {
 	c := testenv.RedisClient(b, r.URL)
 	ctx := context.Background()
 	k := keys.Names{}.Queue("bench")
-	sk := []string{k.Leases, k.Leased, "bench:results", k.Dead, k.Stats}
+	sk := []string{k.Claimed, k.Owners, k.ClaimsIdx, "bench:results", k.Dead, k.Stats, k.Redeliveries}
 	result := strings.Repeat("r", 300)
 	for _, bc := range []struct {
 		name        string
@@ -45,8 +45,10 @@ func BenchmarkSettle(b *testing.B) {
 					p.Del(ctx, "bench:results")
 					for i := range maxSettleBatch {
 						tok, id, rt := fmt.Sprintf("t%d", i), fmt.Sprintf("req-%d", i), ""
-						p.ZAdd(ctx, k.Leases, redis.Z{Score: 1e15, Member: tok})
-						p.HSet(ctx, k.Leased, tok, "1|1|msg")
+						ck := id + "\x00" + tok
+						p.HSet(ctx, k.Claimed, ck, "msg")
+						p.HSet(ctx, k.Owners, ck, tok)
+						p.ZAdd(ctx, k.ClaimsIdx, redis.Z{Score: 1e12, Member: ck})
 						if bc.token {
 							rt = "0123456789abcdef0123456789abcdef"
 						}
@@ -54,7 +56,7 @@ func BenchmarkSettle(b *testing.B) {
 							p.Set(ctx, upstream.ActiveKey(id), rt, 0)
 							p.Set(ctx, upstream.CancelKey(id), rt, 0)
 						}
-						args = append(args, "r", tok, result, "", id, rt)
+						args = append(args, "r", tok, ck, result, "", id, rt, "", 0)
 					}
 					return nil
 				})

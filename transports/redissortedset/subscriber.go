@@ -52,11 +52,15 @@ var (
 // BatchSize implements transport.BatchSizer.
 func (s *source) BatchSize() int { return s.t.opts.BatchSize }
 
-// claimed is one request taken by a claim.
+// claimed is one request taken by a claim: its owner token, the score it
+// had in the queue, deliveries so far, the member, its claim id and the
+// cap of its lease (Unix ms).
 type claimed struct {
 	token, score string
 	deliveries   int
 	member       string
+	claim        string
+	capMS        int64
 }
 
 // claimResult is the answer of the claim script.
@@ -69,16 +73,23 @@ type claimResult struct {
 
 // claim runs the claim script for up to n requests.
 func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResult, error) {
-	prefix := t.id + ":" + strconv.FormatUint(t.seq.Add(1), 36) + ":"
-	ks := []string{qs.k.Name, qs.k.Leases, qs.k.Leased, qs.k.Redeliveries, qs.k.Delayed, t.names.CancelEpoch()}
+	call := strconv.FormatUint(t.seq.Add(1), 36)
+	prefix := t.id + ":" + call + ":"
+	ks := []string{qs.k.Name, qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Redeliveries, qs.k.Delayed,
+		qs.k.ClaimCalls + t.id + ":" + call, t.names.CancelEpoch()}
 	if t.cluster {
-		ks = ks[:5] // the epoch is in another slot: Claim reads it apart
+		ks = ks[:7] // the epoch is in another slot: Claim reads it apart
 	}
-	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix).Slice()
+	qs.mu.Lock()
+	prev := qs.lastCall
+	qs.lastCall = ks[6]
+	qs.mu.Unlock()
+	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix, prev).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim from %s: %w", qs.k.Name, err)
 	}
-	if len(raw) < 3 || (len(raw)-3)%4 != 0 {
+	const f = keys.ClaimReplyFields
+	if len(raw) < 3 || (len(raw)-3)%f != 0 {
 		return claimResult{}, fmt.Errorf("claim from %s: unexpected reply of %d elements", qs.k.Name, len(raw))
 	}
 	var res claimResult
@@ -90,14 +101,16 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 	}
 	res.epoch, _ = raw[1].(string)
 	res.now, _ = raw[2].(int64)
-	res.items = make([]claimed, 0, (len(raw)-3)/4)
-	for i := 3; i+3 < len(raw); i += 4 {
+	res.items = make([]claimed, 0, (len(raw)-3)/f)
+	for i := 3; i+f-1 < len(raw); i += f {
 		c := claimed{}
 		c.token, _ = raw[i].(string)
 		c.score, _ = raw[i+1].(string)
 		d, _ := raw[i+2].(int64)
 		c.deliveries = int(d)
 		c.member, _ = raw[i+3].(string)
+		c.claim, _ = raw[i+4].(string)
+		c.capMS, _ = raw[i+5].(int64) // the heartbeat keeps the lease within deadline + 5 min
 		res.items = append(res.items, c)
 	}
 	t.claimed.Add(int64(len(res.items)))
@@ -210,24 +223,24 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 	} else if res.epoch != t.cancels.currentEpoch() {
 		t.refreshCancels(ctx, res.epoch)
 	}
-	toks := make([]string, len(res.items))
-	for i, c := range res.items {
-		toks[i] = c.token
-	}
-	s.qs.hold(toks...)
+	s.qs.hold(res.items)
 	out := make([]*message.Message, 0, len(res.items))
+	var refs []*message.Message // messages whose payload lives in a payload key
 	for _, c := range res.items {
 		if c.deliveries > t.opts.MaxDeliveries {
 			s.giveUp(c)
 			continue
 		}
 		m := message.NewMessage(c.token, []byte(c.member))
-		m.Metadata = message.Metadata{MetaLease: c.token, MetaScore: c.score,
+		m.Metadata = message.Metadata{MetaLease: c.token, MetaClaim: c.claim, MetaScore: c.score,
 			MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
-		if id, tok := upstreamKeysOf(m.Payload); tok != "" && !t.cluster {
-			m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
+		if s.stampEnvelope(m) {
+			refs = append(refs, m)
 		}
 		out = append(out, m)
+	}
+	if len(refs) > 0 {
+		out = s.attachPayloads(ctx, out, refs)
 	}
 	return out, nil
 }
@@ -266,20 +279,20 @@ func (s *source) Settle(m *message.Message, acked bool) {
 		return
 	default:
 	}
-	if s.qs.settle(m.UUID) {
+	if h, ok := s.qs.settle(m.UUID); ok {
 		if acked {
 			s.t.log.Error("a request was acked without a result, retry or dead letter; handing it back", "queue", s.q.Name, "uuid", m.UUID)
 		}
-		s.t.releaseRetrying(s.qs, m.UUID)
+		s.t.releaseRetrying(s.qs, heldClaim{token: m.UUID, hold: h})
 	}
 }
 
-// HandBack returns leases claimed but never delivered to the queue.
+// HandBack returns claims made but never delivered to the queue.
 func (s *source) HandBack(ms []*message.Message) {
-	var rest []string
+	var rest []heldClaim
 	for _, m := range ms {
-		if s.qs.settle(m.UUID) {
-			rest = append(rest, m.UUID)
+		if h, ok := s.qs.settle(m.UUID); ok {
+			rest = append(rest, heldClaim{token: m.UUID, hold: h})
 		}
 	}
 	s.t.releaseRetrying(s.qs, rest...)
@@ -299,21 +312,22 @@ func (s *source) giveUp(c claimed) {
 	text := fmt.Sprintf("gave up after %d deliveries: each time the lease expired before a result was written (max_deliveries %d)",
 		c.deliveries-1, t.opts.MaxDeliveries)
 	var res *wire.Result
-	var reqID, reqToken string
 	if req, err := wire.Decode([]byte(c.member)); err == nil {
 		res = wire.ErrorResult(req, wire.CodeInferenceError, text)
-		if !t.cluster {
-			reqID, reqToken = upstreamKeysOf([]byte(c.member))
-		}
 	} else if de, ok := wire.AsDecodeError(err); ok && de.ID != "" {
 		res = &wire.Result{ID: de.ID, Payload: wire.ErrorPayload(text), Metadata: de.Metadata, ErrorCode: wire.CodeInferenceError, ErrorMessage: text}
 	}
 	t.log.Error("dead-lettering a request that kept losing its lease", "queue", s.q.Name, "deliveries", c.deliveries-1)
 	var err error
 	if res != nil {
-		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'b', token: c.token, result: res.Marshal(), reqID: reqID, reqToken: reqToken})
+		m := message.NewMessage(c.token, []byte(c.member))
+		m.Metadata = message.Metadata{}
+		s.stampEnvelope(m)
+		it := t.resultItem(s.q, m, res.Marshal())
+		it.mode, it.token, it.claim = 'b', c.token, c.claim
+		err = t.settleRetrying(s.qs, s.routeOf(m), it)
 	} else {
-		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'd', token: c.token, dead: []byte(c.member)})
+		err = t.settleRetrying(s.qs, s.q.ResultName, settleItem{mode: 'd', token: c.token, claim: c.claim, dead: []byte(c.member)})
 	}
 	if err != nil {
 		t.log.Error("dead-lettering failed; the lease will expire and the request come back", "queue", s.q.Name, "err", err)

@@ -71,11 +71,39 @@ type envelopeRoute struct {
 
 // jsonString returns raw as a string if it is a JSON string, else "".
 func jsonString(raw json.RawMessage) string {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && plainJSON(raw[1:len(raw)-1]) {
+		return string(raw[1 : len(raw)-1]) // no escapes: the bytes are the string
+	}
 	var s string
 	if len(raw) == 0 || json.Unmarshal(raw, &s) != nil {
 		return ""
 	}
 	return s
+}
+
+// plainJSON reports whether b can stand between quotes in JSON as it is
+// and reads back as itself: printable ASCII without quote or backslash
+// (and without <, >, & which encoding/json escapes).
+func plainJSON[T ~string | ~[]byte](b T) bool {
+	for i := 0; i < len(b); i++ {
+		if c := b[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
+// quoteJSON is json.Marshal of a string, without its allocations for the
+// common plain case.
+func quoteJSON(s string) []byte {
+	if plainJSON(s) {
+		b := make([]byte, 0, len(s)+2)
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
+	b, _ := json.Marshal(s)
+	return b
 }
 
 // queueRoutes maps the queues a deployment serves by name and by id.
@@ -110,15 +138,6 @@ func (r queueRoutes) queueOf(msg []byte) (string, bool) {
 	}
 	q, ok := r.byID[jsonString(e.Internal.QueueID)]
 	return q, ok
-}
-
-// deadlineScore is a message's score in a request queue: its deadline, or 0
-// (answered INVALID_REQUEST at once) when it does not decode.
-func deadlineScore(msg []byte) string {
-	if r, err := wire.Decode(msg); err == nil {
-		return Score(r.Deadline)
-	}
-	return "0"
 }
 
 // moveItem is where a member of a sorted set goes: destination key, score
@@ -206,7 +225,7 @@ func (t *Transport) adoptUpstreamRetries(ctx context.Context) (int, error) {
 		if !ok {
 			return moveItem{}, false
 		}
-		return moveItem{queue: q, dst: q, score: deadlineScore([]byte(m))}, true
+		return moveItem{queue: q, dst: q, score: QueueScore([]byte(m))}, true
 	})
 	n := 0
 	for q, c := range moved {

@@ -71,6 +71,27 @@ type Config struct {
 	// still short of them then fails, though it may have been written
 	// (enqueueing again adds the requests a second time).
 	MinReplicasTimeout time.Duration
+	// Envelope writes requests as upstream llm-d-async's producer does
+	// (main after v0.10): the tagged envelope with a fresh request_token,
+	// request_queue_name, result_queue_name and the enqueue sequence
+	// internal.enqueue_seq of upstream's request-seq:<queue>:<deadline>
+	// counter, scored deadline + seq/2^21, with upstream's
+	// request-active:<id> and request-cancel:<id> keys; created and deadline
+	// are written in whole seconds (rounded down) as upstream reads them. Requests so written
+	// are read by upstream replicas too (which drop the flat form), and
+	// equal deadlines keep their enqueue order across this producer and
+	// upstream's. They are not indexed by job: CancelJob answers them
+	// CANCELLED when they come up. Single node only.
+	Envelope bool
+	// ResultQueueName is the internal.result_queue_name of envelopes whose
+	// request names none (Envelope only; upstream's producer requires one).
+	ResultQueueName string
+	// PayloadKeys (with Envelope) keeps each payload in its own key,
+	// request-payload:<id>:<token>, as upstream's WithPayloadKeys: the
+	// envelope carries "payload":null and internal.payload_ref, the
+	// dispatcher reads the payload after its claim and deletes the key
+	// with the result. Redis needs maxmemory-policy noeviction.
+	PayloadKeys bool
 }
 
 func (c *Config) setDefaults() {
@@ -149,6 +170,9 @@ func (p *Producer) Enqueue(ctx context.Context, queue string, req *wire.Request)
 func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.Request) error {
 	if len(reqs) == 0 {
 		return nil
+	}
+	if p.cfg.Envelope {
+		return p.submitEnvelopes(ctx, queue, reqs)
 	}
 	if err := p.names.CheckSlots(queue, ""); err != nil {
 		return err

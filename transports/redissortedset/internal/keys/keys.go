@@ -6,9 +6,11 @@
 // Per request queue Q (a sorted set, score = deadline in Unix seconds):
 //
 //	Q                 waiting requests (member = message bytes)
-//	Q:leases          in-flight leases: token -> expiry (Unix ms, Redis clock)
-//	Q:leased          token -> "<score>|<deliveries>|<message>"
-//	Q:redeliveries    message -> deliveries so far (only for handed-back or reclaimed messages)
+//	Q:claimed         claims in flight: claim id -> message (upstream's layout, below)
+//	Q:claim-owners    claim id -> owner token
+//	Q:claims-idx      claim id -> lease expiry (Unix s)
+//	Q:redeliveries    message -> leases lost so far (only for reclaimed messages)
+//	Q:leases, Q:leased  the lease layout of earlier sluice versions (reclaimed, never written)
 //	Q:delayed         retries: "<score>|<message>" -> due time (Unix ms); name configurable
 //	Q:dead            dead-lettered messages (list)
 //	Q:seq             enqueue sequence (FIFO among equal deadlines)
@@ -59,7 +61,7 @@ const QueuePlaceholder = "{queue}"
 //
 // With Cluster set (a Redis Cluster), every key a script touches must hash
 // to one slot, so names carry hash tags: a request queue's companion keys
-// are built on redisclient.Tagged(queue) ("{Q}:leases" for a queue Q without
+// are built on redisclient.Tagged(queue) ("{Q}:claimed" for a queue Q without
 // a tag of its own, which hashes like Q itself, so the queue's name is
 // unchanged), the pool in the conventional queue and result names is tagged
 // (P:requests:{pool}, P:results:{pool}:<tenant>: a pool's queue and result
@@ -139,6 +141,10 @@ func (n Names) Queue(name string) Queue {
 	}
 	return Queue{
 		Name:         name,
+		Claimed:      base + ":claimed",
+		Owners:       base + ":claim-owners",
+		ClaimsIdx:    base + ":claims-idx",
+		ClaimCalls:   base + ":claim-call:",
 		Leases:       base + ":leases",
 		Leased:       base + ":leased",
 		Redeliveries: base + ":redeliveries",
@@ -172,7 +178,7 @@ func (n Names) CheckSlots(queue, resultList string) error {
 	}
 	k := n.Queue(queue)
 	want := redisclient.Slot(queue)
-	for _, key := range []string{k.Leases, k.Delayed, k.Dead} {
+	for _, key := range []string{k.Claimed, k.ClaimsIdx, k.Delayed, k.Dead} {
 		if redisclient.Slot(key) != want {
 			return fmt.Errorf("queue %s: its key %s hashes to slot %d, the queue to %d: in cluster mode retry_queue_name must put {queue} before any brace of its own", queue, key, redisclient.Slot(key), want)
 		}
@@ -196,7 +202,14 @@ func tagged(key string) string {
 
 // Queue holds the key names of one request queue.
 type Queue struct {
-	Name, Leases, Leased, Redeliveries, Delayed, Dead, Seq, JobPrefix, Notify, Stats string
+	Name, Redeliveries, Delayed, Dead, Seq, JobPrefix, Notify, Stats string
+	// Claimed, Owners and ClaimsIdx are upstream's claim keys (see Claim).
+	Claimed, Owners, ClaimsIdx string
+	// ClaimCalls prefixes the record of one claim call (see Claim).
+	ClaimCalls string
+	// Leases and Leased are the lease keys of earlier sluice versions,
+	// only reclaimed (LegacyRelease) and migrated.
+	Leases, Leased string
 	// CallMarks prefixes the marks that make an enqueue call run once.
 	CallMarks string
 }
@@ -219,139 +232,201 @@ const SeqWidth = 20
 // Scripts. Every script reads the clock with TIME, so leases and due times
 // follow one clock (Redis') whatever the replicas' clocks say.
 
-// Claim promotes due retries, then claims up to n waiting requests into
-// leases.
+// Claims are upstream llm-d-async's (v0.9.1 and later, "durable dequeue"),
+// so that sluice and upstream replicas serving one queue see each other's
+// work in flight and take over each other's expired claims:
 //
-// The token prefix must be new for every claim. A claim whose reply was
-// lost (the connection or the server died after the script ran) and that
-// the client sends again with the same arguments finds its own leases and
-// returns them instead of claiming more under the same tokens, which would
-// overwrite the first claim's lease records and lose those requests.
+//	Q:claimed       claim id -> the member as it was in Q, byte for byte
+//	Q:claim-owners  claim id -> owner token (the fence of every write)
+//	Q:claims-idx    claim id -> lease expiry, Unix seconds (float)
 //
-//	KEYS: queue, leases, leased, redeliveries, delayed[, cancel-epoch]
-//	ARGV: n, lease ms, token prefix, job index prefix
+// The claim id of an envelope is data.id + "\0" + internal.request_token
+// (data.id alone without a token), as upstream computes it, so that a later
+// claim of the same request (upstream re-claims a retried request under the
+// same id) takes the claim over instead of running beside it. A flat
+// request, which upstream cannot read, is claimed under its owner token.
+// sluice's owner tokens are "<replica>:<claim call>:<i>", unique per claim;
+// upstream's are 16 hex digits per process: the colon tells them apart.
+// A lease lasts min(now + lease, deadline + 5 min), as upstream bounds it.
+
+// ClaimGraceSeconds bounds a lease to the request's deadline plus this
+// (upstream's reclaimGraceAfterDeadline).
+const ClaimGraceSeconds = 300
+
+// Claim promotes due retries, then claims up to n waiting requests.
+//
+// The owner-token prefix must be new for every claim. A claim whose reply
+// was lost (the connection or the server died after the script ran) and
+// that the client sends again with the same arguments finds the record of
+// the first run (KEYS[7], a list kept 10 s, longer than the client's
+// retries take) and returns the claims of that run it still owns instead
+// of claiming more. The next claim of the loop deletes the record (ARGV[5]:
+// the previous call's record, "" for none), so a busy queue keeps one.
+//
+//	KEYS: queue, claimed, owners, idx, redeliveries, delayed, call record[, cancel-epoch]
+//	ARGV: n, lease ms, owner-token prefix, job index prefix, previous call record
 //
 // Without the cancel-epoch key (a cluster, where it lives in another slot)
 // the epoch returned is "0" and the caller reads it on its own.
 //
 //	returns: {next delayed due ms or -1, cancel epoch, now ms,
-//	          token, score, deliveries, message, ...}
+//	          owner token, score, deliveries, message, claim id,
+//	          lease cap ms (deadline + 5 min; 0 for none), ...}
 var Claim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local epoch = '0'
-if #KEYS >= 6 then epoch = redis.call('GET', KEYS[6]) or '0' end
-if redis.call('HEXISTS', KEYS[3], ARGV[3] .. '1') == 1 then
-  local out = {-1, epoch, now}
-  for i = 1, tonumber(ARGV[1]) do
-    local tok = ARGV[3] .. i
-    local rec = redis.call('HGET', KEYS[3], tok)
-    if not rec then break end
+if #KEYS >= 8 then epoch = redis.call('GET', KEYS[8]) or '0' end
+local out = {-1, epoch, now}
+if ARGV[5] and ARGV[5] ~= '' and ARGV[5] ~= KEYS[7] then redis.call('DEL', ARGV[5]) end
+local prev = redis.call('LRANGE', KEYS[7], 0, -1)
+if #prev > 0 then
+  for i = 1, #prev do
+    local rec = prev[i]
     local a = string.find(rec, '|', 1, true)
     local b = string.find(rec, '|', a + 1, true)
-    out[#out + 1] = tok
-    out[#out + 1] = string.sub(rec, 1, a - 1)
-    out[#out + 1] = tonumber(string.sub(rec, a + 1, b - 1))
-    out[#out + 1] = string.sub(rec, b + 1)
+    local c = string.find(rec, '|', b + 1, true)
+    local ck = string.sub(rec, c + 1)
+    local tok = ARGV[3] .. i
+    if redis.call('HGET', KEYS[3], ck) == tok then
+      out[#out + 1] = tok
+      out[#out + 1] = string.sub(rec, 1, a - 1)
+      out[#out + 1] = tonumber(string.sub(rec, a + 1, b - 1))
+      out[#out + 1] = redis.call('HGET', KEYS[2], ck)
+      out[#out + 1] = ck
+      out[#out + 1] = tonumber(string.sub(rec, b + 1, c - 1))
+    end
   end
-  local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-  if nxt[2] then out[1] = nxt[2] end
-  return out
-end
-local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 512)
-if #due > 0 then
-  local add = {}
-  for i = 1, #due do
-    local rec = due[i]
-    local p = string.find(rec, '|', 1, true)
-    add[#add + 1] = string.sub(rec, 1, p - 1)
-    add[#add + 1] = string.sub(rec, p + 1)
+else
+  local due = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 512)
+  if #due > 0 then
+    local add = {}
+    for i = 1, #due do
+      local rec = due[i]
+      local p = string.find(rec, '|', 1, true)
+      add[#add + 1] = string.sub(rec, 1, p - 1)
+      add[#add + 1] = string.sub(rec, p + 1)
+    end
+    redis.call('ZADD', KEYS[1], unpack(add))
+    redis.call('ZREM', KEYS[6], unpack(due))
   end
-  redis.call('ZADD', KEYS[1], unpack(add))
-  redis.call('ZREM', KEYS[5], unpack(due))
-end
-local out = {-1, epoch, now}
-local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
-if #popped > 0 then
-  local exp = now + tonumber(ARGV[2])
-  local redel = redis.call('EXISTS', KEYS[4]) == 1
-  local hset, zadd = {}, {}
-  for i = 1, #popped, 2 do
-    local m, s = popped[i], popped[i + 1]
-    local tok = ARGV[3] .. ((i + 1) / 2)
-    local d = 1
-    if redel then
-      local prev = redis.call('HGET', KEYS[4], m)
-      if prev then
-        d = tonumber(prev) + 1
-        redis.call('HDEL', KEYS[4], m)
+  local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
+  if #popped > 0 then
+    local lease = now + tonumber(ARGV[2])
+    local redel = redis.call('EXISTS', KEYS[5]) == 1
+    local mark, hc, ho, zi = {}, {}, {}, {}
+    for i = 1, #popped, 2 do
+      local m, s = popped[i], popped[i + 1]
+      local tok = ARGV[3] .. ((i + 1) / 2)
+      local d = 1
+      if redel then
+        local p = redis.call('HGET', KEYS[5], m)
+        if p then d = tonumber(p) + 1 end
       end
+      local ck, exp, cap = tok, lease, 0
+      if string.find(m, '"request_token"', 1, true) or string.find(m, '"request_kind"', 1, true) then
+        local ok, v = pcall(cjson.decode, m)
+        if ok and type(v) == 'table' and type(v.data) == 'table' and type(v.data.id) == 'string' and v.data.id ~= '' then
+          ck = v.data.id
+          local rt = nil
+          if type(v.internal) == 'table' then rt = v.internal.request_token end
+          if type(rt) == 'string' and rt ~= '' then ck = ck .. '\0' .. rt end
+          local dl = tonumber(v.data.deadline)
+          if dl and dl > 0 then
+            cap = math.floor((dl + 300) * 1000)
+            if cap < exp then exp = cap end
+          end
+        end
+      end
+      if string.sub(m, 1, 12) == '{"_sluice":"' then
+        local job = string.match(m, '^{"_sluice":"%d+/([^"]+)"')
+        if job then redis.call('SREM', ARGV[4] .. job, m) end
+      end
+      hc[#hc + 1] = ck
+      hc[#hc + 1] = m
+      ho[#ho + 1] = ck
+      ho[#ho + 1] = tok
+      zi[#zi + 1] = exp / 1000
+      zi[#zi + 1] = ck
+      mark[#mark + 1] = s .. '|' .. d .. '|' .. cap .. '|' .. ck
+      out[#out + 1] = tok
+      out[#out + 1] = s
+      out[#out + 1] = d
+      out[#out + 1] = m
+      out[#out + 1] = ck
+      out[#out + 1] = cap
     end
-    if string.sub(m, 1, 12) == '{"_sluice":"' then
-      local job = string.match(m, '^{"_sluice":"%d+/([^"]+)"')
-      if job then redis.call('SREM', ARGV[4] .. job, m) end
-    end
-    hset[#hset + 1] = tok
-    hset[#hset + 1] = s .. '|' .. d .. '|' .. m
-    zadd[#zadd + 1] = exp
-    zadd[#zadd + 1] = tok
-    out[#out + 1] = tok
-    out[#out + 1] = s
-    out[#out + 1] = d
-    out[#out + 1] = m
+    redis.call('HSET', KEYS[2], unpack(hc))
+    redis.call('HSET', KEYS[3], unpack(ho))
+    redis.call('ZADD', KEYS[4], unpack(zi))
+    redis.call('RPUSH', KEYS[7], unpack(mark))
+    redis.call('PEXPIRE', KEYS[7], 10000)
   end
-  redis.call('HSET', KEYS[3], unpack(hset))
-  redis.call('ZADD', KEYS[2], unpack(zadd))
 end
-local nxt = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+local nxt = redis.call('ZRANGE', KEYS[6], 0, 0, 'WITHSCORES')
 if nxt[2] then out[1] = nxt[2] end
 return out
 `)
 
-// Settle is the fenced acknowledgement of many leases at once. Each item is
-// a sextuple (mode, token, result, dead, request id, request token): mode
-// "r" writes result to the result list, "d" pushes dead to the dead-letter
-// list, "b" does both with the leased message as dead; all remove the lease.
-// An item whose token no longer holds a lease (it expired and was
-// reclaimed) writes nothing and is counted as late. When a result is
-// written and the item carries upstream's request token, upstream's
-// cancellation keys request-active:<id> and request-cancel:<id> are deleted
-// if they still hold that token (a newer enqueue of the same id keeps its
-// keys), as upstream does after pushing a result.
+// ClaimReplyFields is the number of reply elements per claimed request.
+const ClaimReplyFields = 6
+
+// Settle is the fenced acknowledgement of many claims at once. Each item is
+// (mode, owner token, claim id, result, dead, request id, request token,
+// payload key, result ttl s): mode "r" writes result to the result list,
+// "d" pushes dead to the dead-letter list, "b" does both with the claimed
+// message as dead; all drop the claim. An item whose owner token no longer
+// owns its claim (the lease expired and another replica, sluice or
+// upstream, reclaimed it) writes nothing and is counted as late. When a
+// result is written:
+//   - with a request token, upstream's cancellation keys
+//     request-active:<id> and request-cancel:<id> are deleted if they still
+//     hold that token (a newer enqueue of the same id keeps its keys);
+//   - a payload key (upstream's request-payload:<id>:<token>) is deleted;
+//   - a ttl above 0 sets the result list's expiry (EXPIRE on every push, as
+//     upstream's result_ttl_seconds).
 //
+// Request id, token and payload key are "" in a cluster (other slots).
 // A result or dead-letter list key holding another type fails the whole
 // call before anything is written (a script is not rolled back: were the
-// leases dropped first, a failing LPUSH would lose their requests).
+// claims dropped first, a failing LPUSH would lose their requests).
 //
-//	KEYS: leases, leased, result list, dead list, stats
+//	KEYS: claimed, owners, idx, result list, dead list, stats, redeliveries
 //	returns: {status per item: 1 done, 0 late}
 var Settle = redis.NewScript(`
-for _, k in ipairs({KEYS[3], KEYS[4]}) do
+for _, k in ipairs({KEYS[4], KEYS[5]}) do
   local t = redis.call('TYPE', k).ok
   if t ~= 'none' and t ~= 'list' then
     return redis.error_reply('WRONGTYPE ' .. k .. ' holds a ' .. t .. ', not a list: nothing settled')
   end
 end
-local out, results, late = {}, {}, 0
-for i = 1, #ARGV, 6 do
-  local mode, tok = ARGV[i], ARGV[i + 1]
-  if redis.call('ZREM', KEYS[1], tok) == 1 then
+local redel = redis.call('EXISTS', KEYS[7]) == 1
+local out, results, late, ttl = {}, {}, 0, 0
+for i = 1, #ARGV, 9 do
+  local mode, tok, ck = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
     local rec
-    if mode == 'b' then rec = redis.call('HGET', KEYS[2], tok) end
-    redis.call('HDEL', KEYS[2], tok)
-    if mode ~= 'd' then results[#results + 1] = ARGV[i + 2] end
+    if redel or mode == 'b' then rec = redis.call('HGET', KEYS[1], ck) end
+    redis.call('HDEL', KEYS[1], ck)
+    redis.call('HDEL', KEYS[2], ck)
+    redis.call('ZREM', KEYS[3], ck)
+    if redel and rec then redis.call('HDEL', KEYS[7], rec) end
+    if mode ~= 'd' then results[#results + 1] = ARGV[i + 3] end
     if mode == 'd' then
-      redis.call('LPUSH', KEYS[4], ARGV[i + 3])
+      redis.call('LPUSH', KEYS[5], ARGV[i + 4])
     elseif mode == 'b' and rec then
-      local p1 = string.find(rec, '|', 1, true)
-      local p2 = string.find(rec, '|', p1 + 1, true)
-      redis.call('LPUSH', KEYS[4], string.sub(rec, p2 + 1))
+      redis.call('LPUSH', KEYS[5], rec)
     end
-    local rt = ARGV[i + 5]
-    if rt ~= '' and mode ~= 'd' then
-      local ak, ck = '` + ActivePrefix + `' .. ARGV[i + 4], '` + CancelPrefix + `' .. ARGV[i + 4]
-      if redis.pcall('GET', ak) == rt then redis.call('DEL', ak) end
-      if redis.pcall('GET', ck) == rt then redis.call('DEL', ck) end
+    if mode ~= 'd' then
+      local rt = ARGV[i + 6]
+      if rt ~= '' then
+        local ak, xk = '` + ActivePrefix + `' .. ARGV[i + 5], '` + CancelPrefix + `' .. ARGV[i + 5]
+        if redis.pcall('GET', ak) == rt then redis.call('DEL', ak) end
+        if redis.pcall('GET', xk) == rt then redis.call('DEL', xk) end
+      end
+      if ARGV[i + 7] ~= '' then redis.call('DEL', ARGV[i + 7]) end
+      local t = tonumber(ARGV[i + 8]) or 0
+      if t > 0 then ttl = t end
     end
     out[#out + 1] = 1
   else
@@ -359,21 +434,30 @@ for i = 1, #ARGV, 6 do
     out[#out + 1] = 0
   end
 end
-if #results > 0 then redis.call('LPUSH', KEYS[3], unpack(results)) end
-if late > 0 then redis.call('HINCRBY', KEYS[5], 'late_results', late) end
+if #results > 0 then
+  redis.call('LPUSH', KEYS[4], unpack(results))
+  if ttl > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
+end
+if late > 0 then redis.call('HINCRBY', KEYS[6], 'late_results', late) end
 return out
 `)
 
 // SettleArgs is the number of ARGV entries per Settle item.
-const SettleArgs = 6
+const SettleArgs = 9
 
-// Upstream's per-request cancellation keys (no prefix): its producer sets
+// Upstream's per-request keys (no prefix): its producer sets
 // ActivePrefix+<id> to the request token at enqueue and cancels by copying
-// that token to CancelPrefix+<id>.
+// that token to CancelPrefix+<id>; with payload keys it stores the payload
+// at PayloadPrefix+<id>:<token>.
 const (
-	ActivePrefix = "request-active:"
-	CancelPrefix = "request-cancel:"
+	ActivePrefix  = "request-active:"
+	CancelPrefix  = "request-cancel:"
+	PayloadPrefix = "request-payload:"
+	SeqPrefix     = "request-seq:"
 )
+
+// PayloadKey is upstream's payload key of a request: request-payload:<id>:<token>.
+func PayloadKey(id, token string) string { return PayloadPrefix + id + ":" + token }
 
 // Move moves members of one sorted set to others, each only if it is still
 // there: the ZREM decides, so a member moved concurrently by another mover
@@ -398,41 +482,133 @@ end
 return out
 `)
 
-// Requeue moves a leased message to the delay set, fenced by its token.
+// Requeue swaps a claim for an entry of the delay set, fenced by its owner
+// token: the claim is dropped and the message waits in the delay set
+// ("<score>|<message>" -> due ms), in one step, so a crash neither loses the
+// retry nor leaves a claim behind to be reclaimed beside it (upstream keeps
+// the claim while the retry waits and documents the duplicate).
 //
-//	KEYS: leases, leased, delayed, stats
-//	ARGV: token, delay ms, score, message
-//	returns: 1, or 0 when the lease was lost
+//	KEYS: claimed, owners, idx, delayed, stats, redeliveries
+//	ARGV: owner token, claim id, delay ms, score, message
+//	returns: 1, or 0 when the claim was lost
 var Requeue = redis.NewScript(`
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
-  redis.call('HINCRBY', KEYS[4], 'late_requeues', 1)
+if ARGV[1] == '' or redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[1] then
+  redis.call('HINCRBY', KEYS[5], 'late_requeues', 1)
   return 0
 end
-redis.call('HDEL', KEYS[2], ARGV[1])
+local rec = redis.call('HGET', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if rec then redis.call('HDEL', KEYS[6], rec) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[3] .. '|' .. ARGV[4])
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[4] .. '|' .. ARGV[5])
 return 1
 `)
 
-// Release hands leased messages back to their queue at their original score:
-// the tokens in ARGV[2..] (mode "release", a nack: the delivery does not
-// count) or every expired lease, up to ARGV[2] of them (mode "reclaim": the
-// delivery counts).
+// Release hands claimed messages back to their queue at the given score
+// (upstream's RELEASE: a nack or a shutdown; the delivery does not count),
+// each only while its owner token still owns the claim. Items are triples
+// (owner token, claim id, score).
 //
-//	KEYS: leases, leased, queue, redeliveries, stats
-//	ARGV: mode, tokens... | limit
+//	KEYS: claimed, owners, idx, queue
 //	returns: number of messages handed back
 var Release = redis.NewScript(`
+local n = 0
+for i = 1, #ARGV, 3 do
+  local tok, ck = ARGV[i], ARGV[i + 1]
+  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
+    local m = redis.call('HGET', KEYS[1], ck)
+    redis.call('HDEL', KEYS[1], ck)
+    redis.call('HDEL', KEYS[2], ck)
+    redis.call('ZREM', KEYS[3], ck)
+    if m then
+      redis.call('ZADD', KEYS[4], ARGV[i + 2], m)
+      n = n + 1
+    end
+  end
+end
+return n
+`)
+
+// Reclaim returns expired claims, whoever owned them, to the queue with
+// the stored member, byte for byte (upstream's RECLAIMIFEXPIRED, for many
+// claims in one call); the delivery counts (Q:redeliveries). Items are
+// pairs (claim id, score): the caller computes each score from the stored
+// member with upstream's formula. A claim whose lease is not (or no
+// longer) expired, by Redis' clock, is left alone; an index entry without
+// a claim (a ghost) is dropped.
+//
+//	KEYS: queue, claimed, owners, idx, redeliveries, stats
+//	returns: number of messages returned
+var Reclaim = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local n = 0
+for i = 1, #ARGV, 2 do
+  local ck = ARGV[i]
+  local exp = redis.call('ZSCORE', KEYS[4], ck)
+  if exp and tonumber(exp) <= now then
+    local m = redis.call('HGET', KEYS[2], ck)
+    redis.call('ZREM', KEYS[4], ck)
+    if m then
+      redis.call('ZADD', KEYS[1], ARGV[i + 1], m)
+      redis.call('HDEL', KEYS[2], ck)
+      redis.call('HDEL', KEYS[3], ck)
+      redis.call('HINCRBY', KEYS[5], m, 1)
+      n = n + 1
+    end
+  end
+end
+if n > 0 then redis.call('HINCRBY', KEYS[6], 'reclaimed', n) end
+return n
+`)
+
+// Extend renews the claims this replica still owns: items are triples
+// (owner token, claim id, cap ms or 0) and each lease becomes
+// min(now + lease, cap), as upstream's heartbeat bounds it.
+//
+//	KEYS: owners, idx
+//	ARGV: lease ms, triples...
+//	returns: the owner tokens whose claim was lost (taken over or gone)
+var Extend = redis.NewScript(`
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local lost = {}
+for i = 2, #ARGV, 3 do
+  local tok, ck = ARGV[i], ARGV[i + 1]
+  if redis.call('HGET', KEYS[1], ck) == tok then
+    local e = exp
+    local cap = tonumber(ARGV[i + 2])
+    if cap and cap > 0 and cap < e then e = cap end
+    redis.call('ZADD', KEYS[2], e / 1000, ck)
+  else
+    lost[#lost + 1] = tok
+  end
+end
+return lost
+`)
+
+// LegacyRelease returns the expired leases of the layout sluice used before
+// it adopted upstream's claims (Q:leases: token -> expiry ms; Q:leased:
+// token -> "<score>|<deliveries>|<message>") to their queue, up to ARGV[1]
+// of them, so that requests in flight on a replica of an earlier version
+// that died during an upgrade come back. The delivery counts. With ARGV[2]
+// "all" live leases are returned too (`sluice migrate --force`).
+//
+//	KEYS: leases, leased, queue, redeliveries, stats
+//	ARGV: limit[, "all"]
+//	returns: number of messages handed back
+var LegacyRelease = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local toks
-local reclaim = ARGV[1] == 'reclaim'
-if reclaim then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  toks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+if ARGV[2] == 'all' then
+  toks = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
 else
-  toks = {}
-  for i = 2, #ARGV do toks[#toks + 1] = ARGV[i] end
+  toks = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 end
 local n = 0
 for i = 1, #toks do
@@ -443,35 +619,15 @@ for i = 1, #toks do
     if rec then
       local p1 = string.find(rec, '|', 1, true)
       local p2 = string.find(rec, '|', p1 + 1, true)
-      local s = string.sub(rec, 1, p1 - 1)
-      local d = tonumber(string.sub(rec, p1 + 1, p2 - 1))
       local m = string.sub(rec, p2 + 1)
-      if not reclaim then d = d - 1 end
-      redis.call('ZADD', KEYS[3], s, m)
-      if d > 0 then redis.call('HSET', KEYS[4], m, d) end
+      redis.call('ZADD', KEYS[3], string.sub(rec, 1, p1 - 1), m)
+      redis.call('HSET', KEYS[4], m, tonumber(string.sub(rec, p1 + 1, p2 - 1)))
       n = n + 1
     end
   end
 end
-if reclaim and n > 0 then redis.call('HINCRBY', KEYS[5], 'reclaimed', n) end
+if n > 0 then redis.call('HINCRBY', KEYS[5], 'reclaimed', n) end
 return n
-`)
-
-// Extend renews the leases of tokens that still hold one.
-//
-//	KEYS: leases
-//	ARGV: lease ms, tokens...
-//	returns: the tokens whose lease was lost
-var Extend = redis.NewScript(`
-local t = redis.call('TIME')
-local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
-local lost = {}
-for i = 2, #ARGV do
-  if redis.call('ZADD', KEYS[1], 'XX', 'CH', exp, ARGV[i]) == 0 and not redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    lost[#lost + 1] = ARGV[i]
-  end
-end
-return lost
 `)
 
 // Enqueue adds requests to a queue in enqueue order. Each request is a
@@ -527,6 +683,40 @@ for job, ttl in pairs(jobs) do
 end
 return last
 `)
+
+// SubmitEnvelopes enqueues requests as upstream's producer does (its
+// submitRequestScript, main at #463/#458), for many requests in one call:
+// per request, the enqueue sequence of its (queue, deadline) is
+// incremented (and expires an hour after the deadline), request-cancel:<id>
+// is deleted, request-active:<id> set to the token until the deadline, the
+// member written with the sequence spliced between its two halves and
+// scored deadline + min(seq, 2^21-1)/2^21 (%.17g), and, with payload keys,
+// the payload stored apart until 10 minutes after the deadline. Each
+// request is 12 ARGV entries: seq key, cancel key, active key, token,
+// active ttl ms, seq expire-at (Unix s), member before the sequence, member
+// after it, deadline (Unix s), payload key or "", payload, payload ttl ms.
+//
+//	KEYS: queue
+//	returns: the last sequence number
+var SubmitEnvelopes = redis.NewScript(`
+local last = 0
+for i = 1, #ARGV, 12 do
+  local seq = redis.call('INCR', ARGV[i])
+  redis.call('EXPIREAT', ARGV[i], ARGV[i + 5])
+  redis.call('DEL', ARGV[i + 1])
+  redis.call('SET', ARGV[i + 2], ARGV[i + 3], 'PX', ARGV[i + 4])
+  local s = seq
+  if s > 2097151 then s = 2097151 end
+  local score = tonumber(ARGV[i + 8]) + s / 2097152
+  redis.call('ZADD', KEYS[1], string.format('%.17g', score), ARGV[i + 6] .. seq .. ARGV[i + 7])
+  if ARGV[i + 9] ~= '' then redis.call('SET', ARGV[i + 9], ARGV[i + 10], 'PX', ARGV[i + 11]) end
+  last = seq
+end
+return last
+`)
+
+// SubmitArgs is the number of ARGV entries per SubmitEnvelopes request.
+const SubmitArgs = 12
 
 // JobQueue records that queue holds waiting messages of a job, in a
 // cluster (see Enqueue): the job's set of queues gains queue and lives at

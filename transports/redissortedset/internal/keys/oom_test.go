@@ -9,11 +9,11 @@ import (
 )
 
 // TestSettleOutOfMemory: a settle on a server at maxmemory (noeviction)
-// must never drop a lease without writing its result: either the result is
-// in the list and the lease gone, or the call fails and the lease stays.
+// must never drop a claim without writing its result: either the result is
+// in the list and the claim gone, or the call fails and the claim stays.
 // (Redis refuses a script's first write that needs memory; once a script
 // has written, its later writes go through, so the settle, whose first
-// write is the lease's ZREM, completes.)
+// write is the claim's HDEL, completes.)
 func TestSettleOutOfMemory(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{Args: []string{"--maxmemory", "4mb", "--maxmemory-policy", "noeviction"}})
 	c := testenv.RedisClient(t, r.URL)
@@ -22,12 +22,12 @@ func TestSettleOutOfMemory(t *testing.T) {
 	if err := c.ZAdd(ctx, q.Name, redisZ(1, "m1")).Err(); err != nil {
 		t.Fatal(err)
 	}
-	ks := []string{q.Name, q.Leases, q.Leased, q.Redeliveries, q.Delayed}
+	ks := []string{q.Name, q.Claimed, q.Owners, q.ClaimsIdx, q.Redeliveries, q.Delayed, q.ClaimCalls + "tok:1"}
 	raw, err := Claim.Run(ctx, c, ks, 1, 60000, "tok:1:", q.JobPrefix).Slice()
-	if err != nil || len(raw) != 7 {
+	if err != nil || len(raw) != 3+ClaimReplyFields {
 		t.Fatalf("claim: %v %v", raw, err)
 	}
-	token := raw[3].(string)
+	token, claim := raw[3].(string), raw[7].(string)
 	// Fill the server up to maxmemory.
 	big := strings.Repeat("x", 64<<10)
 	for i := 0; ; i++ {
@@ -42,9 +42,9 @@ func TestSettleOutOfMemory(t *testing.T) {
 		}
 	}
 	results := "llm-d-async:results:oom:$batch"
-	_, serr := Settle.Run(ctx, c, []string{q.Leases, q.Leased, results, q.Dead, q.Stats},
-		"r", token, strings.Repeat("r", 4<<10), "", "", "").Int64Slice()
-	held := c.ZScore(ctx, q.Leases, token).Err() == nil
+	_, serr := Settle.Run(ctx, c, []string{q.Claimed, q.Owners, q.ClaimsIdx, results, q.Dead, q.Stats, q.Redeliveries},
+		"r", token, claim, strings.Repeat("r", 4<<10), "", "", "", "", 0).Int64Slice()
+	held := c.HGet(ctx, q.Owners, claim).Val() == token
 	written := c.LLen(ctx, results).Val()
 	t.Logf("settle at maxmemory: err=%v, lease held=%v, results written=%d", serr, held, written)
 	switch {

@@ -26,7 +26,7 @@ func TestClaimReplayReturnsTheSameLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ks := []string{q.Name, q.Leases, q.Leased, q.Redeliveries, q.Delayed, Names{}.CancelEpoch()}
+	ks := []string{q.Name, q.Claimed, q.Owners, q.ClaimsIdx, q.Redeliveries, q.Delayed, q.ClaimCalls + "tok:1", Names{}.CancelEpoch()}
 	claim := func() []any {
 		t.Helper()
 		raw, err := Claim.Run(ctx, c, ks, 4, 60000, "tok:1:", q.JobPrefix).Slice()
@@ -36,8 +36,8 @@ func TestClaimReplayReturnsTheSameLeases(t *testing.T) {
 		return raw
 	}
 	first, again := claim(), claim()
-	if len(first) != 3+4*4 {
-		t.Fatalf("first claim returned %d elements, want 19", len(first))
+	if len(first) != 3+4*ClaimReplyFields {
+		t.Fatalf("first claim returned %d elements, want %d", len(first), 3+4*ClaimReplyFields)
 	}
 	if len(again) != len(first) {
 		t.Fatalf("replayed claim returned %d elements, want %d (the same leases)", len(again), len(first))
@@ -50,12 +50,13 @@ func TestClaimReplayReturnsTheSameLeases(t *testing.T) {
 	if n := c.ZCard(ctx, q.Name).Val(); n != 6 {
 		t.Errorf("queue holds %d, want 6 (the replay must claim nothing more)", n)
 	}
-	if n := c.HLen(ctx, q.Leased).Val(); n != 4 {
-		t.Errorf("%d lease records, want 4", n)
+	if n := c.HLen(ctx, q.Claimed).Val(); n != 4 {
+		t.Errorf("%d claim records, want 4", n)
 	}
-	// A new prefix claims the next ones.
+	// A new prefix (and call record) claims the next ones.
+	ks[6] = q.ClaimCalls + "tok:2"
 	raw, err := Claim.Run(ctx, c, ks, 4, 60000, "tok:2:", q.JobPrefix).Slice()
-	if err != nil || len(raw) != 3+4*4 || raw[6] != "m4" {
+	if err != nil || len(raw) != 3+4*ClaimReplyFields || raw[6] != "m4" {
 		t.Fatalf("next claim: %v, %v", raw, err)
 	}
 }
