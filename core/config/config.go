@@ -624,25 +624,17 @@ func (c *Config) Validate(k Known) error {
 	if c.MetricsPort > 0 && c.MetricsPort == c.HealthPort {
 		add("health_port", "same port as metrics_port (%d)", c.MetricsPort)
 	}
-	switch {
-	case c.Retry.Base < 0 || c.Retry.Max < 0:
+	if c.Retry.Base < 0 || c.Retry.Max < 0 {
 		add("retry", "base and max must not be negative, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
-	case c.Retry.Base > 0 && c.Retry.Max > 0 && c.Retry.Max < c.Retry.Base:
-		add("retry", "need base ≤ max, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
 	}
-	if c.Retry.Jitter < 0 || c.Retry.Jitter > 1 {
+	if c.Retry.Jitter < 0 {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
-	if c.Retry.MaxAttempts < 0 {
-		add("retry.max_attempts", "must not be negative")
-	}
+	c.componentProblems(add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)
 		}
-	}
-	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		add("tls", "cert and key go together")
 	}
 	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
 		add("redis_tls", "cert and key go together")
@@ -667,9 +659,6 @@ func (c *Config) Validate(k Known) error {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			add("tracing.otlp_endpoint", "%q is not an http(s) URL", e)
 		}
-	}
-	if p := c.Dispatch.Protocol; p != "" && p != "auto" && p != "http1" && p != "h2c" {
-		add("dispatch.protocol", "%q: want auto, http1 or h2c", p)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

@@ -116,7 +116,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		`transport: unknown transport "kafka" (known: memory, redis-sortedset)`,
 		"concurrency: must be at least 1",
 		"log.level",
-		"tls: cert and key go together",
+		"dispatch: tls cert and key must be set together",
 		`transport_config.queues[0].igw_base_url: "gw:80" is not an http(s) URL`,
 		`transport_config.queues[0].gate_type: unknown gate type "magic" (known: constant, redis)`,
 		"transport_config.queues[0].result_queue_name: no result queue",
@@ -129,8 +129,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	}
 }
 
-// Zero means "the component's default"; negative values and an explicit
-// max below an explicit base are still problems.
+// Zero means "the component's default"; negative values are problems, and
+// so is what the component itself refuses once its defaults are applied.
 func TestValidateComponentSettings(t *testing.T) {
 	tests := []struct {
 		name string
@@ -145,9 +145,15 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"a limit off", func(c *Config) { c.Limits.MaxHeaders = -1 }, ""},
 		{"negative retry base", func(c *Config) { c.Retry.Base = Duration(-time.Second) }, "retry: base and max must not be negative"},
 		{"max below base", func(c *Config) { c.Retry.Base, c.Retry.Max = Duration(time.Minute), Duration(time.Second) },
-			"retry: need base ≤ max, got base 1m0s, max 1s"},
+			"retry: max backoff 1s is below the base 1m0s"},
+		// The retry policy's and the dispatcher's own checks, with their defaults.
+		{"base above the default max", func(c *Config) { c.Retry.Base = Duration(90 * time.Second) }, "retry: max backoff 1m0s is below the base 1m30s"},
+		{"jitter above 1", func(c *Config) { c.Retry.Jitter = 1.5 }, "retry: jitter 1.5 is above 1"},
+		{"negative attempts", func(c *Config) { c.Retry.MaxAttempts = -1 }, "retry: max attempts -1 is negative"},
+		{"reserved deadline header", func(c *Config) { c.Dispatch.DeadlineHeader = "Content-Length" }, `dispatch: deadline header "Content-Length" is a reserved header`},
+		{"fairness header", func(c *Config) { c.MergePolicy.Parameters = []byte(`{"fairness_header":"bad header"}`) }, `merge_policy: merge policy parameters: fairness_header: "bad header" is not a valid header name`},
 		{"only base", func(c *Config) { c.Retry.Base = Duration(time.Second) }, ""},
-		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch.protocol: "h3": want auto, http1 or h2c`},
+		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch: protocol "h3": want "auto", "http1" or "h2c"`},
 		{"h2c", func(c *Config) { c.Dispatch.Protocol = "h2c" }, ""},
 		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
 	}
