@@ -236,3 +236,26 @@ func TestSecretFlags(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// Keys and flags upstream accepts that sluice does not act on validate with
+// one warning each, said once.
+func TestValidateWarnsOnceForIgnoredSettings(t *testing.T) {
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","enable_tracing":true,"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}`)
+	mp := writeFile(t, "policy.json", `{"type":"random-robin","parameters":{"fairness_heder":"x-tenant"}}`)
+	out, err := run(t, "validate", "--transport-config-file", f, "--zap-log-level", "debug", "--request-merge-policy-config-file", mp)
+	if err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"warning: --zap-log-level is accepted and ignored",
+		"warning: transport_config.enable_tracing is accepted and ignored",
+		`warning: merge_policy.parameters.fairness_heder is not a parameter sluice reads (did you mean "fairness_header"?)`,
+	} {
+		if n := strings.Count(out, want); n != 1 {
+			t.Errorf("%q said %d times, want once:\n%s", want, n, out)
+		}
+	}
+	if !strings.Contains(out, "ok: transport memory") {
+		t.Errorf("not ok:\n%s", out)
+	}
+}

@@ -159,8 +159,11 @@ type Tracing struct {
 // "queues" and "result_queue_name" (each topic's "subscriber_id" is its
 // queue_name, see Queue), and its batch_size, upstream's per-subscription
 // bound of messages in flight, becomes each topic's max_concurrency unless
-// the topic sets one (batch_size also stays a transport option).
-// "enable_tracing" is accepted on every transport.
+// the topic sets one (batch_size also stays a transport option); on the
+// gcp-pubsub transport it does the same in the queues form. Other
+// transports read batch_size as their own option (a claim batch).
+// "enable_tracing" is accepted on every transport and ignored, with a
+// warning (Config.Warnings).
 type TransportConfig struct {
 	// Queues are the request queues ("queues", or upstream's GCP "topics").
 	Queues []Queue `json:"queues"`
@@ -253,6 +256,18 @@ func (t *TransportConfig) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// batchSize is the batch_size option when it is a positive integer, else 0
+// (the transport checks its own option).
+func (t TransportConfig) batchSize() int {
+	var opts struct {
+		BatchSize int `json:"batch_size"`
+	}
+	if json.Unmarshal(t.Options, &opts) != nil || opts.BatchSize < 0 {
+		return 0
+	}
+	return opts.BatchSize
+}
+
 // normalizeQueues folds upstream's GCP topic spellings into sluice's
 // fields: subscriber_id into queue_name and result_topic_id into
 // result_queue_name. list names the array in messages.
@@ -292,6 +307,10 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(all)
 }
+
+// gcpPubSub is the registry name of the GCP Pub/Sub transport, whose
+// upstream option batch_size bounds each subscription (see TransportConfig).
+const gcpPubSub = "gcp-pubsub"
 
 // DefaultWorkerPoolID is the worker pool a queue belongs to when it names
 // none (upstream's default).
@@ -426,11 +445,10 @@ type Queue struct {
 	// result_queue_name (both with different values is an error). Parsing
 	// moves it into ResultName and leaves it empty.
 	ResultTopicID string `json:"result_topic_id,omitempty"`
-	// WorkerPoolID names the upstream worker pool (--pool-config-file) the
-	// queue's requests are dispatched by (default "default"). It is
-	// accepted and kept on the queue; until sluice has worker pools, each
-	// queue keeps its own in-flight limit (max_concurrency, default
-	// --concurrency) whatever pool it names.
+	// WorkerPoolID names the worker pool (worker_pools, --pool-config-file)
+	// whose workers dispatch the queue's requests (default "default"): the
+	// requests in flight of all the pool's queues stay within its workers,
+	// and its gate, if any, decides per request after the queue's.
 	WorkerPoolID string `json:"worker_pool_id,omitempty"`
 	// IGWBaseURL is the inference gateway's base URL (required).
 	IGWBaseURL string `json:"igw_base_url"`
@@ -541,8 +559,15 @@ func (c *Config) SetDefaults() {
 	if len(c.WorkerPools) == 0 {
 		c.WorkerPools = []WorkerPool{{ID: DefaultWorkerPoolID, Workers: c.Concurrency}}
 	}
+	gcpBatch := 0
+	if c.Transport == gcpPubSub {
+		gcpBatch = c.TransportConfig.batchSize()
+	}
 	for i := range c.TransportConfig.Queues {
 		q := &c.TransportConfig.Queues[i]
+		if gcpBatch > 0 && q.MaxConcurrency == 0 {
+			q.MaxConcurrency = gcpBatch // as in upstream's topics form
+		}
 		if q.ID == "" {
 			q.ID = q.Name
 		}

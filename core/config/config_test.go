@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -234,5 +235,73 @@ func TestLimitsAndResultWriteKeys(t *testing.T) {
 func TestLimitsUnknownKey(t *testing.T) {
 	if _, err := Parse([]byte(`{"limits":{"max_payload":1}}`), "f"); err == nil || !strings.Contains(err.Error(), "max_payload") {
 		t.Errorf("unknown limits key: %v", err)
+	}
+}
+
+// What upstream accepts and sluice does not act on is said once each, by
+// Warnings; a clean config has none.
+func TestWarnings(t *testing.T) {
+	base := `"transport_config":{"result_queue_name":"r","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]%s}`
+	tests := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"clean", `{` + fmt.Sprintf(base, "") + `}`, nil},
+		{"enable_tracing", `{` + fmt.Sprintf(base, `,"enable_tracing":true`) + `}`,
+			[]string{"transport_config.enable_tracing is accepted and ignored"}},
+		{"misspelled merge parameter", `{"merge_policy":{"type":"random-robin","parameters":{"fairness_heder":"x-t","fairness_attribute":"tenant"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{`merge_policy.parameters.fairness_heder is not a parameter sluice reads (did you mean "fairness_header"?): ignored`}},
+		{"unknown merge parameter", `{"merge_policy":{"parameters":{"colour":"red"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{"merge_policy.parameters.colour is not a parameter sluice reads: ignored"}},
+		{"tier parameter under random-robin", `{"merge_policy":{"parameters":{"priority_header":"x-p"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{"merge_policy.parameters.priority_header applies to the tier-priority policy only: ignored with random-robin"}},
+		{"tier parameter under tier-priority", `{"merge_policy":{"type":"tier-priority","parameters":{"priority_header":"x-p","tier_label":"t"}},` + fmt.Sprintf(base, "") + `}`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.doc), "f")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDefaults()
+			if err := c.Validate(known()); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			got := c.Warnings()
+			if len(got) != len(tc.want) {
+				t.Fatalf("warnings %q, want %d", got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %q, want %q in it", got[i], w)
+				}
+			}
+		})
+	}
+}
+
+// batch_size, upstream's per-subscription bound on GCP, bounds each queue
+// without a max_concurrency on gcp-pubsub in the queues form as in the
+// topics form; other transports read it as their own option only.
+func TestGCPBatchSizeInQueuesForm(t *testing.T) {
+	doc := `{"transport":%q,"transport_config":{"batch_size":7,"result_queue_name":"r","queues":[
+	  {"queue_name":"a","igw_base_url":"http://gw"},{"queue_name":"b","igw_base_url":"http://gw","max_concurrency":3}]}}`
+	for _, tc := range []struct {
+		transport string
+		a, b      int
+	}{{"gcp-pubsub", 7, 3}, {"redis-sortedset", 64, 3}} {
+		c, err := Parse(fmt.Appendf(nil, doc, tc.transport), "f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDefaults()
+		qs := c.TransportConfig.Queues
+		if qs[0].MaxConcurrency != tc.a || qs[1].MaxConcurrency != tc.b {
+			t.Errorf("%s: max_concurrency %d, %d; want %d, %d", tc.transport, qs[0].MaxConcurrency, qs[1].MaxConcurrency, tc.a, tc.b)
+		}
+		if !strings.Contains(string(c.TransportConfig.Options), `"batch_size":7`) {
+			t.Errorf("%s: batch_size no longer a transport option: %s", tc.transport, c.TransportConfig.Options)
+		}
 	}
 }

@@ -99,9 +99,9 @@ type Options struct {
 	// BatchSize is upstream's "batch_size" (--pubsub.batch-size): the most
 	// messages one subscription has in flight at budget 1. It is accepted
 	// and changes no lease setting here: that bound is sluice's per-queue
-	// max_concurrency (credits × budget), and in upstream's "topics" form
-	// core/config sets each topic's max_concurrency to batch_size when the
-	// topic names none.
+	// max_concurrency (credits × budget), and core/config sets each queue's
+	// max_concurrency to batch_size when the queue names none (in upstream's
+	// "topics" form and in the "queues" form alike).
 	BatchSize int `json:"batch_size,omitempty"`
 }
 
