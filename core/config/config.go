@@ -664,6 +664,10 @@ func (c *Config) Validate(k Known) error {
 	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
 		add("redis_tls", "cert and key go together")
 	}
+	if c.RedisTLS != (TLS{}) && !strings.HasPrefix(c.Transport, "redis-") {
+		// Only the Redis transports read it; it would change nothing.
+		add("redis_tls", "applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is %s; the Redis gates take tls, tls_ca_cert, tls_cert, tls_key in gate_params", c.Transport)
+	}
 	switch strings.ToLower(c.RedisMode) {
 	case "", "single", "standalone", "cluster":
 	default:

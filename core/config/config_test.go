@@ -156,6 +156,9 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"only base", func(c *Config) { c.Retry.Base = Duration(time.Second) }, ""},
 		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch: protocol "h3": want "auto", "http1" or "h2c"`},
 		{"h2c", func(c *Config) { c.Dispatch.Protocol = "h2c" }, ""},
+		{"redis_tls without a Redis transport", func(c *Config) { c.RedisTLS.InsecureSkipVerify = true },
+			"redis_tls: applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is memory"},
+		{"redis_tls with a Redis transport", func(c *Config) { c.Transport, c.RedisTLS.InsecureSkipVerify = "redis-sortedset", true }, ""},
 		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
 	}
 	for _, tc := range tests {
