@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
@@ -249,13 +250,14 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	return sum, nil
 }
 
-// adapters registers what the demo and the memory load run on: the memory
-// transport and the constant gate.
+// adapters registers what the demos and the memory load run on: the memory
+// transport, the constant gate and the aimd gate (the purpose demo's).
 func adapters() (app.Adapters, error) {
 	ad := app.NewAdapters()
 	err := errors.Join(
 		ad.Transports.Register(memory.Name, memory.Factory),
 		ad.Gates.Register(constant.Type, constant.Factory),
+		ad.Gates.Register(aimd.Type, aimd.Factory),
 	)
 	return ad, err
 }

@@ -201,12 +201,8 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 			InferenceObjective: "batch-sheddable", GateType: gateType, GateParams: params,
 		}}},
 	}
-	ad := app.NewAdapters()
-	if err := errors.Join(
-		ad.Transports.Register(memory.Name, memory.Factory),
-		ad.Gates.Register(constant.Type, constant.Factory),
-		ad.Gates.Register(aimd.Type, aimd.Factory),
-	); err != nil {
+	ad, err := adapters()
+	if err != nil {
 		return sum, err
 	}
 	port, err := freePort()
