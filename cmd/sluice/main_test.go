@@ -56,10 +56,54 @@ func TestValidatePrintsEveryProblem(t *testing.T) {
 		"error: concurrency: must be at least 1",
 		`error: transport_config.queues[0].igw_base_url: "not a url" is not an http(s) URL`,
 		`error: transport_config.queues[0].gate_type: unknown gate type "nope"`,
+		// The gates are checked too, though the config has problems.
+		"error: transport_config.queues[1].gate_params:",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}
+	}
+}
+
+// validate checks every plugin binary (missing, not executable, a
+// directory; in a composite too) and reports each, with the config's own
+// problems, in one run.
+func TestValidateChecksPluginPaths(t *testing.T) {
+	dir := t.TempDir()
+	notExec := writeFile(t, "plugin", "#!/bin/sh\n") // 0600
+	missing := filepath.Join(dir, "nope")
+	ok := filepath.Join(dir, "ok")
+	if err := os.WriteFile(ok, []byte("#!/bin/sh\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	q := func(name, params string) string {
+		return `{"queue_name":"` + name + `","igw_base_url":"http://gw","gate_type":"plugin","gate_params":` + params + `}`
+	}
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","queues":[`+
+		q("q0", `{"path":"`+missing+`"}`)+`,`+
+		q("q1", `{"path":"`+notExec+`"}`)+`,`+
+		q("q2", `{"path":"`+dir+`"}`)+`,`+
+		q("q3", `{"path":"`+ok+`"}`)+`,`+
+		`{"queue_name":"q4","igw_base_url":"http://gw","gate_type":"composite","gate_params":{"gates":[{"gate_type":"plugin","gate_params":{"path":"`+missing+`"}}]}}`+
+		`]}`)
+	out, err := run(t, "validate", "--transport-config-file", f, "--log-level", "loud")
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("err = %v, want exit 1; out:\n%s", err, out)
+	}
+	for _, want := range []string{
+		`error: log.level: "loud"`,
+		"error: transport_config.queues[0].gate_params: gate_params.path: exec: \"" + missing + "\": stat " + missing + ": no such file or directory",
+		"error: transport_config.queues[1].gate_params: gate_params.path: exec: \"" + notExec + "\": permission denied",
+		"error: transport_config.queues[2].gate_params: gate_params.path: exec: \"" + dir + "\":",
+		"error: transport_config.queues[4].gate_params: gates[0] (plugin): gate_params.path: exec: \"" + missing + "\"",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "queues[3]") {
+		t.Errorf("an executable plugin was refused:\n%s", out)
 	}
 }
 
@@ -190,6 +234,29 @@ func TestSecretFlags(t *testing.T) {
 	}
 	if _, err := f.load(fs); err == nil || !strings.Contains(err.Error(), "--prometheus-url-file") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// Keys and flags upstream accepts that sluice does not act on validate with
+// one warning each, said once.
+func TestValidateWarnsOnceForIgnoredSettings(t *testing.T) {
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","enable_tracing":true,"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}`)
+	mp := writeFile(t, "policy.json", `{"type":"random-robin","parameters":{"fairness_heder":"x-tenant"}}`)
+	out, err := run(t, "validate", "--transport-config-file", f, "--zap-log-level", "debug", "--request-merge-policy-config-file", mp)
+	if err != nil {
+		t.Fatalf("validate: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"warning: --zap-log-level is accepted and ignored",
+		"warning: transport_config.enable_tracing is accepted and ignored",
+		`warning: merge_policy.parameters.fairness_heder is not a parameter sluice reads (did you mean "fairness_header"?)`,
+	} {
+		if n := strings.Count(out, want); n != 1 {
+			t.Errorf("%q said %d times, want once:\n%s", want, n, out)
+		}
+	}
+	if !strings.Contains(out, "ok: transport memory") {
+		t.Errorf("not ok:\n%s", out)
 	}
 }
 

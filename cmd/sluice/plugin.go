@@ -17,7 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/gates/gatetest"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/plugins/host"
 )
 
@@ -196,8 +196,8 @@ func runPluginSuite(ctx context.Context, w io.Writer, cfg host.Config, timeout t
 	for _, p := range pluginProps(cfg) {
 		report(runProp(p.Name, timeout, func(t *propT) { p.Check(t) }))
 	}
-	newGate := func(t gatetest.T) gate.Gate { return newPluginGate(t, cfg) }
-	for _, p := range gatetest.Properties(newGate, gatetest.Features{}, cfg.Admit) {
+	newGate := func(t gatecheck.T) gate.Gate { return newPluginGate(t, cfg) }
+	for _, p := range gatecheck.Properties(newGate, gatecheck.Features{}, cfg.Admit) {
 		report(runProp(p.Name, timeout, func(t *propT) { p.Check(t) }))
 	}
 	failed := 0
@@ -220,7 +220,7 @@ func runPluginSuite(ctx context.Context, w io.Writer, cfg host.Config, timeout t
 // properties' bounds (a second or a few) apply to answers, not to the
 // plugin's start-up, which an interpreted plugin on a busy machine can spend
 // seconds on (start_timeout bounds it).
-func newPluginGate(t gatetest.T, cfg host.Config) gate.Gate {
+func newPluginGate(t gatecheck.T, cfg host.Config) gate.Gate {
 	t.Helper()
 	g, err := host.New(cfg)
 	if err != nil {
@@ -244,9 +244,9 @@ const unknownParam = "sluice_plugin_test_unknown"
 // pluginProps are the properties of a plugin binary that the gate suite
 // does not check (it accepts an error as an answer, and knows nothing of
 // processes). The T they get is always a *propT.
-func pluginProps(cfg host.Config) []gatetest.Property {
-	return []gatetest.Property{
-		{Name: "RefusesUnknownParams", Check: func(t gatetest.T) {
+func pluginProps(cfg host.Config) []gatecheck.Property {
+	return []gatecheck.Property{
+		{Name: "RefusesUnknownParams", Check: func(t gatecheck.T) {
 			c := cfg
 			c.Params = map[string]string{unknownParam: "1"}
 			for k, v := range cfg.Params {
@@ -269,7 +269,7 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 				t.Errorf("refused, but the error does not name the parameter: %v", err)
 			}
 		}},
-		{Name: "Answers", Check: func(t gatetest.T) {
+		{Name: "Answers", Check: func(t gatecheck.T) {
 			pt := t.(*propT)
 			g := newPluginGate(t, cfg)
 			const calls = 50
@@ -284,7 +284,7 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 				switch {
 				case errors.As(err, &fb):
 					err = fmt.Errorf("a fallback budget %v: %w", fb.Budget, fb.Err)
-				case err == nil && gatetest.CheckAnswer(b, nil) != nil:
+				case err == nil && gatecheck.CheckAnswer(b, nil) != nil:
 					err = fmt.Errorf("%v, outside [0,1]", b)
 				}
 				if err != nil {
@@ -311,7 +311,7 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 					d.Release()
 				}
 				if err == nil {
-					err = gatetest.CheckDecision(d)
+					err = gatecheck.CheckDecision(d)
 				}
 				if err != nil {
 					t.Errorf("Admit call %d of %d: %v", i+1, calls, err)
@@ -321,7 +321,7 @@ func pluginProps(cfg host.Config) []gatetest.Property {
 			}
 			pt.detail += ", Admit " + latencies(lat)
 		}},
-		{Name: "Restarts", Check: func(t gatetest.T) {
+		{Name: "Restarts", Check: func(t gatecheck.T) {
 			pt := t.(*propT)
 			c := cfg
 			c.RestartBackoff, c.RestartBackoffMax = 50*time.Millisecond, 50*time.Millisecond
@@ -369,7 +369,7 @@ func latencies(lat []time.Duration) string {
 	return fmt.Sprintf("p50 %v p99 %v (%d calls)", r(q(0.5)), r(q(0.99)), len(s))
 }
 
-// propT is the gatetest.T of one property run by the CLI: it collects
+// propT is the gatecheck.T of one property run by the CLI: it collects
 // failures, runs cleanups when the property ends, and stops the property's
 // goroutine on Fatalf.
 type propT struct {
@@ -382,7 +382,7 @@ type propT struct {
 	ended    bool // cleanups have run; later ones run at once, later errors are dropped
 }
 
-var _ gatetest.T = (*propT)(nil)
+var _ gatecheck.T = (*propT)(nil)
 
 // Helper does nothing: the report has no file positions.
 func (t *propT) Helper() {}

@@ -193,8 +193,8 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.warnings = append(warn, more...)
 	cfg.SetDefaults()
+	f.warnings = append(append(warn, more...), cfg.Warnings()...)
 	return cfg, nil
 }
 

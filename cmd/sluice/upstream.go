@@ -56,7 +56,7 @@ func (u *upstreamFlags) register(fs *pflag.FlagSet, upstream bool) {
 	fs.DurationVar(&u.backlogPoll, "metrics-backlog-poll-interval", 15*time.Second, "interval of the broker backlog poll (broker_backlog gauge); 0 disables it")
 	fs.BoolVar(&u.zapDevel, "zap-devel", true, "upstream: zap development mode; accepted and ignored")
 	fs.StringVar(&u.zapEncoder, "zap-encoder", "", "upstream: json or console; same as --log-format json or text")
-	fs.StringVar(&u.zapLogLevel, "zap-log-level", "", "upstream: no effect (as in upstream, -v decides)")
+	fs.StringVar(&u.zapLogLevel, "zap-log-level", "", "upstream: accepted and ignored, with a warning (as in upstream, -v decides; sluice: --log-level)")
 	fs.StringVar(&u.zapStacktraceLevel, "zap-stacktrace-level", "", "upstream: accepted and ignored")
 	fs.StringVar(&u.zapTimeEncoding, "zap-time-encoding", "", "upstream: accepted and ignored")
 	for _, name := range []string{"v", "zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding", "request-merge-policy-config"} {
@@ -96,7 +96,7 @@ func (u *upstreamFlags) apply(fs *pflag.FlagSet, cfg *config.Config) ([]string, 
 			return nil, fmt.Errorf("--zap-encoder: unknown value %q (want json or console)", u.zapEncoder)
 		}
 	}
-	for _, name := range []string{"zap-devel", "zap-stacktrace-level", "zap-time-encoding"} {
+	for _, name := range []string{"zap-devel", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding"} {
 		if fs.Changed(name) {
 			warn = append(warn, fmt.Sprintf("--%s is accepted and ignored: sluice logs with log/slog (--log-level, --log-format)", name))
 		}

@@ -106,7 +106,7 @@ func TestUpstreamFlags(t *testing.T) {
 		{"--prometheus-cache-ttl=0s", []string{"--prometheus-cache-ttl=0s"}, func(c *config.Config) bool { return time.Duration(c.Prometheus.CacheTTL) == time.Nanosecond }, ""},
 		{"--zap-devel", []string{"--zap-devel=false"}, nil, "--zap-devel is accepted and ignored"},
 		{"--zap-encoder", []string{"--zap-encoder=json"}, func(c *config.Config) bool { return c.Log.Format == "json" }, ""},
-		{"--zap-log-level", []string{"--zap-log-level=debug"}, func(c *config.Config) bool { return c.Log.Level == "info" }, ""},
+		{"--zap-log-level", []string{"--zap-log-level=debug"}, func(c *config.Config) bool { return c.Log.Level == "info" }, "--zap-log-level is accepted and ignored"},
 		{"--zap-stacktrace-level", []string{"--zap-stacktrace-level=panic"}, nil, "--zap-stacktrace-level is accepted and ignored"},
 		{"--zap-time-encoding", []string{"--zap-time-encoding=iso8601"}, nil, "--zap-time-encoding is accepted and ignored"},
 

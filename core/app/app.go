@@ -110,6 +110,9 @@ type Options struct {
 	// SubjectAccessReview, as upstream's --metrics-endpoint-auth). Run
 	// closes it when it is an io.Closer.
 	MetricsGuard MetricsGuard
+	// StatusExtra, when set, adds the embedding program's own figures to
+	// the status page (core/status.Config.Extra).
+	StatusExtra func() []status.Figure
 	// Version is shown on the status page (default: the main module's
 	// version from the build information, else "dev").
 	Version string
@@ -135,21 +138,22 @@ func (o *Options) setDefaults() {
 
 // App is one assembled deployment.
 type App struct {
-	cfg       *config.Config
-	log       *slog.Logger
-	reg       *prometheus.Registry
-	client    *dispatch.Client
-	transport transport.Transport
-	gates     []*gate.Refresher
-	transform *transform.Chain         // nil: no transforms
-	tracing   *sdktrace.TracerProvider // owned: shut down at the end of Run
-	pipe      *pipeline.Pipeline
-	servers   []*http.Server
-	addrs     map[string]string
-	guard     MetricsGuard  // nil: /metrics is open
-	gateState *status.Gates // the gates' state, for the status page
-	version   string
-	started   time.Time
+	cfg         *config.Config
+	log         *slog.Logger
+	reg         *prometheus.Registry
+	client      *dispatch.Client
+	transport   transport.Transport
+	gates       []*gate.Refresher
+	transform   *transform.Chain         // nil: no transforms
+	tracing     *sdktrace.TracerProvider // owned: shut down at the end of Run
+	pipe        *pipeline.Pipeline
+	servers     []*http.Server
+	addrs       map[string]string
+	guard       MetricsGuard  // nil: /metrics is open
+	gateState   *status.Gates // the gates' state, for the status page
+	version     string
+	statusExtra func() []status.Figure // Options.StatusExtra
+	started     time.Time
 }
 
 // New defaults and validates cfg against o.Adapters, then builds the
@@ -170,7 +174,7 @@ func newApp(cfg *config.Config, o Options) (*App, error) {
 		return nil, err
 	}
 	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard,
-		gateState: status.NewGates(), version: o.Version, started: time.Now()}
+		gateState: status.NewGates(), version: o.Version, started: time.Now(), statusExtra: o.StatusExtra}
 	if err := a.build(o); err != nil {
 		a.close()
 		return nil, err
@@ -287,7 +291,7 @@ func (a *App) mux(name string) *http.ServeMux {
 		m.Handle("/metrics", h)
 		if a.cfg.StatusPageEnabled() { // core/status: GET / and /status.json, behind the same guard
 			var page http.Handler = status.New(status.Config{Pipeline: a.pipe, Gates: a.gateState,
-				Transport: a.cfg.Transport, Version: a.version, Started: a.started})
+				Transport: a.cfg.Transport, Version: a.version, Started: a.started, Extra: a.statusExtra})
 			if a.guard != nil {
 				page = a.guard.Wrap(page)
 			}

@@ -84,7 +84,7 @@ func (a *App) build(o Options) error {
 		Priority:            prio,
 		Transforms:          a.transform,
 		GateTimeout:         gateWaitTimeout(a.cfg),
-		Retry:               retryPolicy(a.cfg),
+		Retry:               a.cfg.RetryPolicy(),
 		DrainTimeout:        a.cfg.DrainTimeout.D(),
 		ResultWriteTimeout:  a.cfg.ResultWriteTimeout.D(),
 		Limits:              a.cfg.Limits,
@@ -106,30 +106,10 @@ func newMetrics(reg *prometheus.Registry) (*metrics.Metrics, error) {
 	return m, nil
 }
 
-// dispatchConfig is the HTTP client's part of cfg. Fields cfg leaves zero
-// take core/dispatch's defaults.
-func dispatchConfig(cfg *config.Config) (dispatch.Config, error) {
-	fair, err := dispatch.ParseFairness(cfg.MergePolicy.Parameters)
-	if err != nil {
-		return dispatch.Config{}, fmt.Errorf("merge_policy: %w", err)
-	}
-	return dispatch.Config{
-		Fairness:         fair,
-		MaxConns:         maxConcurrency(cfg),
-		RequestTimeout:   cfg.RequestTimeout.D(),
-		DeadlineHeader:   cfg.Dispatch.DeadlineHeader,
-		TimeoutHeader:    cfg.Dispatch.TimeoutHeader,
-		MaxResponseBytes: cfg.Dispatch.MaxResponseBytes,
-		Protocol:         cfg.Dispatch.Protocol,
-		TLS: dispatch.TLSConfig{CACert: cfg.TLS.CACert, Cert: cfg.TLS.Cert, Key: cfg.TLS.Key,
-			InsecureSkipVerify: cfg.TLS.InsecureSkipVerify},
-	}, nil
-}
-
 // newDispatcher builds the HTTP client to the gateways (its errors already
 // say "dispatch: ").
 func newDispatcher(cfg *config.Config) (*dispatch.Client, error) {
-	dc, err := dispatchConfig(cfg)
+	dc, err := cfg.DispatchConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -204,12 +184,6 @@ func maxConcurrency(cfg *config.Config) int {
 		n += p.Workers
 	}
 	return max(n, cfg.Concurrency)
-}
-
-// retryPolicy is the retry middleware's part of cfg. Fields cfg leaves zero
-// take core/pipeline's defaults.
-func retryPolicy(cfg *config.Config) pipeline.RetryPolicy {
-	return pipeline.RetryPolicy{Base: cfg.Retry.Base.D(), Max: cfg.Retry.Max.D(), Jitter: cfg.Retry.Jitter, MaxAttempts: cfg.Retry.MaxAttempts}
 }
 
 // newTransport builds the config's transport from the registry (a nil log

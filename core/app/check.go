@@ -13,17 +13,22 @@ import (
 // Check defaults and validates cfg against the adapters as New does, then
 // builds (and closes) what New would build from it with the same steps, so
 // that each component checks its own settings with its own defaults: the
-// dispatcher, the retry policy, the transport and every queue's gate.
-// Factories do no I/O at construction, so Check needs no server. It returns
-// the config's problems, or else every component's.
+// dispatcher (its files), the transport and every gate, which is also asked
+// what it can tell without its backend (gate.Validator: a missing plugin
+// binary, for instance). cfg.Validate ran the retry policy's and the
+// dispatcher's own checks. Factories do no I/O at construction, so Check
+// needs no server. It returns every problem it found: the config's, and the
+// components' that the config's problems leave buildable (a known
+// transport, a known gate type).
 func Check(cfg *config.Config, ad Adapters) error {
 	ad.setDefaults()
 	cfg.SetDefaults()
-	if err := cfg.Validate(ad.known(false)); err != nil {
-		return err
-	}
 	var errs []error
-	if c, err := newDispatcher(cfg); err != nil {
+	k := ad.known(false)
+	cfgErr := cfg.Validate(k)
+	if cfgErr != nil {
+		errs = append(errs, cfgErr)
+	} else if c, err := newDispatcher(cfg); err != nil {
 		errs = append(errs, err)
 	} else {
 		if _, err := priority(cfg, c); err != nil {
@@ -31,24 +36,24 @@ func Check(cfg *config.Config, ad Adapters) error {
 		}
 		c.Close()
 	}
-	p := retryPolicy(cfg)
-	p.SetDefaults()
-	if err := p.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if tp, err := newTransport(cfg, ad.Transports, nil); err != nil {
-		errs = append(errs, fmt.Errorf("transport_config: %w", err))
-	} else {
-		if qc, ok := tp.(transport.QueueChecker); ok {
-			for i, q := range cfg.TransportConfig.Queues {
-				if err := qc.CheckQueue(q.Queue); err != nil {
-					errs = append(errs, fmt.Errorf("transport_config.queues[%d]: %w", i, err))
+	if k.Transport(cfg.Transport) {
+		if tp, err := newTransport(cfg, ad.Transports, nil); err != nil {
+			errs = append(errs, fmt.Errorf("transport_config: %w", err))
+		} else {
+			if qc, ok := tp.(transport.QueueChecker); ok {
+				for i, q := range cfg.TransportConfig.Queues {
+					if err := qc.CheckQueue(q.Queue); err != nil {
+						errs = append(errs, fmt.Errorf("transport_config.queues[%d]: %w", i, err))
+					}
 				}
 			}
+			_ = tp.Close()
 		}
-		_ = tp.Close()
 	}
 	for i, q := range cfg.TransportConfig.Queues {
+		if !k.Gate(q.GateType) {
+			continue // the config's problem
+		}
 		params, _, err := gateDefinition(q)
 		if err == nil {
 			err = checkGate(ad, cfg, q, params)
@@ -58,7 +63,7 @@ func Check(cfg *config.Config, ad Adapters) error {
 		}
 	}
 	for i, wp := range cfg.WorkerPools {
-		if wp.GateType == "" {
+		if wp.GateType == "" || !k.Gate(wp.GateType) {
 			continue
 		}
 		params, err := gate.ParseParams(wp.GateParams)
@@ -67,9 +72,7 @@ func Check(cfg *config.Config, ad Adapters) error {
 			env := gateEnv(cfg, wp.Workers)
 			env.Pool = wp.ID
 			if g, err = ad.Gates.New(wp.GateType, params, env); err == nil {
-				if c, ok := g.(interface{ Close() error }); ok {
-					_ = c.Close()
-				}
+				err = validateAndClose(g)
 			}
 		}
 		if err != nil {
@@ -79,14 +82,21 @@ func Check(cfg *config.Config, ad Adapters) error {
 	return errors.Join(errs...)
 }
 
-// checkGate builds a queue's gate and closes it again.
+// checkGate builds a queue's gate, asks what it can tell without its
+// backend, and closes it again.
 func checkGate(ad Adapters, cfg *config.Config, q config.Queue, params gate.Params) error {
 	g, err := newGate(ad.Gates, cfg, q, params, slog.New(slog.DiscardHandler), nil) // built to check, not run
 	if err != nil {
 		return err
 	}
+	return validateAndClose(g)
+}
+
+// validateAndClose returns what g's Validator reports, closing g.
+func validateAndClose(g gate.Gate) error {
+	err := gate.ValidateGate(g)
 	if c, ok := g.(interface{ Close() error }); ok {
 		_ = c.Close()
 	}
-	return nil
+	return err
 }

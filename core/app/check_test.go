@@ -95,7 +95,7 @@ func TestLinksOnlyCore(t *testing.T) {
 func TestComponentDefaults(t *testing.T) {
 	cfg := checkConfig(nil)
 	cfg.SetDefaults()
-	d, err := dispatchConfig(cfg)
+	d, err := cfg.DispatchConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestComponentDefaults(t *testing.T) {
 		d.TimeoutHeader != "x-envoy-upstream-rq-timeout-ms" || d.MaxResponseBytes != 64<<20 || d.Protocol != "auto" {
 		t.Errorf("dispatch defaults %+v", d)
 	}
-	r := retryPolicy(cfg)
+	r := cfg.RetryPolicy()
 	r.SetDefaults()
 	if r.Base != 2*time.Second || r.Max != time.Minute || r.Jitter != 0.2 || r.MaxAttempts != 0 {
 		t.Errorf("retry defaults %+v", r)

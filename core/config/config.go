@@ -164,8 +164,11 @@ type Tracing struct {
 // "queues" and "result_queue_name" (each topic's "subscriber_id" is its
 // queue_name, see Queue), and its batch_size, upstream's per-subscription
 // bound of messages in flight, becomes each topic's max_concurrency unless
-// the topic sets one (batch_size also stays a transport option).
-// "enable_tracing" is accepted on every transport.
+// the topic sets one (batch_size also stays a transport option); on the
+// gcp-pubsub transport it does the same in the queues form. Other
+// transports read batch_size as their own option (a claim batch).
+// "enable_tracing" is accepted on every transport and ignored, with a
+// warning (Config.Warnings).
 type TransportConfig struct {
 	// Queues are the request queues ("queues", or upstream's GCP "topics").
 	Queues []Queue `json:"queues"`
@@ -258,6 +261,18 @@ func (t *TransportConfig) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// batchSize is the batch_size option when it is a positive integer, else 0
+// (the transport checks its own option).
+func (t TransportConfig) batchSize() int {
+	var opts struct {
+		BatchSize int `json:"batch_size"`
+	}
+	if json.Unmarshal(t.Options, &opts) != nil || opts.BatchSize < 0 {
+		return 0
+	}
+	return opts.BatchSize
+}
+
 // normalizeQueues folds upstream's GCP topic spellings into sluice's
 // fields: subscriber_id into queue_name and result_topic_id into
 // result_queue_name. list names the array in messages.
@@ -297,6 +312,10 @@ func (t TransportConfig) MarshalJSON() ([]byte, error) {
 	}
 	return json.Marshal(all)
 }
+
+// gcpPubSub is the registry name of the GCP Pub/Sub transport, whose
+// upstream option batch_size bounds each subscription (see TransportConfig).
+const gcpPubSub = "gcp-pubsub"
 
 // DefaultWorkerPoolID is the worker pool a queue belongs to when it names
 // none (upstream's default).
@@ -432,11 +451,10 @@ type Queue struct {
 	// result_queue_name (both with different values is an error). Parsing
 	// moves it into ResultName and leaves it empty.
 	ResultTopicID string `json:"result_topic_id,omitempty"`
-	// WorkerPoolID names the upstream worker pool (--pool-config-file) the
-	// queue's requests are dispatched by (default "default"). It is
-	// accepted and kept on the queue; until sluice has worker pools, each
-	// queue keeps its own in-flight limit (max_concurrency, default
-	// --concurrency) whatever pool it names.
+	// WorkerPoolID names the worker pool (worker_pools, --pool-config-file)
+	// whose workers dispatch the queue's requests (default "default"): the
+	// requests in flight of all the pool's queues stay within its workers,
+	// and its gate, if any, decides per request after the queue's.
 	WorkerPoolID string `json:"worker_pool_id,omitempty"`
 	// IGWBaseURL is the inference gateway's base URL (required).
 	IGWBaseURL string `json:"igw_base_url"`
@@ -547,8 +565,15 @@ func (c *Config) SetDefaults() {
 	if len(c.WorkerPools) == 0 {
 		c.WorkerPools = []WorkerPool{{ID: DefaultWorkerPoolID, Workers: c.Concurrency}}
 	}
+	gcpBatch := 0
+	if c.Transport == gcpPubSub {
+		gcpBatch = c.TransportConfig.batchSize()
+	}
 	for i := range c.TransportConfig.Queues {
 		q := &c.TransportConfig.Queues[i]
+		if gcpBatch > 0 && q.MaxConcurrency == 0 {
+			q.MaxConcurrency = gcpBatch // as in upstream's topics form
+		}
 		if q.ID == "" {
 			q.ID = q.Name
 		}
@@ -633,28 +658,24 @@ func (c *Config) Validate(k Known) error {
 	if c.MetricsPort > 0 && c.MetricsPort == c.HealthPort {
 		add("health_port", "same port as metrics_port (%d)", c.MetricsPort)
 	}
-	switch {
-	case c.Retry.Base < 0 || c.Retry.Max < 0:
+	if c.Retry.Base < 0 || c.Retry.Max < 0 {
 		add("retry", "base and max must not be negative, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
-	case c.Retry.Base > 0 && c.Retry.Max > 0 && c.Retry.Max < c.Retry.Base:
-		add("retry", "need base ≤ max, got base %s, max %s", c.Retry.Base.D(), c.Retry.Max.D())
 	}
-	if c.Retry.Jitter < 0 || c.Retry.Jitter > 1 {
+	if c.Retry.Jitter < 0 {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
-	if c.Retry.MaxAttempts < 0 {
-		add("retry.max_attempts", "must not be negative")
-	}
+	c.componentProblems(add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)
 		}
 	}
-	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		add("tls", "cert and key go together")
-	}
 	if (c.RedisTLS.Cert == "") != (c.RedisTLS.Key == "") {
 		add("redis_tls", "cert and key go together")
+	}
+	if c.RedisTLS != (TLS{}) && !strings.HasPrefix(c.Transport, "redis-") {
+		// Only the Redis transports read it; it would change nothing.
+		add("redis_tls", "applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is %s; the Redis gates take tls, tls_ca_cert, tls_cert, tls_key in gate_params", c.Transport)
 	}
 	switch strings.ToLower(c.RedisMode) {
 	case "", "single", "standalone", "cluster":
@@ -676,9 +697,6 @@ func (c *Config) Validate(k Known) error {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			add("tracing.otlp_endpoint", "%q is not an http(s) URL", e)
 		}
-	}
-	if p := c.Dispatch.Protocol; p != "" && p != "auto" && p != "http1" && p != "h2c" {
-		add("dispatch.protocol", "%q: want auto, http1 or h2c", p)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

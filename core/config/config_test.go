@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -116,7 +117,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		`transport: unknown transport "kafka" (known: memory, redis-sortedset)`,
 		"concurrency: must be at least 1",
 		"log.level",
-		"tls: cert and key go together",
+		"dispatch: tls cert and key must be set together",
 		`transport_config.queues[0].igw_base_url: "gw:80" is not an http(s) URL`,
 		`transport_config.queues[0].gate_type: unknown gate type "magic" (known: constant, redis)`,
 		"transport_config.queues[0].result_queue_name: no result queue",
@@ -130,8 +131,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	}
 }
 
-// Zero means "the component's default"; negative values and an explicit
-// max below an explicit base are still problems.
+// Zero means "the component's default"; negative values are problems, and
+// so is what the component itself refuses once its defaults are applied.
 func TestValidateComponentSettings(t *testing.T) {
 	tests := []struct {
 		name string
@@ -147,10 +148,19 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"a limit off", func(c *Config) { c.Limits.MaxHeaders = -1 }, ""},
 		{"negative retry base", func(c *Config) { c.Retry.Base = Duration(-time.Second) }, "retry: base and max must not be negative"},
 		{"max below base", func(c *Config) { c.Retry.Base, c.Retry.Max = Duration(time.Minute), Duration(time.Second) },
-			"retry: need base ≤ max, got base 1m0s, max 1s"},
+			"retry: max backoff 1s is below the base 1m0s"},
+		// The retry policy's and the dispatcher's own checks, with their defaults.
+		{"base above the default max", func(c *Config) { c.Retry.Base = Duration(90 * time.Second) }, "retry: max backoff 1m0s is below the base 1m30s"},
+		{"jitter above 1", func(c *Config) { c.Retry.Jitter = 1.5 }, "retry: jitter 1.5 is above 1"},
+		{"negative attempts", func(c *Config) { c.Retry.MaxAttempts = -1 }, "retry: max attempts -1 is negative"},
+		{"reserved deadline header", func(c *Config) { c.Dispatch.DeadlineHeader = "Content-Length" }, `dispatch: deadline header "Content-Length" is a reserved header`},
+		{"fairness header", func(c *Config) { c.MergePolicy.Parameters = []byte(`{"fairness_header":"bad header"}`) }, `merge_policy: merge policy parameters: fairness_header: "bad header" is not a valid header name`},
 		{"only base", func(c *Config) { c.Retry.Base = Duration(time.Second) }, ""},
-		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch.protocol: "h3": want auto, http1 or h2c`},
+		{"protocol", func(c *Config) { c.Dispatch.Protocol = "h3" }, `dispatch: protocol "h3": want "auto", "http1" or "h2c"`},
 		{"h2c", func(c *Config) { c.Dispatch.Protocol = "h2c" }, ""},
+		{"redis_tls without a Redis transport", func(c *Config) { c.RedisTLS.InsecureSkipVerify = true },
+			"redis_tls: applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is memory"},
+		{"redis_tls with a Redis transport", func(c *Config) { c.Transport, c.RedisTLS.InsecureSkipVerify = "redis-sortedset", true }, ""},
 		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
 	}
 	for _, tc := range tests {
@@ -230,6 +240,74 @@ func TestLimitsAndResultWriteKeys(t *testing.T) {
 func TestLimitsUnknownKey(t *testing.T) {
 	if _, err := Parse([]byte(`{"limits":{"max_payload":1}}`), "f"); err == nil || !strings.Contains(err.Error(), "max_payload") {
 		t.Errorf("unknown limits key: %v", err)
+	}
+}
+
+// What upstream accepts and sluice does not act on is said once each, by
+// Warnings; a clean config has none.
+func TestWarnings(t *testing.T) {
+	base := `"transport_config":{"result_queue_name":"r","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]%s}`
+	tests := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"clean", `{` + fmt.Sprintf(base, "") + `}`, nil},
+		{"enable_tracing", `{` + fmt.Sprintf(base, `,"enable_tracing":true`) + `}`,
+			[]string{"transport_config.enable_tracing is accepted and ignored"}},
+		{"misspelled merge parameter", `{"merge_policy":{"type":"random-robin","parameters":{"fairness_heder":"x-t","fairness_attribute":"tenant"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{`merge_policy.parameters.fairness_heder is not a parameter sluice reads (did you mean "fairness_header"?): ignored`}},
+		{"unknown merge parameter", `{"merge_policy":{"parameters":{"colour":"red"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{"merge_policy.parameters.colour is not a parameter sluice reads: ignored"}},
+		{"tier parameter under random-robin", `{"merge_policy":{"parameters":{"priority_header":"x-p"}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{"merge_policy.parameters.priority_header applies to the tier-priority policy only: ignored with random-robin"}},
+		{"tier parameter under tier-priority", `{"merge_policy":{"type":"tier-priority","parameters":{"priority_header":"x-p","tier_label":"t"}},` + fmt.Sprintf(base, "") + `}`, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.doc), "f")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDefaults()
+			if err := c.Validate(known()); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			got := c.Warnings()
+			if len(got) != len(tc.want) {
+				t.Fatalf("warnings %q, want %d", got, len(tc.want))
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("warning %q, want %q in it", got[i], w)
+				}
+			}
+		})
+	}
+}
+
+// batch_size, upstream's per-subscription bound on GCP, bounds each queue
+// without a max_concurrency on gcp-pubsub in the queues form as in the
+// topics form; other transports read it as their own option only.
+func TestGCPBatchSizeInQueuesForm(t *testing.T) {
+	doc := `{"transport":%q,"transport_config":{"batch_size":7,"result_queue_name":"r","queues":[
+	  {"queue_name":"a","igw_base_url":"http://gw"},{"queue_name":"b","igw_base_url":"http://gw","max_concurrency":3}]}}`
+	for _, tc := range []struct {
+		transport string
+		a, b      int
+	}{{"gcp-pubsub", 7, 3}, {"redis-sortedset", 64, 3}} {
+		c, err := Parse(fmt.Appendf(nil, doc, tc.transport), "f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDefaults()
+		qs := c.TransportConfig.Queues
+		if qs[0].MaxConcurrency != tc.a || qs[1].MaxConcurrency != tc.b {
+			t.Errorf("%s: max_concurrency %d, %d; want %d, %d", tc.transport, qs[0].MaxConcurrency, qs[1].MaxConcurrency, tc.a, tc.b)
+		}
+		if !strings.Contains(string(c.TransportConfig.Options), `"batch_size":7`) {
+			t.Errorf("%s: batch_size no longer a transport option: %s", tc.transport, c.TransportConfig.Options)
+		}
 	}
 }
 

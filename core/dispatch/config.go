@@ -110,40 +110,46 @@ func (c *Config) SetDefaults() {
 	c.Fairness.SetDefaults()
 }
 
-// Validate reports the first invalid field. It does not read the TLS files;
-// New does, and its errors name the file.
+// Validate reports every invalid field (errors.Join). It does not read the
+// TLS files; New does, and its errors name the file.
 func (c Config) Validate() error {
-	switch {
-	case c.MaxConns < 0:
-		return fmt.Errorf("dispatch: max conns %d is negative", c.MaxConns)
-	case c.MaxConnsPerHost < 0:
-		return fmt.Errorf("dispatch: max conns per host %d is negative", c.MaxConnsPerHost)
-	case c.RequestTimeout < 0:
-		return fmt.Errorf("dispatch: request timeout %s is negative", c.RequestTimeout)
-	case c.MaxResponseBytes < 0:
-		return fmt.Errorf("dispatch: max response bytes %d is negative", c.MaxResponseBytes)
-	case (c.TLS.Cert == "") != (c.TLS.Key == ""):
-		return errors.New("dispatch: tls cert and key must be set together")
-	case c.Protocol != ProtocolAuto && c.Protocol != ProtocolHTTP1 && c.Protocol != ProtocolH2C:
-		return fmt.Errorf("dispatch: protocol %q: want %q, %q or %q", c.Protocol, ProtocolAuto, ProtocolHTTP1, ProtocolH2C)
+	var errs []error
+	bad := func(err error) { errs = append(errs, err) }
+	if c.MaxConns < 0 {
+		bad(fmt.Errorf("dispatch: max conns %d is negative", c.MaxConns))
 	}
-	if err := validHeaderSetting("deadline header", c.DeadlineHeader); err != nil {
-		return err
+	if c.MaxConnsPerHost < 0 {
+		bad(fmt.Errorf("dispatch: max conns per host %d is negative", c.MaxConnsPerHost))
 	}
-	if err := validHeaderSetting("timeout header", c.TimeoutHeader); err != nil {
-		return err
+	if c.RequestTimeout < 0 {
+		bad(fmt.Errorf("dispatch: request timeout %s is negative", c.RequestTimeout))
+	}
+	if c.MaxResponseBytes < 0 {
+		bad(fmt.Errorf("dispatch: max response bytes %d is negative", c.MaxResponseBytes))
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		bad(errors.New("dispatch: tls cert and key must be set together"))
+	}
+	if c.Protocol != ProtocolAuto && c.Protocol != ProtocolHTTP1 && c.Protocol != ProtocolH2C {
+		bad(fmt.Errorf("dispatch: protocol %q: want %q, %q or %q", c.Protocol, ProtocolAuto, ProtocolHTTP1, ProtocolH2C))
+	}
+	headersOK := true
+	for _, h := range []struct{ what, v string }{{"deadline header", c.DeadlineHeader}, {"timeout header", c.TimeoutHeader}} {
+		if err := validHeaderSetting(h.what, h.v); err != nil {
+			bad(err)
+			headersOK = false
+		}
 	}
 	d, t := headerName(c.DeadlineHeader), headerName(c.TimeoutHeader)
-	if d != "" && d == t {
-		return fmt.Errorf("dispatch: deadline header and timeout header are both %q", c.DeadlineHeader)
+	if headersOK && d != "" && d == t {
+		bad(fmt.Errorf("dispatch: deadline header and timeout header are both %q", c.DeadlineHeader))
 	}
 	if err := c.Fairness.Validate(); err != nil {
-		return fmt.Errorf("dispatch: %w", err)
+		bad(fmt.Errorf("dispatch: %w", err))
+	} else if f := c.Fairness.headerName(); f != "" && (f == d || f == t) {
+		bad(fmt.Errorf("dispatch: fairness_header %q is also the deadline or timeout header", *c.Fairness.Header))
 	}
-	if f := c.Fairness.headerName(); f != "" && (f == d || f == t) {
-		return fmt.Errorf("dispatch: fairness_header %q is also the deadline or timeout header", *c.Fairness.Header)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func validHeaderSetting(what, v string) error {

@@ -155,3 +155,27 @@ type Intervaler interface {
 type Describer interface {
 	Describe() string
 }
+
+// Validator is implemented by gates that can tell, without their backend,
+// that they cannot work: a file they read that is missing, a plugin binary
+// that is not executable. `sluice validate` (core/app.Check) asks it of every
+// gate it builds; serve does not (a file may appear before the first query).
+type Validator interface {
+	Validate() error
+}
+
+// ValidateGate returns what g's Validator reports, looking through wrappers
+// (a gate with an Unwrap() Gate method); nil when none reports anything.
+func ValidateGate(g Gate) error {
+	for g != nil {
+		if v, ok := g.(Validator); ok {
+			return v.Validate()
+		}
+		u, ok := g.(interface{ Unwrap() Gate })
+		if !ok {
+			return nil
+		}
+		g = u.Unwrap()
+	}
+	return nil
+}

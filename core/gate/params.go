@@ -198,11 +198,11 @@ func (p Params) Float(key string, def float64) (float64, error) {
 		p.String(key, "") // marks it used
 		return 0, fmt.Errorf("gate_params.%s: want a number, got an object or array", key)
 	}
-	s := p.String(key, "")
+	s := strings.TrimSpace(p.String(key, ""))
 	if s == "" {
 		return def, nil
 	}
-	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	f, err := strconv.ParseFloat(s, 64)
 	if err != nil {
 		return 0, fmt.Errorf("gate_params.%s: %q is not a number", key, s)
 	}
@@ -224,7 +224,7 @@ func (p Params) Int(key string, def int) (int, error) {
 // Duration returns the value of key as a duration ("250ms", or a number of
 // seconds), or def when absent.
 func (p Params) Duration(key string, def time.Duration) (time.Duration, error) {
-	s := p.String(key, "")
+	s := strings.TrimSpace(p.String(key, ""))
 	if s == "" {
 		return def, nil
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// Per-request gate decisions (Admission): Admit dispatches and keeps the
+// Per-request gate decisions (admission): Admit dispatches and keeps the
 // reservations until the request ends; Defer re-queues without counting an
 // attempt; Reject answers with the gate's result or GATE_DROPPED; Wait keeps
 // the request where it is and asks again when its pool frees capacity (a
@@ -38,15 +38,15 @@ const maxWait = time.Second
 // errDraining ends a wait when shutdown begins: the request is re-queued.
 var errDraining = errors.New("shutdown began while the request waited")
 
-// Admission asks the queue's gate, then takes a worker of the pool's lanes
+// admission asks the queue's gate, then takes a worker of the pool's lanes
 // (tier-priority policy only), then asks the pool's gate, per request (see
 // the notes above). gateTimeout bounds the waits of a request (upstream's
 // --gate-wait-timeout; ≤ 0: only the deadline); draining closes when
 // shutdown begins.
-func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <-chan struct{}, log *slog.Logger) message.HandlerMiddleware {
+func admission(requeue requeuer, errDelay, gateTimeout time.Duration, draining <-chan struct{}, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			q, pool := d.Queue, d.Queue.pool
 			if pool != nil {
 				defer pool.freed.Wake() // capacity for a waiter, once this request ends
@@ -68,7 +68,7 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 			// A worker of the pool, by lane.
 			if pool != nil && pool.lanes != nil {
 				ctx, cancel := context.WithDeadline(d.Ctx, bound)
-				err := pool.lanes.acquire(ctx, q.priority.Lane(d.Req), q.ID, draining)
+				err := pool.lanes.acquire(ctx, q.priority.lane(d.Req), q.ID, draining)
 				cancel()
 				switch {
 				case errors.Is(err, errDraining):
@@ -79,7 +79,7 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 					d.mq().GateWaitRequeues.Inc()
 					return deferTo(d, requeue, time.Now(), "waited the gate-wait timeout for a worker")
 				case err != nil:
-					return Fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
+					return fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
 				}
 				defer pool.lanes.release(q.ID)
 			}
@@ -102,7 +102,7 @@ func Admission(requeue Requeuer, errDelay, gateTimeout time.Duration, draining <
 
 // asker asks one gate for one request until it admits or ends the request.
 type asker struct {
-	d        *Delivery
+	d        *delivery
 	bound    time.Time
 	draining <-chan struct{}
 	errDelay time.Duration
@@ -141,9 +141,9 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 			if dec.Result != nil {
 				res := *dec.Result
 				res.ID, res.Metadata = d.Req.ID, d.Req.Metadata
-				return dec, Finish(d, &res), true, nil
+				return dec, finish(d, &res), true, nil
 			}
-			return dec, Fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), true, nil
+			return dec, fail(d, wire.CodeGateDropped, "dropped by gate: "+dec.Reason), true, nil
 		case gate.Wait:
 			if !waited {
 				mq.Decision(refusal(d.Req)).Inc()
@@ -173,7 +173,7 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 
 // end finishes a request a gate stopped: a Defer re-queues it (without an
 // attempt), anything else is already its result or error.
-func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue Requeuer) ([]*message.Message, error) {
+func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue requeuer) ([]*message.Message, error) {
 	if out != nil || err != nil || dec.Verdict != gate.Defer {
 		return out, err
 	}
@@ -184,7 +184,7 @@ func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue
 	}
 	due := time.Now().Add(delay)
 	if !due.Before(d.Req.Deadline) {
-		return Fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
+		return fail(d, wire.CodeDeadlineExceeded, "gate deferred the request past its deadline: "+dec.Reason), nil
 	}
 	return deferTo(d, requeue, due, dec.Reason)
 }
@@ -193,7 +193,7 @@ func (a asker) end(dec gate.Decision, out []*message.Message, err error, requeue
 // is time to ask; timedOut says the bound passed before the deadline (the
 // gate-wait timeout); otherwise out and err end the request
 // (DEADLINE_EXCEEDED at the deadline), or both are nil when shutdown began.
-func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Time, draining <-chan struct{}) (out []*message.Message, done, timedOut bool, err error) {
+func wait(d *delivery, freed <-chan struct{}, delay time.Duration, bound time.Time, draining <-chan struct{}) (out []*message.Message, done, timedOut bool, err error) {
 	if delay <= 0 || delay > maxWait {
 		delay = maxWait
 	}
@@ -202,7 +202,7 @@ func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Ti
 		if time.Now().Before(d.Req.Deadline) {
 			return nil, true, true, nil
 		}
-		return Fail(d, wire.CodeDeadlineExceeded, "gate kept the request waiting until its deadline"), true, false, nil
+		return fail(d, wire.CodeDeadlineExceeded, "gate kept the request waiting until its deadline"), true, false, nil
 	}
 	t := time.NewTimer(min(delay, left))
 	defer t.Stop()
@@ -222,16 +222,16 @@ func wait(d *Delivery, freed <-chan struct{}, delay time.Duration, bound time.Ti
 }
 
 // deferTo re-queues the request without counting an attempt.
-func deferTo(d *Delivery, requeue Requeuer, due time.Time, reason string) ([]*message.Message, error) {
+func deferTo(d *delivery, requeue requeuer, due time.Time, reason string) ([]*message.Message, error) {
 	payload, err := requeuePayload(d, d.Req.RetryCount)
 	if err != nil {
-		return Fail(d, wire.CodeInvalidRequest, "cannot re-encode to defer: "+err.Error()), nil
+		return fail(d, wire.CodeInvalidRequest, "cannot re-encode to defer: "+err.Error()), nil
 	}
 	if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
 		return nil, fmt.Errorf("defer %s (%s): %w", d.Req.ID, reason, err)
 	}
 	d.mq().Deferred.Inc()
-	d.Outcome = Requeued
+	d.Outcome = outcomeRequeued
 	return nil, nil
 }
 

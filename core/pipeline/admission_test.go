@@ -45,19 +45,19 @@ func TestAdmissionBoundedByDeadline(t *testing.T) {
 	// decoded request instead, before the deadline middleware runs.
 	setDeadline := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			From(m).Req.Deadline = deadline
+			deliveryOf(m).Req.Deadline = deadline
 			return next(m)
 		}
 	}
 	requeued := false
-	requeue := func(context.Context, *Delivery, []byte, time.Time) error { requeued = true; return nil }
-	dead := func(context.Context, *Delivery, string) error { return errors.New("dead-lettered") }
+	requeue := func(context.Context, *delivery, []byte, time.Time) error { requeued = true; return nil }
+	dead := func(context.Context, *delivery, string) error { return errors.New("dead-lettered") }
 	log := slog.New(slog.DiscardHandler)
 	var h message.HandlerFunc = func(*message.Message) ([]*message.Message, error) {
 		t.Error("dispatched although admission never admitted")
 		return nil, nil
 	}
-	for _, m := range []message.HandlerMiddleware{Admission(requeue, time.Second, time.Minute, nil, log), Deadline(), setDeadline, Decode(dead, log), Recover(q, context.Background(), dead, log)} {
+	for _, m := range []message.HandlerMiddleware{admission(requeue, time.Second, time.Minute, nil, log), deadlineCheck(), setDeadline, decoder(dead, log), recoverer(q, context.Background(), dead, log)} {
 		h = m(h)
 	}
 	done := make(chan []*message.Message, 1)

@@ -1,8 +1,8 @@
 // The middleware that carries one request from delivery to result.
 //
-// The middlewares share one *Delivery per message, stored in the message's
-// context by the first of them (Recover). A middleware ends a request by
-// returning Finish(d, result): the result message the settler publishes to
+// The middlewares share one *delivery per message, stored in the message's
+// context by the first of them (recoverer). A middleware ends a request by
+// returning finish(d, result): the result message the settler publishes to
 // the queue's result destination before it acks the delivery. Returning an
 // error makes the settler nack the delivery, which hands it back to the
 // transport; that is reserved for shutdown and for failures to write a
@@ -22,34 +22,34 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// ErrShutdown is the cancellation cause of requests still in flight when the
+// errShutdown is the cancellation cause of requests still in flight when the
 // drain timeout ends; such deliveries are handed back, not answered.
-var ErrShutdown = errors.New("sluice is shutting down")
+var errShutdown = errors.New("sluice is shutting down")
 
-// ErrCancelled is the cancellation cause of a request whose job or id was cancelled.
-var ErrCancelled = errors.New("request cancelled")
+// errCancelled is the cancellation cause of a request whose job or id was cancelled.
+var errCancelled = errors.New("request cancelled")
 
-// Outcome of one delivery, for metrics and logs.
-type Outcome int
+// outcome of one delivery, for metrics and logs.
+type outcome int
 
 const (
-	// Answered: a result was produced.
-	Answered Outcome = iota
-	// Requeued: re-queued for a retry or a gate deferral.
-	Requeued
-	// DeadLettered: kept in the dead-letter destination (no readable id).
-	DeadLettered
-	// HandedBack: nacked back to the transport unfinished.
-	HandedBack
+	// outcomeAnswered: a result was produced.
+	outcomeAnswered outcome = iota
+	// outcomeRequeued: re-queued for a retry or a gate deferral.
+	outcomeRequeued
+	// outcomeDeadLettered: kept in the dead-letter destination (no readable id).
+	outcomeDeadLettered
+	// outcomeHandedBack: nacked back to the transport unfinished.
+	outcomeHandedBack
 )
 
-// Delivery is the state of one message on its way through the middleware.
-type Delivery struct {
+// delivery is the state of one message on its way through the middleware.
+type delivery struct {
 	// Queue is the queue the message came from.
 	Queue *Queue
 	// Msg is the Watermill message.
 	Msg *message.Message
-	// Req is the decoded request (nil until Decode ran, or when it failed).
+	// Req is the decoded request (nil until decoder ran, or when it failed).
 	Req *wire.Request
 	// Ctx bounds the work on the request: the pipeline's work context, the
 	// request's deadline and its cancellation.
@@ -60,8 +60,8 @@ type Delivery struct {
 	Dispatched time.Time
 	// Result is the result produced, if any.
 	Result *wire.Result
-	// Outcome says how the delivery ended.
-	Outcome Outcome
+	// outcome says how the delivery ended.
+	Outcome outcome
 	// Dispatch is the last gateway outcome.
 	Dispatch dispatch.Outcome
 	// DeadlineEnded says the request ended because its deadline passed,
@@ -76,25 +76,25 @@ type Delivery struct {
 
 type deliveryKey struct{}
 
-// From returns the message's Delivery (nil outside the middleware chain).
-func From(m *message.Message) *Delivery {
-	d, _ := m.Context().Value(deliveryKey{}).(*Delivery)
+// deliveryOf returns the message's delivery (nil outside the middleware chain).
+func deliveryOf(m *message.Message) *delivery {
+	d, _ := m.Context().Value(deliveryKey{}).(*delivery)
 	return d
 }
 
-// Finish records res as the delivery's result and returns the result message
+// finish records res as the delivery's result and returns the result message
 // to publish. The result message carries the delivery's metadata, so a
 // transport can fence the write with what it put there (a lease token).
-func Finish(d *Delivery, res *wire.Result) []*message.Message {
+func finish(d *delivery, res *wire.Result) []*message.Message {
 	d.Result = res
-	d.Outcome = Answered
+	d.Outcome = outcomeAnswered
 	out := message.NewMessage(d.Msg.UUID, res.Marshal())
 	out.Metadata = d.Msg.Metadata
 	out.SetContext(d.Msg.Context())
 	return []*message.Message{out}
 }
 
-// Fail finishes the delivery with an error result of code.
-func Fail(d *Delivery, code wire.ErrorCode, text string) []*message.Message {
-	return Finish(d, wire.ErrorResult(d.Req, code, text))
+// fail finishes the delivery with an error result of code.
+func fail(d *delivery, code wire.ErrorCode, text string) []*message.Message {
+	return finish(d, wire.ErrorResult(d.Req, code, text))
 }

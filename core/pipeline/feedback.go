@@ -11,7 +11,7 @@ import (
 // (gate.Decision.Observe: the queue's gate, then the pool's), once, before
 // their reservations are given back. A request that ended before its HTTP
 // call is not observed.
-func observed(d *Delivery, next message.HandlerFunc, m *message.Message, queue, pool func(gate.Feedback)) ([]*message.Message, error) {
+func observed(d *delivery, next message.HandlerFunc, m *message.Message, queue, pool func(gate.Feedback)) ([]*message.Message, error) {
 	out, err := next(m)
 	if (queue == nil && pool == nil) || d.Dispatched.IsZero() {
 		return out, err

@@ -8,10 +8,10 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// Inflight indexes the requests being dispatched by id and by job, so a
+// inflightIndex indexes the requests being dispatched by id and by job, so a
 // cancellation reported by the transport can abort their HTTP calls. Cost:
 // one map insert and delete per request, under one mutex.
-type Inflight struct {
+type inflightIndex struct {
 	mu    sync.Mutex
 	byID  map[string]*inflightEntry
 	byJob map[string]map[*inflightEntry]struct{}
@@ -22,13 +22,13 @@ type inflightEntry struct {
 	cancel context.CancelCauseFunc
 }
 
-// NewInflight returns an empty index.
-func NewInflight() *Inflight {
-	return &Inflight{byID: map[string]*inflightEntry{}, byJob: map[string]map[*inflightEntry]struct{}{}}
+// newInflightIndex returns an empty index.
+func newInflightIndex() *inflightIndex {
+	return &inflightIndex{byID: map[string]*inflightEntry{}, byJob: map[string]map[*inflightEntry]struct{}{}}
 }
 
 // Register adds req; cancel aborts its work. The returned func removes it.
-func (f *Inflight) Register(req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
+func (f *inflightIndex) Register(req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
 	e := &inflightEntry{job: req.JobID(), cancel: cancel}
 	f.mu.Lock()
 	f.byID[req.ID] = e
@@ -56,9 +56,9 @@ func (f *Inflight) Register(req *wire.Request, cancel context.CancelCauseFunc) (
 	}
 }
 
-// Cancel aborts the in-flight requests named by c, with cause ErrCancelled,
+// Cancel aborts the in-flight requests named by c, with cause errCancelled,
 // and returns how many it aborted.
-func (f *Inflight) Cancel(c transport.Cancellation) int {
+func (f *inflightIndex) Cancel(c transport.Cancellation) int {
 	var victims []*inflightEntry
 	f.mu.Lock()
 	if c.RequestID != "" {
@@ -73,13 +73,13 @@ func (f *Inflight) Cancel(c transport.Cancellation) int {
 	}
 	f.mu.Unlock()
 	for _, e := range victims {
-		e.cancel(ErrCancelled)
+		e.cancel(errCancelled)
 	}
 	return len(victims)
 }
 
 // Len returns how many requests are registered.
-func (f *Inflight) Len() int {
+func (f *inflightIndex) Len() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.byID)

@@ -88,8 +88,8 @@ func (p *Priority) init() {
 	}
 }
 
-// Lane returns req's lane under p.
-func (p *Priority) Lane(req *wire.Request) int {
+// lane returns req's lane under p.
+func (p *Priority) lane(req *wire.Request) int {
 	class := 1
 	if req.Classification() == wire.ClassReserved {
 		class = 0

@@ -90,7 +90,7 @@ func (qm *queueMetrics) of(req *wire.Request) *metrics.Queue {
 }
 
 // mq returns the metrics view of d's request (cached on d once decoded).
-func (d *Delivery) mq() *metrics.Queue {
+func (d *delivery) mq() *metrics.Queue {
 	if d.view != nil {
 		return d.view
 	}
@@ -101,8 +101,8 @@ func (d *Delivery) mq() *metrics.Queue {
 	return v
 }
 
-// Metrics counts every delivery by how it ended and observes latencies.
-func Metrics(q *Queue) message.HandlerMiddleware {
+// recordMetrics counts every delivery by how it ended and observes latencies.
+func recordMetrics(q *Queue) message.HandlerMiddleware {
 	qm := q.metrics
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
@@ -112,22 +112,22 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 				qm.own.ResidenceMs.Observe(metrics.Millis(time.Since(c)))
 			}
 			out, err := next(m)
-			d := From(m)
+			d := deliveryOf(m)
 			mq := d.mq()
 			if d.Req != nil && d.Req.RetryCount == 0 {
 				mq.Requests.Inc()
 			}
 			if err != nil {
-				d.Outcome = HandedBack
+				d.Outcome = outcomeHandedBack
 			}
 			switch d.Outcome {
-			case HandedBack:
+			case outcomeHandedBack:
 				mq.HandedBack.Inc()
 				return out, err
-			case DeadLettered:
+			case outcomeDeadLettered:
 				mq.DeadLettered.Inc()
 				return out, err
-			case Requeued:
+			case outcomeRequeued:
 				return out, err
 			}
 			if d.kept { // answered and counted by an earlier delivery: only the write is left
@@ -167,7 +167,7 @@ func Metrics(q *Queue) message.HandlerMiddleware {
 }
 
 // resultCode is the code label of d's result in sluice_results_total.
-func resultCode(d *Delivery) string {
+func resultCode(d *delivery) string {
 	if d.Result.ErrorCode != wire.CodeNone {
 		return string(d.Result.ErrorCode)
 	}

@@ -18,17 +18,17 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// DeadLetterFunc keeps a message that has no readable id.
-type DeadLetterFunc func(ctx context.Context, d *Delivery, reason string) error
+// deadLetterFunc keeps a message that has no readable id.
+type deadLetterFunc func(ctx context.Context, d *delivery, reason string) error
 
-// Recover starts the chain: it creates the Delivery (bound to work, the
+// recoverer starts the chain: it creates the delivery (bound to work, the
 // pipeline's context that ends when the drain timeout does) and turns a panic
 // into an INFERENCE_ERROR result, or a dead letter when no request was
 // decoded, so a poison message cannot loop.
-func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
+func recoverer(q *Queue, work context.Context, deadLetter deadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) (out []*message.Message, err error) {
-			d := &Delivery{Queue: q, Msg: m, Ctx: work, Received: time.Now()}
+			d := &delivery{Queue: q, Msg: m, Ctx: work, Received: time.Now()}
 			m.SetContext(context.WithValue(m.Context(), deliveryKey{}, d))
 			defer func() {
 				r := recover()
@@ -37,10 +37,10 @@ func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slo
 				}
 				log.Error("panic while handling a request", "queue", q.ID, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 				if d.Req != nil {
-					out, err = Fail(d, wire.CodeInferenceError, fmt.Sprintf("internal error: %v", r)), nil
+					out, err = fail(d, wire.CodeInferenceError, fmt.Sprintf("internal error: %v", r)), nil
 					return
 				}
-				d.Outcome = DeadLettered
+				d.Outcome = outcomeDeadLettered
 				out, err = nil, deadLetter(context.WithoutCancel(work), d, fmt.Sprintf("panic: %v", r))
 			}()
 			return next(m)
@@ -48,12 +48,12 @@ func Recover(q *Queue, work context.Context, deadLetter DeadLetterFunc, log *slo
 	}
 }
 
-// Decode decodes the request. A message with a readable id but invalid
+// decoder decodes the request. A message with a readable id but invalid
 // content gets an INVALID_REQUEST result; one without goes to deadLetter.
-func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
+func decoder(deadLetter deadLetterFunc, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			req, err := wire.Decode(m.Payload)
 			if err == nil {
 				for k, v := range d.Queue.Labels { // the queue's labels, unless the request carries its own
@@ -66,7 +66,7 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 					// Answered by an earlier delivery whose result could not be
 					// written: write that result, do not call the gateway again.
 					if res, rerr := wire.DecodeResult(req.KeptResult); rerr == nil && res.ID == req.ID {
-						out := Finish(d, res)
+						out := finish(d, res)
 						d.kept = true
 						return out, nil
 					}
@@ -77,44 +77,44 @@ func Decode(deadLetter DeadLetterFunc, log *slog.Logger) message.HandlerMiddlewa
 			de, ok := wire.AsDecodeError(err)
 			if ok && de.ID != "" {
 				d.Req = &wire.Request{ID: de.ID, Metadata: de.Metadata}
-				return Finish(d, de.Result()), nil
+				return finish(d, de.Result()), nil
 			}
 			log.Warn("dead-lettering a message without a readable id", "queue", d.Queue.ID, "err", err)
 			if err := deadLetter(context.WithoutCancel(d.Ctx), d, err.Error()); err != nil {
 				return nil, fmt.Errorf("dead-letter: %w", err)
 			}
-			d.Outcome = DeadLettered
+			d.Outcome = outcomeDeadLettered
 			return nil, nil
 		}
 	}
 }
 
-// Limit answers INVALID_REQUEST, naming the limit, for a request over one
+// limiter answers INVALID_REQUEST, naming the limit, for a request over one
 // of limits (wire.Limits.Check), before anything else is done with it.
-func Limit(limits wire.Limits) message.HandlerMiddleware {
+func limiter(limits wire.Limits) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			if err := limits.Check(d.Req); err != nil {
-				return Fail(d, wire.CodeInvalidRequest, err.Error()), nil
+				return fail(d, wire.CodeInvalidRequest, err.Error()), nil
 			}
 			return next(m)
 		}
 	}
 }
 
-// Deadline answers DEADLINE_EXCEEDED for a request whose deadline passed
+// deadlineCheck answers DEADLINE_EXCEEDED for a request whose deadline passed
 // before dispatch. It adds no context of its own: the steps that can block
 // are bounded by the deadline where they run (the HTTP call by
 // dispatch.Client.Do, which also tells a deadline from a timeout; the
 // cancellation check and the admission hook by boundedByDeadline), which
 // saves a timer and a context per request.
-func Deadline() message.HandlerMiddleware {
+func deadlineCheck() message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			if d.Req.Expired(time.Now()) {
-				return Fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
+				return fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
 			}
 			return next(m)
 		}
@@ -122,31 +122,31 @@ func Deadline() message.HandlerMiddleware {
 }
 
 // boundedByDeadline returns d's context bounded by the request's deadline.
-func boundedByDeadline(d *Delivery) (context.Context, context.CancelFunc) {
+func boundedByDeadline(d *delivery) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(d.Ctx, d.Req.Deadline)
 }
 
-// Validate runs the transforms' checks once per delivery, before the gates:
+// validator runs the transforms' checks once per delivery, before the gates:
 // a request they refuse is answered INVALID_REQUEST, as upstream.
-func Validate(transforms *transform.Chain) message.HandlerMiddleware {
+func validator(transforms *transform.Chain) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			if err := transforms.Validate(d.Ctx, d.Req.Payload, d.Req.Metadata, d.Req.Deadline); err != nil {
-				return Fail(d, wire.CodeInvalidRequest, "Failed to validate request for transform: "+err.Error()), nil
+				return fail(d, wire.CodeInvalidRequest, "Failed to validate request for transform: "+err.Error()), nil
 			}
 			return next(m)
 		}
 	}
 }
 
-// Cancel answers CANCELLED for a request the transport says was cancelled
+// cancelCheck answers CANCELLED for a request the transport says was cancelled
 // before dispatch, and registers the request in inflight (when not nil) so a
 // cancellation during dispatch aborts its HTTP call.
-func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logger) message.HandlerMiddleware {
+func cancelCheck(checker transport.CancelChecker, inflight *inflightIndex, log *slog.Logger) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			if checker != nil {
 				ctx, cancel := boundedByDeadline(d)
 				cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
@@ -157,7 +157,7 @@ func Cancel(checker transport.CancelChecker, inflight *Inflight, log *slog.Logge
 					log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
 				}
 				if cancelled {
-					return Fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
+					return fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
 				}
 			}
 			if inflight != nil {
@@ -186,22 +186,22 @@ type Dispatcher interface {
 	DoWith(ctx context.Context, t dispatch.Target, req *wire.Request, o dispatch.Overrides) dispatch.Outcome
 }
 
-// Dispatch is the handler at the end of the chain: one HTTP call, whose
+// dispatchHandler is the handler at the end of the chain: one HTTP call, whose
 // outcome the dispatch client classified (the one place that tells a
 // deadline from a cancellation or a timeout); here each class becomes what
 // the request gets. The transforms (nil: none) rewrite the body of each
 // attempt; a failure is INVALID_REQUEST, as upstream.
-func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFunc {
+func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.HandlerFunc {
 	return func(m *message.Message) ([]*message.Message, error) {
-		d := From(m)
+		d := deliveryOf(m)
 		var ov dispatch.Overrides
 		if p := d.Queue.priority; p != nil {
-			ov.Headers = p.headers[p.Lane(d.Req)]
+			ov.Headers = p.headers[p.lane(d.Req)]
 		}
 		if transforms != nil && transforms.Len() > 0 {
 			body, ct, handled, err := transforms.Apply(d.Ctx, d.Req.Payload, d.Req.Metadata)
 			if err != nil {
-				return Fail(d, wire.CodeInvalidRequest, "Failed to transform request body: "+err.Error()), nil
+				return fail(d, wire.CodeInvalidRequest, "Failed to transform request body: "+err.Error()), nil
 			}
 			if handled {
 				ov.Body, ov.ContentType = body, ct
@@ -231,30 +231,30 @@ func Dispatch(client Dispatcher, transforms *transform.Chain) message.HandlerFun
 		}
 		switch o.Class {
 		case dispatch.Success:
-			return Finish(d, answer(d.Req, o)), nil
+			return finish(d, answer(d.Req, o)), nil
 		case dispatch.Fatal:
 			switch {
 			case errors.Is(o.Err, dispatch.ErrInvalidEndpoint):
-				return Fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
+				return fail(d, wire.CodeInvalidRequest, o.Err.Error()), nil
 			case errors.Is(o.Err, dispatch.ErrResponseTooLarge):
-				return Fail(d, wire.CodeInferenceError, fmt.Sprintf("%v (limit: dispatch.max_response_bytes)", o.Err)), nil
+				return fail(d, wire.CodeInferenceError, fmt.Sprintf("%v (limit: dispatch.max_response_bytes)", o.Err)), nil
 			case o.StatusCode == 0:
-				return Fail(d, wire.CodeInferenceError, fmt.Sprint(o.Err)), nil
+				return fail(d, wire.CodeInferenceError, fmt.Sprint(o.Err)), nil
 			}
 			// A non-retryable answer (4xx other than 429), empty body or not:
 			// passed on as it came, without an error code, as upstream does.
-			return Finish(d, answer(d.Req, o)), nil
+			return finish(d, answer(d.Req, o)), nil
 		case dispatch.DeadlineExceeded:
-			return Fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
+			return fail(d, wire.CodeDeadlineExceeded, "deadline exceeded"), nil // upstream's text
 		case dispatch.Cancelled:
 			// Err is the cause the call was cancelled with.
 			switch {
-			case errors.Is(o.Err, ErrCancelled):
-				return Fail(d, wire.CodeCancelled, "cancelled during dispatch"), nil
-			case errors.Is(o.Err, ErrShutdown):
-				return nil, ErrShutdown
+			case errors.Is(o.Err, errCancelled):
+				return fail(d, wire.CodeCancelled, "cancelled during dispatch"), nil
+			case errors.Is(o.Err, errShutdown):
+				return nil, errShutdown
 			}
 		}
-		return nil, &RetryableError{Outcome: o}
+		return nil, &retryableError{Outcome: o}
 	}
 }

@@ -16,7 +16,7 @@ import (
 )
 
 func TestInflightCancelByJobAndID(t *testing.T) {
-	f := NewInflight()
+	f := newInflightIndex()
 	type entry struct {
 		ctx  context.Context
 		done func()
@@ -30,7 +30,7 @@ func TestInflightCancelByJobAndID(t *testing.T) {
 		t.Fatalf("cancelled %d, want 2", n)
 	}
 	for _, e := range []entry{a1, a2} {
-		if !errors.Is(context.Cause(e.ctx), ErrCancelled) {
+		if !errors.Is(context.Cause(e.ctx), errCancelled) {
 			t.Errorf("cause %v, want ErrCancelled", context.Cause(e.ctx))
 		}
 	}
@@ -57,7 +57,7 @@ func (f fixedDispatcher) DoWith(context.Context, dispatch.Target, *wire.Request,
 	return dispatch.Outcome(f)
 }
 
-// Dispatch maps each class of outcome to what the request gets: the
+// dispatchHandler maps each class of outcome to what the request gets: the
 // gateway's answer as it came (success, or a non-retryable status, with or
 // without a body), an error result when no usable answer came back, or a
 // retry.
@@ -79,15 +79,15 @@ func TestDispatchOutcomes(t *testing.T) {
 		{"4xx without a body", dispatch.Outcome{Class: dispatch.Fatal, StatusCode: 400}, wire.Result{StatusCode: 400}, false},
 		{"too large", dispatch.Outcome{Class: dispatch.Fatal, StatusCode: 200, Err: tooLarge}, wire.Result{ErrorCode: wire.CodeInferenceError, ErrorMessage: tooLarge.Error() + " (limit: dispatch.max_response_bytes)"}, false},
 		{"deadline", dispatch.Outcome{Class: dispatch.DeadlineExceeded}, wire.Result{ErrorCode: wire.CodeDeadlineExceeded, ErrorMessage: "deadline exceeded"}, false},
-		{"cancelled", dispatch.Outcome{Class: dispatch.Cancelled, Err: ErrCancelled}, wire.Result{ErrorCode: wire.CodeCancelled, ErrorMessage: "cancelled during dispatch"}, false},
+		{"cancelled", dispatch.Outcome{Class: dispatch.Cancelled, Err: errCancelled}, wire.Result{ErrorCode: wire.CodeCancelled, ErrorMessage: "cancelled during dispatch"}, false},
 		{"503", dispatch.Outcome{Class: dispatch.Retryable, StatusCode: 503}, wire.Result{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := message.NewMessage("1", nil)
-			d := &Delivery{Queue: q, Msg: m, Ctx: context.Background(), Req: &wire.Request{ID: "r"}}
+			d := &delivery{Queue: q, Msg: m, Ctx: context.Background(), Req: &wire.Request{ID: "r"}}
 			m.SetContext(context.WithValue(m.Context(), deliveryKey{}, d))
-			out, err := Dispatch(fixedDispatcher(tc.o), nil)(m)
-			var re *RetryableError
+			out, err := dispatchHandler(fixedDispatcher(tc.o), nil)(m)
+			var re *retryableError
 			if tc.retry {
 				if !errors.As(err, &re) {
 					t.Fatalf("err %v, want a RetryableError", err)

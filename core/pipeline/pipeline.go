@@ -28,7 +28,7 @@
 //
 // Shutdown, in order: stop claiming (the router closes the subscribers); let
 // the requests in flight finish for up to DrainTimeout; cancel the rest with
-// cause ErrShutdown, which makes their handlers nack them back to the
+// cause errShutdown, which makes their handlers nack them back to the
 // transport; close the result publishers, the gates and the transport. No
 // request is lost.
 package pipeline
@@ -80,8 +80,8 @@ type Queue struct {
 	admitter gate.Admitter // Gate's per-request hook; nil: always admit
 }
 
-// DefaultWorkerPool is the worker pool of a queue that names none.
-const DefaultWorkerPool = "default"
+// defaultWorkerPool is the worker pool of a queue that names none.
+const defaultWorkerPool = "default"
 
 // Config configures a Pipeline.
 type Config struct {
@@ -199,7 +199,7 @@ type Pipeline struct {
 	cfg      Config
 	log      *slog.Logger
 	queues   []*Queue
-	inflight *Inflight
+	inflight *inflightIndex
 	// publishers are the queues' result publishers, closed after the drain
 	// (the router is not given them).
 	publishers []message.Publisher
@@ -228,7 +228,7 @@ func New(cfg Config) (*Pipeline, error) {
 	}
 	p.pools = pools
 	if _, ok := cfg.Transport.(transport.CancelWatcher); ok {
-		p.inflight = NewInflight()
+		p.inflight = newInflightIndex()
 	}
 	if _, ok := cfg.Transport.(transport.Requeuer); !ok {
 		rp, ok := cfg.Transport.(transport.RequestPublisher)
@@ -240,7 +240,7 @@ func New(cfg Config) (*Pipeline, error) {
 	for _, spec := range cfg.Queues {
 		q := spec
 		if q.WorkerPool == "" {
-			q.WorkerPool = DefaultWorkerPool
+			q.WorkerPool = defaultWorkerPool
 		}
 		if len(pools) > 0 {
 			if q.pool = pools[q.WorkerPool]; q.pool == nil {
@@ -299,7 +299,7 @@ func (p *Pipeline) ObserveLanes(id string, f func(LaneEvent)) bool {
 	return true
 }
 
-func (p *Pipeline) deadLetter(ctx context.Context, d *Delivery, reason string) error {
+func (p *Pipeline) deadLetter(ctx context.Context, d *delivery, reason string) error {
 	if dl, ok := p.cfg.Transport.(transport.DeadLetterer); ok {
 		return dl.DeadLetter(ctx, d.Queue.Queue, d.Msg, reason)
 	}
@@ -339,9 +339,9 @@ func (p *Pipeline) settler(w *resultWriter) message.HandlerMiddleware {
 // the pipeline could not start or requests could not be handed back.
 func (p *Pipeline) Run(ctx context.Context) error {
 	// work bounds the requests: it outlives ctx by the drain, then its cause
-	// (ErrShutdown) makes the handlers still running hand their deliveries back.
+	// (errShutdown) makes the handlers still running hand their deliveries back.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer stopWork(ErrShutdown)
+	defer stopWork(errShutdown)
 
 	stopGates := p.startGates(work) // first: queues start with a real budget
 	defer stopGates()
@@ -367,7 +367,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	p.ready.Store(false)
 	close(p.draining)
 	drained := p.drain(router)
-	stopWork(ErrShutdown)
+	stopWork(errShutdown)
 	<-gaugesDone
 	return p.handBack(drained, routerDone)
 }
@@ -416,26 +416,26 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		p.publishers = append(p.publishers, pub)
 		chain := []message.HandlerMiddleware{
 			p.settler(p.newResultWriter(work, pub, q)),
-			Recover(q, work, p.deadLetter, p.log),
-			Metrics(q),
-			Decode(p.deadLetter, p.log),
-			Limit(p.cfg.Limits),
+			recoverer(q, work, p.deadLetter, p.log),
+			recordMetrics(q),
+			decoder(p.deadLetter, p.log),
+			limiter(p.cfg.Limits),
 		}
 		if p.cfg.TracerProvider != nil {
-			chain = append(chain, Trace(p.cfg.TracerProvider))
+			chain = append(chain, traceSpans(p.cfg.TracerProvider))
 		}
 		chain = append(chain,
-			Deadline(),
-			Cancel(checker, p.inflight, p.log),
+			deadlineCheck(),
+			cancelCheck(checker, p.inflight, p.log),
 		)
 		if p.cfg.Transforms != nil && p.cfg.Transforms.Len() > 0 {
-			chain = append(chain, Validate(p.cfg.Transforms))
+			chain = append(chain, validator(p.cfg.Transforms))
 		}
 		chain = append(chain,
-			Admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
-			Retry(p.cfg.Retry, p.requeue),
+			admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
+			retrier(p.cfg.Retry, p.requeue),
 		)
-		handler := Dispatch(p.cfg.Dispatcher, p.cfg.Transforms)
+		handler := dispatchHandler(p.cfg.Dispatcher, p.cfg.Transforms)
 		for i := len(chain) - 1; i >= 0; i-- {
 			handler = chain[i](handler)
 		}

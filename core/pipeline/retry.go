@@ -20,10 +20,10 @@ import (
 // sleep in a worker), through the transport's native delay or the generic
 // delay queue; the attempt count travels with the message.
 
-// Requeuer puts a delivery back for later with new bytes (which carry the
+// requeuer puts a delivery back for later with new bytes (which carry the
 // attempt count). The pipeline backs it with the transport's native delay or
 // with its generic DelayQueue.
-type Requeuer func(ctx context.Context, d *Delivery, payload []byte, due time.Time) error
+type requeuer func(ctx context.Context, d *delivery, payload []byte, due time.Time) error
 
 // RetryPolicy is the backoff of retryable failures.
 type RetryPolicy struct {
@@ -66,11 +66,11 @@ func (p RetryPolicy) Validate() error {
 	return nil
 }
 
-// Backoff returns the delay before the retry that follows `retries` earlier
+// backoff returns the delay before the retry that follows `retries` earlier
 // retries: Base×2^retries capped at Max, spread by the jitter. It is a pure
 // function of the attempt count, which travels with the message, so any
 // replica computes the same schedule.
-func (p RetryPolicy) Backoff(retries int) time.Duration {
+func (p RetryPolicy) backoff(retries int) time.Duration {
 	d := float64(p.Base) * math.Pow(2, float64(min(retries, 62)))
 	if d > float64(p.Max) {
 		d = float64(p.Max)
@@ -81,11 +81,11 @@ func (p RetryPolicy) Backoff(retries int) time.Duration {
 	return time.Duration(d)
 }
 
-// RetryableError is returned by the dispatch handler for a failure worth
-// retrying; Retry turns it into a delayed re-queue or a final result.
-type RetryableError struct{ Outcome dispatch.Outcome }
+// retryableError is returned by the dispatch handler for a failure worth
+// retrying; retrier turns it into a delayed re-queue or a final result.
+type retryableError struct{ Outcome dispatch.Outcome }
 
-func (e *RetryableError) Error() string {
+func (e *retryableError) Error() string {
 	if e.Outcome.StatusCode != 0 {
 		return "gateway returned " + strconv.Itoa(e.Outcome.StatusCode)
 	}
@@ -95,41 +95,41 @@ func (e *RetryableError) Error() string {
 	return "retryable failure"
 }
 
-// Retry re-queues a request after a retryable failure with the policy's
+// retrier re-queues a request after a retryable failure with the policy's
 // backoff (a longer Retry-After wins), never past its deadline: a retry
 // that could not happen before the deadline ends as DEADLINE_EXCEEDED, one
 // past MaxAttempts as INFERENCE_ERROR with the last response.
-func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
+func retrier(p RetryPolicy, requeue requeuer) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			out, err := next(m)
-			var re *RetryableError
+			var re *retryableError
 			if err == nil || !errors.As(err, &re) {
 				return out, err
 			}
-			d := From(m)
+			d := deliveryOf(m)
 			attempts := d.Req.RetryCount + 1
 			if p.MaxAttempts > 0 && attempts >= p.MaxAttempts {
-				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeInferenceError, fmt.Sprintf("gave up after %d attempts: %s", attempts, re.Error()))), nil
+				return finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeInferenceError, fmt.Sprintf("gave up after %d attempts: %s", attempts, re.Error()))), nil
 			}
-			wait := p.Backoff(d.Req.RetryCount)
+			wait := p.backoff(d.Req.RetryCount)
 			if re.Outcome.RetryAfter > wait {
 				wait = re.Outcome.RetryAfter
 			}
 			due := time.Now().Add(wait)
 			if !due.Before(d.Req.Deadline) {
 				d.DeadlineEnded = true
-				return Finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error()))), nil
+				return finish(d, lastAnswer(d.Req, re.Outcome, wire.CodeDeadlineExceeded, fmt.Sprintf("no time left to retry before the deadline (after %d attempts; last: %s)", attempts, re.Error()))), nil
 			}
 			payload, perr := requeuePayload(d, attempts)
 			if perr != nil {
-				return Fail(d, wire.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
+				return fail(d, wire.CodeInvalidRequest, "cannot re-encode for retry: "+perr.Error()), nil
 			}
 			if err := requeue(context.WithoutCancel(d.Ctx), d, payload, due); err != nil {
 				return nil, fmt.Errorf("retry %s: %w", d.Req.ID, err)
 			}
 			d.mq().Retries.Inc()
-			d.Outcome = Requeued
+			d.Outcome = outcomeRequeued
 			return nil, nil
 		}
 	}
@@ -137,7 +137,7 @@ func Retry(p RetryPolicy, requeue Requeuer) message.HandlerMiddleware {
 
 // requeuePayload is the message's bytes for a re-queue: retry count n and
 // the request's labels as they are now (a gate's classification included).
-func requeuePayload(d *Delivery, n int) ([]byte, error) {
+func requeuePayload(d *delivery, n int) ([]byte, error) {
 	return wire.WithEnvelope(d.Msg.Payload, n, d.Req.Labels)
 }
 
@@ -152,7 +152,7 @@ func lastAnswer(req *wire.Request, o dispatch.Outcome, code wire.ErrorCode, text
 }
 
 // requeue re-queues through the transport, or through the generic delay queue.
-func (p *Pipeline) requeue(ctx context.Context, d *Delivery, payload []byte, due time.Time) error {
+func (p *Pipeline) requeue(ctx context.Context, d *delivery, payload []byte, due time.Time) error {
 	if rq, ok := p.cfg.Transport.(transport.Requeuer); ok {
 		return rq.Requeue(ctx, d.Queue.Queue, d.Msg, payload, due)
 	}

@@ -18,7 +18,7 @@ func TestBackoffDoublesToCapWithJitter(t *testing.T) {
 		lo, hi := time.Duration(float64(tc.centre)*0.8), time.Duration(float64(tc.centre)*1.2)
 		seen := map[time.Duration]bool{}
 		for range 200 {
-			d := p.Backoff(tc.retries)
+			d := p.backoff(tc.retries)
 			if d < lo || d > hi {
 				t.Fatalf("retries %d: backoff %s outside [%s, %s]", tc.retries, d, lo, hi)
 			}
@@ -30,7 +30,7 @@ func TestBackoffDoublesToCapWithJitter(t *testing.T) {
 	}
 	noJitter := RetryPolicy{Base: time.Second, Max: 10 * time.Second, Jitter: -1}
 	noJitter.SetDefaults()
-	if d := noJitter.Backoff(3); d != 8*time.Second {
+	if d := noJitter.backoff(3); d != 8*time.Second {
 		t.Errorf("no jitter: %s, want 8s", d)
 	}
 }

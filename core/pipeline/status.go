@@ -15,7 +15,7 @@ import (
 // The pipeline's figures for the status page (core/status): Snapshot reads
 // what the metrics and the credits hold at the moment it is called, and the
 // gauges sampler keeps a short history per queue (its gate budget and its
-// result count, one sample per HistoryStep over HistorySpan) from which the
+// result count, one sample per historyStep over HistorySpan) from which the
 // page draws the budget chart and the throughput. Nothing runs per message
 // for it: a sample costs the sampler one lock and a read of the queue's
 // result counters.
@@ -23,13 +23,13 @@ import (
 const (
 	// HistorySpan is how far back a queue's history goes.
 	HistorySpan = 15 * time.Minute
-	// HistoryStep is the least time between two samples of the history (the
+	// historyStep is the least time between two samples of the history (the
 	// sampler ticks every GaugeInterval, default 2s; faster ticks are thinned).
-	HistoryStep = 2 * time.Second
+	historyStep = 2 * time.Second
 	// RateWindow is the window of QueueSnapshot.Throughput.
 	RateWindow = time.Minute
 
-	historyLen = int(HistorySpan/HistoryStep) + 1
+	historyLen = int(HistorySpan/historyStep) + 1
 )
 
 // Snapshot is the state of the pipeline at one moment.
@@ -217,12 +217,12 @@ func (h *queueHistory) observeDepth(now time.Time, d transport.Depth) {
 }
 
 // sample records the budget and the result count at now, unless the last
-// sample is younger than HistoryStep (with a tenth of slack for a ticker's
+// sample is younger than historyStep (with a tenth of slack for a ticker's
 // jitter).
 func (h *queueHistory) sample(now time.Time, budget float64, results uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.n > 0 && now.Sub(h.ring[(h.next+historyLen-1)%historyLen].at) < HistoryStep*9/10 {
+	if h.n > 0 && now.Sub(h.ring[(h.next+historyLen-1)%historyLen].at) < historyStep*9/10 {
 		return
 	}
 	h.ring[h.next] = historySample{at: now, budget: budget, results: results}

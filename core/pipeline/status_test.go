@@ -12,7 +12,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// The history keeps one sample per HistoryStep (a faster sampler is
+// The history keeps one sample per historyStep (a faster sampler is
 // thinned), forgets what is older than HistorySpan, and the throughput is
 // taken over the last RateWindow.
 func TestQueueHistory(t *testing.T) {
@@ -27,13 +27,13 @@ func TestQueueHistory(t *testing.T) {
 	qs := QueueSnapshot{Total: 2400 * 5}
 	h.read(now, &qs)
 	if n := len(qs.BudgetHistory); n < 440 || n > historyLen {
-		t.Errorf("%d samples over 15 min at one per %v", n, HistoryStep)
+		t.Errorf("%d samples over 15 min at one per %v", n, historyStep)
 	}
 	if first := qs.BudgetHistory[0].At; now.Sub(first) > HistorySpan {
 		t.Errorf("oldest sample %v old", now.Sub(first))
 	}
 	for i := 1; i < len(qs.BudgetHistory); i++ {
-		if d := qs.BudgetHistory[i].At.Sub(qs.BudgetHistory[i-1].At); d < HistoryStep*9/10 {
+		if d := qs.BudgetHistory[i].At.Sub(qs.BudgetHistory[i-1].At); d < historyStep*9/10 {
 			t.Fatalf("samples %v apart", d)
 		}
 	}

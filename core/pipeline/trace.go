@@ -18,8 +18,8 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 )
 
-// TracerName names sluice's tracer.
-const TracerName = "github.com/sluice-io/sluice"
+// tracerName names sluice's tracer.
+const tracerName = "github.com/sluice-io/sluice"
 
 // headerCarrier reads and writes W3C trace context in a request's headers,
 // whatever the case of their names.
@@ -54,20 +54,20 @@ func (h headerCarrier) Keys() []string {
 	return out
 }
 
-// Trace starts one span per delivery of a decoded request, named and
+// traceSpans starts one span per delivery of a decoded request, named and
 // attributed as upstream's ("process-request": request.id, retry.count,
 // queue.id, queue.name, and error.category on failure; sluice's own
 // sluice.* attributes besides). Its parent is the W3C trace context the
 // producer put in the request's metadata, as upstream reads it, or else in
 // its headers. The HTTP call gets a child span ("http-request", see
 // httpSpan) whose context goes to the gateway as traceparent / tracestate.
-// It goes right after Decode; without a tracer provider the chain does not
+// It goes right after decoder; without a tracer provider the chain does not
 // include it.
-func Trace(tp trace.TracerProvider) message.HandlerMiddleware {
-	tracer := tp.Tracer(TracerName)
+func traceSpans(tp trace.TracerProvider) message.HandlerMiddleware {
+	tracer := tp.Tracer(tracerName)
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
-			d := From(m)
+			d := deliveryOf(m)
 			req := d.Req
 			parent := propagator.Extract(d.Ctx, headerCarrier(req.Metadata))
 			if !trace.SpanContextFromContext(parent).IsValid() {
@@ -93,7 +93,7 @@ func Trace(tp trace.TracerProvider) message.HandlerMiddleware {
 			d.Ctx = ctx
 			out, err := next(m)
 			record(span, d, err)
-			if errors.Is(err, ErrShutdown) {
+			if errors.Is(err, errShutdown) {
 				// Handed back at shutdown: upstream's "re-enqueue" span, a
 				// sibling linked to the attempt's span.
 				_, re := tracer.Start(parent, "re-enqueue",
@@ -113,12 +113,12 @@ var propagator = propagation.TraceContext{}
 // delivery is traced, and returns its context and the request with the
 // span's trace context added to its headers; untraced, it returns d's own
 // and costs nothing. end ends the span with the call's status.
-func httpSpan(d *Delivery) (ctx context.Context, req *wire.Request, end func(status int)) {
+func httpSpan(d *delivery) (ctx context.Context, req *wire.Request, end func(status int)) {
 	parent := trace.SpanFromContext(d.Ctx)
 	if !parent.SpanContext().IsValid() {
 		return d.Ctx, d.Req, func(int) {}
 	}
-	ctx, span := parent.TracerProvider().Tracer(TracerName).Start(d.Ctx, "http-request",
+	ctx, span := parent.TracerProvider().Tracer(tracerName).Start(d.Ctx, "http-request",
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("url.full", redact.URL(d.Queue.Target.BaseURL+d.Queue.Target.Path))))
 	h := make(map[string]string, len(d.Req.Headers)+2)
@@ -140,7 +140,7 @@ func httpSpan(d *Delivery) (ctx context.Context, req *wire.Request, end func(sta
 // record puts the delivery's outcome on its span: error.category is the
 // result's error code (or "handed_back"), as upstream's span carries the
 // category of its failure.
-func record(span trace.Span, d *Delivery, err error) {
+func record(span trace.Span, d *delivery, err error) {
 	if d.Dispatch.StatusCode != 0 {
 		span.SetAttributes(attribute.Int("http.response.status_code", d.Dispatch.StatusCode))
 	}
@@ -148,7 +148,7 @@ func record(span trace.Span, d *Delivery, err error) {
 	case err != nil:
 		span.SetAttributes(attribute.String("error.category", "handed_back"), attribute.String("llm_d.async.error.category", "handed_back"))
 		span.SetStatus(codes.Error, err.Error())
-	case d.Outcome == Requeued:
+	case d.Outcome == outcomeRequeued:
 		span.SetAttributes(attribute.String("sluice.outcome", "requeued"))
 	case d.Result != nil && d.Result.ErrorCode != wire.CodeNone:
 		span.SetAttributes(attribute.String("sluice.outcome", string(d.Result.ErrorCode)),

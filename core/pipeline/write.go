@@ -77,7 +77,7 @@ type resultWriter struct {
 	p      *Pipeline
 	q      *Queue
 	pub    message.Publisher
-	work   context.Context // ends (cause ErrShutdown) when the drain is over
+	work   context.Context // ends (cause errShutdown) when the drain is over
 	routes bool            // a request may name its own result destination
 	hold   time.Duration   // how long a delivery may be held after its claim (0: no limit)
 	logs   everyLog
@@ -109,7 +109,7 @@ func (w *resultWriter) budget(m *message.Message) time.Duration {
 // Ack once the result is written or handed back with the result kept; Nack
 // (and the error) when neither could be done.
 func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
-	d := From(m)
+	d := deliveryOf(m)
 	topic := w.q.ResultName
 	if w.routes && d != nil && d.Req != nil && d.Req.ResultQueueName != "" {
 		topic = d.Req.ResultQueueName
@@ -145,7 +145,7 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 		return fmt.Errorf("publish result: %w", err)
 	}
 	w.logFailure("cannot write a result; handed the request back with the result kept", topic, err, "due", due.UTC().Format(time.RFC3339))
-	d.Outcome = HandedBack
+	d.Outcome = outcomeHandedBack
 	d.mq().HandedBack.Inc()
 	transport.Ack(m)
 	return nil
@@ -153,7 +153,7 @@ func (w *resultWriter) write(m *message.Message, out []*message.Message) error {
 
 // retry retries publishing out after its first failure, err, with the
 // backoff, for as long as m may be held; it returns nil once written.
-func (w *resultWriter) retry(m *message.Message, d *Delivery, topic string, out []*message.Message, err error) error {
+func (w *resultWriter) retry(m *message.Message, d *delivery, topic string, out []*message.Message, err error) error {
 	failed := func() {
 		if d != nil {
 			d.mq().ResultWriteErrors.Inc()
@@ -190,7 +190,7 @@ func (w *resultWriter) retry(m *message.Message, d *Delivery, topic string, out 
 }
 
 // handBackKept re-queues d's request with its result kept, due at due.
-func (w *resultWriter) handBackKept(d *Delivery, out []*message.Message, due time.Time) error {
+func (w *resultWriter) handBackKept(d *delivery, out []*message.Message, due time.Time) error {
 	if d == nil || d.Req == nil || len(out) != 1 {
 		return errors.New("no request to hand back")
 	}

@@ -53,6 +53,16 @@ type Config struct {
 	Version string
 	// Started is when the deployment started (default: when New ran).
 	Started time.Time
+	// Extra, when set, is asked for figures of the embedding program's own
+	// at every snapshot (the demo shows interactive TTFT against its floor);
+	// the page lists them under "Also" in the order given.
+	Extra func() []Figure
+}
+
+// Figure is one figure an embedding program adds to the page.
+type Figure struct {
+	Label string `json:"label"`
+	Value string `json:"value"`
 }
 
 // Page serves the status page and its JSON.
@@ -92,6 +102,9 @@ type Snapshot struct {
 	// and of the throughput.
 	HistorySpanMs int64 `json:"history_span_ms"`
 	RateWindowMs  int64 `json:"rate_window_ms"`
+	// Extra holds the embedding program's figures (Config.Extra); omitted
+	// when there are none.
+	Extra []Figure `json:"extra,omitempty"`
 }
 
 // Process is the process's entry.
@@ -188,6 +201,9 @@ func (p *Page) Snapshot() Snapshot {
 	}
 	for _, pl := range ps.Pools {
 		s.Pools = append(s.Pools, Pool{ID: pl.ID, Workers: pl.Workers, InFlight: pl.InFlight, Waiting: pl.Waiting, Lanes: pl.Lanes, Gate: names[pl.Gate]})
+	}
+	if p.cfg.Extra != nil {
+		s.Extra = p.cfg.Extra()
 	}
 	return s
 }

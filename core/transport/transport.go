@@ -107,6 +107,16 @@ type Requeuer interface {
 	Requeue(ctx context.Context, q Queue, m *message.Message, payload []byte, due time.Time) error
 }
 
+// Broker metadata keys: what sluice itself writes on the messages it
+// publishes back to a broker (Watermill metadata, Pub/Sub attributes), one
+// vocabulary on every broker.
+const (
+	// MetaNotBefore holds a re-queued request's due time, Unix ms.
+	MetaNotBefore = "sluice_not_before"
+	// MetaDeadLetterReason says why a message was dead-lettered.
+	MetaDeadLetterReason = "sluice_dead_letter_reason"
+)
+
 // ErrDeliveryLost marks an error (errors.Is) of a result publisher or a
 // Requeue meaning that the delivery itself is gone (the broker transaction
 // it lived in was cut, its lease or ack id is void): nothing more done with

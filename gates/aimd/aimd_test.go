@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/aimd"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/gates/gatetest"
 )
 
@@ -75,7 +76,7 @@ func (f *fixture) admit(r *wire.Request) gate.Decision {
 	if err != nil {
 		f.t.Fatalf("Admit: %v", err)
 	}
-	if err := gatetest.CheckDecision(d); err != nil {
+	if err := gatecheck.CheckDecision(d); err != nil {
 		f.t.Fatalf("Admit = %+v: %v", d, err)
 	}
 	return d

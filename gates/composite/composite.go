@@ -74,6 +74,7 @@ var (
 	_ gate.Gate       = (*Gate)(nil)
 	_ gate.Describer  = (*Gate)(nil)
 	_ gate.Intervaler = (*Gate)(nil)
+	_ gate.Validator  = (*Gate)(nil)
 	_ gate.Admitter   = (*admitter)(nil)
 )
 
@@ -153,6 +154,17 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 		return fail(err)
 	}
 	return g, nil
+}
+
+// Validate returns what every inner gate's Validator reports, each named.
+func (g *Gate) Validate() error {
+	var errs []error
+	for i, in := range g.inner {
+		if err := gate.ValidateGate(in); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", g.names[i], err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Readings returns the readings of the inner gates that read a metric.

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/gates/internal/fakeprom"
 	"github.com/sluice-io/sluice/gates/localconcurrency"
@@ -347,7 +348,7 @@ func TestNestingForms(t *testing.T) {
 			if f.a.Held() != 2 {
 				t.Fatalf("a holds %d, want 2 (the deferred request gave its slot back)", f.a.Held())
 			}
-			gatetest.ReleaseAll(t, held)
+			gatecheck.ReleaseAll(t, held)
 			if f.a.Held() != 0 {
 				t.Fatalf("a holds %d after every release", f.a.Held())
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/gates/localconcurrency"
 )
@@ -121,7 +122,7 @@ func TestBudgetFormula(t *testing.T) {
 	if b, _ := gatetest.Query(t, g); b != 1 || g.InFlight() != 3 {
 		t.Fatalf("after one release (called twice): budget %v, in flight %d; want 1 and 3", b, g.InFlight())
 	}
-	gatetest.ReleaseAll(t, held)
+	gatecheck.ReleaseAll(t, held)
 	if b, _ := gatetest.Query(t, g); b != 1 || g.InFlight() != 0 {
 		t.Fatalf("all released: budget %v, in flight %d", b, g.InFlight())
 	}

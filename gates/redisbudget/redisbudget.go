@@ -42,27 +42,12 @@ const (
 
 // Config configures a Gate.
 type Config struct {
-	// Address is host:port, or a redis:// or rediss:// URL (required); in
-	// cluster mode one node's host:port or a cluster URL.
-	Address string
-	// RedisMode is how Address is reached: redisclient.Single ("" too) or
-	// redisclient.Cluster.
-	RedisMode redisclient.Mode
+	// Redis is the connection (Redis.Address is required: host:port, or a
+	// redis:// or rediss:// URL; in cluster mode one node's host:port or a
+	// cluster URL).
+	Redis redisconn.Config
 	// BudgetKey is the key holding the budget (default DefaultBudgetKey).
 	BudgetKey string
-	// Username, Password, DB and TLS apply when Address is host:port; a URL
-	// carries its own.
-	Username string
-	Password string
-	DB       int
-	TLS      bool
-	// TLSCACert is a PEM file of CAs to trust (TLS or rediss:// only).
-	TLSCACert string
-	// TLSCert and TLSKey are a client certificate and its key, PEM files,
-	// for servers that require one (TLS or rediss:// only; both or neither).
-	TLSCert, TLSKey string
-	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
-	TLSInsecureSkipVerify bool
 	// RefreshInterval is how often the key is read (default DefaultRefreshInterval).
 	RefreshInterval time.Duration
 }
@@ -78,12 +63,10 @@ func (c *Config) setDefaults() {
 
 // options validates c and returns the client options it stands for.
 func (c Config) options() (*redisclient.Options, error) {
-	if c.Address == "" {
+	if c.Redis.Address == "" {
 		return nil, errors.New("no Redis address (set gate_params.address or REDIS_URL)")
 	}
-	o, err := redisconn.Config{Address: c.Address, Mode: c.RedisMode, Username: c.Username, Password: c.Password,
-		DB: c.DB, TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
-		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
+	o, err := c.Redis.Options()
 	if err != nil {
 		return nil, err
 	}
@@ -125,42 +108,15 @@ func New(cfg Config) (*Gate, error) {
 // redis_mode), budget_key, username, password, db, tls, tls_ca_cert,
 // tls_cert, tls_key, tls_insecure_skip_verify.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
-	mode, err := redisconn.ParseMode(p.String("redis_mode", env.RedisMode))
+	conn, err := redisconn.FromParams(p, env.RedisURL, env.RedisMode)
 	if err != nil {
 		return nil, err
 	}
-	cfg := Config{
-		RedisMode: mode,
-		Address:   p.String("address", env.RedisURL),
-		BudgetKey: p.String("budget_key", DefaultBudgetKey),
-		Username:  p.String("username", ""),
-		Password:  p.String("password", ""),
-		TLSCACert: p.String("tls_ca_cert", ""),
-		TLSCert:   p.String("tls_cert", ""),
-		TLSKey:    p.String("tls_key", ""),
-	}
-	if cfg.DB, err = p.Int("db", 0); err != nil {
-		return nil, err
-	}
-	if cfg.TLS, err = boolParam(p, "tls"); err != nil {
-		return nil, err
-	}
-	if cfg.TLSInsecureSkipVerify, err = boolParam(p, "tls_insecure_skip_verify"); err != nil {
-		return nil, err
-	}
+	cfg := Config{Redis: conn, BudgetKey: p.String("budget_key", DefaultBudgetKey)}
 	if err := p.Unused(); err != nil {
 		return nil, err
 	}
 	return New(cfg)
-}
-
-func boolParam(p gate.Params, key string) (bool, error) {
-	s := p.String(key, "false")
-	b, err := strconv.ParseBool(strings.TrimSpace(s))
-	if err != nil {
-		return false, fmt.Errorf("gate_params.%s: %q is not a boolean", key, s)
-	}
-	return b, nil
 }
 
 // Budget reads the key: missing or not a number means 1; numbers are

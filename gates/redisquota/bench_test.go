@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -65,7 +66,7 @@ func parallel(b *testing.B, body func(tenant string, pb *testing.PB)) {
 }
 
 func benchGate(b *testing.B, addr string, mode Mode) {
-	g, err := New(Config{Address: addr, Mode: mode, Limit: 1 << 30, Window: time.Second})
+	g, err := New(Config{Redis: redisconn.Config{Address: addr}, Mode: mode, Limit: 1 << 30, Window: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestSharedConnection(t *testing.T) {
 func TestConcurrentAdmitsShareRoundTrips(t *testing.T) {
 	rs := testenv.StartRedis(t, testenv.RedisOptions{})
 	admin := testenv.RedisClient(t, rs.URL)
-	g, err := New(Config{Address: rs.Addr, Limit: 1000})
+	g, err := New(Config{Redis: redisconn.Config{Address: rs.Addr}, Limit: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}

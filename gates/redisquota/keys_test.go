@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
 	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
@@ -30,7 +31,7 @@ func TestKeySlots(t *testing.T) {
 	}
 	for _, prefix := range []string{DefaultPrefix, "{quota}:", "q}", "q{"} {
 		for _, mode := range []redisclient.Mode{redisclient.Single, redisclient.Cluster} {
-			g, err := New(Config{Address: "127.0.0.1:1", RedisMode: mode, Limit: 1, Mode: Concurrency, Prefix: prefix})
+			g, err := New(Config{Redis: redisconn.Config{Address: "127.0.0.1:1", Mode: mode}, Limit: 1, Mode: Concurrency, Prefix: prefix})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,8 +2,6 @@ package redisquota
 
 import (
 	"errors"
-	"strconv"
-	"strings"
 
 	"github.com/sluice-io/sluice/gates/internal/redisconn"
 	"github.com/sluice-io/sluice/internal/redisclient"
@@ -12,12 +10,10 @@ import (
 // options validates the connection part of c and returns the client
 // options it stands for, and the address without credentials (for messages).
 func (c Config) options() (*redisclient.Options, string, error) {
-	if c.Address == "" {
+	if c.Redis.Address == "" {
 		return nil, "", errors.New("gate_params.address: required (host:port or a redis:// URL)")
 	}
-	o, err := redisconn.Config{Address: c.Address, Mode: c.RedisMode, Username: c.Username, Password: c.Password,
-		DB: c.DB, TLS: c.TLS, TLSCACert: c.TLSCACert, TLSCert: c.TLSCert, TLSKey: c.TLSKey,
-		TLSInsecureSkipVerify: c.TLSInsecureSkipVerify}.Options()
+	o, err := c.Redis.Options()
 	if err != nil {
 		return nil, "", err
 	}
@@ -40,6 +36,5 @@ func (c Config) options() (*redisclient.Options, string, error) {
 // shareKey identifies the connection settings: gates whose settings are
 // equal share one connection (and one pipeline).
 func (c Config) shareKey() string {
-	return strings.Join([]string{c.Address, string(c.RedisMode), c.Username, c.Password, strconv.Itoa(c.DB),
-		strconv.FormatBool(c.TLS), c.TLSCACert, c.TLSCert, c.TLSKey, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
+	return c.Redis.Key()
 }

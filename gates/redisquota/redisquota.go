@@ -102,26 +102,10 @@ const LeaseSuffix = ":sluice-leases"
 
 // Config configures a Gate.
 type Config struct {
-	// Address is host:port, or a redis:// or rediss:// URL (required); in
-	// cluster mode one node's host:port or a cluster URL
-	// (redis://host:port?addr=host2:port2).
-	Address string
-	// RedisMode is how Address is reached: redisclient.Single ("" too) or
-	// redisclient.Cluster.
-	RedisMode redisclient.Mode
-	// Username, Password, DB and TLS apply when Address is host:port; a URL
-	// carries its own.
-	Username string
-	Password string
-	DB       int
-	TLS      bool
-	// TLSCACert is a PEM file of CAs to trust (TLS or rediss:// only).
-	TLSCACert string
-	// TLSCert and TLSKey are a client certificate and its key, PEM files,
-	// for servers that require one (TLS or rediss:// only; both or neither).
-	TLSCert, TLSKey string
-	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
-	TLSInsecureSkipVerify bool
+	// Redis is the connection (Redis.Address is required: host:port, or a
+	// redis:// or rediss:// URL; in cluster mode one node's host:port or a
+	// cluster URL, redis://host:port?addr=host2:port2).
+	Redis redisconn.Config
 
 	// Attribute is the metadata key naming the tenant (default DefaultAttribute).
 	Attribute string
@@ -291,22 +275,16 @@ func NewFactory() gate.Factory {
 
 // configFrom reads gate_params as upstream reads them.
 func configFrom(p gate.Params, env gate.Env) (Config, error) {
-	redisMode, err := redisconn.ParseMode(p.String("redis_mode", env.RedisMode))
+	conn, err := redisconn.FromParams(p, "", env.RedisMode)
 	if err != nil {
 		return Config{}, err
 	}
 	cfg := Config{
-		RedisMode:  redisMode,
-		Address:    p.String("address", ""),
+		Redis:      conn,
 		Attribute:  p.String("attribute", DefaultAttribute),
 		Mode:       Mode(p.String("mode", string(DefaultMode))),
 		Prefix:     p.String("prefix", DefaultPrefix),
 		GatingMode: GatingMode(p.String("gating_mode", string(DefaultGatingMode))),
-		Username:   p.String("username", ""),
-		Password:   p.String("password", ""),
-		TLSCACert:  p.String("tls_ca_cert", ""),
-		TLSCert:    p.String("tls_cert", ""),
-		TLSKey:     p.String("tls_key", ""),
 	}
 	if !p.Has("limit") {
 		p.String("limit", "") // marks it read
@@ -337,28 +315,10 @@ func configFrom(p gate.Params, env gate.Env) (Config, error) {
 	if p.Has("defer_delay") && cfg.DeferDelay <= 0 {
 		return Config{}, fmt.Errorf("gate_params.defer_delay %v: want a duration > 0", cfg.DeferDelay)
 	}
-	if cfg.DB, err = p.Int("db", 0); err != nil {
-		return Config{}, err
-	}
-	if cfg.TLS, err = boolParam(p, "tls"); err != nil {
-		return Config{}, err
-	}
-	if cfg.TLSInsecureSkipVerify, err = boolParam(p, "tls_insecure_skip_verify"); err != nil {
-		return Config{}, err
-	}
 	if err := p.Unused(); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
-}
-
-func boolParam(p gate.Params, key string) (bool, error) {
-	s := p.String(key, "false")
-	b, err := strconv.ParseBool(strings.TrimSpace(s))
-	if err != nil {
-		return false, fmt.Errorf("gate_params.%s: %q is not a boolean", key, s)
-	}
-	return b, nil
 }
 
 // Budget is always 1: the quota acts per request.

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/gates/localconcurrency"
 	"github.com/sluice-io/sluice/gates/tieradmission"
@@ -65,7 +66,7 @@ func request(labels ...string) *wire.Request {
 func admit(t testing.TB, a gate.Admitter, r *wire.Request) (gate.Decision, error) {
 	t.Helper()
 	d, err := a.Admit(context.Background(), r)
-	if cerr := gatetest.CheckDecision(d); cerr != nil {
+	if cerr := gatecheck.CheckDecision(d); cerr != nil {
 		t.Errorf("decision %+v: %v", d, cerr)
 	}
 	return d, err
@@ -202,7 +203,7 @@ func TestNothingLeaks(t *testing.T) {
 			held = append(held, d)
 		}
 	}
-	gatetest.ReleaseAll(t, held)
+	gatecheck.ReleaseAll(t, held)
 	if f.ledger.Acquired() != 12 || f.ledger.Held() != 0 || f.ledger.ExtraReleases() != 0 {
 		t.Fatalf("acquired %d, held %d, extra releases %d; want 12, 0, 0",
 			f.ledger.Acquired(), f.ledger.Held(), f.ledger.ExtraReleases())

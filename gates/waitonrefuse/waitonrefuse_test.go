@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/gatecheck"
 	"github.com/sluice-io/sluice/gates/gatetest"
 	"github.com/sluice-io/sluice/gates/localconcurrency"
 	"github.com/sluice-io/sluice/gates/waitonrefuse"
@@ -69,7 +70,7 @@ func (f *fixture) mustBuild(t testing.TB, params string) gate.Admitter {
 func admit(t testing.TB, a gate.Admitter) (gate.Decision, error) {
 	t.Helper()
 	d, err := a.Admit(context.Background(), &wire.Request{ID: "r", Deadline: time.Now().Add(time.Minute)})
-	if cerr := gatetest.CheckDecision(d); cerr != nil {
+	if cerr := gatecheck.CheckDecision(d); cerr != nil {
 		t.Errorf("decision %+v: %v", d, cerr)
 	}
 	return d, err
@@ -199,7 +200,7 @@ func TestAroundLocalConcurrency(t *testing.T) {
 	if c.Verdict != gate.Admit {
 		t.Fatalf("after a release: %v, want admit", c.Verdict)
 	}
-	gatetest.ReleaseAll(t, []gate.Decision{b, c})
+	gatecheck.ReleaseAll(t, []gate.Decision{b, c})
 }
 
 // TestBudgetOnlyInner: a gate without its own Admit refuses while its budget

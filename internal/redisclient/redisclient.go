@@ -21,6 +21,22 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
+// DefaultURL is the Redis a transport uses when neither its options nor
+// the deployment (REDIS_URL) name one.
+const DefaultURL = "redis://localhost:6379/0"
+
+// URL returns the first of own (a component's option) and deployment (the
+// deployment's REDIS_URL) that is set, else DefaultURL.
+func URL(own, deployment string) string {
+	switch {
+	case own != "":
+		return own
+	case deployment != "":
+		return deployment
+	}
+	return DefaultURL
+}
+
 // Mode is how a Redis URL is reached.
 type Mode string
 

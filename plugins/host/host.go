@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -149,6 +150,7 @@ type proc struct {
 var (
 	_ gate.Gate      = (*Gate)(nil)
 	_ gate.Describer = (*Gate)(nil)
+	_ gate.Validator = (*Gate)(nil)
 	_ gate.Admitter  = (*AdmitGate)(nil)
 )
 
@@ -185,6 +187,29 @@ func New(cfg Config) (*Gate, error) {
 		log:    newLogger("plugin."+name, os.Stderr),
 		stderr: newRateWriter(os.Stderr, cfg.LogRate, "plugin."+name),
 	}, nil
+}
+
+// Validate reports a plugin binary that cannot be started: missing, not a
+// regular file, or not executable (a bare name is looked up in PATH, as the
+// start does). `sluice validate` calls it; New does not (no I/O there).
+func (g *Gate) Validate() error {
+	return checkBinary(g.cfg.Path)
+}
+
+// checkBinary reports why path cannot be run as a plugin, or nil.
+func checkBinary(path string) error {
+	p, err := exec.LookPath(path)
+	if err != nil {
+		return fmt.Errorf("gate_params.%s: %w", ParamPath, err)
+	}
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return fmt.Errorf("gate_params.%s: %w", ParamPath, err)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("gate_params.%s: %s is not a regular file", ParamPath, p)
+	}
+	return nil
 }
 
 // Start starts the plugin now unless it runs already, waiting at most until

@@ -74,7 +74,6 @@ const (
 	ipScenario         = "interactive-protection"
 	ipBurstRate        = 10.0 // interactive requests/s in a burst
 	ipIdleRate         = 1.0  // interactive requests/s between bursts
-	ipWarmup           = 4 * time.Second
 	ipPhase            = 5 * time.Second
 	ipCycles           = 3
 	ipInteractivePT    = 256
@@ -96,17 +95,20 @@ const (
 type ipProfile struct {
 	name                     string
 	batchPrompt, batchOutput int
-	arms                     []string
+	// warmup is the idle phase before the first burst, long enough for the
+	// batch to reach its steady state (about one batch service time).
+	warmup time.Duration
+	arms   []string
 }
 
 func ipProfiles() []ipProfile {
 	return []ipProfile{
-		{name: "short", batchPrompt: 512, batchOutput: 256, arms: []string{
+		{name: "short", batchPrompt: 512, batchOutput: 256, warmup: 6 * time.Second, arms: []string{
 			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd", "aimd-tuned",
 			ipUpstreamArm, ipRouterArm, "engine-priority", "reserve-25", "reserve-40",
 		}},
-		{name: "long", batchPrompt: 512, batchOutput: 1024, arms: []string{
-			"floor", "ungated", "aimd", "reserve-25", "reserve-50", "reserve-75",
+		{name: "long", batchPrompt: 512, batchOutput: 1024, warmup: 30 * time.Second, arms: []string{
+			"floor", "ungated", "aimd-tuned", "reserve-25", "reserve-50",
 		}},
 	}
 }
@@ -159,7 +161,11 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		return ipArm{batch: true, pool: func(c *poolsim.Config) {
 			c.Front.Mode, c.Front.Detector = poolsim.ModeLegacyAdmission, poolsim.DetectorConcurrency
 			c.Front.MaxConcurrency = max(1, c.Engine.MaxNumSeqs*7/10)
-		}, gate: func(string, string) (string, map[string]any) { return "aimd", map[string]any{} }}, nil
+		}, gate: func(string, string) (string, map[string]any) {
+			// a batch request holds its seat for seconds: open at half the
+			// pool's seats instead of probing up from one per round trip.
+			return "aimd", map[string]any{"initial_window": seats / 2}
+		}}, nil
 	case ipUpstreamArm:
 		// upstream's polling: one pod's waiting queue, read through a 5-s
 		// cache; claims of 10 at a time.
@@ -183,8 +189,8 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 
 // ipWaves is the interactive traffic of every arm: one seed, so every arm
 // of every repetition sees the same arrivals.
-func ipWaves() poolsim.Waves {
-	return poolsim.Waves{Warmup: ipWarmup, Burst: ipPhase, Idle: ipPhase, Cycles: ipCycles,
+func ipWaves(prof ipProfile) poolsim.Waves {
+	return poolsim.Waves{Warmup: prof.warmup, Burst: ipPhase, Idle: ipPhase, Cycles: ipCycles,
 		BurstRate: ipBurstRate, IdleRate: ipIdleRate, Seed: ipSeed}
 }
 
@@ -309,7 +315,7 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 		if err != nil {
 			return nil, fmt.Errorf("calibration: %w", err)
 		}
-		jobs := capy.jobs(window + ipWarmup)
+		jobs := capy.jobs(window + prof.warmup)
 		fmt.Fprintf(os.Stderr, "bench: %s %s rep %d: batch capacity %.2f req/s %.0f tok/s, service %s; jobs of %d due at %v\n",
 			ipScenario, prof.name, rep+1, capy.reqPerS, capy.tokPerS, capy.service.Round(time.Millisecond), jobs.unit, jobs.deadlines)
 		order := slices.Clone(prof.arms)
@@ -520,14 +526,14 @@ func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCa
 	if err != nil {
 		return ipCapacity{}, err
 	}
-	warm := 3 * time.Second
+	warm, span := prof.warmup, max(ipCalibration, prof.warmup)
 	start := time.Now()
 	select {
 	case <-ctx.Done():
-	case <-time.After(warm + ipCalibration):
+	case <-time.After(warm + span):
 	}
 	sl.stop()
-	from, to := start.Add(warm), start.Add(warm+ipCalibration)
+	from, to := start.Add(warm), start.Add(warm+span)
 	mu.Lock()
 	defer mu.Unlock()
 	var n, tok float64
@@ -545,7 +551,7 @@ func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCa
 	if n == 0 {
 		return ipCapacity{}, errors.New("no batch request finished during calibration")
 	}
-	return ipCapacity{reqPerS: n / ipCalibration.Seconds(), tokPerS: tok / ipCalibration.Seconds(), service: time.Duration(median(service))}, nil
+	return ipCapacity{reqPerS: n / span.Seconds(), tokPerS: tok / span.Seconds(), service: time.Duration(median(service))}, nil
 }
 
 func ipStartPool(ctx context.Context, base poolsim.Config, adjust func(*poolsim.Config), onRecord func(poolsim.Record)) (*poolsim.Pool, string, error) {
@@ -673,7 +679,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		defer p.Stop()
 		prom = p.URL
 	}
-	arrivals, bursts := ipWaves().Schedule()
+	arrivals, bursts := ipWaves(prof).Schedule()
 	start := time.Now()
 	var sl *ipSluice
 	if a.batch {
@@ -757,7 +763,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 	stats := pool.Stats()
 	lag := pool.StepLag()
 
-	r := &ipRun{interactiveErrors: errs, window: end - ipWarmup, stepLagP99: float64(lag.P99) / float64(time.Millisecond)}
+	r := &ipRun{interactiveErrors: errs, window: end - prof.warmup, stepLagP99: float64(lag.P99) / float64(time.Millisecond)}
 	for _, c := range stats.Classes {
 		r.preemptions += c.Preemptions
 	}
@@ -770,12 +776,12 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 			if !rec.FirstToken.IsZero() && poolsim.InBurst(bursts, at) {
 				r.ttft = append(r.ttft, float64(rec.TTFT())/float64(time.Millisecond))
 			}
-			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= ipWarmup {
+			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= prof.warmup {
 				r.interactiveSeatS += rec.Finished.Sub(rec.FirstScheduled).Seconds()
 			}
 		case poolsim.ClassBatch:
 			fin := rec.Finished.Sub(start)
-			if rec.FinishReason != "abort" && fin >= ipWarmup && fin <= end {
+			if rec.FinishReason != "abort" && fin >= prof.warmup && fin <= end {
 				r.batchTokens += float64(rec.OutputTokens)
 			}
 		}

@@ -66,14 +66,6 @@ import (
 // Name is the transport's registry name.
 const Name = "gcp-pubsub"
 
-// Attributes sluice reads or writes.
-const (
-	// AttrNotBefore holds a retry's due time, Unix ms.
-	AttrNotBefore = "sluice_not_before"
-	// AttrDeadLetterReason says why a message was dead-lettered.
-	AttrDeadLetterReason = "sluice_dead_letter_reason"
-)
-
 // Options are the transport's options.
 type Options struct {
 	// ProjectID is the GCP project (required; legacy flag --pubsub.project-id).
@@ -107,9 +99,9 @@ type Options struct {
 	// BatchSize is upstream's "batch_size" (--pubsub.batch-size): the most
 	// messages one subscription has in flight at budget 1. It is accepted
 	// and changes no lease setting here: that bound is sluice's per-queue
-	// max_concurrency (credits × budget), and in upstream's "topics" form
-	// core/config sets each topic's max_concurrency to batch_size when the
-	// topic names none.
+	// max_concurrency (credits × budget), and core/config sets each queue's
+	// max_concurrency to batch_size when the queue names none (in upstream's
+	// "topics" form and in the "queues" form alike).
 	BatchSize int `json:"batch_size,omitempty"`
 }
 
@@ -319,7 +311,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, _ *message.M
 	if err != nil {
 		return fmt.Errorf("requeue on %s: %w", q.Name, err)
 	}
-	attrs := map[string]string{AttrNotBefore: strconv.FormatInt(due.UnixMilli(), 10)}
+	attrs := map[string]string{transport.MetaNotBefore: strconv.FormatInt(due.UnixMilli(), 10)}
 	if err := t.publish(ctx, topic, payload, attrs); err != nil {
 		return fmt.Errorf("requeue on %s: %w", q.Name, err)
 	}
@@ -335,7 +327,7 @@ func (t *Transport) DeadLetter(ctx context.Context, q transport.Queue, m *messag
 			"subscription", q.Name, "reason", reason, "payload", string(m.Payload))
 		return nil
 	}
-	attrs := map[string]string{AttrDeadLetterReason: reason, "sluice_subscription": q.Name}
+	attrs := map[string]string{transport.MetaDeadLetterReason: reason, "sluice_subscription": q.Name}
 	for k, v := range m.Metadata {
 		attrs[k] = v
 	}

@@ -116,7 +116,7 @@ func (s *source) Open(ctx context.Context) error {
 // handle carries one Pub/Sub message: hold it until due (a retry), offer it
 // to the claim loop, and ack or nack it as the core settles it.
 func (s *source) handle(ctx context.Context, pm *pubsub.Message) {
-	if nb := pm.Attributes[AttrNotBefore]; nb != "" {
+	if nb := pm.Attributes[transport.MetaNotBefore]; nb != "" {
 		if ms, err := strconv.ParseInt(nb, 10, 64); err == nil {
 			if wait := time.Until(time.UnixMilli(ms)); wait > 0 {
 				timer := time.NewTimer(wait)

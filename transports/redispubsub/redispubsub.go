@@ -45,6 +45,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
 
@@ -62,7 +63,7 @@ const (
 // Options are the transport's options (the transport config object minus
 // queues and result_queue_name).
 type Options struct {
-	// URL is the Redis URL (default: the deployment's REDIS_URL, then redis://localhost:6379/0).
+	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
 	URL string `json:"url,omitempty"`
 	// RetryQueueName is the sorted set holding retries and handed-back
 	// requests, scored by due time in Unix ms (default "retry-sortedset").
@@ -79,12 +80,7 @@ type Options struct {
 }
 
 func (o *Options) setDefaults(env transport.Env) {
-	if o.URL == "" {
-		o.URL = env.RedisURL
-	}
-	if o.URL == "" {
-		o.URL = "redis://localhost:6379/0"
-	}
+	o.URL = redisclient.URL(o.URL, env.RedisURL)
 	if o.RetryQueueName == "" {
 		o.RetryQueueName = "retry-sortedset"
 	}

@@ -49,6 +49,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
 
@@ -72,7 +73,7 @@ const (
 
 // Options are the transport's options.
 type Options struct {
-	// URL is the Redis URL (default: the deployment's REDIS_URL, then redis://localhost:6379/0).
+	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
 	URL string `json:"url,omitempty"`
 	// ConsumerGroup is the consumer group (default "sluice"); created at the
 	// start of the stream (id 0) when missing.
@@ -101,12 +102,7 @@ type Options struct {
 }
 
 func (o *Options) setDefaults(env transport.Env) {
-	if o.URL == "" {
-		o.URL = env.RedisURL
-	}
-	if o.URL == "" {
-		o.URL = "redis://localhost:6379/0"
-	}
+	o.URL = redisclient.URL(o.URL, env.RedisURL)
 	if o.ConsumerGroup == "" {
 		o.ConsumerGroup = "sluice"
 	}

@@ -79,7 +79,7 @@ var ErrSubscriptionEnded = errors.New("broker subscription ended")
 
 // notBefore reads a message's due time (zero: due now).
 func notBefore(m *message.Message) time.Time {
-	v := m.Metadata.Get(MetaNotBefore)
+	v := m.Metadata.Get(transport.MetaNotBefore)
 	if v == "" {
 		return time.Time{}
 	}

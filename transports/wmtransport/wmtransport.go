@@ -56,16 +56,11 @@ import (
 // Name is the transport's registry name.
 const Name = "watermill"
 
-// Metadata keys the transport reads or writes.
-const (
-	// MetaNotBefore holds a re-queued request's due time, Unix ms.
-	MetaNotBefore = "sluice_not_before"
-	// MetaDeadLetterReason says why a message was dead-lettered.
-	MetaDeadLetterReason = "sluice_dead_letter_reason"
-	// metaDelivery links a delivery (and the result message that carries
-	// its metadata) to the broker message behind it; never published.
-	metaDelivery = "sluice_wm_delivery"
-)
+// metaDelivery links a delivery (and the result message that carries its
+// metadata) to the broker message behind it; never published. The broker
+// metadata the transport writes are transport.MetaNotBefore and
+// transport.MetaDeadLetterReason.
+const metaDelivery = "sluice_wm_delivery"
 
 // Options are the transport's options.
 type Options struct {
@@ -233,7 +228,7 @@ func (c withValues) Value(key any) any {
 func requestMetadata(md message.Metadata) message.Metadata {
 	out := make(message.Metadata, len(md))
 	for k, v := range md {
-		if k != MetaNotBefore && k != MetaDeadLetterReason && k != metaDelivery {
+		if k != transport.MetaNotBefore && k != transport.MetaDeadLetterReason && k != metaDelivery {
 			out[k] = v
 		}
 	}
@@ -255,7 +250,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 	nm := message.NewMessage(watermill.NewUUID(), payload)
 	nm.Metadata = requestMetadata(m.Metadata)
 	if time.Until(due) > 0 {
-		nm.Metadata.Set(MetaNotBefore, strconv.FormatInt(due.UnixMilli(), 10))
+		nm.Metadata.Set(transport.MetaNotBefore, strconv.FormatInt(due.UnixMilli(), 10))
 	}
 	if err := t.publish(ctx, q.Name, nm, m.Metadata); err != nil {
 		return fmt.Errorf("requeue on %s: %w", q.Name, err)
@@ -268,7 +263,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 func (t *Transport) DeadLetter(ctx context.Context, q transport.Queue, m *message.Message, reason string) error {
 	dm := message.NewMessage(watermill.NewUUID(), m.Payload)
 	dm.Metadata = requestMetadata(m.Metadata)
-	dm.Metadata.Set(MetaDeadLetterReason, reason)
+	dm.Metadata.Set(transport.MetaDeadLetterReason, reason)
 	topic := q.Name + t.opts.DeadLetterSuffix
 	if err := t.publish(ctx, topic, dm, m.Metadata); err != nil {
 		return fmt.Errorf("dead-letter from %s to %s: %w", q.Name, topic, err)

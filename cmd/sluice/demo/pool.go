@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/aimd"
@@ -52,6 +55,10 @@ type PoolOptions struct {
 	Logger *slog.Logger
 	// Seed makes the run repeatable (default 1).
 	Seed uint64
+	// OnStatus, when set, is called once with the status page's URL (served
+	// on a free port of 127.0.0.1 while the batch runs; it shows the same
+	// figures as the live line under "Also").
+	OnStatus func(url string)
 }
 
 func (o *PoolOptions) setDefaults() {
@@ -202,8 +209,25 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	); err != nil {
 		return sum, err
 	}
+	port, err := freePort()
+	if err != nil {
+		return sum, err
+	}
+	cfg.ListenHost, cfg.MetricsPort = "127.0.0.1", port
 	reg := prometheus.NewRegistry()
-	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: o.Logger, Transport: mem, Registry: reg})
+	var wavesStart time.Time
+	var bursts [][2]time.Duration
+	var started sync.Once
+	startedCh := make(chan struct{})
+	extra := func() []status.Figure {
+		select {
+		case <-startedCh:
+		default:
+			return []status.Figure{{Label: "phase", Value: "starting"}}
+		}
+		return poolFigures(time.Now(), wavesStart, bursts, recs, sum.FloorP99Ms, mem, o.Batch, pool, reg)
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: o.Logger, Transport: mem, Registry: reg, StatusExtra: extra})
 	if err != nil {
 		return sum, err
 	}
@@ -222,8 +246,16 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	runErr := make(chan error, 1)
 	go func() { runErr <- a.Run(runCtx) }()
 
-	wavesStart := time.Now()
-	arrivals, bursts := o.Waves.Schedule()
+	wavesStart = time.Now()
+	arrivals, bursts = o.Waves.Schedule()
+	started.Do(func() { close(startedCh) })
+	statusURL := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "status page: %s (the same figures, under \"Also\")\n", statusURL)
+	}
+	if o.OnStatus != nil {
+		o.OnStatus(statusURL)
+	}
 	interactiveDone := make(chan int, 1)
 	go func() { interactiveDone <- client.Drive(ctx, wavesStart, arrivals) }()
 
@@ -354,6 +386,46 @@ func (rs *records) batchTokens() int {
 		}
 	}
 	return n
+}
+
+// poolFigures are the live line's figures, for the status page.
+func poolFigures(now, start time.Time, bursts [][2]time.Duration, recs *records, floorP99 float64, mem *memory.Transport, total int, pool *poolsim.Pool, reg *prometheus.Registry) []status.Figure {
+	recent := recs.ttfts(func(r poolsim.Record) bool {
+		return r.Class == poolsim.ClassInteractive && now.Sub(r.Arrival) <= 2*time.Second
+	})
+	phase := "idle"
+	if poolsim.InBurst(bursts, now.Sub(start)) {
+		phase = "burst"
+	}
+	p99 := "no interactive request in the last 2 s"
+	if len(recent) > 0 {
+		p := nearestRank(recent, 0.99)
+		p99 = fmt.Sprintf("%.0f ms", p)
+		if floorP99 > 0 {
+			p99 += fmt.Sprintf(" (%.1f× the floor's %.0f ms)", p/floorP99, floorP99)
+		}
+	}
+	done, _ := mem.ResultCount(demoPoolResults)
+	var batchRunning int
+	for _, g := range pool.PodGauges() {
+		batchRunning += g.RunningByClass[poolsim.ClassBatch]
+	}
+	return []status.Figure{
+		{Label: "phase", Value: phase},
+		{Label: "interactive TTFT p99, last 2 s", Value: p99},
+		{Label: "batch done", Value: fmt.Sprintf("%d of %d (%d running in the pool)", done, total, batchRunning)},
+		{Label: "sluice in-flight limit", Value: fmt.Sprintf("%.0f", gaugeSum(reg, "sluice_inflight_limit"))},
+	}
+}
+
+// freePort is a free TCP port of 127.0.0.1.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("demo: a free port for the status page: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // ttfts returns the TTFT (ms) of the records that keep selects and that

@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
@@ -46,6 +47,52 @@ type Config struct {
 	TLSCert, TLSKey string
 	// TLSInsecureSkipVerify disables certificate checks (TLS or rediss:// only).
 	TLSInsecureSkipVerify bool
+}
+
+// FromParams reads the connection parameters from p: address
+// (default defaultAddress), redis_mode (default defaultMode), username,
+// password, db, tls, tls_ca_cert, tls_cert, tls_key and
+// tls_insecure_skip_verify. Errors name the parameter.
+func FromParams(p gate.Params, defaultAddress, defaultMode string) (Config, error) {
+	mode, err := ParseMode(p.String("redis_mode", defaultMode))
+	if err != nil {
+		return Config{}, err
+	}
+	c := Config{
+		Address:   p.String("address", defaultAddress),
+		Mode:      mode,
+		Username:  p.String("username", ""),
+		Password:  p.String("password", ""),
+		TLSCACert: p.String("tls_ca_cert", ""),
+		TLSCert:   p.String("tls_cert", ""),
+		TLSKey:    p.String("tls_key", ""),
+	}
+	if c.DB, err = p.Int("db", 0); err != nil {
+		return Config{}, err
+	}
+	if c.TLS, err = boolParam(p, "tls"); err != nil {
+		return Config{}, err
+	}
+	if c.TLSInsecureSkipVerify, err = boolParam(p, "tls_insecure_skip_verify"); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func boolParam(p gate.Params, key string) (bool, error) {
+	s := p.String(key, "false")
+	b, err := strconv.ParseBool(strings.TrimSpace(s))
+	if err != nil {
+		return false, fmt.Errorf("gate_params.%s: %q is not a boolean", key, s)
+	}
+	return b, nil
+}
+
+// Key identifies the connection settings: configs with equal keys may
+// share one client.
+func (c Config) Key() string {
+	return strings.Join([]string{c.Address, string(c.Mode), c.Username, c.Password, strconv.Itoa(c.DB),
+		strconv.FormatBool(c.TLS), c.TLSCACert, c.TLSCert, c.TLSKey, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
 }
 
 // IsURL reports whether addr is a redis:// or rediss:// URL.

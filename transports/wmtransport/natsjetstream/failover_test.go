@@ -13,8 +13,8 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/internal/rigs/brokere2e"
 	"github.com/sluice-io/sluice/transports/wmtransport"
-	"github.com/sluice-io/sluice/transports/wmtransport/internal/e2e"
 	"github.com/sluice-io/sluice/transports/wmtransport/natsjetstream"
 )
 
@@ -39,15 +39,15 @@ func TestNodeKilledMidRun(t *testing.T) {
 			t.Fatalf("create stream %s: %v", topic, err)
 		}
 	}
-	ids := e2e.IDs("fo", n)
+	ids := brokere2e.IDs("fo", n)
 	for _, id := range ids {
-		if _, err := js.Publish(ctx, queue, e2e.Request(id)); err != nil {
+		if _, err := js.Publish(ctx, queue, brokere2e.Request(id)); err != nil {
 			t.Fatalf("publish %s: %v", id, err)
 		}
 	}
-	e2e.Run(t, tp, adapters(t), queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
+	brokere2e.Run(t, tp, adapters(t), queue, results, brokere2e.Gateway(t, 40*time.Millisecond), 16)
 
-	tally := e2e.NewTally()
+	tally := brokere2e.NewTally()
 	reader := resultReader(t, js, results)
 	killed := -1
 	deadline := time.Now().Add(25 * time.Second)

@@ -200,7 +200,7 @@ type publisher struct{ b *Broker }
 
 func (p publisher) Publish(topic string, ms ...*message.Message) error {
 	for _, m := range ms {
-		if v := m.Metadata.Get(wmtransport.MetaNotBefore); v != "" {
+		if v := m.Metadata.Get(transport.MetaNotBefore); v != "" {
 			if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
 				m.Metadata.Set(delay.DelayedUntilKey, time.UnixMilli(ms).UTC().Format(time.RFC3339Nano))
 			}

@@ -8,8 +8,8 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/internal/rigs/brokere2e"
 	"github.com/sluice-io/sluice/transports/wmtransport"
-	"github.com/sluice-io/sluice/transports/wmtransport/internal/e2e"
 )
 
 // TestServerRestartMidRun runs sluice over PostgreSQL, crashes the server
@@ -26,16 +26,16 @@ func TestServerRestartMidRun(t *testing.T) {
 	const queue, results, n = "rs-requests", "rs-results", 400
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ids := e2e.IDs("rs", n)
+	ids := brokere2e.IDs("rs", n)
 	for _, id := range ids {
-		if err := produce(ctx, db, queue, e2e.Request(id)); err != nil {
+		if err := produce(ctx, db, queue, brokere2e.Request(id)); err != nil {
 			t.Fatalf("produce %s: %v", id, err)
 		}
 	}
 	tp := newTransport(t, srv.URL).(*wmtransport.Transport)
-	e2e.Run(t, tp, adapters(t), queue, results, e2e.Gateway(t, 40*time.Millisecond), 16)
+	brokere2e.Run(t, tp, adapters(t), queue, results, brokere2e.Gateway(t, 40*time.Millisecond), 16)
 
-	tally := e2e.NewTally()
+	tally := brokere2e.NewTally()
 	read := func() {
 		got, err := consumeResults(ctx, db, results, 256)
 		if err != nil {

@@ -1,7 +1,7 @@
-// Package e2e runs a sluice deployment over a watermill-transport broker for
+// Package brokere2e runs a sluice deployment over a watermill-transport broker for
 // the brokers' end-to-end fault tests: the real pipeline (app), a gateway
-// simulator, and a tally of the results read back.
-package e2e
+// simulator, and a tally of the results read back. A test rig: only tests import it.
+package brokere2e
 
 import (
 	"context"

@@ -1,4 +1,6 @@
-package transporttest
+// Package redishealth checks the health of the Redis transports against a
+// redis-server it starts and stops. A test rig: only tests import it.
+package redishealth
 
 import (
 	"context"
@@ -11,12 +13,12 @@ import (
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
-// RedisHealth checks a Redis transport's transport.HealthChecker against a
+// Check checks a Redis transport's transport.HealthChecker against a
 // real redis-server it starts: healthy with the server up; an error naming
 // the ping, within the 3-s bound /readyz gives it, while the server is down;
 // healthy again once the server is back on the same address. build makes the
 // transport on the server's URL; the check closes it.
-func RedisHealth(t *testing.T, build func(t *testing.T, url string) transport.Transport) {
+func Check(t *testing.T, build func(t *testing.T, url string) transport.Transport) {
 	t.Helper()
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	port, err := strconv.Atoi(r.Addr[strings.LastIndexByte(r.Addr, ':')+1:])
