@@ -259,3 +259,35 @@ func TestValidateWarnsOnceForIgnoredSettings(t *testing.T) {
 		t.Errorf("not ok:\n%s", out)
 	}
 }
+
+// Two entries with the same id or the same queue_name are refused by
+// validate and by serve before anything starts, naming both entries.
+func TestDuplicateQueuesRefused(t *testing.T) {
+	f := writeFile(t, "queues.json", `{"result_queue_name":"r","queues":[
+	  {"id":"a","queue_name":"q1","igw_base_url":"http://gw"},
+	  {"id":"a","queue_name":"q2","igw_base_url":"http://gw"},
+	  {"id":"c","queue_name":"q1","igw_base_url":"http://gw"}]}`)
+	wants := []string{
+		`transport_config.queues[1].id: duplicate queue id "a": queues[0] and queues[1] both use it`,
+		`transport_config.queues[2].queue_name: duplicate queue_name "q1": queues[0] and queues[2] both read it`,
+	}
+	out, err := run(t, "validate", "--transport-config-file", f)
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != 1 {
+		t.Fatalf("validate err = %v, want exit 1; out:\n%s", err, out)
+	}
+	for _, w := range wants {
+		if !strings.Contains(out, "error: "+w) {
+			t.Errorf("validate: missing %q in:\n%s", w, out)
+		}
+	}
+	_, err = run(t, "serve", "--transport-config-file", f, "--metrics-port", "0", "--health-port", "0")
+	if err == nil {
+		t.Fatal("serve started with duplicate queues")
+	}
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("serve: missing %q in %v", w, err)
+		}
+	}
+}

@@ -20,9 +20,11 @@ import (
 // producer's trace context (from its metadata, as upstream reads it, or its
 // headers), and an "http-request" span whose context the gateway receives.
 func TestTracing(t *testing.T) {
-	for _, tc := range []struct{ name, where string }{
-		{"metadata", `"metadata":{"traceparent":"00-%s-00f067aa0ba902b7-01"}`},
-		{"headers", `"headers":{"Traceparent":"00-%s-00f067aa0ba902b7-01"}`},
+	// model: the payload's top-level model is used when the request has
+	// none of its own; the request's model field wins over it.
+	for _, tc := range []struct{ name, where, model string }{
+		{"metadata", `"metadata":{"traceparent":"00-%s-00f067aa0ba902b7-01"}`, "payload-model"},
+		{"headers", `"model":"field-model","headers":{"Traceparent":"00-%s-00f067aa0ba902b7-01"}`, "field-model"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			gw, url := newGateway(t)
@@ -39,7 +41,7 @@ func TestTracing(t *testing.T) {
 			}
 			h := startAppWith(t, cfg, Options{Transport: mem, TracerProvider: tp})
 			const producerTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
-			b := []byte(`{"id":"traced","deadline":4102444800,"payload":{"id":"traced"},` + fmt.Sprintf(tc.where, producerTrace) + `}`)
+			b := []byte(`{"id":"traced","deadline":4102444800,"payload":{"id":"traced","model":"payload-model"},` + fmt.Sprintf(tc.where, producerTrace) + `}`)
 			if err := h.mem.Enqueue(e2eQueue, b); err != nil {
 				t.Fatal(err)
 			}
@@ -69,7 +71,9 @@ func TestTracing(t *testing.T) {
 			for _, a := range proc.Attributes {
 				attrs[string(a.Key)] = a.Value.String()
 			}
-			for k, want := range map[string]string{"request.id": "traced", "retry.count": "0", "queue.id": e2eQueue, "queue.name": e2eQueue} {
+			for k, want := range map[string]string{"request.id": "traced", "retry.count": "0", "queue.id": e2eQueue, "queue.name": e2eQueue,
+				"gen_ai.request.id": "traced", "llm_d.async.retry_count": "0", "llm_d.async.queue.id": e2eQueue,
+				"llm_d.async.queue.name": e2eQueue, "gen_ai.request.model": tc.model} {
 				if attrs[k] != want {
 					t.Errorf("attribute %s = %q, want %q", k, attrs[k], want)
 				}

@@ -732,16 +732,24 @@ func (c *Config) Validate(k Known) error {
 	if len(qs) == 0 {
 		add("transport_config.queues", "no queues configured")
 	}
-	ids := map[string]int{}
+	ids, names := map[string]int{}, map[string]int{}
 	for i, q := range qs {
 		where := fmt.Sprintf("transport_config.queues[%d]", i)
 		if q.Name == "" {
 			add(where+".queue_name", "required")
 		}
 		if prev, dup := ids[q.ID]; dup && q.ID != "" {
-			add(where+".id", "duplicate of queues[%d] (%q)", prev, q.ID)
+			add(where+".id", "duplicate queue id %q: queues[%d] and queues[%d] both use it", q.ID, prev, i)
+		} else {
+			ids[q.ID] = i
 		}
-		ids[q.ID] = i
+		// Upstream refuses two entries reading the same queue; so does sluice,
+		// since both would race for the same messages under different settings.
+		if prev, dup := names[q.Name]; dup && q.Name != "" {
+			add(where+".queue_name", "duplicate queue_name %q: queues[%d] and queues[%d] both read it", q.Name, prev, i)
+		} else {
+			names[q.Name] = i
+		}
 		if q.IGWBaseURL == "" {
 			add(where+".igw_base_url", "required")
 		} else if u, err := url.Parse(q.IGWBaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

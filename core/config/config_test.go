@@ -121,7 +121,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		`transport_config.queues[0].igw_base_url: "gw:80" is not an http(s) URL`,
 		`transport_config.queues[0].gate_type: unknown gate type "magic" (known: constant, redis)`,
 		"transport_config.queues[0].result_queue_name: no result queue",
-		`transport_config.queues[1].id: duplicate of queues[0]`,
+		`transport_config.queues[1].id: duplicate queue id "a": queues[0] and queues[1] both use it`,
+		`transport_config.queues[1].queue_name: duplicate queue_name "a": queues[0] and queues[1] both read it`,
 		`transport_config.queues[1].request_path_url: "v1" must start with /`,
 	} {
 		if !strings.Contains(text, want) {
@@ -307,5 +308,48 @@ func TestGCPBatchSizeInQueuesForm(t *testing.T) {
 		if !strings.Contains(string(c.TransportConfig.Options), `"batch_size":7`) {
 			t.Errorf("%s: batch_size no longer a transport option: %s", tc.transport, c.TransportConfig.Options)
 		}
+	}
+}
+
+// Duplicate ids and duplicate queue names are refused separately, each
+// naming both entries.
+func TestValidateDuplicateQueues(t *testing.T) {
+	tests := []struct {
+		name   string
+		queues []Queue
+		want   []string
+		absent []string
+	}{
+		{"distinct", []Queue{{Queue: transport.Queue{ID: "x", Name: "a"}}, {Queue: transport.Queue{ID: "y", Name: "b"}}}, nil,
+			[]string{"duplicate"}},
+		{"same id", []Queue{{Queue: transport.Queue{ID: "x", Name: "a"}}, {Queue: transport.Queue{ID: "x", Name: "b"}}},
+			[]string{`transport_config.queues[1].id: duplicate queue id "x": queues[0] and queues[1]`}, []string{"duplicate queue_name"}},
+		{"same name", []Queue{{Queue: transport.Queue{ID: "x", Name: "a"}}, {Queue: transport.Queue{ID: "y", Name: "a"}}},
+			[]string{`transport_config.queues[1].queue_name: duplicate queue_name "a": queues[0] and queues[1]`}, []string{"duplicate queue id"}},
+		{"third repeats first", []Queue{{Queue: transport.Queue{Name: "a"}}, {Queue: transport.Queue{Name: "b"}}, {Queue: transport.Queue{Name: "a"}}},
+			[]string{`queues[2].id: duplicate queue id "a": queues[0] and queues[2]`, `queues[2].queue_name: duplicate queue_name "a": queues[0] and queues[2]`}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range tc.queues {
+				tc.queues[i].IGWBaseURL = "http://gw"
+			}
+			c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r", Queues: tc.queues}}
+			c.SetDefaults()
+			text := ""
+			if err := c.Validate(known()); err != nil {
+				text = err.Error()
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(text, w) {
+					t.Errorf("missing %q in %q", w, text)
+				}
+			}
+			for _, a := range tc.absent {
+				if strings.Contains(text, a) {
+					t.Errorf("unexpected %q in %q", a, text)
+				}
+			}
+		})
 	}
 }

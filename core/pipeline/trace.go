@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"maps"
 	"strconv"
@@ -79,8 +80,16 @@ func traceSpans(tp trace.TracerProvider) message.HandlerMiddleware {
 					attribute.String("queue.id", d.Queue.ID),
 					attribute.String("queue.name", d.Queue.Name),
 					attribute.String("sluice.job.id", req.JobID()),
+					// Upstream's names since v0.10.0, beside the legacy ones.
+					attribute.String("gen_ai.request.id", req.ID),
+					attribute.Int("llm_d.async.retry_count", req.RetryCount),
+					attribute.String("llm_d.async.queue.id", d.Queue.ID),
+					attribute.String("llm_d.async.queue.name", d.Queue.Name),
 				))
 			defer span.End()
+			if model := requestModel(span, req); model != "" {
+				span.SetAttributes(attribute.String("gen_ai.request.model", model))
+			}
 			d.Ctx = ctx
 			out, err := next(m)
 			record(span, d, err)
@@ -89,7 +98,8 @@ func traceSpans(tp trace.TracerProvider) message.HandlerMiddleware {
 				// sibling linked to the attempt's span.
 				_, re := tracer.Start(parent, "re-enqueue",
 					trace.WithLinks(trace.LinkFromContext(ctx)),
-					trace.WithAttributes(attribute.String("request.id", req.ID), attribute.String("queue.id", d.Queue.ID)))
+					trace.WithAttributes(attribute.String("request.id", req.ID), attribute.String("gen_ai.request.id", req.ID),
+						attribute.String("queue.id", d.Queue.ID), attribute.String("llm_d.async.queue.id", d.Queue.ID)))
 				re.End()
 			}
 			return out, err
@@ -136,17 +146,35 @@ func record(span trace.Span, d *delivery, err error) {
 	}
 	switch {
 	case err != nil:
-		span.SetAttributes(attribute.String("error.category", "handed_back"))
+		span.SetAttributes(attribute.String("error.category", "handed_back"), attribute.String("llm_d.async.error.category", "handed_back"))
 		span.SetStatus(codes.Error, err.Error())
 	case d.Outcome == outcomeRequeued:
 		span.SetAttributes(attribute.String("sluice.outcome", "requeued"))
 	case d.Result != nil && d.Result.ErrorCode != wire.CodeNone:
 		span.SetAttributes(attribute.String("sluice.outcome", string(d.Result.ErrorCode)),
-			attribute.String("error.category", string(d.Result.ErrorCode)))
+			attribute.String("error.category", string(d.Result.ErrorCode)),
+			attribute.String("llm_d.async.error.category", string(d.Result.ErrorCode)))
 		span.SetStatus(codes.Error, d.Result.ErrorMessage)
 	case d.Result != nil:
 		span.SetAttributes(attribute.String("sluice.outcome", "ok"))
 	default:
 		span.SetAttributes(attribute.String("sluice.outcome", strconv.Itoa(int(d.Outcome))))
 	}
+}
+
+// requestModel is the request's model for gen_ai.request.model, as upstream
+// takes it: the request's model field, or else, only when the span records,
+// a top-level string "model" in the payload.
+func requestModel(span trace.Span, req *wire.Request) string {
+	if req.Model != "" || !span.IsRecording() {
+		return req.Model
+	}
+	var p struct {
+		Model any `json:"model"`
+	}
+	if json.Unmarshal(req.Payload, &p) != nil {
+		return ""
+	}
+	m, _ := p.Model.(string)
+	return m
 }

@@ -19,6 +19,9 @@ type flatWire struct {
 	Endpoint         string          `json:"endpoint"`
 	RequestQueueName string          `json:"request_queue_name"`
 	ResultQueueName  string          `json:"result_queue_name"`
+	// Model is upstream's optional request model; a value that is not a
+	// string is ignored, as it only labels traces.
+	Model looseString `json:"model"`
 }
 
 // internalWire is the envelope's internal object. A queue_id that is not a
@@ -185,6 +188,7 @@ func build(f *flatWire, env bool, kind string, in *internalWire) (*Request, *Dec
 		Endpoint:         f.Endpoint,
 		RequestQueueName: f.RequestQueueName,
 		ResultQueueName:  f.ResultQueueName,
+		Model:            string(f.Model),
 	}
 	if !env {
 		return req, nil
@@ -254,6 +258,7 @@ type looseFlat struct {
 	Endpoint         rawValues `json:"endpoint"`
 	RequestQueueName rawValues `json:"request_queue_name"`
 	ResultQueueName  rawValues `json:"result_queue_name"`
+	Model            rawValues `json:"model"`
 }
 
 // looseMessage mirrors messageWire with every field kept raw.
@@ -328,6 +333,7 @@ func decodeSlow(b []byte) (*Request, bool, *DecodeError) {
 		{"endpoint", src.Endpoint, &f.Endpoint},
 		{"request_queue_name", src.RequestQueueName, &f.RequestQueueName},
 		{"result_queue_name", src.ResultQueueName, &f.ResultQueueName},
+		{"model", src.Model, &f.Model},
 	}
 	for _, fd := range fields {
 		if err := replay(fd.vals, fd.dst); err != nil {

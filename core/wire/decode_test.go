@@ -426,3 +426,38 @@ func TestParseUnixSeconds(t *testing.T) {
 		}
 	}
 }
+
+// model is read from the flat form's top level and the envelope's data, by
+// the fast scanner and the encoding/json path alike; a value that is not a
+// string is ignored.
+func TestDecodeModel(t *testing.T) {
+	tests := []struct{ name, msg, want string }{
+		{"flat", `{"id":"a","deadline":4102444800,"payload":{},"model":"m1"}`, "m1"},
+		{"envelope", `{"request_kind":"redis","data":{"id":"a","deadline":4102444800,"payload":{},"model":"m2"},"internal":{}}`, "m2"},
+		{"absent", `{"id":"a","deadline":4102444800,"payload":{"model":"p"}}`, ""},
+		{"not a string", `{"id":"a","deadline":4102444800,"payload":{},"model":7}`, ""},
+		{"null", `{"id":"a","deadline":4102444800,"payload":{},"model":null}`, ""},
+		{"escaped, slow path", `{"id":"a","deadline":4102444800,"payload":{},"mod\u0065l":"m3"}`, "m3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := Decode([]byte(tc.msg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Model != tc.want {
+				t.Errorf("model %q, want %q", r.Model, tc.want)
+			}
+			if tc.want == "" {
+				return
+			}
+			b, err := EncodeRequest(&Request{ID: "a", Deadline: r.Deadline, Payload: r.Payload, Model: r.Model})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back, err := Decode(b); err != nil || back.Model != tc.want {
+				t.Errorf("round trip %s: model %v %v", b, back, err)
+			}
+		})
+	}
+}

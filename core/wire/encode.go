@@ -52,6 +52,7 @@ func EncodeRequest(r *Request) ([]byte, error) {
 		{"endpoint", r.Endpoint},
 		{"request_queue_name", r.RequestQueueName},
 		{"result_queue_name", r.ResultQueueName},
+		{"model", r.Model},
 	} {
 		if f.value != "" {
 			b = append(b, `,"`...)

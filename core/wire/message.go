@@ -51,6 +51,10 @@ type Request struct {
 	Headers map[string]string
 	// Endpoint, when set, overrides the queue's request path.
 	Endpoint string
+	// Model is the request's optional top-level model (upstream's
+	// data.model); it labels traces only and is never sent downstream.
+	// Empty when absent or not a string.
+	Model string
 
 	// Envelope fields; empty for the flat form.
 

@@ -101,7 +101,7 @@ const (
 )
 
 // flatNames are flatWire's member names, in field order.
-var flatNames = [...]string{"id", "created", "deadline", "payload", "metadata", "headers", "endpoint", "request_queue_name", "result_queue_name"}
+var flatNames = [...]string{"id", "created", "deadline", "payload", "metadata", "headers", "endpoint", "request_queue_name", "result_queue_name", "model"}
 
 // envelopeNames are every member name the top level of a message decodes.
 var envelopeNames = append(flatNames[:len(flatNames):len(flatNames)], "data", "request_kind", "internal")
@@ -181,6 +181,14 @@ func (f *flatWire) set(i int, v []byte) bool {
 		return setString(&f.RequestQueueName, v)
 	case 8:
 		return setString(&f.ResultQueueName, v)
+	case 9:
+		if v[0] != '"' { // any other value is ignored, as looseString does
+			return true
+		}
+		var m string
+		ok := setString(&m, v)
+		f.Model = looseString(m)
+		return ok
 	}
 	return false
 }
