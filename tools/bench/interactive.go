@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/poolsim"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/tools/internal/names"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -241,16 +242,7 @@ type ipRun struct {
 // lists; empty: all) for exploratory runs. The floor arm always runs: every
 // ratio is to it.
 func ipSelect(all []ipProfile) ([]ipProfile, error) {
-	pick := func(env string) map[string]bool {
-		m := map[string]bool{}
-		for _, n := range strings.Split(os.Getenv(env), ",") {
-			if n = strings.TrimSpace(n); n != "" {
-				m[n] = true
-			}
-		}
-		return m
-	}
-	profs, arms := pick("SLUICE_BENCH_IP_PROFILES"), pick("SLUICE_BENCH_IP_ARMS")
+	profs, arms := names.Set(os.Getenv("SLUICE_BENCH_IP_PROFILES")), names.Set(os.Getenv("SLUICE_BENCH_IP_ARMS"))
 	var out []ipProfile
 	for _, p := range all {
 		if len(profs) > 0 && !profs[p.name] {
@@ -330,7 +322,7 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 			}
 			runs[n] = r
 			fmt.Fprintf(os.Stderr, "bench: %s %s %s: ttft p99 %.0f ms, batch %.0f tokens, %d/%d results ok\n",
-				ipScenario, prof.name, n, exactPercentile(r.ttft, 0.99), r.batchTokens, r.resultsOK, r.results)
+				ipScenario, prof.name, n, percentile(slices.Clone(r.ttft), 0.99), r.batchTokens, r.resultsOK, r.results)
 		}
 		floor := runs["floor"]
 		seatShare := floor.interactiveSeatS / (float64(seats) * floor.window.Seconds())
@@ -387,18 +379,18 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 // the same repetition.
 func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 	f := figures{
-		"ttft_p50_ms":        exactPercentile(r.ttft, 0.50),
-		"ttft_p99_ms":        exactPercentile(r.ttft, 0.99),
+		"ttft_p50_ms":        percentile(slices.Clone(r.ttft), 0.50),
+		"ttft_p99_ms":        percentile(slices.Clone(r.ttft), 0.99),
 		"interactive_errors": float64(r.interactiveErrors),
 		"preemptions":        float64(r.preemptions),
 		"batch_rejections":   float64(r.rejections),
 		"step_lag_p99_ms":    r.stepLagP99,
 		"interactive_burst":  float64(len(r.ttft)),
 	}
-	if p := exactPercentile(floor.ttft, 0.50); p > 0 {
+	if p := percentile(slices.Clone(floor.ttft), 0.50); p > 0 {
 		f["ttft_p50_ratio"] = f["ttft_p50_ms"] / p
 	}
-	if p := exactPercentile(floor.ttft, 0.99); p > 0 {
+	if p := percentile(slices.Clone(floor.ttft), 0.99); p > 0 {
 		f["ttft_p99_ratio"] = f["ttft_p99_ms"] / p
 	}
 	if !a.batch {
@@ -494,17 +486,6 @@ func ipTargets() []target {
 		reportedOnly("long_reserve_for_2x", "the smallest reserve of seats (percent) that kept p99 ≤ 2× with long batch requests; -1: none of those tried"),
 	)
 	return ts
-}
-
-// exactPercentile is the exact q-quantile (nearest rank) of xs, 0 when empty.
-func exactPercentile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // ipCalibrate runs the batch alone (ungated) on a fresh pool and measures

@@ -26,6 +26,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sluice-io/sluice/tools/internal/names"
 )
 
 // scenario is one benchmark scenario. run returns its figures; targets
@@ -137,21 +139,14 @@ func main() {
 		fmt.Print(targetsTable(all))
 		return
 	}
-	want := map[string]bool{}
-	for _, n := range strings.Split(*only, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			want[n] = true
-		}
+	want := names.Set(*only)
+	known := make([]string, len(all))
+	for i, s := range all {
+		known[i] = s.name
 	}
-	for n := range want {
-		found := false
-		for _, s := range all {
-			found = found || s.name == n
-		}
-		if !found {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (use -list)\n", n)
-			os.Exit(2)
-		}
+	if u := names.Unknown(want, known); len(u) > 0 {
+		fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (use -list)\n", u[0])
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

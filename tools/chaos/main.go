@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/tools/internal/names"
 )
 
 // fault is one chaos case.
@@ -119,21 +121,14 @@ func main() {
 		}
 		return
 	}
-	want := map[string]bool{}
-	for _, n := range strings.Split(*only, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			want[n] = true
-		}
+	want := names.Set(*only)
+	known := make([]string, len(all))
+	for i, f := range all {
+		known[i] = f.name
 	}
-	for n := range want {
-		found := false
-		for _, f := range all {
-			found = found || f.name == n
-		}
-		if !found {
-			fmt.Fprintf(os.Stderr, "chaos: unknown fault %q (use -list)\n", n)
-			os.Exit(2)
-		}
+	if u := names.Unknown(want, known); len(u) > 0 {
+		fmt.Fprintf(os.Stderr, "chaos: unknown fault %q (use -list)\n", u[0])
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

@@ -186,7 +186,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 			if o.Progress != nil {
 				el := time.Since(start).Seconds()
 				fmt.Fprintf(o.Progress, "progress: %d/%d results, %.0f results/s, %d retries so far\n",
-					n, o.Requests, float64(n)/el, int(counterSum(reg, "llm_d_async_async_request_retries_total")))
+					n, o.Requests, float64(n)/el, int(familySum(reg, "llm_d_async_async_request_retries_total")))
 			}
 		case <-deadline:
 			done = true
@@ -233,7 +233,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 		}
 	}
 	sum.DeadLettered = len(mem.DeadLetters(demoQueue))
-	sum.Retries = int(counterSum(reg, "llm_d_async_async_request_retries_total"))
+	sum.Retries = int(familySum(reg, "llm_d_async_async_request_retries_total"))
 	if sum.Seconds > 0 {
 		sum.Throughput = float64(sum.Results) / sum.Seconds
 	}
@@ -291,8 +291,8 @@ func demoRequest(rng *rand.Rand, i int, now time.Time) []byte {
 	return b
 }
 
-// counterSum adds up every series of a counter family in reg.
-func counterSum(reg *prometheus.Registry, name string) float64 {
+// familySum adds up every series of a counter or gauge family in reg.
+func familySum(reg *prometheus.Registry, name string) float64 {
 	mfs, err := reg.Gather()
 	if err != nil {
 		return 0
@@ -303,15 +303,18 @@ func counterSum(reg *prometheus.Registry, name string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			total += counterValue(m)
+			total += metricValue(m)
 		}
 	}
 	return total
 }
 
-func counterValue(m *dto.Metric) float64 {
-	if c := m.GetCounter(); c != nil {
-		return c.GetValue()
+func metricValue(m *dto.Metric) float64 {
+	switch {
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue()
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue()
 	}
 	return 0
 }

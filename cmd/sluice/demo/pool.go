@@ -356,7 +356,7 @@ func poolLine(now, start time.Time, bursts [][2]time.Duration, recs *records, fl
 		interRunning += g.RunningByClass[poolsim.ClassInteractive]
 	}
 	return fmt.Sprintf("t=%3.0fs %s | interactive TTFT p99 %s%s, %2d running | batch %d/%d done, %2d running | sluice in-flight limit %.0f",
-		now.Sub(start).Seconds(), phase, ttft, ratio, interRunning, done, total, batchRunning, gaugeSum(reg, "sluice_inflight_limit"))
+		now.Sub(start).Seconds(), phase, ttft, ratio, interRunning, done, total, batchRunning, familySum(reg, "sluice_inflight_limit"))
 }
 
 // records collects the simulator's records of finished requests.
@@ -410,7 +410,7 @@ func poolFigures(now, start time.Time, bursts [][2]time.Duration, recs *records,
 		{Label: "phase", Value: phase},
 		{Label: "interactive TTFT p99, last 2 s", Value: p99},
 		{Label: "batch done", Value: fmt.Sprintf("%d of %d (%d running in the pool)", done, total, batchRunning)},
-		{Label: "sluice in-flight limit", Value: fmt.Sprintf("%.0f", gaugeSum(reg, "sluice_inflight_limit"))},
+		{Label: "sluice in-flight limit", Value: fmt.Sprintf("%.0f", familySum(reg, "sluice_inflight_limit"))},
 	}
 }
 
@@ -446,21 +446,4 @@ func nearestRank(xs []float64, q float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[min(max(int(math.Ceil(q*float64(len(s))))-1, 0), len(s)-1)]
-}
-
-// gaugeSum adds up every series of a gauge family in reg.
-func gaugeSum(reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var total float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				total += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return total
 }
