@@ -1,0 +1,86 @@
+// Package submit is the producer seam of sluice's fronts: enqueue requests
+// onto a request queue, cancel them, and read their results from a result
+// route the caller owns.
+//
+// A route is a result destination named by the requests themselves
+// (wire.Request.ResultQueueName), so the dispatcher writes each result where
+// its caller reads, and a caller reads only its own. Routes are durable where
+// the transport is: a Reader leases results and Ack removes them, and a
+// result leased by a reader that died before Ack is handed out again, so a
+// front that resumes a job after a crash reads every result it had not yet
+// recorded (at least once: the caller writes idempotently by request id).
+//
+// Adapters live in one package per transport under front/submit/ and are
+// built from the same transport config the dispatcher uses
+// (Registry.Open); the conformance suite in front/submit/submittest runs
+// against each.
+package submit
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+)
+
+// Producer puts requests on request queues and opens result routes. It is
+// safe for concurrent use.
+type Producer interface {
+	// Enqueue puts reqs on request queue (its broker name), in one step
+	// where the broker allows it. Each request carries its own deadline and
+	// its result route (ResultQueueName). On error some of reqs may be
+	// queued; enqueueing them again is safe only where the transport
+	// refuses duplicate ids, which Capabilities says.
+	Enqueue(ctx context.Context, queue string, reqs []*wire.Request) error
+	// Cancel cancels what c names on request queue: still-queued requests
+	// are removed (or marked so the dispatcher answers them cancelled
+	// without dispatching), in-flight ones are aborted by the dispatcher's
+	// cancel watch. It returns how many queued requests it removed, -1 when
+	// the transport cannot count them.
+	Cancel(ctx context.Context, queue string, c transport.Cancellation) (int, error)
+	// Results opens route for reading. Several readers of one route share
+	// its results (each result goes to one of them).
+	Results(ctx context.Context, route string) (Reader, error)
+	// Capabilities says what this producer guarantees.
+	Capabilities() Capabilities
+	// Close releases the producer's clients.
+	Close() error
+}
+
+// Reader reads one result route.
+type Reader interface {
+	// Next waits until at least one result is there (or ctx ends) and
+	// leases up to a batch of them.
+	Next(ctx context.Context) ([]Result, error)
+	// Ack removes results for good; until then a result whose lease lapsed
+	// is handed out again.
+	Ack(ctx context.Context, rs ...Result) error
+	// Close stops reading; results leased and not acked are handed out
+	// again after their lease.
+	Close() error
+}
+
+// Result is one leased result.
+type Result struct {
+	// ID is the request id the result answers ("" when Raw did not decode).
+	ID string
+	// Raw is the result as the dispatcher wrote it (wire.Result's JSON).
+	Raw json.RawMessage
+	// Result is Raw decoded; nil when it did not decode (then Err says why).
+	Result *wire.Result
+	// Err is why Raw did not decode.
+	Err error
+	// Lease is the adapter's handle for Ack; callers pass it back unchanged.
+	Lease any
+}
+
+// Capabilities are what a producer's transport guarantees.
+type Capabilities struct {
+	// Durable: queued requests and unacked results survive a restart of
+	// the process that holds them (false for the memory transport).
+	Durable bool
+	// DedupesIDs: enqueueing a request id that is already queued is a
+	// no-op, so a resumed front may enqueue again what it is unsure of.
+	DedupesIDs bool
+}
