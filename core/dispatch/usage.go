@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"strconv"
+	"strings"
 )
 
 // ParseUsage reads the OpenAI usage object of a response body: the
@@ -17,60 +19,151 @@ func ParseUsage(body []byte) (in, out int64, ok bool) {
 	if !bytes.Contains(body, []byte(`"usage"`)) {
 		return 0, 0, false // the common answer without usage: one fast search
 	}
-	raw := topLevelMember(body, "usage")
-	if raw == nil {
+	var raw []byte
+	if !eachMember(body, func(key, val []byte) bool {
+		if string(key) == "usage" {
+			raw = val
+		}
+		return raw == nil
+	}) || raw == nil {
 		return 0, 0, false
 	}
-	var u struct {
-		Prompt     *float64 `json:"prompt_tokens"`
-		Completion *float64 `json:"completion_tokens"`
-	}
-	if json.Unmarshal(raw, &u) != nil || (u.Prompt == nil && u.Completion == nil) {
+	// The usage object's two counts, read as encoding/json would read them
+	// into *float64 (the last of a repeated member wins, null is absent, any
+	// other non-number refuses the object), without its reflection: this
+	// runs on every answer.
+	var prompt, completion float64
+	var seen, bad bool
+	if !eachMember(raw, func(key, val []byte) bool {
+		var dst *float64
+		switch {
+		case keyIs(key, "prompt_tokens"):
+			dst = &prompt
+		case keyIs(key, "completion_tokens"):
+			dst = &completion
+		default:
+			return true
+		}
+		if string(val) == "null" {
+			*dst = 0
+			return true
+		}
+		f, err := strconv.ParseFloat(string(val), 64)
+		if err != nil || !isJSONNumber(val) {
+			bad = true
+			return false
+		}
+		*dst, seen = f, true
+		return true
+	}) || bad || !seen {
 		return 0, 0, false
 	}
-	count := func(f *float64) int64 {
-		if f == nil || !(*f > 0) {
+	count := func(f float64) int64 {
+		if !(f > 0) {
 			return 0
 		}
-		return int64(math.Min(*f, math.MaxInt64/2))
+		return int64(math.Min(f, math.MaxInt64/2))
 	}
-	return count(u.Prompt), count(u.Completion), true
+	return count(prompt), count(completion), true
 }
 
-// topLevelMember returns the raw value of member name of the JSON object
-// b, nil when b is not an object or has no such member (or is malformed
-// before it).
-func topLevelMember(b []byte, name string) []byte {
+// keyIs reports whether the raw member key (without its quotes) names
+// field name as encoding/json matches struct fields: escapes decoded, case
+// folded.
+func keyIs(key []byte, name string) bool {
+	if bytes.IndexByte(key, '\\') >= 0 {
+		var k string
+		if json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k) != nil {
+			return false
+		}
+		return strings.EqualFold(k, name)
+	}
+	return bytes.EqualFold(key, []byte(name))
+}
+
+// isJSONNumber reports whether b is a number as JSON writes it (what
+// strconv accepts besides, such as "Inf", "0x1p3" or "1_0", is not).
+func isJSONNumber(b []byte) bool {
+	i := 0
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case digits() == 0:
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
+}
+
+// eachMember calls fn with each member (its key, unescaped only in that it
+// has no quotes, and its raw value) of the JSON object b, in order, until
+// fn returns false. It returns false when b is not an object or is
+// malformed before fn stopped.
+func eachMember(b []byte, fn func(key, val []byte) bool) bool {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
-		return nil
+		return false
 	}
-	i++
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return true
+	}
 	for {
 		i = skipSpace(b, i)
 		if i >= len(b) || b[i] != '"' {
-			return nil
+			return false
 		}
 		end := skipString(b, i)
 		if end < 0 {
-			return nil
+			return false
 		}
 		key := b[i+1 : end-1]
 		i = skipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
-			return nil
+			return false
 		}
 		i = skipSpace(b, i+1)
 		vend := skipValue(b, i)
 		if vend < 0 {
-			return nil
+			return false
 		}
-		if bytes.Equal(key, []byte(name)) {
-			return b[i:vend]
+		if !fn(key, b[i:vend]) {
+			return true
 		}
 		i = skipSpace(b, vend)
-		if i >= len(b) || b[i] != ',' {
-			return nil
+		if i >= len(b) {
+			return false
+		}
+		if b[i] == '}' {
+			return true
+		}
+		if b[i] != ',' {
+			return false
 		}
 		i++
 	}

@@ -1,6 +1,10 @@
 package dispatch
 
-import "testing"
+import (
+	"encoding/json"
+	"math"
+	"testing"
+)
 
 func TestParseUsage(t *testing.T) {
 	tests := []struct {
@@ -45,5 +49,73 @@ func BenchmarkParseUsage(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		ParseUsage(body)
+	}
+}
+
+// usageByJSON is what ParseUsage must agree with: the usage member's counts
+// decoded by encoding/json, after the same top-level search.
+func usageByJSON(body []byte) (in, out int64, ok bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil || top["usage"] == nil {
+		return 0, 0, false
+	}
+	var u struct {
+		Prompt     *float64 `json:"prompt_tokens"`
+		Completion *float64 `json:"completion_tokens"`
+	}
+	if json.Unmarshal(top["usage"], &u) != nil || (u.Prompt == nil && u.Completion == nil) {
+		return 0, 0, false
+	}
+	count := func(f *float64) int64 {
+		if f == nil || !(*f > 0) {
+			return 0
+		}
+		return int64(math.Min(*f, math.MaxInt64/2))
+	}
+	return count(u.Prompt), count(u.Completion), true
+}
+
+// FuzzParseUsage holds the byte scan to encoding/json on well-formed
+// bodies (on malformed ones the scan may stop earlier: it reads only up to
+// the usage member).
+func FuzzParseUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"usage":{"prompt_tokens":12,"completion_tokens":34}}`,
+		`{"usage":{"prompt_tokens":1e3,"completion_tokens":null}}`,
+		`{"usage":{"prompt_tokens":"1"}}`,
+		`{"usage":{"prompt_tokens":true,"completion_tokens":2}}`,
+		`{"usage":{"prompt_tokens":1,"prompt_tokens":2}}`,
+		`{"usage":{"completion_tokens":-0.5,"x":{"prompt_tokens":3}}}`,
+		`{"usage":{"prompt_tokens":01}}`,
+		`{"usage":{"prompt_tokens":1.}}`,
+		`{"usage":{}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) {
+			return
+		}
+		in, out, ok := ParseUsage(body)
+		win, wout, wok := usageByJSON(body)
+		if in != win || out != wout || ok != wok {
+			t.Fatalf("ParseUsage(%s) = %d, %d, %v; encoding/json: %d, %d, %v", body, in, out, ok, win, wout, wok)
+		}
+	})
+}
+
+// BenchmarkParseUsageJSON is encoding/json on the usage member alone,
+// what ParseUsage did before its byte scan of the usage object.
+func BenchmarkParseUsageJSON(b *testing.B) {
+	raw := []byte(`{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		var u struct {
+			Prompt     *float64 `json:"prompt_tokens"`
+			Completion *float64 `json:"completion_tokens"`
+		}
+		if json.Unmarshal(raw, &u) != nil {
+			b.Fatal("bad")
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
@@ -55,6 +56,7 @@ func scenarios() []scenario {
 		{"core", runCore, coreTargets()},
 		{"memory", runMemory, memoryTargets()},
 		{"redis-sortedset", runRedisSortedSet, redisSortedSetTargets()},
+		{"redis-sortedset-envelope", runRedisEnvelope, redisEnvelopeTargets()},
 		{"redis-cluster", runRedisCluster, redisClusterTargets()},
 		{"overhead", runOverhead, overheadTargets()},
 	}
@@ -113,6 +115,7 @@ func main() {
 	timeout := flag.Duration("timeout", 30*time.Minute, "give up after this long")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	listTargets := flag.Bool("targets", false, "print every scenario's targets as docs/benchmarks.md's table and exit")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof), to find per-message costs")
 	noFail := flag.Bool("no-fail", false, "print MISS lines but exit 0 when figures miss their targets (exploratory runs); a scenario that fails still exits 1")
 	flag.Parse()
 	if *runs < 1 {
@@ -128,6 +131,16 @@ func main() {
 		os.Exit(2)
 	}
 
+	stopProfile := func() {}
+	if *cpuProfile != "" {
+		stop, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			os.Exit(2)
+		}
+		defer stop() // the early returns; os.Exit below skips defers
+		stopProfile = stop
+	}
 	all := scenarios()
 	if *list {
 		for _, s := range all {
@@ -160,6 +173,7 @@ func main() {
 	if !child {
 		fmt.Fprintf(os.Stderr, "bench: %d failed, %d missed their targets\n", failed, misses)
 	}
+	stopProfile()
 	os.Exit(exitCode(failed, misses, *noFail))
 }
 
@@ -259,4 +273,17 @@ func rssMB() float64 {
 		}
 	}
 	return 0
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -153,6 +153,11 @@ func baselineCall(ctx context.Context, client *http.Client, url, token string, m
 	if err != nil {
 		return wire.ErrorResult(&wire.Request{ID: token}, wire.CodeInvalidRequest, err.Error()).Marshal()
 	}
+	return baselinePost(ctx, client, url, req)
+}
+
+// baselinePost POSTs a decoded request's payload and returns its result.
+func baselinePost(ctx context.Context, client *http.Client, url string, req *wire.Request) []byte {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(req.Payload))
 	if err != nil {
 		return wire.ErrorResult(req, wire.CodeInferenceError, err.Error()).Marshal()

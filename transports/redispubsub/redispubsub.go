@@ -158,9 +158,11 @@ type counters struct {
 type Transport struct {
 	opts   Options
 	client *redis.Client
-	log    *slog.Logger
-	stats  counters
-	seq    atomic.Uint64
+	// upCancel reads upstream's per-request cancel keys, batched.
+	upCancel *upstream.CancelReader
+	log      *slog.Logger
+	stats    counters
+	seq      atomic.Uint64
 
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
@@ -195,7 +197,8 @@ func New(o Options, env transport.Env) (*Transport, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Transport{opts: o, client: redis.NewClient(ro), log: log.With("transport", Name),
+	client := redis.NewClient(ro)
+	return &Transport{opts: o, client: client, upCancel: upstream.NewCancelReader(client), log: log.With("transport", Name),
 		ctx: ctx, cancel: cancel, subs: map[*source]struct{}{}}, nil
 }
 
@@ -428,9 +431,10 @@ var _ transport.EventCounter = (*Transport)(nil)
 
 // Cancelled implements transport.CancelChecker with upstream's per-request
 // cancel keys (request-cancel:<id> = the request's token), checked before
-// dispatch. Requests without a token cost no round trip.
+// dispatch; concurrent checks share round trips (upstream.CancelReader).
+// Requests without a token cost no round trip.
 func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
-	return upstream.Cancelled(ctx, t.client, req)
+	return t.upCancel.Cancelled(ctx, req)
 }
 
 var _ transport.CancelChecker = (*Transport)(nil)

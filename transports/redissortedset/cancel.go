@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -130,7 +129,7 @@ func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.
 			return true, nil
 		}
 	}
-	return upstream.Cancelled(ctx, t.client, req)
+	return t.upCancel.Cancelled(ctx, req)
 }
 
 // WatchCancellations implements transport.CancelWatcher: it reports the

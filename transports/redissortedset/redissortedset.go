@@ -122,6 +122,8 @@ type Transport struct {
 	opts   Options
 	log    *slog.Logger
 	client redis.UniversalClient
+	// upCancel reads upstream's per-request cancel keys, batched.
+	upCancel *upstream.CancelReader
 	// cluster is set for a Redis Cluster: names are hash-tagged, upstream's
 	// takeover (its keys span slots) is off, and the cancel epoch is read
 	// apart from the claim.
@@ -174,10 +176,12 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	cluster := ro.Mode() == redisclient.Cluster
+	client := ro.New()
 	return &Transport{
 		opts:     o,
 		log:      log,
-		client:   ro.New(),
+		client:   client,
+		upCancel: upstream.NewCancelReader(client),
 		cluster:  cluster,
 		db:       ro.DB(),
 		names:    keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},

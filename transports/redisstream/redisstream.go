@@ -189,9 +189,11 @@ type Stats struct {
 type Transport struct {
 	opts   Options
 	client *redis.Client
-	pub    *redisstream.Publisher
-	log    *slog.Logger
-	seq    atomic.Uint64
+	// upCancel reads upstream's per-request cancel keys, batched.
+	upCancel *upstream.CancelReader
+	pub      *redisstream.Publisher
+	log      *slog.Logger
+	seq      atomic.Uint64
 
 	delivered, reclaimed, stale, handedBack atomic.Int64
 
@@ -244,7 +246,7 @@ func New(o Options, env transport.Env) (*Transport, error) {
 		return nil, fmt.Errorf("stream publisher: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Transport{opts: o, client: client, pub: pub, log: log.With("transport", Name), ctx: ctx, cancel: cancel,
+	return &Transport{opts: o, client: client, upCancel: upstream.NewCancelReader(client), pub: pub, log: log.With("transport", Name), ctx: ctx, cancel: cancel,
 		inflight: map[string]*delivery{}, groups: map[string]bool{}}, nil
 }
 
@@ -560,9 +562,10 @@ var _ transport.EventCounter = (*Transport)(nil)
 
 // Cancelled implements transport.CancelChecker with upstream's per-request
 // cancel keys (request-cancel:<id> = the request's token), checked before
-// dispatch. Requests without a token cost no round trip.
+// dispatch; concurrent checks share round trips (upstream.CancelReader).
+// Requests without a token cost no round trip.
 func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
-	return upstream.Cancelled(ctx, t.client, req)
+	return t.upCancel.Cancelled(ctx, req)
 }
 
 var _ transport.CancelChecker = (*Transport)(nil)

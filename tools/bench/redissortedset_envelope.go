@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// redisEnvelopeTargets: issue 26 item 9(c), the path deployments use.
+func redisEnvelopeTargets() []target {
+	return []target{
+		minimum("ratio", 0.70, "upstream envelopes with request tokens, sluice as upstream's flags start it, against the plain batched loop at equal in-flight"),
+		maximum("cpu_ratio", 1.5, "this process's CPU per request (user+system) against the plain loop's"),
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+	}
+}
+
+// envelopeRequests is the scenario's queue size: half the sorted-set
+// scenario's, since each side's results are read back and decoded.
+const envelopeRequests = 50_000
+
+// runRedisEnvelope is the redis-sortedset scenario on the message form
+// today's deployments put on the queue: upstream's producer (main after
+// v0.10) writes tagged envelopes with a fresh request_token, the request
+// and result queue names and internal.enqueue_seq, scored deadline +
+// seq/2^21 (sluice's producer in Envelope mode writes exactly that). sluice
+// runs as upstream's flags configure it: the result list is the
+// deployment's default and each message's own result_queue_name wins
+// (ResultFromMessage), so every result is routed by its message, carries
+// the request_token, and the claim stamps the routing fields into the
+// envelope as upstream does.
+//
+// The baseline is the plain loop of redissortedset_baseline.go at the same
+// in-flight as sluice (64 workers, sluice's default concurrency, each
+// claiming up to 32), decoding the same envelopes with the same decoder
+// and writing each result, with its request_token, to the message's own
+// result list. It does not rewrite the envelope with the routing stamps
+// (work sluice does for upstream's consumers), so it is the faster side.
+//
+// cpu_ratio compares this process's CPU time (getrusage, user+system) per
+// request between the two sides; the in-process gateway's share is in
+// both. Redis's CPU is not counted.
+func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
+	const n = envelopeRequests
+	r, err := testenv.StartRedisProcess(testenv.RedisOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer r.Stop()
+	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	if err != nil {
+		return nil, err
+	}
+	gw, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer sim.Close()
+	queue, results := rss.RequestQueueName("bench"), rss.ResultQueueName("bench", "")
+	_, pc, err := benchProducer(r.URL)
+	if err != nil {
+		return nil, err
+	}
+	defer pc.Close()
+	p := producer.New(pc, producer.Config{Envelope: true, ResultQueueName: results})
+	reqs := make([]*wire.Request, n)
+	dl := time.Now().Add(time.Hour)
+	for i := range reqs {
+		reqs[i] = &wire.Request{ID: "e-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
+			Payload:  json.RawMessage(`{"model":"m","prompt":"What is 2+2?","max_tokens":16}`),
+			Metadata: map[string]string{"job_id": "bench", "request_index": strconv.Itoa(i)}}
+	}
+	fill := func(ctx context.Context) error {
+		if err := pc.FlushDB(ctx).Err(); err != nil {
+			return err
+		}
+		return p.EnqueueMany(ctx, queue, reqs)
+	}
+	lists := []string{results}
+	const concurrency = 64
+	var sl, base samples
+	var slCPU, baseCPU []float64
+	err = alternate(ctx, o.runs,
+		func(ctx context.Context, _ int) error {
+			if err := fill(ctx); err != nil {
+				return err
+			}
+			cfg := &config.Config{
+				Transport: rss.Name,
+				TransportConfig: config.TransportConfig{ResultQueueName: results,
+					Queues: []config.Queue{{Queue: transport.Queue{Name: queue}, IGWBaseURL: gw}}},
+				MetricsPort: -1, HealthPort: -1, RedisURL: r.URL, Concurrency: concurrency,
+			}
+			a, err := newApp(cfg, app.Options{})
+			if err != nil {
+				return err
+			}
+			c0 := cpuNow()
+			s, err := timeRedisSide(ctx, pc, lists, n, a.Run)
+			if err != nil {
+				return fmt.Errorf("sluice: %w", err)
+			}
+			slCPU = append(slCPU, (cpuNow()-c0).Seconds()*1e6/n)
+			sl = append(sl, s)
+			return nil
+		},
+		func(ctx context.Context, _ int) error {
+			if err := fill(ctx); err != nil {
+				return err
+			}
+			c0 := cpuNow()
+			s, err := timeRedisSide(ctx, pc, lists, n, func(ctx context.Context) error {
+				return envelopeBaseline(ctx, pc, gw, queue, concurrency, baseBatch)
+			})
+			if err != nil {
+				return fmt.Errorf("baseline: %w", err)
+			}
+			baseCPU = append(baseCPU, (cpuNow()-c0).Seconds()*1e6/n)
+			base = append(base, s)
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	f := pairFigures("redis-sortedset-envelope", sl, base)
+	f["requests"], f["rss_mb"] = n, rssMB()
+	f["cpu_us_per_req"], f["baseline_cpu_us_per_req"] = median(slCPU), median(baseCPU)
+	f["cpu_ratio"] = medianRatio(slCPU, baseCPU)
+	return f, nil
+}
+
+// cpuNow is this process's CPU time so far (user + system).
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// envelopeBaseline drains queue as benchBaselineRedisQueue does, each
+// result written, with the envelope's request_token, to the list the
+// envelope names (internal.result_queue_name); the envelopes of one claim
+// name one list here, and the loop groups its settle by list all the same.
+func envelopeBaseline(ctx context.Context, c redis.UniversalClient, gw, q string, workers, batch int) error {
+	ks := []string{q, q + ":base-leases", q + ":base-leased"}
+	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
+	client := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+	if err := baseClaim.Load(ctx, c).Err(); err != nil {
+		return err
+	}
+	if err := baseSettle.Load(ctx, c).Err(); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		seq      atomic.Int64
+		firstErr error
+		errOnce  sync.Once
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		errOnce.Do(func() { firstErr = err })
+		cancel()
+	}
+	url := gw + "/v1/completions"
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			byList := map[string][]any{}
+			for rctx.Err() == nil {
+				prefix := "base:" + strconv.FormatInt(seq.Add(1), 36) + ":"
+				got, err := baseClaim.EvalSha(rctx, c, ks, batch, prefix).StringSlice()
+				if err != nil {
+					fail(fmt.Errorf("claim: %w", err))
+					return
+				}
+				if len(got) == 0 {
+					return // filled beforehand: empty means drained
+				}
+				clear(byList)
+				for i := 0; i+1 < len(got); i += 2 {
+					list, res := envelopeCall(rctx, client, url, got[i], []byte(got[i+1]))
+					byList[list] = append(byList[list], got[i], res)
+				}
+				for list, args := range byList {
+					if _, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], list}, args...).Int64(); err != nil {
+						fail(fmt.Errorf("settle: %w", err))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
+		return firstErr
+	}
+	return nil
+}
+
+// envelopeCall is baselineCall for an envelope: it also returns the
+// result's list and adds the request_token to the result.
+func envelopeCall(ctx context.Context, client *http.Client, url, token string, member []byte) (list string, result []byte) {
+	list = rss.ResultQueueName("bench", "")
+	req, err := wire.Decode(member)
+	if err != nil {
+		return list, wire.ErrorResult(&wire.Request{ID: token}, wire.CodeInvalidRequest, err.Error()).Marshal()
+	}
+	if req.ResultQueueName != "" {
+		list = req.ResultQueueName
+	}
+	res := baselinePost(ctx, client, url, req)
+	if req.Token != "" && len(res) > 0 && res[len(res)-1] == '}' {
+		tok, _ := json.Marshal(req.Token)
+		res = append(append(append(res[:len(res)-1], `,"request_token":`...), tok...), '}')
+	}
+	return list, res
+}

@@ -1,0 +1,120 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/wire"
+)
+
+// cancelReadTimeout bounds one batched read of cancel keys: it runs on
+// behalf of every check waiting in it, so no single caller's context
+// governs it.
+const cancelReadTimeout = 5 * time.Second
+
+// maxCancelBatch is the most cancel keys one round trip reads.
+const maxCancelBatch = 256
+
+// CancelReader answers Cancelled for many concurrent callers with few round
+// trips: the checks that arrive while one read is on the wire are read
+// together in the next one (a pipeline of GETs, so the keys may live on
+// different nodes of a Redis Cluster). Each check still reads its key
+// after it was asked, as a lone GET would: nothing is cached, so a
+// cancellation written before a check started is always seen. A check
+// alone costs one round trip, as before; under load the round trips per
+// check fall towards 1/maxCancelBatch. It needs no goroutine of its own:
+// the first caller to find no read running does the reads until none is
+// waiting.
+type CancelReader struct {
+	c redis.Cmdable
+
+	mu      sync.Mutex
+	waiting []*cancelAsk
+	reading bool
+}
+
+type cancelAsk struct {
+	key, token string
+	cancelled  bool
+	err        error
+	done       chan struct{}
+}
+
+// NewCancelReader returns a reader of upstream's cancel keys on c.
+func NewCancelReader(c redis.Cmdable) *CancelReader { return &CancelReader{c: c} }
+
+// Cancelled reports whether upstream's producer cancelled req: its cancel
+// key holds req's token (a key holding another token cancelled an older
+// enqueue of the same id). Requests without a token (the flat form) cost
+// no round trip.
+func (r *CancelReader) Cancelled(ctx context.Context, req *wire.Request) (bool, error) {
+	if req.Token == "" {
+		return false, nil
+	}
+	a := &cancelAsk{key: CancelKey(req.ID), token: req.Token, done: make(chan struct{})}
+	r.mu.Lock()
+	r.waiting = append(r.waiting, a)
+	lead := !r.reading
+	r.reading = true
+	r.mu.Unlock()
+	if lead {
+		r.readAll(ctx)
+	}
+	select {
+	case <-a.done:
+		return a.cancelled, a.err
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// readAll reads batches until no check is waiting.
+func (r *CancelReader) readAll(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	for {
+		r.mu.Lock()
+		batch := r.waiting
+		if len(batch) > maxCancelBatch {
+			batch = batch[:maxCancelBatch:maxCancelBatch]
+			r.waiting = r.waiting[maxCancelBatch:]
+		} else {
+			r.waiting = nil
+		}
+		if len(batch) == 0 {
+			r.reading = false
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+		r.read(ctx, batch)
+	}
+}
+
+// read answers one batch with one pipelined round trip.
+func (r *CancelReader) read(ctx context.Context, batch []*cancelAsk) {
+	ctx, cancel := context.WithTimeout(ctx, cancelReadTimeout)
+	defer cancel()
+	cmds := make([]*redis.StringCmd, len(batch))
+	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, a := range batch {
+			cmds[i] = p.Get(ctx, a.key)
+		}
+		return nil
+	})
+	for i, a := range batch {
+		v, err := cmds[i].Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			a.err = fmt.Errorf("check %s: %w", a.key, err)
+		default:
+			a.cancelled = v == a.token
+		}
+		close(a.done)
+	}
+}
