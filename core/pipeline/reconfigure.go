@@ -59,6 +59,11 @@ func (c Changes) Empty() bool { return len(c.Added)+len(c.Removed)+len(c.Changed
 // once shutdown began.
 var ErrNotRunning = errors.New("pipeline: not running")
 
+// ErrStartClaims is wrapped by Reconfigure's error when a new claim loop
+// could not start (its transport refused to open the queue): the queues
+// whose loops started run, beside the old ones.
+var ErrStartClaims = errors.New("pipeline: start claim loops")
+
 // Reconfigure makes queues the pipeline's queues while Run runs (see the
 // comment above for what happens to each). The queues are checked as New
 // checks them, except that the list may be empty; on an error nothing
@@ -149,7 +154,7 @@ func (p *Pipeline) Reconfigure(ctx context.Context, queues []Queue) (Changes, er
 		p.mu.Lock()
 		p.queues = append(p.queues, added...)
 		p.mu.Unlock()
-		return ch, fmt.Errorf("pipeline: start claim loops: %w", err)
+		return ch, fmt.Errorf("%w: %w", ErrStartClaims, err)
 	}
 	p.mu.Lock()
 	p.queues = next
