@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-
 )
 
 // Reconfiguring a running pipeline (the queue file's hot reload).
@@ -68,7 +67,8 @@ var ErrStartClaims = errors.New("pipeline: start claim loops")
 // comment above for what happens to each). The queues are checked as New
 // checks them, except that the list may be empty; on an error nothing
 // changed. It returns once the new claim loops run; removed queues drain
-// in the background, and Run's shutdown waits for them as for the others.
+// in the background (their claims have stopped when it returns), and
+// Run's shutdown waits for them as for the others.
 // Calls are serialized.
 func (p *Pipeline) Reconfigure(ctx context.Context, queues []Queue) (Changes, error) {
 	p.reconf.Lock()
@@ -161,6 +161,11 @@ func (p *Pipeline) Reconfigure(ctx context.Context, queues []Queue) (Changes, er
 	p.retiring = append(p.retiring, removed...)
 	p.mu.Unlock()
 	for _, q := range removed {
+		// Claims stop now (what was claimed and not delivered is handed
+		// back); the requests in flight drain in the background.
+		if err := q.sub.Close(); err != nil {
+			p.log.Warn("closing a removed queue's claim loop", "queue", q.ID, "err", err)
+		}
 		go p.retire(q)
 	}
 	if !ch.Empty() {
@@ -172,14 +177,11 @@ func (p *Pipeline) Reconfigure(ctx context.Context, queues []Queue) (Changes, er
 // retirePoll is how often a removed queue's requests in flight are counted.
 const retirePoll = 20 * time.Millisecond
 
-// retire stops q's claims, waits for its requests in flight to settle and
-// releases what q alone holds. When shutdown begins first, Run's drain
+// retire waits for the requests in flight of q, whose claims stopped, to
+// settle and releases what q alone holds. When shutdown begins first, Run's drain
 // takes over (it waits for every handler and closes the publishers and
 // gates that remain).
 func (p *Pipeline) retire(q *Queue) {
-	if err := q.sub.Close(); err != nil {
-		p.log.Warn("closing a removed queue's claim loop", "queue", q.ID, "err", err)
-	}
 	t := time.NewTicker(retirePoll)
 	defer t.Stop()
 	for {
