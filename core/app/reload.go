@@ -99,18 +99,19 @@ func (a *App) watch(ctx context.Context, r Reload) {
 			continue
 		}
 		seen = h
+		// The log line comes first: who sees the count sees the line.
 		if err != nil {
-			a.metrics.QueueConfigReloads.WithLabelValues(metrics.ReloadError).Inc()
 			if msg := err.Error(); msg != lastErr {
 				lastErr = msg
 				a.log.Error("queue config reload failed; the running queues are kept", "err", err)
 			}
+			a.metrics.QueueConfigReloads.WithLabelValues(metrics.ReloadError).Inc()
 			continue
 		}
 		lastErr = ""
-		a.metrics.QueueConfigReloads.WithLabelValues(metrics.ReloadSuccess).Inc()
-		a.metrics.QueueConfigLastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
 		a.log.Info("queue config reloaded", "added", ch.Added, "removed", ch.Removed, "changed", ch.Changed)
+		a.metrics.QueueConfigLastSuccess.Set(float64(time.Now().UnixNano()) / 1e9)
+		a.metrics.QueueConfigReloads.WithLabelValues(metrics.ReloadSuccess).Inc()
 	}
 }
 

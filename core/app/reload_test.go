@@ -34,11 +34,13 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) count(sub string) int {
+func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
+	return s.b.String()
 }
+
+func (s *syncBuffer) count(sub string) int { return strings.Count(s.String(), sub) }
 
 // reloadRig is a running app whose queues come from a file it watches.
 type reloadRig struct {
@@ -197,7 +199,7 @@ func TestReloadQueues(t *testing.T) {
 	// Remove a while ten of its requests are at the gateway.
 	const n = 10
 	for i := range n {
-		r.enqueue("a", fmt.Sprintf("slow-%d", i), map[string]any{"sleep_ms": 400})
+		r.enqueue("a", fmt.Sprintf("slow-%d", i), map[string]any{"sleep_ms": 800})
 	}
 	waitReload(t, 10*time.Second, "a's requests in flight", func() bool {
 		in, _, _ := r.app.Pipeline().Credits("a").Snapshot()
@@ -246,7 +248,7 @@ func TestReloadQueues(t *testing.T) {
 	r.writeRaw(`{"batch_size": 7, "queues": [{"id": "b", "queue_name": "req:b", "result_queue_name": "res:b", "igw_base_url": "` + r.gw + `", "max_concurrency": 4}]}`)
 	r.waitReloads(metrics.ReloadError, 4)
 	if c := r.logs.count("transport_config.batch_size changed: restart sluice"); c != 1 {
-		t.Errorf("the refused option change was logged %d times, want once naming transport_config.batch_size:\n%s", c, r.logs.b.String())
+		t.Errorf("the refused option change was logged %d times, want once naming transport_config.batch_size:\n%s", c, r.logs)
 	}
 	r.enqueue("b", "b-after-errors", nil)
 	if got := r.results("b", 4); got["b-after-errors"] != 1 {
