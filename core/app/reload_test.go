@@ -347,3 +347,29 @@ func hasSeries(t *testing.T, reg *prometheus.Registry, name, id string) bool {
 
 // transportQueue is the memory transport's queue of the rig's queue id.
 func transportQueue(id string) transport.Queue { return transport.Queue{ID: id, Name: "req:" + id} }
+
+// TestReloadShutdownWhileDraining shuts down while a removed queue's
+// requests are still at the gateway: the drain lets them finish, each is
+// answered once, and Run returns without error.
+func TestReloadShutdownWhileDraining(t *testing.T) {
+	r := startReloadRig(t, queueDoc{id: "a", max: 8}, queueDoc{id: "b", max: 8})
+	const n = 5
+	for i := range n {
+		r.enqueue("a", fmt.Sprintf("slow-%d", i), map[string]any{"sleep_ms": 800})
+	}
+	waitReload(t, 10*time.Second, "a's requests in flight", func() bool {
+		in, _, _ := r.app.Pipeline().Credits("a").Snapshot()
+		return in == n
+	})
+	r.write(queueDoc{id: "b", max: 8})
+	r.waitReloads(metrics.ReloadSuccess, 1)
+	if err := r.shutdown(); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	got := r.results("a", n)
+	for i := range n {
+		if c := got[fmt.Sprintf("slow-%d", i)]; c != 1 {
+			t.Errorf("slow-%d answered %d times, want once", i, c)
+		}
+	}
+}
