@@ -193,7 +193,11 @@ func TestTransportConfigWatchFlag(t *testing.T) {
 		args := append([]string{"serve", "--metrics-port", "-1", "--health-port", "-1"}, tc.args...)
 		_, _, err := runCLI(t, context.Background(), "", args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%v: err %v, want %q", tc.args, err, tc.want)
+			t.Errorf("serve %v: err %v, want %q", tc.args, err, tc.want)
+		}
+		out, _, err := runCLI(t, context.Background(), "", append([]string{"validate"}, tc.args...)...)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("validate %v: err %v, output %q, want %q", tc.args, err, out, tc.want)
 		}
 	}
 }

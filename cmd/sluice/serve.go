@@ -338,6 +338,9 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 			}
 			cfg, err := f.load(cmd.Flags())
 			if err == nil {
+				_, err = f.reload(cmd.Flags())
+			}
+			if err == nil {
 				err = app.Check(cfg, ad)
 			}
 			if err != nil {
