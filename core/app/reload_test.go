@@ -143,8 +143,9 @@ func (r *reloadRig) enqueue(queue string, id string, script map[string]any) {
 	}
 }
 
-// loadQueues reads the rig's file as serve reads --transport-config-file.
-func loadQueues(file string) (*config.Config, error) {
+// loadQueues reads the rig's file as serve reads --transport-config-file
+// (the policy: the merge policy type, "" for the default).
+func loadQueues(file string, policy ...string) (*config.Config, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -154,22 +155,31 @@ func loadQueues(file string) (*config.Config, error) {
 		return nil, err
 	}
 	cfg := &config.Config{Transport: memory.Name, Concurrency: 32, MetricsPort: -1, HealthPort: -1, TransportConfig: tc}
+	if len(policy) > 0 {
+		cfg.MergePolicy.Type = policy[0]
+	}
 	cfg.SetDefaults()
 	return cfg, nil
 }
 
 func startReloadRig(t *testing.T, first ...queueDoc) *reloadRig {
 	t.Helper()
+	return startReloadRigPolicy(t, "", first...)
+}
+
+func startReloadRigPolicy(t *testing.T, policy string, first ...queueDoc) *reloadRig {
+	t.Helper()
 	_, gw := newGateway(t)
 	r := &reloadRig{t: t, file: filepath.Join(t.TempDir(), "queues.json"), gw: gw, logs: &syncBuffer{}}
 	r.write(first...)
-	cfg, err := loadQueues(r.file)
+	load := func() (*config.Config, error) { return loadQueues(r.file, policy) }
+	cfg, err := load()
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(r.logs, nil))
 	r.harness = startAppWith(t, cfg, Options{Transport: memory.New(memory.Options{}), Logger: log, Registry: prometheus.NewRegistry(),
-		Reload: &Reload{Interval: 10 * time.Millisecond, Files: []string{r.file}, Load: func() (*config.Config, error) { return loadQueues(r.file) }}})
+		Reload: &Reload{Interval: 10 * time.Millisecond, Files: []string{r.file}, Load: load}})
 	waitReload(t, 10*time.Second, "the pipeline to run", r.app.Pipeline().Ready)
 	return r
 }
@@ -371,5 +381,37 @@ func TestReloadShutdownWhileDraining(t *testing.T) {
 		if c := got[fmt.Sprintf("slow-%d", i)]; c != 1 {
 			t.Errorf("slow-%d answered %d times, want once", i, c)
 		}
+	}
+}
+
+// TestReloadTierPriority changes a queue under the tier-priority policy
+// while its requests hold workers of the lanes: they finish, and the new
+// settings serve the next ones (the lanes keep counting the workers the old
+// requests held).
+func TestReloadTierPriority(t *testing.T) {
+	r := startReloadRigPolicy(t, config.PolicyTierPriority, queueDoc{id: "t", max: 4})
+	for i := range 4 {
+		r.enqueue("t", fmt.Sprintf("slow-%d", i), map[string]any{"sleep_ms": 600})
+	}
+	waitReload(t, 10*time.Second, "t's requests in flight", func() bool {
+		in, _, _ := r.app.Pipeline().Credits("t").Snapshot()
+		return in == 4
+	})
+	r.write(queueDoc{id: "t", max: 2})
+	r.waitReloads(metrics.ReloadSuccess, 1)
+	for i := range 4 {
+		r.enqueue("t", fmt.Sprintf("next-%d", i), nil)
+	}
+	got := r.results("t", 8)
+	for id, c := range got {
+		if c != 1 {
+			t.Errorf("%s answered %d times, want once", id, c)
+		}
+	}
+	if len(got) != 8 {
+		t.Errorf("results %v, want slow-0..3 and next-0..3", got)
+	}
+	if err := r.shutdown(); err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
