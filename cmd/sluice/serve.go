@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -19,6 +20,7 @@ type serveFlags struct {
 	transport           string
 	transportConfig     string
 	transportConfigFile string
+	watchInterval       time.Duration
 	concurrency         int
 	requestTimeout      time.Duration
 	drainTimeout        time.Duration
@@ -61,6 +63,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.transport, "transport", "", "transport: memory, redis-sortedset, redis-pubsub, redis-stream, gcp-pubsub (default memory)")
 	fs.StringVar(&f.transportConfig, "transport-config", "", "transport config as inline JSON: {\"queues\":[...], \"result_queue_name\":..., <transport options>}")
 	fs.StringVar(&f.transportConfigFile, "transport-config-file", "", "transport config file (JSON object, or a bare array of queues)")
+	fs.DurationVar(&f.watchInterval, "transport-config-watch-interval", 0, "re-read the queue config file this often and apply changed queues without a restart (0: off); needs the queues in a file (--transport-config-file, --config or a legacy queues file), not --transport-config")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "workers of the default worker pool: requests in flight of all queues together, when no worker pools are configured (default 64)")
 	fs.DurationVar(&f.requestTimeout, "request-timeout", 0, "upper bound of one gateway call when the deadline is further away (default 5m)")
 	fs.DurationVar(&f.gateWaitTimeout, "gate-wait-timeout", 5*time.Minute, "how long a request waits on a gate's Wait verdict before it is re-queued with no result (0: until its deadline)")
@@ -259,12 +262,46 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	for _, w := range f.warnings {
 		log.Warn(w)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version})
+	reload, err := f.reload(cmd.Flags())
+	if err != nil {
+		return err
+	}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version, Reload: reload})
 	if err != nil {
 		return err
 	}
 	log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues), "flags", flagSummary(cmd.Flags()))
 	return a.Run(cmd.Context())
+}
+
+// reload is the hot reload --transport-config-watch-interval asks for (nil:
+// off). It watches the files the queues and the settings around them are
+// read from, and loads the config again exactly as at start.
+func (f *serveFlags) reload(fs *pflag.FlagSet) (*app.Reload, error) {
+	switch {
+	case f.watchInterval < 0:
+		return nil, fmt.Errorf("--transport-config-watch-interval %s must not be negative (0 turns the reload off)", f.watchInterval)
+	case f.watchInterval == 0:
+		return nil, nil
+	case fs.Changed("transport-config"):
+		return nil, errors.New("--transport-config-watch-interval cannot be combined with --transport-config (inline JSON cannot change): give the queues in --transport-config-file")
+	}
+	var queueFiles []string
+	for _, file := range []string{f.transportConfigFile, f.configFile, f.legacy.ssQueuesFile, f.legacy.psQueuesFile, f.legacy.gcpTopicsFile} {
+		if file != "" {
+			queueFiles = append(queueFiles, file)
+		}
+	}
+	if len(queueFiles) == 0 {
+		return nil, errors.New("--transport-config-watch-interval needs the queues in a file: --transport-config-file, --config or a legacy queues file")
+	}
+	files := queueFiles
+	for _, file := range []string{f.upstreamFlags.poolConfigFile, f.upstreamFlags.mergePolicyFile, f.upstreamFlags.mergePolicyAlias} {
+		if file != "" {
+			files = append(files, file) // a change there is refused, and said so
+		}
+	}
+	return &app.Reload{Interval: f.watchInterval, Files: files, Load: func() (*config.Config, error) { return f.load(fs) }}, nil
 }
 
 // flagSummary lists the flags set on the command line, as upstream logs
@@ -300,6 +337,9 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 				return err
 			}
 			cfg, err := f.load(cmd.Flags())
+			if err == nil {
+				_, err = f.reload(cmd.Flags())
+			}
 			if err == nil {
 				err = app.Check(cfg, ad)
 			}

@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +39,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/pipeline"
 	"github.com/sluice-io/sluice/core/redact"
 	"github.com/sluice-io/sluice/core/status"
@@ -116,6 +118,10 @@ type Options struct {
 	// Version is shown on the status page (default: the main module's
 	// version from the build information, else "dev").
 	Version string
+	// Reload, when set, makes Run re-read the queue configuration while it
+	// runs and apply what changed (upstream's
+	// --transport-config-watch-interval; see Reload).
+	Reload *Reload
 }
 
 // MetricsGuard puts a check in front of the /metrics handler.
@@ -143,7 +149,6 @@ type App struct {
 	reg         *prometheus.Registry
 	client      *dispatch.Client
 	transport   transport.Transport
-	gates       []*gate.Refresher
 	transform   *transform.Chain         // nil: no transforms
 	tracing     *sdktrace.TracerProvider // owned: shut down at the end of Run
 	pipe        *pipeline.Pipeline
@@ -154,6 +159,19 @@ type App struct {
 	version     string
 	statusExtra func() []status.Figure // Options.StatusExtra
 	started     time.Time
+	known       config.Known // the registries, to validate a reloaded config
+	reload      *Reload      // Options.Reload (nil: no reload)
+
+	// What Reconfigure reads and changes (reload.go).
+	gateReg  *gate.Registry
+	metrics  *metrics.Metrics
+	reconfMu sync.Mutex           // one Reconfigure at a time; guards specs and nGates
+	specs    map[string]queueSpec // the running queues by id
+	nGates   int                  // the queue gates built so far, for their names
+
+	mu    sync.Mutex
+	gates []*gate.Refresher // every gate loop built (queues' and pools')
+	live  []config.Queue    // the running queues' config
 }
 
 // New defaults and validates cfg against o.Adapters, then builds the
@@ -173,8 +191,12 @@ func newApp(cfg *config.Config, o Options) (*App, error) {
 	if err := cfg.Validate(o.Adapters.known(o.Transport != nil)); err != nil {
 		return nil, err
 	}
+	if err := o.Reload.validate(); err != nil {
+		return nil, err
+	}
 	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard,
-		gateState: status.NewGates(), version: o.Version, started: time.Now(), statusExtra: o.StatusExtra}
+		gateState: status.NewGates(), version: o.Version, started: time.Now(), statusExtra: o.StatusExtra,
+		known: o.Adapters.known(o.Transport != nil), reload: o.Reload}
 	if err := a.build(o); err != nil {
 		a.close()
 		return nil, err
@@ -184,7 +206,7 @@ func newApp(cfg *config.Config, o Options) (*App, error) {
 
 // close releases what build built, for a deployment that will not run.
 func (a *App) close() {
-	for _, g := range a.gates {
+	for _, g := range a.gateList() {
 		_ = g.Close()
 	}
 	if a.transform != nil {
@@ -231,6 +253,15 @@ func (a *App) Run(ctx context.Context) error {
 		return redact.Error(err)
 	}
 	defer a.client.Close()
+	if a.reload != nil {
+		wctx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			a.watch(wctx, *a.reload)
+		}()
+		defer func() { stopWatch(); <-watched }()
+	}
 	err := a.pipe.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -203,7 +203,7 @@ func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.
 // gateEvents reads what the gates count on their own, by gate name.
 func (a *App) gateEvents() map[string]map[string]int64 {
 	out := map[string]map[string]int64{}
-	for _, r := range a.gates {
+	for _, r := range a.gateList() {
 		if ec := gate.EventsOf(r.Gate()); ec != nil {
 			out[r.Name()] = ec.Events()
 		}
@@ -214,7 +214,7 @@ func (a *App) gateEvents() map[string]map[string]int64 {
 // gateCalls reads the timings of the calls gates make (plugin RPCs).
 func (a *App) gateCalls() []metrics.GateCalls {
 	var out []metrics.GateCalls
-	for _, r := range a.gates {
+	for _, r := range a.gateList() {
 		if cr := gate.CallsOf(r.Gate()); cr != nil {
 			for _, c := range cr.Calls() {
 				out = append(out, metrics.GateCalls{Gate: r.Name(), RPC: c.Call, Count: c.Count, Failures: c.Failures, Seconds: c.Seconds, Buckets: c.Buckets})
@@ -227,7 +227,7 @@ func (a *App) gateCalls() []metrics.GateCalls {
 // gateWindows reads the feedback gates' windows (aimd's bands).
 func (a *App) gateWindows() []metrics.GateWindow {
 	var out []metrics.GateWindow
-	for _, r := range a.gates {
+	for _, r := range a.gateList() {
 		if wr := gate.WindowsOf(r.Gate()); wr != nil {
 			for _, w := range wr.Windows() {
 				out = append(out, metrics.GateWindow{Gate: r.Name(), Band: w.Band, Size: w.Size, SSThresh: w.SSThresh, InFlight: w.InFlight, Closed: w.Closed})
@@ -279,12 +279,51 @@ func gateEnv(cfg *config.Config, maxConcurrency int) gate.Env {
 // refresh loop, per distinct gate definition, shared by the queues that
 // have it. The loops are kept in a.gates.
 func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Queue, error) {
-	byDef := map[string]*gate.Refresher{}
-	queues := make([]pipeline.Queue, 0, len(a.cfg.TransportConfig.Queues))
+	a.gateReg, a.metrics = gates, m
+	queues, _, err := a.buildQueues(a.cfg.TransportConfig.Queues, nil)
+	if err != nil {
+		return nil, err
+	}
+	a.specs = map[string]queueSpec{}
 	for i, q := range a.cfg.TransportConfig.Queues {
+		a.specs[q.ID] = queueSpec{cfg: q, queue: queues[i]}
+	}
+	a.live = a.cfg.TransportConfig.Queues
+	return queues, nil
+}
+
+// queueSpec is a running queue: its config and what the pipeline was given.
+type queueSpec struct {
+	cfg   config.Queue
+	queue pipeline.Queue
+}
+
+// buildQueues builds the pipeline's queues of qs. A queue for which reuse
+// returns true is the pipeline queue it returns (an unchanged queue on a
+// reload keeps its gate); the others get new gates, one per distinct
+// definition among them (see newQueues), appended to a.gates and returned
+// in built (the caller closes them if the queues are not used).
+func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.Queue, bool)) (queues []pipeline.Queue, built []*gate.Refresher, err error) {
+	byDef := map[string]*gate.Refresher{}
+	queues = make([]pipeline.Queue, 0, len(qs))
+	defer func() {
+		if err != nil {
+			for _, r := range built {
+				_ = r.Close()
+			}
+			built = nil
+		}
+	}()
+	for i, q := range qs {
+		if reuse != nil {
+			if pq, ok := reuse(q); ok {
+				queues = append(queues, pq)
+				continue
+			}
+		}
 		params, def, err := gateDefinition(q)
 		if err != nil {
-			return nil, fmt.Errorf("queues[%d]: %w", i, err)
+			return nil, built, fmt.Errorf("queues[%d]: %w", i, err)
 		}
 		// Queues with the same definition share a budget-only gate (one
 		// refresh loop, one backend query); a gate that decides per request
@@ -297,17 +336,21 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			}
 		}
 		if !ok {
-			g, err := newGate(gates, a.cfg, q, params, a.log, m)
+			g, err := newGate(a.gateReg, a.cfg, q, params, a.log, a.metrics)
 			if err != nil {
-				return nil, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
+				return nil, built, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
 			}
 			name := q.GateType
-			if len(byDef) > 0 {
-				name += "#" + strconv.Itoa(len(byDef))
+			if a.nGates > 0 {
+				name += "#" + strconv.Itoa(a.nGates)
 			}
-			r = newRefresher(g, name, q.GateType, a.log, m, a.gateState)
+			a.nGates++
+			r = newRefresher(g, name, q.GateType, a.log, a.metrics, a.gateState)
 			byDef[def] = r
+			built = append(built, r)
+			a.mu.Lock()
 			a.gates = append(a.gates, r)
+			a.mu.Unlock()
 		}
 		queues = append(queues, pipeline.Queue{
 			Queue:      q.Queue,
@@ -317,7 +360,7 @@ func (a *App) newQueues(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Qu
 			Labels:     q.Labels,
 		})
 	}
-	return queues, nil
+	return queues, built, nil
 }
 
 // newPools builds the worker pools and their gates (one instance per pool).
@@ -337,7 +380,9 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}
 			p.Gate = newRefresher(g, "pool:"+wp.ID, wp.GateType, a.log, m, a.gateState)
+			a.mu.Lock()
 			a.gates = append(a.gates, p.Gate)
+			a.mu.Unlock()
 		}
 		pools = append(pools, p)
 	}

@@ -56,8 +56,11 @@ func (a *App) handleReadyz(w http.ResponseWriter, r *http.Request) {
 
 // queues returns the request queues the transport's health check covers.
 func (a *App) queues() []transport.Queue {
-	qs := make([]transport.Queue, len(a.cfg.TransportConfig.Queues))
-	for i, q := range a.cfg.TransportConfig.Queues {
+	a.mu.Lock()
+	live := a.live
+	a.mu.Unlock()
+	qs := make([]transport.Queue, len(live))
+	for i, q := range live {
 		qs[i] = q.Queue
 	}
 	return qs

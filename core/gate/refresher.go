@@ -96,6 +96,20 @@ func (r *Refresher) Attach(c Follower) {
 	}
 }
 
+// Detach stops c from following this gate's budget (a queue removed while
+// the gate keeps serving others). c must be a value Attach was given; a c
+// never attached is ignored.
+func (r *Refresher) Detach(c Follower) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, x := range r.credits {
+		if x == c {
+			r.credits = append(r.credits[:i:i], r.credits[i+1:]...)
+			return
+		}
+	}
+}
+
 // Budget returns the budget in force.
 func (r *Refresher) Budget() float64 {
 	r.mu.Lock()

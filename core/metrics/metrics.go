@@ -48,6 +48,16 @@ var Verdicts = []string{"admit", "defer", "reject", "wait", "error"}
 // passed on without an error code) and the error codes.
 var ResultCodes = []string{"ok", "http_error", "DEADLINE_EXCEEDED", "CANCELLED", "GATE_DROPPED", "GATE_ERROR", "INFERENCE_ERROR", "INVALID_REQUEST"}
 
+// The values of the result label of queue_config_reloads_total, upstream's.
+const (
+	ReloadSuccess = "success"
+	ReloadError   = "error"
+)
+
+// ReloadResults are the values of the result label of
+// queue_config_reloads_total.
+var ReloadResults = []string{ReloadSuccess, ReloadError}
+
 // Upstream's buckets, in milliseconds.
 var (
 	inferenceBuckets = []float64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000}
@@ -86,11 +96,14 @@ type Metrics struct {
 	Dispatched         *prometheus.CounterVec
 	BacklogAvailable   *prometheus.GaugeVec
 	QueueConfigReloads *prometheus.CounterVec
-	GateWaitRequeues   *prometheus.CounterVec
-	GateWaiting        *prometheus.GaugeVec
-	DrainLimitRPS      *prometheus.GaugeVec
-	DrainLimitValid    *prometheus.GaugeVec
-	DrainLimitUntil    *prometheus.GaugeVec
+	// QueueConfigLastSuccess is when the queue file was last reloaded
+	// successfully, in Unix seconds (0 until the first reload).
+	QueueConfigLastSuccess prometheus.Gauge
+	GateWaitRequeues       *prometheus.CounterVec
+	GateWaiting            *prometheus.GaugeVec
+	DrainLimitRPS          *prometheus.GaugeVec
+	DrainLimitValid        *prometheus.GaugeVec
+	DrainLimitUntil        *prometheus.GaugeVec
 	// DeadlineProximity is the custom histogram of the requests waiting in
 	// the broker by time left before their deadline.
 	DeadlineProximity *ProximityCollector
@@ -175,7 +188,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m.DrainLimitValid = gv(Upstream+"drain_limit_lease_valid", "1 while a redis-leased-rate gate holds a valid lease.", "pool_name")
 	m.DrainLimitUntil = gv(Upstream+"drain_limit_valid_until_seconds", "When a redis-leased-rate gate's lease ends, in Unix seconds (0: none).", "pool_name")
 	m.DeadlineProximity = newProximityCollector()
-	for _, r := range []string{"success", "error"} {
+	m.QueueConfigLastSuccess = prometheus.NewGauge(prometheus.GaugeOpts{Name: Upstream + "queue_config_last_success_timestamp_seconds",
+		Help: "When the queue configuration file was last reloaded successfully, in Unix seconds (0: not yet)."})
+	for _, r := range ReloadResults {
 		m.QueueConfigReloads.WithLabelValues(r) // created at 0: no reload yet
 	}
 	m.ResultWriteErrors = cv("sluice_result_write_errors_total", "Failed attempts to write a result (retried with a backoff; the request is not dispatched again).")
@@ -186,7 +201,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
 		m.ResultWriteErrors,
-		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.GateWaitRequeues, m.GateWaiting,
+		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.QueueConfigLastSuccess, m.GateWaitRequeues, m.GateWaiting,
 		m.DrainLimitRPS, m.DrainLimitValid, m.DrainLimitUntil, m.DeadlineProximity,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -251,6 +266,20 @@ func (m *Metrics) For(l Labels) *Queue {
 		q.verdicts[r] = m.GateVerdicts.WithLabelValues(l.values(r)...)
 	}
 	return q
+}
+
+// RemoveQueueSnapshots deletes the sampled series of queue l: the gauges
+// that describe the queue now (backlog and its availability, budget,
+// depth, claimed, delayed, in-flight limits) and its deadline-proximity
+// histogram, as upstream's RemoveQueueSnapshots does when a reload removes
+// a queue. Counters and latency histograms are kept.
+func (m *Metrics) RemoveQueueSnapshots(l Labels) {
+	v := l.values()
+	for _, g := range []*prometheus.GaugeVec{m.BrokerBacklog, m.BacklogAvailable, m.DispatchBudget, m.QueueDepth,
+		m.Inflight, m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateWaiting} {
+		g.DeleteLabelValues(v...)
+	}
+	m.DeadlineProximity.Delete(l)
 }
 
 // Result returns the results counter of one code (see ResultCodes).

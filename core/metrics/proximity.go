@@ -52,6 +52,13 @@ func (c *ProximityCollector) Set(l Labels, p Proximity) {
 	c.mu.Unlock()
 }
 
+// Delete forgets queue l's snapshot: its series are no longer exported.
+func (c *ProximityCollector) Delete(l Labels) {
+	c.mu.Lock()
+	delete(c.snaps, l)
+	c.mu.Unlock()
+}
+
 // Describe implements prometheus.Collector.
 func (c *ProximityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- proximityDesc }
 

@@ -185,10 +185,17 @@ func newLanes(workers int) *lanes {
 
 // addSource registers queue id with its max_concurrency and returns the
 // follower that sets its in-flight limit from the queue gate's budget.
-// A request of a queue never registered is bounded by the pool only.
+// A request of a queue never registered is bounded by the pool only. A
+// queue registered again (a reload changed it) keeps the workers its
+// requests hold and its limit until its new gate sets one: only its
+// max_concurrency changes.
 func (l *lanes) addSource(id string, maxConcurrency int) sourceFollower {
 	l.mu.Lock()
-	l.sources[id] = &laneSource{max: max(1, maxConcurrency)}
+	if src := l.sources[id]; src != nil {
+		src.max = max(1, maxConcurrency)
+	} else {
+		l.sources[id] = &laneSource{max: max(1, maxConcurrency)}
+	}
 	l.mu.Unlock()
 	return sourceFollower{l, id}
 }

@@ -38,6 +38,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +80,32 @@ type Queue struct {
 	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
 	metrics  *queueMetrics // the queue's metrics
 	admitter gate.Admitter // Gate's per-request hook; nil: always admit
+
+	spec      queueSpec          // what New or Reconfigure was given, to tell a changed queue
+	followers []gate.Follower    // what the queue attached to Gate (detached when it is removed)
+	sub       message.Subscriber // the claim loop (set when its handler is added)
+	pub       message.Publisher  // the result publisher (set when its handler is added)
+}
+
+// queueSpec is the part of a Queue its caller gives, in a form that
+// compares: Reconfigure keeps a queue whose spec is unchanged.
+type queueSpec struct {
+	queue  transport.Queue
+	target dispatch.Target
+	gate   *gate.Refresher
+	ramp   credit.Ramp
+	pool   string
+	labels map[string]string
+}
+
+func specOf(q Queue) queueSpec {
+	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels}
+}
+
+// equal reports whether s and o configure the queue alike.
+func (s queueSpec) equal(o queueSpec) bool {
+	return s.queue == o.queue && s.target == o.target && s.gate == o.gate && s.ramp == o.ramp &&
+		s.pool == o.pool && maps.Equal(s.labels, o.labels)
 }
 
 // defaultWorkerPool is the worker pool of a queue that names none.
@@ -174,40 +202,65 @@ func (c *Config) Validate() error {
 	if len(c.Queues) == 0 {
 		errs = append(errs, errors.New("pipeline: no queues"))
 	}
-	seen := map[string]bool{}
-	for i, q := range c.Queues {
-		switch {
-		case q.ID == "" || q.Name == "":
-			errs = append(errs, fmt.Errorf("pipeline: queue %d: empty id or name", i))
-		case seen[q.ID]:
-			errs = append(errs, fmt.Errorf("pipeline: queue %d: duplicate id %q", i, q.ID))
-		case q.Gate == nil:
-			errs = append(errs, fmt.Errorf("pipeline: queue %q: no gate", q.ID))
-		case q.MaxConcurrency < 1:
-			errs = append(errs, fmt.Errorf("pipeline: queue %q: max concurrency %d < 1", q.ID, q.MaxConcurrency))
-		}
-		seen[q.ID] = true
-	}
+	errs = append(errs, checkQueues(c.Queues)...)
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
+// checkQueues reports queues the pipeline cannot run: an empty id or
+// name, a duplicate id or name, no gate, a max concurrency below 1.
+func checkQueues(qs []Queue) []error {
+	var errs []error
+	ids, names := map[string]bool{}, map[string]bool{}
+	for i, q := range qs {
+		switch {
+		case q.ID == "" || q.Name == "":
+			errs = append(errs, fmt.Errorf("pipeline: queue %d: empty id or name", i))
+		case ids[q.ID]:
+			errs = append(errs, fmt.Errorf("pipeline: queue %d: duplicate id %q", i, q.ID))
+		case names[q.Name]:
+			errs = append(errs, fmt.Errorf("pipeline: queue %d: duplicate queue name %q", i, q.Name))
+		case q.Gate == nil:
+			errs = append(errs, fmt.Errorf("pipeline: queue %q: no gate", q.ID))
+		case q.MaxConcurrency < 1:
+			errs = append(errs, fmt.Errorf("pipeline: queue %q: max concurrency %d < 1", q.ID, q.MaxConcurrency))
+		}
+		ids[q.ID], names[q.Name] = true, true
+	}
+	return errs
+}
+
 // Pipeline runs the queues of one deployment.
 type Pipeline struct {
 	cfg      Config
 	log      *slog.Logger
-	queues   []*Queue
 	inflight *inflightIndex
+	delay    *delayQueue
+	pools    map[string]*Pool
+	draining chan struct{} // closed when shutdown begins
+	ready    atomic.Bool
+	handlers running
+
+	// mu guards what Reconfigure changes while the pipeline runs.
+	mu     sync.Mutex
+	queues []*Queue // the queues claiming now
+	// retiring are queues a Reconfigure removed whose requests in flight
+	// have not all settled yet.
+	retiring []*Queue
 	// publishers are the queues' result publishers, closed after the drain
-	// (the router is not given them).
+	// (the router is not given them), or once a removed queue drained.
 	publishers []message.Publisher
-	delay      *delayQueue
-	pools      map[string]*Pool
-	draining   chan struct{} // closed when shutdown begins
-	ready      atomic.Bool
-	handlers   running
+	// gates are the gate loops started (by Run, or by Reconfigure for the
+	// gates of the queues it added); Run closes them at the end.
+	gates  map[*gate.Refresher]bool
+	router *message.Router // set while Run runs
+	work   context.Context // Run's work context, for the handlers Reconfigure adds
+	seq    int             // numbers the handlers Reconfigure adds (router names are unique)
+	keeper bool            // the idle handler that keeps the router up with no queues was added
+
+	reconf sync.Mutex // one Reconfigure at a time
 }
 
 // New validates cfg and builds the pipeline.
@@ -221,7 +274,7 @@ func New(cfg Config) (*Pipeline, error) {
 		pr.init()
 		cfg.Priority = &pr
 	}
-	p := &Pipeline{cfg: cfg, log: cfg.Logger, draining: make(chan struct{})}
+	p := &Pipeline{cfg: cfg, log: cfg.Logger, draining: make(chan struct{}), gates: map[*gate.Refresher]bool{}}
 	pools, err := initPools(&p.cfg)
 	if err != nil {
 		return nil, err
@@ -238,41 +291,63 @@ func New(cfg Config) (*Pipeline, error) {
 		p.delay = newDelayQueue(rp, cfg.Logger)
 	}
 	for _, spec := range cfg.Queues {
-		q := spec
-		if q.WorkerPool == "" {
-			q.WorkerPool = defaultWorkerPool
+		q, err := p.initQueue(spec)
+		if err != nil {
+			return nil, err
 		}
-		if len(pools) > 0 {
-			if q.pool = pools[q.WorkerPool]; q.pool == nil {
-				return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
-			}
-		}
-		claims := q.MaxConcurrency
-		if q.pool != nil && q.pool.lanes != nil {
-			// Under tier-priority the lanes bound the queue's requests in
-			// flight; its claims may run as many again ahead of them, so
-			// that the next request already waits in its lane when one
-			// ends (see lanes.go).
-			claims = 2 * q.MaxConcurrency
-			q.Gate.Attach(q.pool.lanes.addSource(q.ID, q.MaxConcurrency))
-		}
-		q.credits = credit.NewPool(claims, q.Ramp)
-		q.priority = cfg.Priority
-		q.metrics = newQueueMetrics(cfg.Metrics, transport.MetricLabelsOf(cfg.Transport, q.Queue), q.WorkerPool)
-		q.admitter, _ = q.Gate.Gate().(gate.Admitter)
-		q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
-		q.Gate.Attach(q.credits)
-		p.queues = append(p.queues, &q)
+		p.queues = append(p.queues, q)
 	}
 	return p, nil
+}
+
+// initQueue builds the pipeline's state of queue spec: its credits,
+// following its gate (and, under tier-priority, its source in the pool's
+// lanes), and its metrics.
+func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
+	if spec.WorkerPool == "" {
+		spec.WorkerPool = defaultWorkerPool
+	}
+	q := spec
+	q.spec = specOf(spec)
+	if len(p.pools) > 0 {
+		if q.pool = p.pools[q.WorkerPool]; q.pool == nil {
+			return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
+		}
+	}
+	claims := q.MaxConcurrency
+	if q.pool != nil && q.pool.lanes != nil {
+		// Under tier-priority the lanes bound the queue's requests in
+		// flight; its claims may run as many again ahead of them, so
+		// that the next request already waits in its lane when one
+		// ends (see lanes.go).
+		claims = 2 * q.MaxConcurrency
+		f := q.pool.lanes.addSource(q.ID, q.MaxConcurrency)
+		q.Gate.Attach(f)
+		q.followers = append(q.followers, f)
+	}
+	q.credits = credit.NewPool(claims, q.Ramp)
+	q.priority = p.cfg.Priority
+	q.metrics = newQueueMetrics(p.cfg.Metrics, transport.MetricLabelsOf(p.cfg.Transport, q.Queue), q.WorkerPool)
+	q.admitter, _ = q.Gate.Gate().(gate.Admitter)
+	q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
+	q.Gate.Attach(q.credits)
+	q.followers = append(q.followers, q.credits)
+	return &q, nil
 }
 
 // Ready reports whether the pipeline is claiming requests (for /readyz).
 func (p *Pipeline) Ready() bool { return p.ready.Load() }
 
+// current returns the queues claiming now.
+func (p *Pipeline) current() []*Queue {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.queues)
+}
+
 // Credits returns the credits of queue id (nil if unknown); for tests and benchmarks.
 func (p *Pipeline) Credits(id string) *credit.Pool {
-	for _, q := range p.queues {
+	for _, q := range p.current() {
 		if q.ID == id {
 			return q.credits
 		}
@@ -358,14 +433,20 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		// Nothing was claimed: release the transport's clients and report why.
 		return errors.Join(err, p.cfg.Transport.Close())
 	}
+	p.mu.Lock()
+	p.router, p.work = router, work
+	n := len(p.queues)
+	p.mu.Unlock()
 	p.ready.Store(true)
-	p.log.Info("pipeline running", "queues", len(p.queues))
+	p.log.Info("pipeline running", "queues", n)
 	gaugesDone := make(chan struct{})
 	go p.gauges(work, gaugesDone)
 
 	<-ctx.Done()
+	p.reconf.Lock() // a Reconfigure under way finishes first; later ones see draining
 	p.ready.Store(false)
 	close(p.draining)
+	p.reconf.Unlock()
 	drained := p.drain(router)
 	stopWork(errShutdown)
 	<-gaugesDone
@@ -375,16 +456,32 @@ func (p *Pipeline) Run(ctx context.Context) error {
 // startGates starts the refresh loop of every distinct gate and returns the
 // function that closes them.
 func (p *Pipeline) startGates(ctx context.Context) (stop func()) {
-	refreshers := p.refreshers()
-	for _, r := range refreshers {
-		r.Start(ctx)
+	for _, r := range p.refreshers() {
+		p.startGate(ctx, r)
 	}
 	return func() {
+		p.mu.Lock()
+		var refreshers []*gate.Refresher
+		for r := range p.gates {
+			refreshers = append(refreshers, r)
+		}
+		p.mu.Unlock()
 		for _, r := range refreshers {
 			if err := r.Close(); err != nil {
 				p.log.Warn("closing gate", "err", err)
 			}
 		}
+	}
+}
+
+// startGate starts r's loop unless it runs already.
+func (p *Pipeline) startGate(ctx context.Context, r *gate.Refresher) {
+	p.mu.Lock()
+	started := p.gates[r]
+	p.gates[r] = true
+	p.mu.Unlock()
+	if !started {
+		r.Start(ctx)
 	}
 }
 
@@ -396,56 +493,75 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	for _, q := range p.queues {
+		if err := p.openQueue(q); err != nil {
+			return nil, err
+		}
+		router.AddConsumerHandler(q.ID, q.Name, q.sub, p.handlerOf(work, q))
+	}
+	return router, nil
+}
+
+// openQueue builds q's claim loop (q.sub) and result publisher (q.pub,
+// also kept in p.publishers).
+func (p *Pipeline) openQueue(q *Queue) error {
+	var credits credit.Credits = q.credits
+	if q.pool != nil && q.pool.lanes == nil {
+		credits = credit.Both(q.credits, q.pool.shared)
+	}
+	sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, credits, p.log)
+	if err != nil {
+		return fmt.Errorf("queue %s: subscriber: %w", q.ID, err)
+	}
+	pub, err := p.cfg.Transport.Publisher(q.Queue)
+	if err != nil {
+		_ = sub.Close()
+		return fmt.Errorf("queue %s: publisher: %w", q.ID, err)
+	}
+	q.sub, q.pub = sub, pub
+	p.mu.Lock()
+	p.publishers = append(p.publishers, pub)
+	p.mu.Unlock()
+	return nil
+}
+
+// handlerOf returns the router handler of q: the middleware chain, the
+// settler first, in front of the dispatch handler.
+func (p *Pipeline) handlerOf(work context.Context, q *Queue) message.NoPublishHandlerFunc {
 	var checker transport.CancelChecker
 	if c, ok := p.cfg.Transport.(transport.CancelChecker); ok {
 		checker = c
 	}
-	for _, q := range p.queues {
-		var credits credit.Credits = q.credits
-		if q.pool != nil && q.pool.lanes == nil {
-			credits = credit.Both(q.credits, q.pool.shared)
-		}
-		sub, err := transport.NewSubscriber(p.cfg.Transport, q.Queue, credits, p.log)
-		if err != nil {
-			return nil, fmt.Errorf("queue %s: subscriber: %w", q.ID, err)
-		}
-		pub, err := p.cfg.Transport.Publisher(q.Queue)
-		if err != nil {
-			return nil, fmt.Errorf("queue %s: publisher: %w", q.ID, err)
-		}
-		p.publishers = append(p.publishers, pub)
-		chain := []message.HandlerMiddleware{
-			p.settler(p.newResultWriter(work, pub, q)),
-			recoverer(q, work, p.deadLetter, p.log),
-			recordMetrics(q),
-			decoder(p.deadLetter, p.log),
-			limiter(p.cfg.Limits),
-		}
-		if p.cfg.TracerProvider != nil {
-			chain = append(chain, traceSpans(p.cfg.TracerProvider))
-		}
-		chain = append(chain,
-			deadlineCheck(),
-			cancelCheck(checker, p.inflight, p.log),
-		)
-		if p.cfg.Transforms != nil && p.cfg.Transforms.Len() > 0 {
-			chain = append(chain, validator(p.cfg.Transforms))
-		}
-		chain = append(chain,
-			admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
-			retrier(p.cfg.Retry, p.requeue),
-		)
-		handler := dispatchHandler(p.cfg.Dispatcher, p.cfg.Transforms)
-		for i := len(chain) - 1; i >= 0; i-- {
-			handler = chain[i](handler)
-		}
-		// The settler published the result: the router publishes nothing.
-		router.AddConsumerHandler(q.ID, q.Name, sub, func(m *message.Message) error {
-			_, err := handler(m)
-			return err
-		})
+	chain := []message.HandlerMiddleware{
+		p.settler(p.newResultWriter(work, q.pub, q)),
+		recoverer(q, work, p.deadLetter, p.log),
+		recordMetrics(q),
+		decoder(p.deadLetter, p.log),
+		limiter(p.cfg.Limits),
 	}
-	return router, nil
+	if p.cfg.TracerProvider != nil {
+		chain = append(chain, traceSpans(p.cfg.TracerProvider))
+	}
+	chain = append(chain,
+		deadlineCheck(),
+		cancelCheck(checker, p.inflight, p.log),
+	)
+	if p.cfg.Transforms != nil && p.cfg.Transforms.Len() > 0 {
+		chain = append(chain, validator(p.cfg.Transforms))
+	}
+	chain = append(chain,
+		admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
+		retrier(p.cfg.Retry, p.requeue),
+	)
+	handler := dispatchHandler(p.cfg.Dispatcher, p.cfg.Transforms)
+	for i := len(chain) - 1; i >= 0; i-- {
+		handler = chain[i](handler)
+	}
+	// The settler published the result: the router publishes nothing.
+	return func(m *message.Message) error {
+		_, err := handler(m)
+		return err
+	}
 }
 
 // watchCancellations aborts the calls of requests cancelled while in
@@ -506,7 +622,11 @@ func (p *Pipeline) handBack(drained bool, routerDone <-chan error) error {
 	if p.delay != nil {
 		p.delay.flush(context.Background())
 	}
-	for _, pub := range p.publishers {
+	p.mu.Lock()
+	publishers := slices.Clone(p.publishers)
+	p.publishers = nil
+	p.mu.Unlock()
+	for _, pub := range publishers {
 		if err := pub.Close(); err != nil {
 			result = errors.Join(result, fmt.Errorf("close result publisher: %w", err))
 		}
@@ -558,7 +678,7 @@ func (p *Pipeline) gauges(ctx context.Context, done chan<- struct{}) {
 		if dr != nil && time.Since(lastDepth) >= depthEvery-every/2 {
 			depths, lastDepth = dr, time.Now()
 		}
-		for _, q := range p.queues {
+		for _, q := range p.current() {
 			p.sampleQueue(ctx, q, depths)
 		}
 		select {

@@ -106,8 +106,9 @@ type PoolSnapshot struct {
 // time, from any goroutine, before, while and after Run runs.
 func (p *Pipeline) Snapshot() Snapshot {
 	now := time.Now()
-	s := Snapshot{At: now, Queues: make([]QueueSnapshot, 0, len(p.queues)), Pools: make([]PoolSnapshot, 0, len(p.cfg.Pools))}
-	for _, q := range p.queues {
+	queues := p.current()
+	s := Snapshot{At: now, Queues: make([]QueueSnapshot, 0, len(queues)), Pools: make([]PoolSnapshot, 0, len(p.cfg.Pools))}
+	for _, q := range queues {
 		s.Queues = append(s.Queues, q.snapshot(now))
 	}
 	for _, spec := range p.cfg.Pools {
