@@ -3,7 +3,8 @@
 // redis_mode, redis_addrs, redis_master_name, username, password, db, tls,
 // tls_ca_cert, tls_cert, tls_key, tls_insecure_skip_verify) into go-redis
 // options, through internal/redisclient so that a gate reads a cluster or
-// sentinel topology as the rest of sluice does. Each gate then sets its own pool and retry policy.
+// sentinel topology as the rest of sluice does. Each gate then sets its own
+// pool and retry policy.
 package redisconn
 
 import (
@@ -140,15 +141,6 @@ func (c Config) Key() string {
 // IsURL reports whether addr is a redis:// or rediss:// URL.
 func IsURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
-}
-
-// ParseMode reads the redis_mode gate parameter ("" is single).
-func ParseMode(s string) (redisclient.Mode, error) {
-	m, err := redisclient.ParseMode(s)
-	if err != nil {
-		return "", fmt.Errorf("gate_params.redis_mode: %w", err)
-	}
-	return m, nil
 }
 
 // Options validates c (Address must be set) and returns the client options
