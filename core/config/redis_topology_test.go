@@ -35,11 +35,11 @@ func TestRedisTopology(t *testing.T) {
 		want         string
 	}{
 		"standalone":               {"standalone", "", nil, ""},
-		"sentinel without name":    {"sentinel", "", nil, "redis_mode: mode sentinel needs master_name"},
-		"name without sentinel":    {"cluster", "m", nil, "master_name \"m\" needs mode sentinel"},
-		"addrs in single mode":     {"", "", []string{"h:1"}, "need mode cluster or sentinel"},
-		"an address not host:port": {"cluster", "", []string{"h"}, `addrs: "h" is not host:port`},
-		"unknown mode":             {"replicated", "", nil, `redis mode "replicated"`},
+		"sentinel without name":    {"sentinel", "", nil, "redis_master_name: required with redis_mode sentinel"},
+		"name without sentinel":    {"cluster", "m", nil, "redis_master_name: \"m\" needs redis_mode sentinel"},
+		"addrs in single mode":     {"", "", []string{"h:1"}, "redis_addrs: [h:1] need redis_mode cluster or sentinel"},
+		"an address not host:port": {"cluster", "", []string{"h"}, `redis_addrs: "h" is not host:port`},
+		"unknown mode":             {"replicated", "", nil, `redis_mode: "replicated": want single (or standalone), cluster or sentinel`},
 	} {
 		c := base()
 		c.RedisMode, c.RedisMasterName, c.RedisAddrs = tc.mode, tc.master, tc.addrs
