@@ -144,6 +144,10 @@ func (f *migrateFlags) run(cmd *cobra.Command) error {
 	if f.redis.prefix == "" {
 		f.redis.prefix = o.Prefix
 	}
+	if f.redis.mode == "" && len(f.redis.addrs) == 0 && f.redis.masterName == "" {
+		// The transport config's topology, as sluice serve reads it.
+		f.redis.mode, f.redis.addrs, f.redis.masterName = o.Mode, o.Addrs, o.MasterName
+	}
 	o.Prefix = f.redis.prefix
 	p, err := f.redis.dial()
 	if err != nil {

@@ -30,13 +30,17 @@ func redisCommands() []*cobra.Command {
 // redisFlags are the connection flags shared by the Redis tools.
 type redisFlags struct {
 	url, urlFile, prefix, mode string
+	addrs                      []string
+	masterName                 string
 }
 
 func (f *redisFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.url, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
 	fs.StringVar(&f.urlFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
 	fs.StringVar(&f.prefix, "prefix", "", "key prefix (default llm-d-async)")
-	fs.StringVar(&f.mode, "redis.mode", "", "single (default) or cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2; pool names are hash-tagged: llm-d-async:requests:{pool})")
+	fs.StringVar(&f.mode, "redis.mode", "", "single (default; standalone too), cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2; pool names are hash-tagged: llm-d-async:requests:{pool}) or sentinel (the URL's host is a sentinel; with --redis.master-name)")
+	fs.StringSliceVar(&f.addrs, "redis.addrs", nil, "more cluster nodes or sentinels beside the URL's host (host:port, comma-separated; cluster or sentinel mode)")
+	fs.StringVar(&f.masterName, "redis.master-name", "", "the master the sentinels monitor (required with --redis.mode sentinel)")
 }
 
 func (f *redisFlags) dial() (*producer.Producer, error) {
@@ -51,7 +55,7 @@ func (f *redisFlags) dial() (*producer.Producer, error) {
 	if url == "" {
 		url = os.Getenv("REDIS_URL")
 	}
-	return producer.Dial(url, producer.Config{Prefix: f.prefix, Mode: f.mode})
+	return producer.Dial(url, producer.Config{Prefix: f.prefix, Mode: f.mode, Addrs: f.addrs, MasterName: f.masterName})
 }
 
 // queueFlags name a request or result queue directly or by pool.

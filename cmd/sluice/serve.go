@@ -36,6 +36,8 @@ type serveFlags struct {
 	redisURL            string
 	redisURLFile        string
 	redisMode           string
+	redisAddrs          []string
+	redisMasterName     string
 	redisTLS            config.TLS
 	prometheusURLFile   string
 	retryBase           time.Duration
@@ -80,7 +82,9 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.BoolVar(&f.tlsInsecure, "tls-insecure-skip-verify", false, "do not verify the gateway's certificate (testing only)")
 	fs.StringVar(&f.redisURL, "redis.url", "", "Redis URL (default $REDIS_URL); redis://, rediss:// (TLS), with user:password for AUTH")
 	fs.StringVar(&f.redisURLFile, "redis.url-file", "", "file holding the Redis URL (a mounted secret)")
-	fs.StringVar(&f.redisMode, "redis.mode", "", "how the Redis URL is reached: single (default) or cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2)")
+	fs.StringVar(&f.redisMode, "redis.mode", "", "how the Redis URL is reached: single (default; standalone too), cluster (a Redis Cluster; URL redis://host:port?addr=host2:port2) or sentinel (the URL's host is a sentinel; with --redis.master-name)")
+	fs.StringSliceVar(&f.redisAddrs, "redis.addrs", nil, "more cluster nodes or sentinels beside the Redis URL's host (host:port, comma-separated; cluster or sentinel mode)")
+	fs.StringVar(&f.redisMasterName, "redis.master-name", "", "the master the sentinels monitor (required with --redis.mode sentinel)")
 	fs.StringVar(&f.redisTLS.CACert, "redis.tls-ca-cert", "", "CA bundle to verify the Redis server's certificate (rediss://; redis-stream and redis-pubsub)")
 	fs.StringVar(&f.redisTLS.Cert, "redis.tls-cert", "", "client certificate for Redis (mutual TLS, with --redis.tls-key)")
 	fs.StringVar(&f.redisTLS.Key, "redis.tls-key", "", "client key for Redis")
@@ -171,6 +175,8 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 	set("log-format", func() { cfg.Log.Format = f.logFormat })
 	set("redis.url", func() { cfg.RedisURL = f.redisURL })
 	set("redis.mode", func() { cfg.RedisMode = f.redisMode })
+	set("redis.addrs", func() { cfg.RedisAddrs = f.redisAddrs })
+	set("redis.master-name", func() { cfg.RedisMasterName = f.redisMasterName })
 	if f.redisURLFile != "" {
 		data, err := os.ReadFile(f.redisURLFile)
 		if err != nil {

@@ -189,7 +189,8 @@ func maxConcurrency(cfg *config.Config) int {
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
-	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode}
+	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode,
+		RedisAddrs: cfg.RedisAddrs, RedisMasterName: cfg.RedisMasterName}
 	if t := cfg.RedisTLS; t != (config.TLS{}) {
 		tc, err := dispatch.TLSConfig{CACert: t.CACert, Cert: t.Cert, Key: t.Key, InsecureSkipVerify: t.InsecureSkipVerify}.Build()
 		if err != nil {
@@ -272,6 +273,7 @@ func gateEnv(cfg *config.Config, maxConcurrency int) gate.Env {
 	return gate.Env{
 		PrometheusURL: cfg.Prometheus.URL, PrometheusCacheTTL: cfg.Prometheus.CacheTTL.D(),
 		RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode, MaxConcurrency: maxConcurrency,
+		RedisAddrs: cfg.RedisAddrs, RedisMasterName: cfg.RedisMasterName,
 	}
 }
 

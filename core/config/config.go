@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -126,12 +127,21 @@ type Config struct {
 	TLS TLS `json:"tls"`
 	// RedisURL is the deployment's Redis (REDIS_URL); used by Redis transports and gates.
 	RedisURL string `json:"redis_url,omitempty"`
-	// RedisMode is how RedisURL is reached: "single" (default) or
-	// "cluster" (a Redis Cluster; the URL in go-redis's cluster form,
-	// redis://host:port?addr=host2:port2). It applies to the
-	// redis-sortedset transport and the Redis gates that take their
-	// address from the deployment (--redis.mode).
+	// RedisMode is how RedisURL is reached: "single" (default;
+	// upstream's "standalone" too), "cluster" (a Redis Cluster; the URL in
+	// go-redis's cluster form, redis://host:port?addr=host2:port2, or with
+	// RedisAddrs) or "sentinel" (the URL's host is a sentinel; RedisAddrs
+	// more sentinels; RedisMasterName the master). It applies to the Redis
+	// transports and the Redis gates that name no topology of their own
+	// (--redis.mode).
 	RedisMode string `json:"redis_mode,omitempty"`
+	// RedisAddrs are more cluster nodes or sentinels beside RedisURL's host
+	// (upstream's addrs; --redis.addrs). Cluster or sentinel mode only.
+	RedisAddrs []string `json:"redis_addrs,omitempty"`
+	// RedisMasterName is the name the sentinels monitor the master under
+	// (upstream's master_name; --redis.master-name): required in sentinel
+	// mode, refused otherwise.
+	RedisMasterName string `json:"redis_master_name,omitempty"`
 	// RedisTLS is the TLS of rediss:// connections of the redis-stream and
 	// redis-pubsub transports: CAs to trust, a client certificate (mutual
 	// TLS), and insecure_skip_verify (off by default; testing only).
@@ -677,10 +687,8 @@ func (c *Config) Validate(k Known) error {
 		// Only the Redis transports read it; it would change nothing.
 		add("redis_tls", "applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is %s; the Redis gates take tls, tls_ca_cert, tls_cert, tls_key in gate_params", c.Transport)
 	}
-	switch strings.ToLower(c.RedisMode) {
-	case "", "single", "standalone", "cluster":
-	default:
-		add("redis_mode", "%q: want single or cluster", c.RedisMode)
+	for _, p := range redisTopologyProblems(c.RedisMode, c.RedisAddrs, c.RedisMasterName) {
+		add(p.Where, "%s", p.What)
 	}
 	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key},
 		{"redis_tls.ca_cert", c.RedisTLS.CACert}, {"redis_tls.cert", c.RedisTLS.Cert}, {"redis_tls.key", c.RedisTLS.Key}} {
@@ -1001,4 +1009,37 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// redisTopologyProblems checks the deployment's Redis topology with the
+// rules of internal/redisclient's Topology.Validate (upstream's: addrs need
+// cluster or sentinel, master_name needs sentinel, sentinel needs
+// master_name, addresses are host:port). They are repeated here because
+// core links only core; internal/redisclient's tests check that both agree.
+func redisTopologyProblems(mode string, addrs []string, masterName string) []Problem {
+	var ps []Problem
+	add := func(where, format string, a ...any) { ps = append(ps, Problem{where, fmt.Sprintf(format, a...)}) }
+	m := strings.ToLower(strings.TrimSpace(mode))
+	switch m {
+	case "", "single", "standalone", "cluster", "sentinel":
+	default:
+		add("redis_mode", "%q: want single (or standalone), cluster or sentinel", mode)
+		return ps
+	}
+	masterName = strings.TrimSpace(masterName)
+	if m == "sentinel" && masterName == "" {
+		add("redis_master_name", "required with redis_mode sentinel (the name the sentinels monitor the master under)")
+	}
+	if m != "sentinel" && masterName != "" {
+		add("redis_master_name", "%q needs redis_mode sentinel", masterName)
+	}
+	if (m == "" || m == "single" || m == "standalone") && len(addrs) > 0 {
+		add("redis_addrs", "%v need redis_mode cluster or sentinel", addrs)
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			add("redis_addrs", "%q is not host:port", a)
+		}
+	}
+	return ps
 }

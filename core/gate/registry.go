@@ -21,9 +21,15 @@ type Env struct {
 	// RedisURL is the deployment's Redis URL (REDIS_URL), for gates that keep
 	// their budget in Redis and name no address of their own.
 	RedisURL string
-	// RedisMode is the deployment's redis_mode ("single" or "cluster"; ""
-	// is single): how RedisURL is reached.
+	// RedisMode is the deployment's redis_mode ("single", "cluster" or
+	// "sentinel"; "" is single): how RedisURL is reached.
 	RedisMode string
+	// RedisAddrs are the deployment's redis_addrs: more cluster nodes or
+	// sentinels beside RedisURL's host.
+	RedisAddrs []string
+	// RedisMasterName is the deployment's redis_master_name: the master the
+	// sentinels monitor (sentinel mode).
+	RedisMasterName string
 	// MaxConcurrency is the queue's concurrency (credits at budget 1).
 	MaxConcurrency int
 	// Build builds an inner gate, for gates that compose others.

@@ -210,9 +210,15 @@ type Env struct {
 	Logger *slog.Logger
 	// RedisURL is the deployment's Redis URL (REDIS_URL or --redis.url / --redis.url-file).
 	RedisURL string
-	// RedisMode is the deployment's redis_mode ("single" or "cluster"; ""
-	// is single): how RedisURL is reached.
+	// RedisMode is the deployment's redis_mode ("single", "cluster" or
+	// "sentinel"; "" is single): how RedisURL is reached.
 	RedisMode string
+	// RedisAddrs are the deployment's redis_addrs: more cluster nodes or
+	// sentinels beside RedisURL's host.
+	RedisAddrs []string
+	// RedisMasterName is the deployment's redis_master_name: the master the
+	// sentinels monitor (sentinel mode).
+	RedisMasterName string
 	// RedisTLS, when set, is the TLS configuration of rediss:// connections
 	// (the deployment's redis_tls: CAs to trust, a client certificate); a
 	// Redis transport uses it, with the URL's host as server name, for a

@@ -108,7 +108,7 @@ func New(cfg Config) (*Gate, error) {
 // redis_mode), budget_key, username, password, db, tls, tls_ca_cert,
 // tls_cert, tls_key, tls_insecure_skip_verify.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
-	conn, err := redisconn.FromParams(p, env.RedisURL, env.RedisMode)
+	conn, err := redisconn.FromParams(p, env.RedisURL, env)
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,8 @@ func TestParams(t *testing.T) {
 		{"single overrides env", `{"address":"127.0.0.1:6379","db":1,"redis_mode":"single"}`, gate.Env{RedisMode: "cluster"}, ""},
 		{"cluster url in single mode", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001"}`, gate.Env{}, "set the redis mode to cluster"},
 		{"db in cluster mode", `{"address":"127.0.0.1:7000","db":1}`, gate.Env{RedisMode: "cluster"}, "db must be 0 with a Redis Cluster"},
-		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"sentinel"}`, gate.Env{}, `gate_params.redis_mode: redis mode "sentinel"`},
+		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"replicated"}`, gate.Env{}, `gate_params.redis_mode, redis_addrs, redis_master_name: redis mode "replicated"`},
+		{"sentinel without master name", `{"address":"127.0.0.1:26379","redis_mode":"sentinel"}`, gate.Env{}, `needs master_name`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -63,7 +63,9 @@ type Config struct {
 	// Address is the Redis server: host:port or a redis:// / rediss:// URL
 	// (required).
 	Address string
-	// RedisMode is redisclient.Single ("" too) or redisclient.Cluster.
+	// RedisMode is redisclient.Single ("" too), redisclient.Cluster or
+	// redisclient.Sentinel (then New's conn gives the master name and any
+	// more sentinels).
 	RedisMode redisclient.Mode
 	// ControlKey is the controller's hash (required).
 	ControlKey string
@@ -125,7 +127,9 @@ var (
 	_ gate.PolicyReporter = (*Gate)(nil)
 )
 
-// New validates cfg and returns the gate; it does not connect yet.
+// New validates cfg and returns the gate; it does not connect yet. conn
+// gives the credentials and db, and in sentinel mode the master name and
+// more sentinels (Addrs); its Address and Mode are cfg's.
 func New(cfg Config, conn redisconn.Config) (*Gate, error) {
 	cfg.setDefaults()
 	conn.Address, conn.Mode = cfg.Address, cfg.RedisMode
@@ -150,16 +154,17 @@ func New(cfg Config, conn redisconn.Config) (*Gate, error) {
 }
 
 // Factory builds the gate from gate_params: address (default: the
-// deployment's Redis URL), redis_mode, control_key, state_key, pool_id
-// (default: the gate's worker pool), burst_seconds, and the connection
-// parameters username, password, db.
+// deployment's Redis URL), redis_mode, redis_addrs, redis_master_name
+// (default: the deployment's), control_key, state_key, pool_id (default:
+// the gate's worker pool), burst_seconds, and the connection parameters
+// username, password, db.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
-	mode, err := redisconn.ParseMode(p.String("redis_mode", env.RedisMode))
+	top, err := redisconn.TopologyFromParams(p, env)
 	if err != nil {
 		return nil, err
 	}
 	cfg := Config{
-		Address: p.String("address", env.RedisURL), RedisMode: mode,
+		Address: p.String("address", env.RedisURL), RedisMode: top.Mode,
 		ControlKey: p.String("control_key", ""), StateKey: p.String("state_key", ""),
 		PoolID: p.String("pool_id", env.Pool), Lease: env.Lease,
 	}
@@ -169,7 +174,8 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if p.Has("burst_seconds") && cfg.BurstSeconds == 0 {
 		return nil, errors.New("gate_params.burst_seconds: 0 must be a finite number > 0")
 	}
-	conn := redisconn.Config{Username: p.String("username", ""), Password: p.String("password", "")}
+	conn := redisconn.Config{Username: p.String("username", ""), Password: p.String("password", ""),
+		Addrs: top.Addrs, MasterName: top.MasterName}
 	if conn.DB, err = p.Int("db", 0); err != nil {
 		return nil, err
 	}

@@ -247,6 +247,10 @@ func TestParams(t *testing.T) {
 		{"cluster: keys in two slots", `{"address":"127.0.0.1:1","redis_mode":"cluster","control_key":"k"}`, "different hash slots", gate.Env{Pool: "p"}},
 		{"cluster: one hash tag", `{"address":"127.0.0.1:1","redis_mode":"cluster","control_key":"{k}","state_key":"{k}:state"}`, "", gate.Env{Pool: "p"}},
 		{"unknown param", `{"address":"127.0.0.1:1","control_key":"k","rate":5}`, "unknown gate_params: rate", gate.Env{Pool: "p"}},
+		{"sentinel", `{"address":"127.0.0.1:1","redis_mode":"sentinel","redis_master_name":"m","redis_addrs":["127.0.0.1:2"],"control_key":"k"}`, "", gate.Env{Pool: "p"}},
+		{"sentinel from the deployment", `{"control_key":"k"}`, "",
+			gate.Env{Pool: "p", RedisURL: "redis://127.0.0.1:1/0", RedisMode: "sentinel", RedisMasterName: "m"}},
+		{"sentinel without master name", `{"address":"127.0.0.1:1","redis_mode":"sentinel","control_key":"k"}`, "needs master_name", gate.Env{Pool: "p"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

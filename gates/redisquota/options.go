@@ -25,9 +25,12 @@ func (c Config) options() (*redisclient.Options, string, error) {
 	// redirected script did not run), and the scripts are sent as commands
 	// that go-redis never re-sends after a network error (see noRetryCmd).
 	o.Tune(func(c *redisclient.Common) { c.PoolSize = lanes })
-	if o.Cluster != nil {
+	switch {
+	case o.Cluster != nil:
 		o.Cluster.DialerRetries = 1
-	} else {
+	case o.Failover != nil:
+		o.Failover.DialerRetries = 1
+	default:
 		o.Single.DialerRetries = 1 // a refused connection is an error now, not after 5 tries
 	}
 	return o, redisconn.Where(o), nil

@@ -275,7 +275,7 @@ func NewFactory() gate.Factory {
 
 // configFrom reads gate_params as upstream reads them.
 func configFrom(p gate.Params, env gate.Env) (Config, error) {
-	conn, err := redisconn.FromParams(p, "", env.RedisMode)
+	conn, err := redisconn.FromParams(p, "", env)
 	if err != nil {
 		return Config{}, err
 	}

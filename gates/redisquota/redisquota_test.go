@@ -123,7 +123,8 @@ func TestParams(t *testing.T) {
 		{"cluster url", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001","redis_mode":"cluster","limit":1}`, ""},
 		{"cluster url in single mode", `{"address":"redis://127.0.0.1:7000?addr=127.0.0.1:7001","limit":1}`, "set the redis mode to cluster"},
 		{"db in cluster mode", `{"address":"127.0.0.1:7000","redis_mode":"cluster","db":2,"limit":1}`, "db must be 0 with a Redis Cluster"},
-		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"sentinel","limit":1}`, `gate_params.redis_mode: redis mode "sentinel"`},
+		{"unknown redis mode", `{"address":"127.0.0.1:6379","redis_mode":"replicated","limit":1}`, `gate_params.redis_mode, redis_addrs, redis_master_name: redis mode "replicated"`},
+		{"sentinel without master name", `{"address":"127.0.0.1:26379","redis_mode":"sentinel","limit":1}`, `needs master_name`},
 	}
 	r := registry(t)
 	for _, tt := range tests {

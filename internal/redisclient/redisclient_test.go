@@ -56,7 +56,78 @@ func TestParse(t *testing.T) {
 			t.Errorf("ParseMode(%q) = %q, %v", in, m, err)
 		}
 	}
-	if _, err := ParseMode("sentinel"); err == nil {
-		t.Error("ParseMode(sentinel) accepted")
+	if m, err := ParseMode("sentinel"); err != nil || m != Sentinel {
+		t.Errorf("ParseMode(sentinel) = %q, %v", m, err)
+	}
+	if _, err := ParseMode("replicated"); err == nil || !strings.Contains(err.Error(), "sentinel") {
+		t.Errorf("ParseMode(replicated) = %v, want an error naming the modes", err)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	top := Topology{Mode: Sentinel, Addrs: []string{"10.0.0.2:26379", "10.0.0.1:26379"}, MasterName: "mymaster"}
+	o, err := top.Parse("rediss://app:secret@10.0.0.1:26379/2?addr=10.0.0.3:26379&master_name=mymaster&pool_size=9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := o.Failover
+	if f == nil || o.Mode() != Sentinel || o.DB() != 2 {
+		t.Fatalf("options = %+v", o)
+	}
+	if want := []string{"10.0.0.1:26379", "10.0.0.3:26379", "10.0.0.2:26379"}; strings.Join(f.SentinelAddrs, ",") != strings.Join(want, ",") {
+		t.Errorf("sentinel addrs = %v, want %v (the URL's host, its addr=, then addrs, once each)", f.SentinelAddrs, want)
+	}
+	// As upstream: the URL's credentials are the master's, the sentinels
+	// are asked without AUTH.
+	if f.MasterName != "mymaster" || f.Username != "app" || f.Password != "secret" || f.SentinelPassword != "" || f.TLSConfig == nil || f.PoolSize != 9 {
+		t.Errorf("failover options = %+v", f)
+	}
+	o.Tune(func(c *Common) { c.MaxRetries = -1; c.PoolSize = 3 })
+	if f.MaxRetries != -1 || f.PoolSize != 3 {
+		t.Errorf("Tune did not reach the failover options: %+v", f)
+	}
+	if w := o.Where(); w != "sentinel master mymaster via 10.0.0.1:26379,10.0.0.3:26379,10.0.0.2:26379/2" {
+		t.Errorf("Where = %q", w)
+	}
+	a, err := Topology{Mode: Sentinel, MasterName: "m"}.FromAddr("s1:26379", "", "pw", 1)
+	if err != nil || a.Failover == nil || a.Failover.SentinelAddrs[0] != "s1:26379" || a.Failover.Password != "pw" || a.DB() != 1 {
+		t.Errorf("FromAddr sentinel = %+v, %v", a, err)
+	}
+
+	for name, c := range map[string]struct {
+		top  Topology
+		url  string
+		want string
+	}{
+		"no master_name":       {Topology{Mode: Sentinel}, "redis://s:26379", "needs master_name"},
+		"master_name single":   {Topology{MasterName: "m"}, "redis://h:6379", "needs mode sentinel"},
+		"master_name cluster":  {Topology{Mode: Cluster, MasterName: "m"}, "redis://h:6379", "needs mode sentinel"},
+		"addrs single":         {Topology{Addrs: []string{"h2:6379"}}, "redis://h:6379", "need mode cluster or sentinel"},
+		"bad addr":             {Topology{Mode: Sentinel, MasterName: "m", Addrs: []string{"nohost"}}, "redis://s:26379", "not host:port"},
+		"url disagrees":        {Topology{Mode: Sentinel, MasterName: "m"}, "redis://s:26379?master_name=other", "disagrees"},
+		"bad url addr":         {Topology{Mode: Sentinel, MasterName: "m"}, "redis://s:26379?addr=x", "not host:port"},
+		"sentinel url, single": {Topology{}, "redis://s:26379?master_name=m", "set the redis mode to sentinel"},
+		"no url":               {Topology{Mode: Sentinel, MasterName: "m"}, "", "no Redis URL"},
+	} {
+		if _, err := c.top.Parse(c.url); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Parse(%q) = %v, want an error containing %q", name, c.url, err, c.want)
+		}
+	}
+
+	co, err := Topology{Mode: Cluster, Addrs: []string{"n2:7000"}}.Parse("redis://n1:7000?addr=n3:7000")
+	if err != nil || strings.Join(co.Cluster.Addrs, ",") != "n1:7000,n3:7000,n2:7000" {
+		t.Errorf("cluster with addrs = %+v, %v", co, err)
+	}
+	if got := (Topology{}).Or(top); got.MasterName != "mymaster" {
+		t.Errorf("empty topology Or deployment's = %+v", got)
+	}
+	if got := (Topology{Mode: Single}).Or(top); got.Mode != Single || got.MasterName != "" {
+		t.Errorf("own topology Or deployment's = %+v, want its own", got)
+	}
+	if _, err := ParseTopology("standalone", nil, ""); err != nil {
+		t.Errorf("ParseTopology(standalone): %v", err)
+	}
+	if _, err := ParseTopology("sentinel", []string{"a:1"}, ""); err == nil {
+		t.Error("ParseTopology(sentinel, no master name) accepted")
 	}
 }

@@ -35,7 +35,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +64,17 @@ const (
 type Options struct {
 	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
 	URL string `json:"url,omitempty"`
+	// Mode is "single" (default; upstream's "standalone" too) or
+	// "sentinel" (the URL's host is a sentinel; MasterName required);
+	// "cluster" is refused (see Factory). When none of mode, addrs and
+	// master_name is set, the deployment's redis_mode, redis_addrs and
+	// redis_master_name apply.
+	Mode string `json:"mode,omitempty"`
+	// Addrs are more sentinels beside the URL's host (upstream's addrs).
+	Addrs []string `json:"addrs,omitempty"`
+	// MasterName is the master the sentinels monitor (upstream's
+	// master_name): required in sentinel mode, refused otherwise.
+	MasterName string `json:"master_name,omitempty"`
 	// RetryQueueName is the sorted set holding retries and handed-back
 	// requests, scored by due time in Unix ms (default "retry-sortedset").
 	RetryQueueName string `json:"retry_queue_name,omitempty"`
@@ -118,11 +128,11 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
-	if strings.EqualFold(env.RedisMode, "cluster") {
-		return nil, errors.New("redis-pubsub does not run on a Redis Cluster (on a cluster PUBLISH counts only the subscribers of the node it runs on, and that count decides whether a request or retry was heard): use redis-sortedset with redis_mode cluster, or redis_mode single")
-	}
 	return transport.Build(options, env, New)
 }
+
+// errCluster refuses a Redis Cluster.
+var errCluster = errors.New("redis-pubsub does not run on a Redis Cluster (on a cluster PUBLISH counts only the subscribers of the node it runs on, and that count decides whether a request or retry was heard): use redis-sortedset with redis_mode cluster, or redis_mode single or sentinel")
 
 // ErrNoSubscriber is returned by PublishRequest when no subscriber heard the
 // request: Redis pub/sub keeps nothing, so the request is lost.
@@ -187,17 +197,30 @@ func New(o Options, env transport.Env) (*Transport, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	ro, err := redis.ParseURL(o.URL)
+	top, err := redisclient.ParseTopology(o.Mode, o.Addrs, o.MasterName)
+	if err == nil && o.Mode == "" && len(o.Addrs) == 0 && o.MasterName == "" {
+		top, err = redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mode, addrs, master_name: %w", err)
+	}
+	if top.Mode == redisclient.Cluster {
+		return nil, errCluster
+	}
+	ro, err := top.Parse(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("url: %w", err)
 	}
-	ro.TLSConfig = env.RedisTLSFor(ro.TLSConfig)
+	ro.Tune(func(c *redisclient.Common) { c.TLSConfig = env.RedisTLSFor(c.TLSConfig) })
+	client, err := ro.NewClient()
+	if err != nil {
+		return nil, err
+	}
 	log := env.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	client := redis.NewClient(ro)
 	return &Transport{opts: o, client: client, upCancel: upstream.NewCancelReader(client), log: log.With("transport", Name),
 		ctx: ctx, cancel: cancel, subs: map[*source]struct{}{}}, nil
 }

@@ -24,7 +24,29 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	rc := testenv.RedisClient(t, r.URL)
+	conformance(t, redispubsub.Options{URL: r.URL}, testenv.RedisClient(t, r.URL))
+}
+
+// TestSentinelOptions: upstream's mode, addrs and master_name are read and
+// checked (the sentinel client itself is tested with real sentinels in
+// internal/testenv and transports/redissortedset).
+func TestSentinelOptions(t *testing.T) {
+	if _, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0", Mode: "sentinel"}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "master_name") {
+		t.Errorf("sentinel without master_name: %v, want an error naming master_name", err)
+	}
+	if _, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0", Mode: "cluster"}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "Redis Cluster") {
+		t.Errorf("mode cluster: %v, want the Redis Cluster refusal", err)
+	}
+	tp, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0"},
+		transport.Env{RedisMode: "sentinel", RedisAddrs: []string{"127.0.0.1:2"}, RedisMasterName: "m"})
+	if err != nil {
+		t.Fatalf("the deployment's sentinel topology: %v", err)
+	}
+	_ = tp.Close()
+}
+
+// conformance runs the shared suite on transports built from base.
+func conformance(t *testing.T, base redispubsub.Options, rc *redis.Client) {
 	var seq atomic.Int64
 	transporttest.Run(t, transporttest.Harness{
 		Features: transporttest.Features{
@@ -37,7 +59,9 @@ func TestConformance(t *testing.T) {
 			SubscribeFirst: true,
 		},
 		New: func(t testing.TB) transport.Transport {
-			tp, err := redispubsub.New(redispubsub.Options{URL: r.URL, ResultMode: redispubsub.ResultList, RetryPollIntervalMS: 20}, transport.Env{})
+			o := base
+			o.ResultMode, o.RetryPollIntervalMS = redispubsub.ResultList, 20
+			tp, err := redispubsub.New(o, transport.Env{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -41,6 +41,8 @@ type fixture struct {
 	redis *testenv.Redis
 	prod  *producer.Producer
 	sim   string
+	// server is the gateway simulator behind sim.
+	server *simulator.Server
 	// redisURL and redisMode are the deployment's Redis (redis.URL, single,
 	// unless a test sets them).
 	redisURL, redisMode string
@@ -75,7 +77,7 @@ func newSimFixture(t *testing.T, simCfg simulator.Config) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	f.sim = base
+	f.sim, f.server = base, s
 	return f
 }
 

@@ -38,10 +38,20 @@ type Options struct {
 	// cluster form: redis://host:port?addr=host2:port2 (any node finds the
 	// others).
 	URL string `json:"url,omitempty"`
-	// Mode is "single" (one server; default: the deployment's redis_mode)
-	// or "cluster" (a Redis Cluster: the keys of a queue are hash-tagged
-	// into one slot, and queues spread over the nodes).
+	// Mode is "single" (one server; upstream's "standalone" too),
+	// "cluster" (a Redis Cluster: the keys of a queue are hash-tagged into
+	// one slot, and queues spread over the nodes) or "sentinel" (the URL's
+	// host is a sentinel; the client follows the master of MasterName
+	// through failovers). When none of mode, addrs and master_name is set,
+	// the deployment's redis_mode, redis_addrs and redis_master_name apply.
 	Mode string `json:"mode,omitempty"`
+	// Addrs are more cluster nodes or sentinels beside the URL's host
+	// (upstream's addrs): cluster or sentinel mode only.
+	Addrs []string `json:"addrs,omitempty"`
+	// MasterName is the name the sentinels monitor the master under
+	// (upstream's master_name): required in sentinel mode, refused
+	// otherwise.
+	MasterName string `json:"master_name,omitempty"`
 	// MinReplicasAcked, when above 0, makes every result write wait (Redis
 	// WAIT) until that many replicas of the queue's master hold it before
 	// the request is acked; with it a failover loses no result and repeats
@@ -186,8 +196,8 @@ func (o *Options) Validate() error {
 	if o.PoolSize < 0 {
 		errs = append(errs, errors.New("pool_size must not be negative"))
 	}
-	if _, err := redisclient.ParseMode(o.Mode); err != nil {
-		errs = append(errs, fmt.Errorf("mode: %w", err))
+	if _, err := o.topology(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.MinReplicasAcked < 0 {
 		errs = append(errs, errors.New("min_replicas_acked must not be negative"))
@@ -204,11 +214,11 @@ func RedisOptions(url string, o Options) (*redisclient.Options, error) {
 	if url == "" {
 		return nil, errors.New("no Redis URL: set url, --redis.url, --redis.url-file or REDIS_URL")
 	}
-	mode, err := redisclient.ParseMode(o.Mode)
+	top, err := o.topology()
 	if err != nil {
 		return nil, err
 	}
-	ro, err := redisclient.Parse(url, mode)
+	ro, err := top.Parse(url)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +233,15 @@ func RedisOptions(url string, o Options) (*redisclient.Options, error) {
 		return nil, tlsErr
 	}
 	return ro, nil
+}
+
+// topology reads mode, addrs and master_name.
+func (o Options) topology() (redisclient.Topology, error) {
+	t, err := redisclient.ParseTopology(o.Mode, o.Addrs, o.MasterName)
+	if err != nil {
+		return t, fmt.Errorf("mode, addrs, master_name: %w", err)
+	}
+	return t, nil
 }
 
 // tls returns the TLS configuration of a connection whose URL gave tc (nil

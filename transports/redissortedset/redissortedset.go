@@ -86,8 +86,8 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
-	if o.Mode == "" {
-		o.Mode = env.RedisMode
+	if o.Mode == "" && len(o.Addrs) == 0 && o.MasterName == "" {
+		o.Mode, o.Addrs, o.MasterName = env.RedisMode, env.RedisAddrs, env.RedisMasterName
 	}
 	o.deploymentTLS = env.RedisTLS
 	t, err := New(o, env.Logger)

@@ -38,7 +38,6 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -164,11 +163,11 @@ func (o *Options) Validate() error {
 
 // Factory builds the transport from its options. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (transport.Transport, error) {
-	if strings.EqualFold(env.RedisMode, "cluster") {
-		return nil, errors.New("redis-stream does not run on a Redis Cluster (its scripts write a stream and its result list, retry set or dead-letter stream in one step, which a cluster allows only within one hash slot): use redis-sortedset with redis_mode cluster, or redis_mode single")
-	}
 	return transport.Build(options, env, New)
 }
+
+// errCluster refuses a Redis Cluster.
+var errCluster = errors.New("redis-stream does not run on a Redis Cluster (its scripts write a stream and its result list, retry set or dead-letter stream in one step, which a cluster allows only within one hash slot): use redis-sortedset with redis_mode cluster, or redis_mode single or sentinel")
 
 // ErrClosed is returned by operations on a closed transport.
 var ErrClosed = errors.New("redis-stream transport closed")
@@ -230,16 +229,28 @@ func New(o Options, env transport.Env) (*Transport, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	ro, err := redis.ParseURL(o.URL)
+	// The deployment's topology (redis_mode, redis_addrs,
+	// redis_master_name): one server, or one found through sentinels.
+	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+	if err != nil {
+		return nil, fmt.Errorf("redis_mode, redis_addrs, redis_master_name: %w", err)
+	}
+	if top.Mode == redisclient.Cluster {
+		return nil, errCluster
+	}
+	ro, err := top.Parse(o.URL)
 	if err != nil {
 		return nil, fmt.Errorf("url: %w", err)
 	}
-	ro.TLSConfig = env.RedisTLSFor(ro.TLSConfig)
+	ro.Tune(func(c *redisclient.Common) { c.TLSConfig = env.RedisTLSFor(c.TLSConfig) })
+	client, err := ro.NewClient()
+	if err != nil {
+		return nil, err
+	}
 	log := env.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	client := redis.NewClient(ro)
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, nil)
 	if err != nil {
 		_ = client.Close()

@@ -1,14 +1,16 @@
 // Package redisconn turns the Redis connection parameters the Redis-backed
 // gates share (address as host:port or a redis:// / rediss:// URL,
-// redis_mode, username, password, db, tls, tls_ca_cert, tls_cert, tls_key,
-// tls_insecure_skip_verify) into go-redis options, through
-// internal/redisclient so that a gate reads a cluster URL as the rest of
-// sluice does. Each gate then sets its own pool and retry policy.
+// redis_mode, redis_addrs, redis_master_name, username, password, db, tls,
+// tls_ca_cert, tls_cert, tls_key, tls_insecure_skip_verify) into go-redis
+// options, through internal/redisclient so that a gate reads a cluster or
+// sentinel topology as the rest of sluice does. Each gate then sets its own
+// pool and retry policy.
 package redisconn
 
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -31,11 +33,17 @@ type Config struct {
 	// client finds the others), and the URL may list more nodes with
 	// addr= parameters: redis://host:port?addr=host2:port2.
 	Address string
-	// Mode is how Address is reached: redisclient.Single ("" too) or
-	// redisclient.Cluster.
+	// Mode is how Address is reached: redisclient.Single ("" too),
+	// redisclient.Cluster or redisclient.Sentinel (Address is a sentinel).
 	Mode redisclient.Mode
+	// Addrs are more cluster nodes or sentinels beside Address
+	// (redis_addrs).
+	Addrs []string
+	// MasterName is the master the sentinels monitor (redis_master_name;
+	// sentinel mode only, required there).
+	MasterName string
 	// Username, Password, DB and TLS apply when Address is host:port.
-	// DB must be 0 in cluster mode.
+	// DB must be 0 in cluster mode; in sentinel mode they are the master's.
 	Username string
 	Password string
 	DB       int
@@ -50,22 +58,26 @@ type Config struct {
 }
 
 // FromParams reads the connection parameters from p: address
-// (default defaultAddress), redis_mode (default defaultMode), username,
-// password, db, tls, tls_ca_cert, tls_cert, tls_key and
-// tls_insecure_skip_verify. Errors name the parameter.
-func FromParams(p gate.Params, defaultAddress, defaultMode string) (Config, error) {
-	mode, err := ParseMode(p.String("redis_mode", defaultMode))
+// (default defaultAddress), redis_mode, redis_addrs and redis_master_name
+// (default, when none of them is set: the deployment's redis_mode,
+// redis_addrs and redis_master_name in env), username, password, db, tls,
+// tls_ca_cert, tls_cert, tls_key and tls_insecure_skip_verify. Errors name
+// the parameter.
+func FromParams(p gate.Params, defaultAddress string, env gate.Env) (Config, error) {
+	top, err := TopologyFromParams(p, env)
 	if err != nil {
 		return Config{}, err
 	}
 	c := Config{
-		Address:   p.String("address", defaultAddress),
-		Mode:      mode,
-		Username:  p.String("username", ""),
-		Password:  p.String("password", ""),
-		TLSCACert: p.String("tls_ca_cert", ""),
-		TLSCert:   p.String("tls_cert", ""),
-		TLSKey:    p.String("tls_key", ""),
+		Address:    p.String("address", defaultAddress),
+		Mode:       top.Mode,
+		Addrs:      top.Addrs,
+		MasterName: top.MasterName,
+		Username:   p.String("username", ""),
+		Password:   p.String("password", ""),
+		TLSCACert:  p.String("tls_ca_cert", ""),
+		TLSCert:    p.String("tls_cert", ""),
+		TLSKey:     p.String("tls_key", ""),
 	}
 	if c.DB, err = p.Int("db", 0); err != nil {
 		return Config{}, err
@@ -77,6 +89,37 @@ func FromParams(p gate.Params, defaultAddress, defaultMode string) (Config, erro
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// TopologyFromParams reads redis_mode, redis_addrs (a JSON array of
+// host:port, or a string of them separated by commas) and
+// redis_master_name; when none is set, the deployment's (env) apply as a
+// whole. Errors name the parameters.
+func TopologyFromParams(p gate.Params, env gate.Env) (redisclient.Topology, error) {
+	if !p.Has("redis_mode") && !p.Has("redis_addrs") && !p.Has("redis_master_name") {
+		t, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+		if err != nil {
+			return t, fmt.Errorf("the deployment's redis_mode, redis_addrs, redis_master_name: %w", err)
+		}
+		return t, nil
+	}
+	var addrs []string
+	if raw := p.Raw("redis_addrs"); raw != nil {
+		if err := json.Unmarshal(raw, &addrs); err != nil {
+			return redisclient.Topology{}, fmt.Errorf("gate_params.redis_addrs: want an array of host:port strings: %w", err)
+		}
+	} else {
+		for a := range strings.SplitSeq(p.String("redis_addrs", ""), ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	t, err := redisclient.ParseTopology(p.String("redis_mode", ""), addrs, p.String("redis_master_name", ""))
+	if err != nil {
+		return t, fmt.Errorf("gate_params.redis_mode, redis_addrs, redis_master_name: %w", err)
+	}
+	return t, nil
 }
 
 func boolParam(p gate.Params, key string) (bool, error) {
@@ -91,22 +134,13 @@ func boolParam(p gate.Params, key string) (bool, error) {
 // Key identifies the connection settings: configs with equal keys may
 // share one client.
 func (c Config) Key() string {
-	return strings.Join([]string{c.Address, string(c.Mode), c.Username, c.Password, strconv.Itoa(c.DB),
+	return strings.Join([]string{c.Address, string(c.Mode), strings.Join(c.Addrs, ","), c.MasterName, c.Username, c.Password, strconv.Itoa(c.DB),
 		strconv.FormatBool(c.TLS), c.TLSCACert, c.TLSCert, c.TLSKey, strconv.FormatBool(c.TLSInsecureSkipVerify)}, "\x00")
 }
 
 // IsURL reports whether addr is a redis:// or rediss:// URL.
 func IsURL(addr string) bool {
 	return strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://")
-}
-
-// ParseMode reads the redis_mode gate parameter ("" is single).
-func ParseMode(s string) (redisclient.Mode, error) {
-	m, err := redisclient.ParseMode(s)
-	if err != nil {
-		return "", fmt.Errorf("gate_params.redis_mode: %w", err)
-	}
-	return m, nil
 }
 
 // Options validates c (Address must be set) and returns the client options
@@ -119,8 +153,9 @@ func (c Config) Options() (*redisclient.Options, error) {
 	if mode == "" {
 		mode = redisclient.Single
 	}
-	if mode != redisclient.Single && mode != redisclient.Cluster {
-		return nil, fmt.Errorf("gate_params.redis_mode %q: want single or cluster", c.Mode)
+	top := redisclient.Topology{Mode: mode, Addrs: c.Addrs, MasterName: c.MasterName}
+	if err := top.Validate(); err != nil {
+		return nil, fmt.Errorf("gate_params.redis_mode, redis_addrs, redis_master_name: %w", err)
 	}
 	var o *redisclient.Options
 	var serverName string // host:port with tls: the name to check
@@ -134,7 +169,7 @@ func (c Config) Options() (*redisclient.Options, error) {
 			}
 		}
 		var err error
-		if o, err = redisclient.Parse(c.Address, mode); err != nil {
+		if o, err = top.Parse(c.Address); err != nil {
 			return nil, fmt.Errorf("gate_params.address: %w", err)
 		}
 	} else {
@@ -145,7 +180,7 @@ func (c Config) Options() (*redisclient.Options, error) {
 			return nil, fmt.Errorf("gate_params.db %d is negative", c.DB)
 		}
 		var err error
-		if o, err = redisclient.FromAddr(c.Address, c.Username, c.Password, c.DB, mode); err != nil {
+		if o, err = top.FromAddr(c.Address, c.Username, c.Password, c.DB); err != nil {
 			return nil, fmt.Errorf("gate_params.db: %w", err)
 		}
 		if c.TLS {
@@ -218,19 +253,9 @@ func clusterURLDB(addr string) error {
 	return nil
 }
 
-// Where describes the server(s) of o without credentials, for messages:
-// host:port[/db] in single mode, "cluster host:port,host2:port2" in
-// cluster mode.
-func Where(o *redisclient.Options) string {
-	if o.Cluster != nil {
-		return "cluster " + strings.Join(o.Cluster.Addrs, ",")
-	}
-	w := o.Single.Addr
-	if o.Single.DB != 0 {
-		w += "/" + strconv.Itoa(o.Single.DB)
-	}
-	return w
-}
+// Where describes the server(s) of o without credentials, for messages
+// (redisclient.Options.Where).
+func Where(o *redisclient.Options) string { return o.Where() }
 
 func hostOf(addr string) string {
 	h, _, err := net.SplitHostPort(addr)

@@ -2,6 +2,7 @@ package redisconn
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
@@ -24,7 +26,11 @@ func TestOptionsErrors(t *testing.T) {
 		{"cert without tls", Config{Address: "h:1", TLSCert: "c", TLSKey: "k"}, "need tls=true or a rediss:// address"},
 		{"cert without key", Config{Address: "rediss://h:1/0", TLSCert: "c"}, "tls_cert and tls_key go together"},
 		{"missing cert file", Config{Address: "h:1", TLS: true, TLSCert: "/nonexistent.pem", TLSKey: "/nonexistent.key"}, "tls_cert/tls_key"},
-		{"unknown mode", Config{Address: "h:1", Mode: "sentinel"}, `redis_mode "sentinel": want single or cluster`},
+		{"unknown mode", Config{Address: "h:1", Mode: "replicated"}, `redis mode "replicated": want single (or standalone), cluster or sentinel`},
+		{"sentinel without master name", Config{Address: "h:1", Mode: redisclient.Sentinel}, "needs master_name"},
+		{"master name in single mode", Config{Address: "h:1", MasterName: "m"}, "needs mode sentinel"},
+		{"addrs in single mode", Config{Address: "h:1", Addrs: []string{"h:2"}}, "need mode cluster or sentinel"},
+		{"sentinel url disagrees", Config{Address: "redis://h:1?master_name=a", Mode: redisclient.Sentinel, MasterName: "b"}, "disagrees"},
 		{"db with cluster", Config{Address: "h:1", Mode: redisclient.Cluster, DB: 2}, "db must be 0 with a Redis Cluster"},
 		{"db in a cluster url", Config{Address: "redis://h:1/3?addr=h:2", Mode: redisclient.Cluster}, "a Redis Cluster has only db 0"},
 		{"cluster url in single mode", Config{Address: "redis://h:1?addr=h:2"}, "set the redis mode to cluster"},
@@ -55,6 +61,10 @@ func TestOptionsModes(t *testing.T) {
 			redisclient.Cluster, []string{"h:1", "h:2", "h:3"}, "cluster h:1,h:2,h:3"},
 		{"cluster url with db 0", Config{Address: "rediss://h:1/0", Mode: redisclient.Cluster},
 			redisclient.Cluster, []string{"h:1"}, "cluster h:1"},
+		{"sentinel host:port", Config{Address: "s:1", Mode: redisclient.Sentinel, MasterName: "m", Addrs: []string{"s:2"}, DB: 1, TLS: true},
+			redisclient.Sentinel, []string{"s:1", "s:2"}, "sentinel master m via s:1,s:2/1"},
+		{"sentinel url", Config{Address: "redis://:pw@s:1/0?addr=s:3", Mode: redisclient.Sentinel, MasterName: "m", Addrs: []string{"s:2"}},
+			redisclient.Sentinel, []string{"s:1", "s:3", "s:2"}, "sentinel master m via s:1,s:3,s:2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := tc.c.Options()
@@ -66,20 +76,27 @@ func TestOptionsModes(t *testing.T) {
 			}
 			var got []string
 			o.Tune(func(c *redisclient.Common) {
-				if c.MaxRetries != -1 || c.DialTimeout != 2*time.Second || !c.ContextTimeoutEnabled || !c.DisableIdentity ||
-					c.MaintNotifications == nil || c.MaintNotifications.Mode != maintnotifications.ModeDisabled {
+				// A failover client has no maintenance notifications at all.
+				noMaint := o.Failover != nil || c.MaintNotifications != nil && c.MaintNotifications.Mode == maintnotifications.ModeDisabled
+				if c.MaxRetries != -1 || c.DialTimeout != 2*time.Second || !c.ContextTimeoutEnabled || !c.DisableIdentity || !noMaint {
 					t.Errorf("common settings %+v", c)
 				}
-				if tc.c.TLS && (c.TLSConfig == nil || c.TLSConfig.ServerName != "h") {
-					t.Errorf("tls config %+v, want server name h", c.TLSConfig)
+				if host := strings.SplitN(tc.c.Address, ":", 2)[0]; tc.c.TLS && (c.TLSConfig == nil || c.TLSConfig.ServerName != host) {
+					t.Errorf("tls config %+v, want server name %s", c.TLSConfig, host)
 				}
 			})
-			if o.Cluster != nil {
+			switch {
+			case o.Failover != nil:
+				got = o.Failover.SentinelAddrs
+				if o.Failover.MasterName != tc.c.MasterName {
+					t.Errorf("master name %q", o.Failover.MasterName)
+				}
+			case o.Cluster != nil:
 				got = o.Cluster.Addrs
 				if o.Cluster.ClusterStateReloadInterval != redisclient.ClusterStateReload {
 					t.Errorf("cluster state reload %v", o.Cluster.ClusterStateReloadInterval)
 				}
-			} else {
+			default:
 				got = []string{o.Single.Addr}
 			}
 			if !slices.Equal(got, tc.addrs) {
@@ -117,6 +134,51 @@ func TestTLSClientCertificate(t *testing.T) {
 			err = c.Ping(context.Background()).Err()
 			if (err == nil) != tc.ok {
 				t.Errorf("PING: %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// The topology parameters: the gate's own as a whole, else the
+// deployment's; redis_addrs as an array or a comma-separated string.
+func TestTopologyFromParams(t *testing.T) {
+	env := gate.Env{RedisMode: "sentinel", RedisAddrs: []string{"s:2"}, RedisMasterName: "dep"}
+	for _, tc := range []struct {
+		name   string
+		params string
+		want   redisclient.Topology
+		err    string
+	}{
+		{"deployment's", `{}`, redisclient.Topology{Mode: redisclient.Sentinel, Addrs: []string{"s:2"}, MasterName: "dep"}, ""},
+		{"own mode only", `{"redis_mode":"standalone"}`, redisclient.Topology{Mode: redisclient.Single}, ""},
+		{"own sentinel, array", `{"redis_mode":"sentinel","redis_master_name":"m","redis_addrs":["a:1","b:2"]}`,
+			redisclient.Topology{Mode: redisclient.Sentinel, Addrs: []string{"a:1", "b:2"}, MasterName: "m"}, ""},
+		{"own sentinel, string", `{"redis_mode":"sentinel","redis_master_name":"m","redis_addrs":"a:1, b:2"}`,
+			redisclient.Topology{Mode: redisclient.Sentinel, Addrs: []string{"a:1", "b:2"}, MasterName: "m"}, ""},
+		{"master name without mode", `{"redis_master_name":"m"}`, redisclient.Topology{}, "needs mode sentinel"},
+		{"addrs not strings", `{"redis_mode":"cluster","redis_addrs":[1]}`, redisclient.Topology{}, "array of host:port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(tc.params), &obj); err != nil {
+				t.Fatal(err)
+			}
+			p, err := gate.ParseParams(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := TopologyFromParams(p, env)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got.Mode != tc.want.Mode || got.MasterName != tc.want.MasterName || !slices.Equal(got.Addrs, tc.want.Addrs) {
+				t.Errorf("got %+v, %v; want %+v", got, err, tc.want)
+			}
+			if err := p.Unused(); err != nil {
+				t.Errorf("unused: %v", err)
 			}
 		})
 	}

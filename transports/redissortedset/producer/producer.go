@@ -57,10 +57,16 @@ type Config struct {
 	CancelTTL time.Duration
 	// ChunkSize is how many requests one enqueue script call carries (default 500).
 	ChunkSize int
-	// Mode is how Dial reaches the URL: "single" (default) or "cluster" (a
-	// Redis Cluster, URL redis://host:port?addr=host2:port2). New reads
-	// the mode from the client it is given.
+	// Mode is how Dial reaches the URL: "single" (default; "standalone"
+	// too), "cluster" (a Redis Cluster, URL redis://host:port?addr=host2:port2)
+	// or "sentinel" (the URL's host is a sentinel; MasterName required).
+	// New reads the mode from the client it is given.
 	Mode string
+	// Addrs are more cluster nodes or sentinels for Dial (upstream's addrs).
+	Addrs []string
+	// MasterName is the master the sentinels monitor, for Dial in sentinel
+	// mode (upstream's master_name).
+	MasterName string
 	// MinReplicasAcked, when above 0, makes an enqueue, a result lease
 	// (ResultReader.Next) and a result ack return only once that many
 	// replicas of the key's master hold it (Redis WAIT), so a failover
@@ -134,9 +140,10 @@ func New(client redis.UniversalClient, cfg Config) *Producer {
 }
 
 // Dial connects to the Redis URL (redis://, rediss://, with user:password@
-// for AUTH) in cfg.Mode; Close closes the connection.
+// for AUTH) in cfg.Mode (with cfg.Addrs and cfg.MasterName); Close closes
+// the connection.
 func Dial(url string, cfg Config) (*Producer, error) {
-	ro, err := rss.RedisOptions(url, rss.Options{Mode: cfg.Mode})
+	ro, err := rss.RedisOptions(url, rss.Options{Mode: cfg.Mode, Addrs: cfg.Addrs, MasterName: cfg.MasterName})
 	if err != nil {
 		return nil, err
 	}
