@@ -143,6 +143,10 @@ type Transport struct {
 
 	cancels cancelCache
 
+	// faultHook, when set (by tests), is called before each step of a
+	// cross-slot settle; an error it returns fails the step (see fault).
+	faultHook func(point int) error
+
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
 	adopted, adoptSkipped                                             atomic.Int64
 	replicaShortfalls                                                 atomic.Int64
@@ -349,7 +353,7 @@ func (t *Transport) reclaimLoop(qs *queueState) {
 // another sluice replica, or an upstream replica), to the queue, and the
 // expired leases of earlier sluice versions.
 func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
-	n, err := ReclaimExpired(ctx, t.client, qs.k, time.Now())
+	n, err := reclaimExpired(ctx, t.client, qs.k, time.Now(), t.runScript)
 	if err == nil {
 		var legacy int
 		legacy, err = reclaimLegacy(ctx, t.client, qs.k)
@@ -373,12 +377,26 @@ const reclaimPage = 100
 // now (by the index; the script checks again by Redis' clock) to the queue
 // with its stored member, scored by QueueScore, as upstream's reclaimer
 // does; it returns how many it returned.
+//
+// A claim whose owner died while writing its result to a list in another
+// hash slot is not returned to the queue: its write is finished instead
+// (see xslot.go), and it counts among those returned.
 func ReclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time) (int, error) {
+	return reclaimExpired(ctx, c, k, now, func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd {
+		return s.Run(ctx, c, ks, args...)
+	})
+}
+
+// scriptRunner runs a result-writing script (Transport.runScript, or the
+// plain client).
+type scriptRunner func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd
+
+func reclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time, run scriptRunner) (int, error) {
 	upTo := strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
 	total := 0
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, more, err := reclaimRound(cctx, c, k, upTo)
+		n, more, err := reclaimRound(cctx, c, k, upTo, run)
 		cancel()
 		total += n
 		if err != nil {
@@ -391,7 +409,7 @@ func ReclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time
 }
 
 // reclaimRound reclaims one page of expired claims; more reports a full page.
-func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string) (n int, more bool, err error) {
+func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string, run scriptRunner) (n int, more bool, err error) {
 	cks, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: "-inf", Stop: upTo, Count: reclaimPage}).Result()
 	if err != nil || len(cks) == 0 {
 		return 0, false, err
@@ -405,7 +423,20 @@ func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo strin
 		m, _ := members[i].(string)
 		args = append(args, ck, QueueScore([]byte(m))) // a ghost (no member) is dropped by the script
 	}
-	n, err = keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats}, args...).Int()
+	raw, err := keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
+	if err != nil {
+		return 0, false, err
+	}
+	if len(raw) == 0 || len(raw)%2 != 1 {
+		return 0, false, fmt.Errorf("reclaim: unexpected reply of %d elements", len(raw))
+	}
+	r, _ := raw[0].(int64)
+	n = int(r)
+	if len(raw) > 1 {
+		var done int
+		done, err = finishSettles(ctx, c, k, raw[1:], run)
+		n += done
+	}
 	return n, len(cks) == reclaimPage && n > 0, err
 }
 
@@ -441,7 +472,7 @@ func (t *Transport) release(ctx context.Context, qs *queueState, hs ...heldClaim
 	for _, h := range hs {
 		args = append(args, h.token, h.claim, h.score)
 	}
-	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name}, args...).Err()
+	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name, qs.k.Settling}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("hand back %d request(s) to %s: %w", len(hs), qs.k.Name, err)
 	}
@@ -558,13 +589,16 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 		}
 	}
 	delay := max((time.Until(due) + time.Millisecond - 1).Milliseconds(), 0) // rounded up: never due early
-	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries},
+	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries, qs.k.Settling},
 		token, m.Metadata.Get(MetaClaim), delay, score, payload).Int()
 	if err != nil {
 		return fmt.Errorf("requeue to %s: %w", qs.k.Delayed, err)
 	}
 	qs.settle(token)
-	if n == 0 {
+	switch n {
+	case 2:
+		t.log.Warn("retry dropped: a result of this request is being written to a result list in another hash slot; the reclaimer finishes that write", "queue", q.Name)
+	case 0:
 		t.lateRequeues.Add(1)
 		t.log.Warn("retry dropped: the lease was lost and the request handed to another claim", "queue", q.Name)
 	}
@@ -625,16 +659,30 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 }
 
 // CheckQueue implements transport.QueueChecker: result_ttl_seconds must not
-// be negative, and on a Redis Cluster the queue's keys and its result list
-// must share a hash slot.
+// be negative, and on a Redis Cluster the queue's own keys must share its
+// hash slot (a result list in another slot is settled in three steps, see
+// xslot.go, and said by QueueWarnings).
 func (t *Transport) CheckQueue(q transport.Queue) error {
 	if q.ResultTTLSeconds < 0 {
 		return fmt.Errorf("queue %s: result_ttl_seconds %d must not be negative (0: the result list does not expire)", q.Name, q.ResultTTLSeconds)
 	}
-	return t.names.CheckSlots(q.Name, q.ResultName)
+	return t.names.CheckSlots(q.Name)
 }
 
-var _ transport.QueueChecker = (*Transport)(nil)
+// QueueWarnings implements transport.QueueWarner: on a Redis Cluster, a
+// result list in another hash slot than its queue takes the cross-slot
+// settle.
+func (t *Transport) QueueWarnings(q transport.Queue) []string {
+	if !t.names.CrossSlot(q.Name, q.ResultName) {
+		return nil
+	}
+	return []string{crossSlotWarning(t.names, q.Name, q.ResultName)}
+}
+
+var (
+	_ transport.QueueChecker = (*Transport)(nil)
+	_ transport.QueueWarner  = (*Transport)(nil)
+)
 
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
