@@ -160,7 +160,7 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 	s := &settler{t: t, keys: []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, list, qs.k.Dead, qs.k.Stats, qs.k.Redeliveries},
 		q: qs.k, list: list, cross: t.names.CrossSlot(qs.k.Name, list), ch: make(chan settleItem)}
 	if s.cross {
-		t.log.Warn(crossSlotWarning(t.names, qs.k.Name, list))
+		t.warnCrossSlotLocked(qs.k.Name, list)
 	}
 	t.batchers[key] = s
 	t.wg.Add(1)

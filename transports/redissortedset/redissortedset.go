@@ -138,6 +138,7 @@ type Transport struct {
 	mu       sync.Mutex
 	queues   map[string]*queueState
 	batchers map[[2]string]*settler
+	warned   map[[2]string]bool // (queue, result list) pairs said to take the cross-slot settle
 	closed   bool
 	adopting bool // the loop adopting upstream's retry set runs
 
@@ -189,6 +190,7 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 		closing:  make(chan struct{}),
 		queues:   map[string]*queueState{},
 		batchers: map[[2]string]*settler{},
+		warned:   map[[2]string]bool{},
 	}, nil
 }
 
@@ -654,8 +656,20 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	qs := t.queue(q.Name)
 	t.mu.Lock()
 	qs.served, qs.id = true, q.ID
+	if t.names.CrossSlot(q.Name, q.ResultName) {
+		t.warnCrossSlotLocked(q.Name, q.ResultName)
+	}
 	t.mu.Unlock()
 	return &source{t: t, q: q, qs: qs}, nil
+}
+
+// warnCrossSlotLocked logs, once per pair, that queue's results to list
+// take the cross-slot settle. t.mu is held.
+func (t *Transport) warnCrossSlotLocked(queue, list string) {
+	if k := [2]string{queue, list}; !t.warned[k] {
+		t.warned[k] = true
+		t.log.Warn(crossSlotWarning(t.names, queue, list))
+	}
 }
 
 // CheckQueue implements transport.QueueChecker: result_ttl_seconds must not
