@@ -204,6 +204,7 @@ func crossSlotCrash(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 			}
 		})
 	}
+	t.Run("PushFailsThenNack", func(t *testing.T) { crossSlotNack(t, f, c) })
 	// The one documented duplicate: the marker of A's push is gone (the
 	// dedupe window passed before anyone finished A's settle), so B's
 	// reclaimer pushes A's recorded result again: the same bytes, the same
@@ -393,5 +394,68 @@ func sameSlotOneScript(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 	defer mu.Unlock()
 	if steps != 0 {
 		t.Errorf("%d cross-slot steps ran for a queue and list sharing a hash tag", steps)
+	}
+}
+
+// crossSlotNack: Redis refuses the push until result_retry_ms runs out, the
+// write is given up and the core nacks the request: the hand-back leaves
+// the prepared claim alone (its result may be written), and once its lease
+// runs out the replica's own reclaimer finishes the write: one result, the
+// one computed, and the request is not delivered again.
+func crossSlotNack(t *testing.T, f *fixture, c *testenv.RedisCluster) {
+	ctx := context.Background()
+	cl := f.prod.Client()
+	q, res := upstreamPair(t, "xs-nack")
+	enqueueUpstream(t, cl, upstreamReq{id: "n-1", queueID: q, queue: q, results: res, token: newToken(t), deadline: time.Now().Add(3 * time.Minute)})
+	tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", LeaseMS: 600, HeartbeatMS: 150, ReclaimIntervalMS: 50, ResultRetryMS: 300, PollIntervalMS: 50})
+	defer tp.Close()
+	var mu sync.Mutex
+	failing := true
+	rss.SetFaultHook(tp, func(p int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing && p == rss.FaultBeforePush {
+			return errors.New("push refused (test)")
+		}
+		return nil
+	})
+	queue := transport.Queue{ID: q, Name: q, ResultName: res}
+	s := subscribe(t, tp, queue, 4)
+	defer s.close()
+	m := s.next(10 * time.Second)
+	pub, err := tp.Publisher(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := message.NewMessage(m.UUID, (&wire.Result{ID: "n-1", StatusCode: 200, Payload: `"computed"`}).Marshal())
+	out.Metadata = m.Metadata
+	if err := pub.Publish(res, out); err == nil {
+		t.Fatal("publish succeeded though every push failed")
+	}
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	transport.Nack(m)
+	deadline := time.Now().Add(10 * time.Second)
+	for cl.LLen(ctx, res).Val() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no result 10 s after the nack; queue %d, claims %d", keyLen(t, cl, q), keyLen(t, cl, f.prod.Names().Queue(q).ClaimsIdx))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case d := <-s.ch:
+		t.Fatalf("the request was delivered again: %s", d.Payload)
+	case <-time.After(time.Second):
+	}
+	raw := cl.LRange(ctx, res, 0, -1).Val()
+	if len(raw) != 1 || !strings.Contains(raw[0], "computed") {
+		t.Fatalf("results %q, want the one computed", raw)
+	}
+	k := f.prod.Names().Queue(q)
+	for _, key := range []string{k.Settling, k.Claimed, k.ClaimsIdx, q} {
+		if n := keyLen(t, cl, key); n != 0 {
+			t.Errorf("%s holds %d entries", key, n)
+		}
 	}
 }
