@@ -151,6 +151,7 @@ type Transport struct {
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
 	adopted, adoptSkipped                                             atomic.Int64
 	replicaShortfalls                                                 atomic.Int64
+	xslotFinished                                                     atomic.Int64
 }
 
 var (
@@ -355,7 +356,7 @@ func (t *Transport) reclaimLoop(qs *queueState) {
 // another sluice replica, or an upstream replica), to the queue, and the
 // expired leases of earlier sluice versions.
 func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
-	n, err := reclaimExpired(ctx, t.client, qs.k, time.Now(), t.runScript)
+	n, finished, err := reclaimExpired(ctx, t.client, qs.k, time.Now(), t.runScript)
 	if err == nil {
 		var legacy int
 		legacy, err = reclaimLegacy(ctx, t.client, qs.k)
@@ -363,6 +364,10 @@ func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
 	}
 	if err != nil && ctx.Err() == nil {
 		t.log.Warn("reclaiming expired claims failed", "queue", qs.k.Name, "err", err)
+	}
+	if finished > 0 {
+		t.xslotFinished.Add(int64(finished))
+		t.log.Info("finished writing results of expired claims across hash slots (their owner stopped between the steps)", "queue", qs.k.Name, "count", finished)
 	}
 	if n > 0 {
 		t.reclaimed.Add(int64(n))
@@ -384,41 +389,45 @@ const reclaimPage = 100
 // hash slot is not returned to the queue: its write is finished instead
 // (see xslot.go), and it counts among those returned.
 func ReclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time) (int, error) {
-	return reclaimExpired(ctx, c, k, now, func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd {
+	n, finished, err := reclaimExpired(ctx, c, k, now, func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd {
 		return s.Run(ctx, c, ks, args...)
 	})
+	return n + finished, err
 }
 
 // scriptRunner runs a result-writing script (Transport.runScript, or the
 // plain client).
 type scriptRunner func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd
 
-func reclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time, run scriptRunner) (int, error) {
+// reclaimExpired is ReclaimExpired, counting apart the cross-slot settles
+// it finished (finished) from the claims it returned to the queue (n).
+func reclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time, run scriptRunner) (n, finished int, err error) {
 	upTo := strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
-	total := 0
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, more, err := reclaimRound(cctx, c, k, upTo, run)
+		rn, rf, more, err := reclaimRound(cctx, c, k, upTo, run)
 		cancel()
-		total += n
+		n, finished = n+rn, finished+rf
 		if err != nil {
-			return total, fmt.Errorf("reclaim expired claims of %s: %w", k.Name, err)
+			return n, finished, fmt.Errorf("reclaim expired claims of %s: %w", k.Name, err)
 		}
 		if !more {
-			return total, nil
+			return n, finished, nil
 		}
 	}
 }
 
-// reclaimRound reclaims one page of expired claims; more reports a full page.
-func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string, run scriptRunner) (n int, more bool, err error) {
+// reclaimRound reclaims one page of expired claims, returning n to the
+// queue and finishing the cross-slot settles of finished; more reports a
+// full page.
+func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string, run scriptRunner) (n, finished int, more bool, err error) {
 	cks, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: "-inf", Stop: upTo, Count: reclaimPage}).Result()
 	if err != nil || len(cks) == 0 {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	members, err := c.HMGet(ctx, k.Claimed, cks...).Result()
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	args := make([]any, 0, 2*len(cks))
 	for i, ck := range cks {
@@ -427,19 +436,17 @@ func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo strin
 	}
 	raw, err := keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	if len(raw) == 0 || len(raw)%2 != 1 {
-		return 0, false, fmt.Errorf("reclaim: unexpected reply of %d elements", len(raw))
+		return 0, 0, false, fmt.Errorf("reclaim: unexpected reply of %d elements", len(raw))
 	}
 	r, _ := raw[0].(int64)
 	n = int(r)
 	if len(raw) > 1 {
-		var done int
-		done, err = finishSettles(ctx, c, k, raw[1:], run)
-		n += done
+		finished, err = finishSettles(ctx, c, k, raw[1:], run)
 	}
-	return n, len(cks) == reclaimPage && n > 0, err
+	return n, finished, len(cks) == reclaimPage && n+finished > 0, err
 }
 
 // reclaimLegacy returns the expired leases of earlier sluice versions.
@@ -712,7 +719,7 @@ func (t *Transport) Events() map[string]int64 {
 	s := t.Stats()
 	return map[string]int64{"claimed": s.Claimed, "late_results": s.LateResults, "late_requeues": s.LateRequeues,
 		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp, "adopted_retries": s.AdoptedRetries,
-		"replica_shortfalls": t.replicaShortfalls.Load()}
+		"replica_shortfalls": t.replicaShortfalls.Load(), "cross_slot_finished": t.xslotFinished.Load()}
 }
 
 var _ transport.EventCounter = (*Transport)(nil)

@@ -189,7 +189,10 @@ func crossSlotCrash(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 	for _, pt := range points {
 		t.Run(pt.name, func(t *testing.T) {
 			q, res := upstreamPair(t, "xs-crash-"+strings.ToLower(pt.name))
-			results := crashAndRecover(t, f, c, q, res, pt.point, false)
+			results, finished := crashAndRecover(t, f, c, q, res, pt.point, false)
+			if wantFinished := pt.point == rss.FaultBeforePush || pt.point == rss.FaultBeforeCommit; wantFinished != (finished > 0) {
+				t.Errorf("B finished %d settle(s) of A's after a crash %s", finished, pt.name)
+			}
 			fromA := 0
 			for _, r := range results {
 				if strings.Contains(r, "from-a") {
@@ -211,7 +214,7 @@ func crossSlotCrash(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 	// id and request_token, which a consumer drops by (id, request_token).
 	t.Run("MarkerExpired", func(t *testing.T) {
 		q, res := upstreamPair(t, "xs-crash-window")
-		results := crashAndRecover(t, f, c, q, res, rss.FaultBeforeCommit, true)
+		results, _ := crashAndRecover(t, f, c, q, res, rss.FaultBeforeCommit, true)
 		seen := map[string]string{}
 		dups := 0
 		for _, r := range results {
@@ -244,10 +247,10 @@ func crossSlotCrash(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 const crashRequests = 6
 
 // crashAndRecover runs the crash of crossSlotCrash at point and returns
-// every result written to res. With dropMarkers, the pushed set of res is
+// every result written to res and how many settles B finished. With dropMarkers, the pushed set of res is
 // deleted after the crash. Unless dropMarkers, it fails the test unless
 // there is exactly one result per request.
-func crashAndRecover(t *testing.T, f *fixture, c *testenv.RedisCluster, q, res string, point int, dropMarkers bool) []string {
+func crashAndRecover(t *testing.T, f *fixture, c *testenv.RedisCluster, q, res string, point int, dropMarkers bool) (results []string, finished int64) {
 	ctx := context.Background()
 	cl := f.prod.Client()
 	for i := range crashRequests {
@@ -358,8 +361,9 @@ func crashAndRecover(t *testing.T, f *fixture, c *testenv.RedisCluster, q, res s
 			t.Errorf("%s holds %d entries after the recovery", key, n)
 		}
 	}
-	t.Logf("crash at %d: %d results, B reclaimed or finished %d", point, len(raw), b.Stats().Reclaimed)
-	return raw
+	finished = b.Events()["cross_slot_finished"]
+	t.Logf("crash at %d: %d results; B returned %d request(s) to the queue and finished %d settle(s)", point, len(raw), b.Stats().Reclaimed, finished)
+	return raw, finished
 }
 
 // sameSlotOneScript: with one hash tag on the queue and its list the
