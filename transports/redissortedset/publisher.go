@@ -143,6 +143,9 @@ type settler struct {
 // maxSettleBatch bounds one settle call.
 const maxSettleBatch = 256
 
+// crossSlotWorkers is how many batches of a cross-slot settler run at once.
+const crossSlotWorkers = 3
+
 // settler returns the settler of (qs, list), starting it.
 func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 	key := [2]string{qs.k.Name, list}
@@ -163,8 +166,17 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 		t.warnCrossSlotLocked(qs.k.Name, list)
 	}
 	t.batchers[key] = s
-	t.wg.Add(1)
-	go s.run()
+	// A cross-slot settle takes three round trips: that many batches are
+	// in flight at once, each in its own step (batches share no claim, and
+	// each keeps its own steps in order).
+	workers := 1
+	if s.cross {
+		workers = crossSlotWorkers
+	}
+	t.wg.Add(workers)
+	for range workers {
+		go s.run()
+	}
 	return s, nil
 }
 
