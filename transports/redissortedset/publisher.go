@@ -241,7 +241,11 @@ func (s *settler) run() {
 		} else {
 			args = args[:0]
 			for _, it := range batch {
-				args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, it.payloadKey, it.ttl)
+				pk := it.payloadKey
+				if s.t.cluster {
+					pk = "" // another slot: the publisher deletes it
+				}
+				args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, pk, it.ttl)
 			}
 			st, err = s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()
 			if err == nil && len(st) != len(batch) {
