@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -70,17 +71,24 @@ func TestRedisCommandsCluster(t *testing.T) {
 	}
 }
 
-// TestValidateClusterSlots: `sluice validate` refuses, without a server, a
-// cluster queue whose result list is in another hash slot.
+// TestValidateClusterSlots: `sluice validate`, without a server, accepts
+// a cluster queue whose result list is in another hash slot (upstream's
+// names) with a warning that it takes the cross-slot settle, and one whose
+// names share a hash tag without it.
 func TestValidateClusterSlots(t *testing.T) {
-	cfg := `{"queues":[{"queue_name":"llm-d-async:requests:{pool-a}","igw_base_url":"http://gw:80"}],"result_queue_name":"results"}`
+	cfg := `{"queues":[{"queue_name":"llm-d-async:requests:pool-a","igw_base_url":"http://gw:80","result_queue_name":"llm-d-async:results:pool-a:$batch"}]}`
 	url := "redis://127.0.0.1:1?addr=127.0.0.1:2"
 	out, err := run(t, "validate", "--transport", "redis-sortedset", "--transport-config", cfg, "--redis.mode", "cluster", "--redis.url", url)
-	if err == nil || !strings.Contains(out+err.Error(), "hash slot") {
-		t.Fatalf("validate: %q %v, want an error naming hash slots", out, err)
+	if err != nil || !regexp.MustCompile(`(?m)^warning: transport_config\.queues\[0\]: .*different hash slots: results take the cross-slot settle`).MatchString(out) {
+		t.Fatalf("validate with upstream's names: %q %v, want ok and a warning naming the cross-slot settle", out, err)
 	}
-	cfg = strings.Replace(cfg, `"results"`, `"llm-d-async:results:{pool-a}:$batch"`, 1)
-	if out, err := run(t, "validate", "--transport", "redis-sortedset", "--transport-config", cfg, "--redis.mode", "cluster", "--redis.url", url); err != nil {
-		t.Fatalf("validate with one hash tag: %q %v", out, err)
+	cfg = strings.NewReplacer("pool-a", "{pool-a}").Replace(cfg)
+	out, err = run(t, "validate", "--transport", "redis-sortedset", "--transport-config", cfg, "--redis.mode", "cluster", "--redis.url", url)
+	if err != nil || strings.Contains(out, "cross-slot") {
+		t.Fatalf("validate with one hash tag: %q %v, want ok without a cross-slot warning", out, err)
+	}
+	bad := `{"queues":[{"queue_name":"plain}brace","igw_base_url":"http://gw:80"}]}`
+	if out, err := run(t, "validate", "--transport", "redis-sortedset", "--transport-config", bad, "--redis.mode", "cluster", "--redis.url", url); err == nil || !strings.Contains(out+err.Error(), "hash tag") {
+		t.Fatalf("validate with a lone brace: %q %v, want an error naming hash tags", out, err)
 	}
 }

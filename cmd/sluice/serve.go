@@ -343,11 +343,12 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 				return err
 			}
 			cfg, err := f.load(cmd.Flags())
+			var warnings []string
 			if err == nil {
 				_, err = f.reload(cmd.Flags())
 			}
 			if err == nil {
-				err = app.Check(cfg, ad)
+				warnings, err = app.CheckWarnings(cfg, ad)
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {
@@ -355,7 +356,7 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 				}
 				return exitError{1}
 			}
-			for _, w := range f.warnings {
+			for _, w := range append(f.warnings, warnings...) {
 				fmt.Fprintln(out, "warning:", w)
 			}
 			fmt.Fprintf(out, "ok: transport %s, %d queue(s)\n", cfg.Transport, len(cfg.TransportConfig.Queues))

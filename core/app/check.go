@@ -21,9 +21,18 @@ import (
 // components' that the config's problems leave buildable (a known
 // transport, a known gate type).
 func Check(cfg *config.Config, ad Adapters) error {
+	_, err := CheckWarnings(cfg, ad)
+	return err
+}
+
+// CheckWarnings is Check, also returning what the transport says of queues
+// that work but not as their user may expect (transport.QueueWarner), one
+// line each, prefixed with where the queue is.
+func CheckWarnings(cfg *config.Config, ad Adapters) ([]string, error) {
 	ad.setDefaults()
 	cfg.SetDefaults()
 	var errs []error
+	var warnings []string
 	k := ad.known(false)
 	cfgErr := cfg.Validate(k)
 	if cfgErr != nil {
@@ -44,6 +53,13 @@ func Check(cfg *config.Config, ad Adapters) error {
 				for i, q := range cfg.TransportConfig.Queues {
 					if err := qc.CheckQueue(q.Queue); err != nil {
 						errs = append(errs, fmt.Errorf("transport_config.queues[%d]: %w", i, err))
+					}
+				}
+			}
+			if qw, ok := tp.(transport.QueueWarner); ok {
+				for i, q := range cfg.TransportConfig.Queues {
+					for _, w := range qw.QueueWarnings(q.Queue) {
+						warnings = append(warnings, fmt.Sprintf("transport_config.queues[%d]: %s", i, w))
 					}
 				}
 			}
@@ -79,7 +95,7 @@ func Check(cfg *config.Config, ad Adapters) error {
 			errs = append(errs, fmt.Errorf("worker_pools[%d] (%s).gate_params: %w", i, wp.ID, err))
 		}
 	}
-	return errors.Join(errs...)
+	return warnings, errors.Join(errs...)
 }
 
 // checkGate builds a queue's gate, asks what it can tell without its

@@ -205,6 +205,15 @@ type QueueChecker interface {
 	CheckQueue(q Queue) error
 }
 
+// QueueWarner is implemented by a transport that can tell, without I/O,
+// that a queue works but differently from what its user may expect (for
+// example a Redis Cluster queue whose result list is in another hash slot,
+// written in more than one step). `sluice validate` prints each line as a
+// warning; the transport logs them itself when it serves the queue.
+type QueueWarner interface {
+	QueueWarnings(q Queue) []string
+}
+
 // Env is what a transport factory gets besides its own options.
 type Env struct {
 	Logger *slog.Logger

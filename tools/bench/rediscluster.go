@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
@@ -29,6 +30,7 @@ func redisClusterTargets() []target {
 	return []target{
 		minimum("ratio", 0.70, "the redis-sortedset bound, on a cluster, sluice at 256 in flight against the plain loop"),
 		reportedOnly("ratio_default_concurrency", "at 64 in flight the rate is in-flight depth over Redis round trips"),
+		reportedOnly("ratio_cross_slot", "upstream's names (result lists in other hash slots): three round trips per settle batch instead of one"),
 		noFailures("failed"),
 		noFailures("baseline_failed"),
 	}
@@ -47,7 +49,15 @@ func redisClusterTargets() []target {
 // with a 0-ms gateway the rate is the in-flight depth over Redis round
 // trips, so the default's 64 measures the limit, not the overhead. The
 // order alternates run by run (sluice at 256, sluice at the default, the
-// baseline; then the reverse); failed counts both sluice setups.
+// baseline; then the reverse); failed counts every sluice setup.
+//
+// The cross-slot variant (throughput_cross_slot, ratio_cross_slot) runs
+// sluice at 256 in flight on three queues with upstream's names
+// (llm-d-async:requests:<pool>, llm-d-async:results:<pool>:$batch: no hash
+// tag, so each result list is in another slot than its queue, and the
+// results are written by the three-step cross-slot settle), one queue per
+// master, against the same baseline; cross_slot_queues counts the queues
+// whose list is indeed in another slot.
 func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	const perQueue = 20_000
 	c, stop, err := startBenchCluster()
@@ -77,7 +87,21 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	for _, pool := range pools {
 		queues, lists = append(queues, p.Names().RequestQueue(pool)), append(lists, p.Names().ResultQueue(pool, ""))
 	}
-	fill := func(ctx context.Context) error {
+	xqueue := func(pool string) string { return "llm-d-async:requests:" + pool }
+	xis, err := c.SpreadOverMasters(ctx, func(i int) string { return xqueue("benchx-" + strconv.Itoa(i)) })
+	if err != nil {
+		return nil, err
+	}
+	var xqueues, xlists []string
+	cross := 0
+	for _, i := range xis {
+		pool := "benchx-" + strconv.Itoa(i)
+		xqueues, xlists = append(xqueues, xqueue(pool)), append(xlists, "llm-d-async:results:"+pool+":$batch")
+		if redisclient.Slot(xqueues[len(xqueues)-1]) != redisclient.Slot(xlists[len(xlists)-1]) {
+			cross++
+		}
+	}
+	fillQueues := func(ctx context.Context, queues []string) error {
 		if err := flushAll(ctx, pc); err != nil {
 			return err
 		}
@@ -95,8 +119,9 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 		}
 		return nil
 	}
+	fill := func(ctx context.Context) error { return fillQueues(ctx, queues) }
 	n := perQueue * len(queues)
-	var sl, def, base samples
+	var sl, def, base, xs samples
 	sluiceAt := func(concurrency int, into *samples, what string) side {
 		return func(ctx context.Context, _ int) error {
 			if err := fill(ctx); err != nil {
@@ -113,6 +138,17 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	err = alternate(ctx, o.runs,
 		sluiceAt(baseWorkers, &sl, "sluice"),
 		sluiceAt(0, &def, "sluice at default concurrency"),
+		func(ctx context.Context, _ int) error {
+			if err := fillQueues(ctx, xqueues); err != nil {
+				return err
+			}
+			s, err := benchSluiceQueues(ctx, c.URL, "cluster", gw, pc, xqueues, xlists, perQueue*len(xqueues), baseWorkers)
+			if err != nil {
+				return fmt.Errorf("sluice cross-slot: %w", err)
+			}
+			xs = append(xs, s)
+			return nil
+		},
 		func(ctx context.Context, _ int) error {
 			if err := fill(ctx); err != nil {
 				return err
@@ -133,7 +169,10 @@ func runRedisCluster(ctx context.Context, o options) (figures, error) {
 	f["requests"], f["masters"], f["concurrency"], f["rss_mb"] = float64(n), float64(c.Masters), baseWorkers, rssMB()
 	f["throughput_default_concurrency"] = median(def.rates())
 	f["ratio_default_concurrency"] = medianRatio(def.rates(), base.rates())
-	f["failed"] += def.failed()
+	f["throughput_cross_slot"] = median(xs.rates())
+	f["ratio_cross_slot"] = medianRatio(xs.rates(), base.rates())
+	f["cross_slot_queues"] = float64(cross)
+	f["failed"] += def.failed() + xs.failed()
 	return f, nil
 }
 

@@ -350,8 +350,10 @@ func (s *source) answerUnavailable(m *message.Message, msg string) {
 
 // resultItem is the settle of result for delivery m of queue q: fenced by
 // its claim, with upstream's request_token added to the result, the
-// cleanup of upstream's cancellation keys and payload key (single node;
-// a cluster deletes the payload key apart) and the result list's ttl.
+// cleanup of upstream's cancellation keys (single node) and payload key
+// (in the settle on a single node; apart in a cluster, by the publisher or,
+// for a cross-slot settle a reclaimer finishes, from its record) and the
+// result list's ttl.
 func (t *Transport) resultItem(q transport.Queue, m *message.Message, result []byte) settleItem {
 	it := settleItem{mode: 'r', token: m.Metadata.Get(MetaLease), claim: m.Metadata.Get(MetaClaim), result: result}
 	if tok := m.Metadata.Get(metaRequestToken); tok != "" {
@@ -360,9 +362,7 @@ func (t *Transport) resultItem(q transport.Queue, m *message.Message, result []b
 			it.reqID, it.reqToken = m.Metadata.Get(metaRequestID), tok
 		}
 	}
-	if !t.cluster {
-		it.payloadKey = m.Metadata.Get(metaPayloadKey)
-	}
+	it.payloadKey = m.Metadata.Get(metaPayloadKey) // a cluster's one-script settle leaves it to the publisher (another slot)
 	if v := m.Metadata.Get(metaTTL); v != "" {
 		it.ttl, _ = strconv.ParseInt(v, 10, 64)
 	} else {

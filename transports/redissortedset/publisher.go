@@ -45,6 +45,9 @@ func (p *publisher) Publish(topic string, ms ...*message.Message) error {
 		if err := p.t.settleRetrying(p.qs, list, it); err != nil {
 			return err
 		}
+		if err := p.t.fault(faultBeforePayloadDel); err != nil {
+			return err
+		}
 		if key := m.Metadata.Get(metaPayloadKey); key != "" && p.t.cluster {
 			// In a cluster the payload key is in another slot than the
 			// claim: deleted after the result, as upstream does there (it
@@ -75,7 +78,9 @@ func (t *Transport) settleRetrying(qs *queueState, list string, it settleItem) e
 	give := time.Now().Add(ms(t.opts.ResultRetryMS))
 	backoff := 50 * time.Millisecond
 	for {
-		ok, err := s.submit(it)
+		o := s.submit(it)
+		ok, err := o.ok, o.err
+		it.pushed = it.pushed || o.pushed
 		if err == nil {
 			qs.settle(it.token)
 			if !ok {
@@ -110,25 +115,36 @@ type settleItem struct {
 	reqID, reqToken string
 	payloadKey      string
 	ttl             int64
-	done            chan settleOutcome
+	// pushed is set once a cross-slot settle pushed the result (see
+	// xslot.go): a retry then only commits.
+	pushed bool
+	done   chan settleOutcome
 }
 
 type settleOutcome struct {
-	ok  bool
-	err error
+	ok, pushed bool
+	err        error
 }
 
 // settler batches the settles of concurrent handlers into one script call
 // (group commit): while one call runs, the next batch gathers.
 type settler struct {
-	t     *Transport
-	keys  []string
+	t    *Transport
+	keys []string
+	// q and list are the claims' queue and the result list; cross is set
+	// when they are in different hash slots (see xslot.go).
+	q     keys.Queue
+	list  string
+	cross bool
 	ch    chan settleItem
 	dones sync.Pool // chan settleOutcome, empty, for reuse by submit
 }
 
 // maxSettleBatch bounds one settle call.
 const maxSettleBatch = 256
+
+// crossSlotWorkers is how many batches of a cross-slot settler run at once.
+const crossSlotWorkers = 3
 
 // settler returns the settler of (qs, list), starting it.
 func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
@@ -141,17 +157,30 @@ func (t *Transport) settler(qs *queueState, list string) (*settler, error) {
 	if t.closed {
 		return nil, ErrClosed
 	}
-	if err := t.names.CheckSlots(qs.k.Name, list); err != nil {
+	if err := t.names.CheckSlots(qs.k.Name); err != nil {
 		return nil, err
 	}
-	s := &settler{t: t, keys: []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, list, qs.k.Dead, qs.k.Stats, qs.k.Redeliveries}, ch: make(chan settleItem)}
+	s := &settler{t: t, keys: []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, list, qs.k.Dead, qs.k.Stats, qs.k.Redeliveries},
+		q: qs.k, list: list, cross: t.names.CrossSlot(qs.k.Name, list), ch: make(chan settleItem)}
+	if s.cross {
+		t.warnCrossSlotLocked(qs.k.Name, list)
+	}
 	t.batchers[key] = s
-	t.wg.Add(1)
-	go s.run()
+	// A cross-slot settle takes three round trips: that many batches are
+	// in flight at once, each in its own step (batches share no claim, and
+	// each keeps its own steps in order).
+	workers := 1
+	if s.cross {
+		workers = crossSlotWorkers
+	}
+	t.wg.Add(workers)
+	for range workers {
+		go s.run()
+	}
 	return s, nil
 }
 
-func (s *settler) submit(it settleItem) (bool, error) {
+func (s *settler) submit(it settleItem) settleOutcome {
 	done, _ := s.dones.Get().(chan settleOutcome)
 	if done == nil {
 		done = make(chan settleOutcome, 1)
@@ -161,11 +190,11 @@ func (s *settler) submit(it settleItem) (bool, error) {
 	case s.ch <- it:
 	case <-s.t.closing:
 		s.dones.Put(done)
-		return false, ErrClosed
+		return settleOutcome{err: ErrClosed}
 	}
 	o := <-done // run sends exactly once per item: done is empty again
 	s.dones.Put(done)
-	return o.ok, o.err
+	return o
 }
 
 // modeArg is the settle script's mode argument for mode (a constant, so
@@ -203,22 +232,36 @@ func (s *settler) run() {
 				break gather
 			}
 		}
-		args = args[:0]
-		for _, it := range batch {
-			args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, it.payloadKey, it.ttl)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, err := s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()
-		cancel()
-		if err == nil && len(st) != len(batch) {
-			err = fmt.Errorf("settle: %d statuses for %d items", len(st), len(batch))
-		}
-		for i, it := range batch {
-			if err != nil {
-				it.done <- settleOutcome{err: err}
-				continue
+		var st []int64
+		var pushed []bool
+		var err error
+		if s.cross {
+			st, pushed, err = s.flushCross(ctx, batch)
+		} else {
+			args = args[:0]
+			for _, it := range batch {
+				pk := it.payloadKey
+				if s.t.cluster {
+					pk = "" // another slot: the publisher deletes it
+				}
+				args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, pk, it.ttl)
 			}
-			it.done <- settleOutcome{ok: st[i] == 1}
+			st, err = s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()
+			if err == nil && len(st) != len(batch) {
+				err = fmt.Errorf("settle: %d statuses for %d items", len(st), len(batch))
+			}
+		}
+		cancel()
+		for i, it := range batch {
+			o := settleOutcome{err: err}
+			if pushed != nil {
+				o.pushed = pushed[i]
+			}
+			if err == nil {
+				o.ok = st[i] == 1
+			}
+			it.done <- o
 		}
 	}
 }

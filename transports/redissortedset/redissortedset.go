@@ -140,14 +140,20 @@ type Transport struct {
 	mu       sync.Mutex
 	queues   map[string]*queueState
 	batchers map[[2]string]*settler
+	warned   map[[2]string]bool // (queue, result list) pairs said to take the cross-slot settle
 	closed   bool
 	adopting bool // the loop adopting upstream's retry set runs
 
 	cancels cancelCache
 
+	// faultHook, when set (by tests), is called before each step of a
+	// cross-slot settle; an error it returns fails the step (see fault).
+	faultHook func(point int) error
+
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
 	adopted, adoptSkipped                                             atomic.Int64
 	replicaShortfalls                                                 atomic.Int64
+	xslotFinished                                                     atomic.Int64
 }
 
 var (
@@ -189,6 +195,7 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 		closing:  make(chan struct{}),
 		queues:   map[string]*queueState{},
 		batchers: map[[2]string]*settler{},
+		warned:   map[[2]string]bool{},
 	}, nil
 }
 
@@ -353,7 +360,7 @@ func (t *Transport) reclaimLoop(qs *queueState) {
 // another sluice replica, or an upstream replica), to the queue, and the
 // expired leases of earlier sluice versions.
 func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
-	n, err := ReclaimExpired(ctx, t.client, qs.k, time.Now())
+	n, finished, err := reclaimExpired(ctx, t.client, qs.k, time.Now(), t.runScript)
 	if err == nil {
 		var legacy int
 		legacy, err = reclaimLegacy(ctx, t.client, qs.k)
@@ -361,6 +368,10 @@ func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
 	}
 	if err != nil && ctx.Err() == nil {
 		t.log.Warn("reclaiming expired claims failed", "queue", qs.k.Name, "err", err)
+	}
+	if finished > 0 {
+		t.xslotFinished.Add(int64(finished))
+		t.log.Info("finished writing results of expired claims across hash slots (their owner stopped between the steps)", "queue", qs.k.Name, "count", finished)
 	}
 	if n > 0 {
 		t.reclaimed.Add(int64(n))
@@ -377,40 +388,69 @@ const reclaimPage = 100
 // now (by the index; the script checks again by Redis' clock) to the queue
 // with its stored member, scored by QueueScore, as upstream's reclaimer
 // does; it returns how many it returned.
+//
+// A claim whose owner died while writing its result to a list in another
+// hash slot is not returned to the queue: its write is finished instead
+// (see xslot.go), and it counts among those returned.
 func ReclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time) (int, error) {
+	n, finished, err := reclaimExpired(ctx, c, k, now, func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd {
+		return s.Run(ctx, c, ks, args...)
+	})
+	return n + finished, err
+}
+
+// scriptRunner runs a result-writing script (Transport.runScript, or the
+// plain client).
+type scriptRunner func(ctx context.Context, s *redis.Script, ks []string, args ...any) *redis.Cmd
+
+// reclaimExpired is ReclaimExpired, counting apart the cross-slot settles
+// it finished (finished) from the claims it returned to the queue (n).
+func reclaimExpired(ctx context.Context, c redis.Cmdable, k keys.Queue, now time.Time, run scriptRunner) (n, finished int, err error) {
 	upTo := strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
-	total := 0
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, more, err := reclaimRound(cctx, c, k, upTo)
+		rn, rf, more, err := reclaimRound(cctx, c, k, upTo, run)
 		cancel()
-		total += n
+		n, finished = n+rn, finished+rf
 		if err != nil {
-			return total, fmt.Errorf("reclaim expired claims of %s: %w", k.Name, err)
+			return n, finished, fmt.Errorf("reclaim expired claims of %s: %w", k.Name, err)
 		}
 		if !more {
-			return total, nil
+			return n, finished, nil
 		}
 	}
 }
 
-// reclaimRound reclaims one page of expired claims; more reports a full page.
-func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string) (n int, more bool, err error) {
+// reclaimRound reclaims one page of expired claims, returning n to the
+// queue and finishing the cross-slot settles of finished; more reports a
+// full page.
+func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo string, run scriptRunner) (n, finished int, more bool, err error) {
 	cks, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: "-inf", Stop: upTo, Count: reclaimPage}).Result()
 	if err != nil || len(cks) == 0 {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	members, err := c.HMGet(ctx, k.Claimed, cks...).Result()
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	args := make([]any, 0, 2*len(cks))
 	for i, ck := range cks {
 		m, _ := members[i].(string)
 		args = append(args, ck, QueueScore([]byte(m))) // a ghost (no member) is dropped by the script
 	}
-	n, err = keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats}, args...).Int()
-	return n, len(cks) == reclaimPage && n > 0, err
+	raw, err := keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if len(raw) == 0 || len(raw)%2 != 1 {
+		return 0, 0, false, fmt.Errorf("reclaim: unexpected reply of %d elements", len(raw))
+	}
+	r, _ := raw[0].(int64)
+	n = int(r)
+	if len(raw) > 1 {
+		finished, err = finishSettles(ctx, c, k, raw[1:], run)
+	}
+	return n, finished, len(cks) == reclaimPage && n+finished > 0, err
 }
 
 // reclaimLegacy returns the expired leases of earlier sluice versions.
@@ -445,7 +485,7 @@ func (t *Transport) release(ctx context.Context, qs *queueState, hs ...heldClaim
 	for _, h := range hs {
 		args = append(args, h.token, h.claim, h.score)
 	}
-	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name}, args...).Err()
+	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name, qs.k.Settling}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("hand back %d request(s) to %s: %w", len(hs), qs.k.Name, err)
 	}
@@ -562,13 +602,16 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 		}
 	}
 	delay := max((time.Until(due) + time.Millisecond - 1).Milliseconds(), 0) // rounded up: never due early
-	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries},
+	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries, qs.k.Settling},
 		token, m.Metadata.Get(MetaClaim), delay, score, payload).Int()
 	if err != nil {
 		return fmt.Errorf("requeue to %s: %w", qs.k.Delayed, err)
 	}
 	qs.settle(token)
-	if n == 0 {
+	switch n {
+	case 2:
+		t.log.Warn("retry dropped: a result of this request is being written to a result list in another hash slot; the reclaimer finishes that write", "queue", q.Name)
+	case 0:
 		t.lateRequeues.Add(1)
 		t.log.Warn("retry dropped: the lease was lost and the request handed to another claim", "queue", q.Name)
 	}
@@ -624,21 +667,47 @@ func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	qs := t.queue(q.Name)
 	t.mu.Lock()
 	qs.served, qs.id = true, q.ID
+	if t.names.CrossSlot(q.Name, q.ResultName) {
+		t.warnCrossSlotLocked(q.Name, q.ResultName)
+	}
 	t.mu.Unlock()
 	return &source{t: t, q: q, qs: qs}, nil
 }
 
+// warnCrossSlotLocked logs, once per pair, that queue's results to list
+// take the cross-slot settle. t.mu is held.
+func (t *Transport) warnCrossSlotLocked(queue, list string) {
+	if k := [2]string{queue, list}; !t.warned[k] {
+		t.warned[k] = true
+		t.log.Warn(crossSlotWarning(t.names, queue, list))
+	}
+}
+
 // CheckQueue implements transport.QueueChecker: result_ttl_seconds must not
-// be negative, and on a Redis Cluster the queue's keys and its result list
-// must share a hash slot.
+// be negative, and on a Redis Cluster the queue's own keys must share its
+// hash slot (a result list in another slot is settled in three steps, see
+// xslot.go, and said by QueueWarnings).
 func (t *Transport) CheckQueue(q transport.Queue) error {
 	if q.ResultTTLSeconds < 0 {
 		return fmt.Errorf("queue %s: result_ttl_seconds %d must not be negative (0: the result list does not expire)", q.Name, q.ResultTTLSeconds)
 	}
-	return t.names.CheckSlots(q.Name, q.ResultName)
+	return t.names.CheckSlots(q.Name)
 }
 
-var _ transport.QueueChecker = (*Transport)(nil)
+// QueueWarnings implements transport.QueueWarner: on a Redis Cluster, a
+// result list in another hash slot than its queue takes the cross-slot
+// settle.
+func (t *Transport) QueueWarnings(q transport.Queue) []string {
+	if !t.names.CrossSlot(q.Name, q.ResultName) {
+		return nil
+	}
+	return []string{crossSlotWarning(t.names, q.Name, q.ResultName)}
+}
+
+var (
+	_ transport.QueueChecker = (*Transport)(nil)
+	_ transport.QueueWarner  = (*Transport)(nil)
+)
 
 // Publisher implements transport.Transport: results are written by the
 // fenced settle script (result + lease removal in one step).
@@ -654,7 +723,7 @@ func (t *Transport) Events() map[string]int64 {
 	s := t.Stats()
 	return map[string]int64{"claimed": s.Claimed, "late_results": s.LateResults, "late_requeues": s.LateRequeues,
 		"reclaimed": s.Reclaimed, "lost_leases": s.LostLeases, "gave_up": s.GaveUp, "adopted_retries": s.AdoptedRetries,
-		"replica_shortfalls": t.replicaShortfalls.Load()}
+		"replica_shortfalls": t.replicaShortfalls.Load(), "cross_slot_finished": t.xslotFinished.Load()}
 }
 
 var _ transport.EventCounter = (*Transport)(nil)

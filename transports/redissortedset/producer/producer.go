@@ -181,7 +181,7 @@ func (p *Producer) EnqueueMany(ctx context.Context, queue string, reqs []*wire.R
 	if p.cfg.Envelope {
 		return p.submitEnvelopes(ctx, queue, reqs)
 	}
-	if err := p.names.CheckSlots(queue, ""); err != nil {
+	if err := p.names.CheckSlots(queue); err != nil {
 		return err
 	}
 	k := p.names.Queue(queue)

@@ -9,6 +9,7 @@
 //	Q:claimed         claims in flight: claim id -> message (upstream's layout, below)
 //	Q:claim-owners    claim id -> owner token
 //	Q:claims-idx      claim id -> lease expiry (Unix s)
+//	Q:settling        claim id -> a result being written across hash slots (cluster; see SettlePrepare)
 //	Q:redeliveries    message -> leases lost so far (only for reclaimed messages)
 //	Q:leases, Q:leased  the lease layout of earlier sluice versions (reclaimed, never written)
 //	Q:delayed         retries: "<score>|<message>" -> due time (Unix ms); name configurable
@@ -29,6 +30,7 @@
 //	P:cancel                  pub/sub channel of cancellations
 //	P:jobq:<job>              request queues holding waiting messages of a job
 //	R:pending                 result leases of the durable result reader (R = result list)
+//	{R}:sluice-pushed         owner tokens whose result a cross-slot settle pushed to R -> expiry (ms)
 //
 // Upstream's keys, read and cleaned when sluice takes over from it (no prefix):
 //
@@ -144,6 +146,7 @@ func (n Names) Queue(name string) Queue {
 		Claimed:      base + ":claimed",
 		Owners:       base + ":claim-owners",
 		ClaimsIdx:    base + ":claims-idx",
+		Settling:     base + ":settling",
 		ClaimCalls:   base + ":claim-call:",
 		Leases:       base + ":leases",
 		Leased:       base + ":leased",
@@ -166,10 +169,11 @@ func (n Names) Pending(r string) string {
 	return r + ":pending"
 }
 
-// CheckSlots reports, in a cluster, a request queue whose keys or result
-// list would not share one hash slot (a script touching them would fail
-// with CROSSSLOT), naming the fix. It accepts anything on a single node.
-func (n Names) CheckSlots(queue, resultList string) error {
+// CheckSlots reports, in a cluster, a request queue whose own keys would
+// not share one hash slot (a script touching them would fail with
+// CROSSSLOT), naming the fix. It accepts anything on a single node. A
+// result list in another slot is not an error: see CrossSlot.
+func (n Names) CheckSlots(queue string) error {
 	if !n.Cluster {
 		return nil
 	}
@@ -183,12 +187,31 @@ func (n Names) CheckSlots(queue, resultList string) error {
 			return fmt.Errorf("queue %s: its key %s hashes to slot %d, the queue to %d: in cluster mode retry_queue_name must put {queue} before any brace of its own", queue, key, redisclient.Slot(key), want)
 		}
 	}
-	if resultList != "" && redisclient.Slot(resultList) != want {
-		return fmt.Errorf("result list %s is in hash slot %d but its request queue %s in %d: in cluster mode a result is written in the same step as the lease it settles, so both must share a slot; give them one hash tag (e.g. queue %s, results %s)",
-			resultList, redisclient.Slot(resultList), queue, want, n.RequestQueue("<pool>"), n.ResultQueue("<pool>", "<tenant>"))
-	}
 	return nil
 }
+
+// CrossSlot reports whether, in a cluster, resultList is in another hash
+// slot than request queue queue, so that a result cannot be written in the
+// same script as the claim it settles is dropped: the transport then
+// settles in three steps (SettlePrepare, PushOnce, SettleCommit). Upstream's
+// own names (P:requests:<pool>, P:results:<pool>:<tenant>, no hash tag) are
+// such a pair; one hash tag on both (P:requests:{pool},
+// P:results:{pool}:<tenant>) keeps the one-script settle.
+func (n Names) CrossSlot(queue, resultList string) bool {
+	return n.Cluster && resultList != "" && redisclient.Slot(resultList) != redisclient.Slot(queue)
+}
+
+// CrossSlotHint is the advice given with a cross-slot pair (the names that
+// keep the one-script settle).
+func (n Names) CrossSlotHint() string {
+	return fmt.Sprintf("give the queue and its result list one hash tag (e.g. queue %s, results %s) to keep the one-script settle",
+		Names{Prefix: n.Prefix, Cluster: true}.RequestQueue("<pool>"), Names{Prefix: n.Prefix, Cluster: true}.ResultQueue("<pool>", "<tenant>"))
+}
+
+// Pushed is the set of owner tokens whose result a cross-slot settle has
+// pushed to result list r (see PushOnce): in r's hash slot, named so as not
+// to meet a durable result consumer's r:result-* keys.
+func Pushed(r string) string { return tagged(r) + ":sluice-pushed" }
 
 // tagged is redisclient.Tagged, falling back to braces around the key for
 // a name it refuses (CheckSlots reports such a name).
@@ -205,6 +228,9 @@ type Queue struct {
 	Name, Redeliveries, Delayed, Dead, Seq, JobPrefix, Notify, Stats string
 	// Claimed, Owners and ClaimsIdx are upstream's claim keys (see Claim).
 	Claimed, Owners, ClaimsIdx string
+	// Settling holds the results being written to a result list in another
+	// hash slot, by claim id (see SettlePrepare).
+	Settling string
 	// ClaimCalls prefixes the record of one claim call (see Claim).
 	ClaimCalls string
 	// Leases and Leased are the lease keys of earlier sluice versions,
@@ -486,15 +512,22 @@ return out
 // token: the claim is dropped and the message waits in the delay set
 // ("<score>|<message>" -> due ms), in one step, so a crash neither loses the
 // retry nor leaves a claim behind to be reclaimed beside it (upstream keeps
-// the claim while the retry waits and documents the duplicate).
+// the claim while the retry waits and documents the duplicate). A claim
+// whose result is being written across hash slots (a settling record of
+// this owner, KEYS[7]) is left as it is: its result may already be in the
+// result list, and the reclaimer finishes that write.
 //
-//	KEYS: claimed, owners, idx, delayed, stats, redeliveries
+//	KEYS: claimed, owners, idx, delayed, stats, redeliveries[, settling]
 //	ARGV: owner token, claim id, delay ms, score, message
-//	returns: 1, or 0 when the claim was lost
+//	returns: 1, 0 when the claim was lost, 2 when its result is being written
 var Requeue = redis.NewScript(`
 if ARGV[1] == '' or redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[1] then
   redis.call('HINCRBY', KEYS[5], 'late_requeues', 1)
   return 0
+end
+if KEYS[7] then
+  local r = redis.call('HGET', KEYS[7], ARGV[2])
+  if r and string.sub(r, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then return 2 end
 end
 local rec = redis.call('HGET', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[1], ARGV[2])
@@ -510,15 +543,23 @@ return 1
 // Release hands claimed messages back to their queue at the given score
 // (upstream's RELEASE: a nack or a shutdown; the delivery does not count),
 // each only while its owner token still owns the claim. Items are triples
-// (owner token, claim id, score).
+// (owner token, claim id, score). A claim whose result is being written
+// across hash slots (a settling record of the same owner in KEYS[5]) is not
+// handed back, since the result may already be written: its lease expires
+// and the reclaimer finishes the write (see SettlePrepare).
 //
-//	KEYS: claimed, owners, idx, queue
+//	KEYS: claimed, owners, idx, queue[, settling]
 //	returns: number of messages handed back
 var Release = redis.NewScript(`
 local n = 0
 for i = 1, #ARGV, 3 do
   local tok, ck = ARGV[i], ARGV[i + 1]
-  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
+  local busy = false
+  if KEYS[5] and tok ~= '' then
+    local r = redis.call('HGET', KEYS[5], ck)
+    busy = r and string.sub(r, 1, #tok + 1) == tok .. '|'
+  end
+  if not busy and tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
     local m = redis.call('HGET', KEYS[1], ck)
     redis.call('HDEL', KEYS[1], ck)
     redis.call('HDEL', KEYS[2], ck)
@@ -540,29 +581,175 @@ return n
 // longer) expired, by Redis' clock, is left alone; an index entry without
 // a claim (a ghost) is dropped.
 //
-//	KEYS: queue, claimed, owners, idx, redeliveries, stats
-//	returns: number of messages returned
+// An expired claim with a settling record of its owner (KEYS[7]: its
+// result was being written to a list in another hash slot when its owner
+// died) is not returned to the queue: its lease is renewed by the lease
+// the record names, and the claim id and record are returned for the
+// caller to finish the write (PushOnce, then SettleCommit). A settling
+// record of another owner (the claim was taken over since) is dropped and
+// the claim reclaimed as any other.
+//
+//	KEYS: queue, claimed, owners, idx, redeliveries, stats[, settling]
+//	returns: {number of messages returned, claim id, record, ...}
 var Reclaim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = 0
+local out = {0}
 for i = 1, #ARGV, 2 do
   local ck = ARGV[i]
   local exp = redis.call('ZSCORE', KEYS[4], ck)
   if exp and tonumber(exp) <= now then
-    local m = redis.call('HGET', KEYS[2], ck)
-    redis.call('ZREM', KEYS[4], ck)
-    if m then
-      redis.call('ZADD', KEYS[1], ARGV[i + 1], m)
-      redis.call('HDEL', KEYS[2], ck)
-      redis.call('HDEL', KEYS[3], ck)
-      redis.call('HINCRBY', KEYS[5], m, 1)
-      n = n + 1
+    local rec = false
+    if KEYS[7] then rec = redis.call('HGET', KEYS[7], ck) end
+    if rec then
+      local tok, lease = string.match(rec, '^([^|]*)|(%d+)|')
+      if tok and tok ~= '' and redis.call('HGET', KEYS[3], ck) == tok then
+        redis.call('ZADD', KEYS[4], now + tonumber(lease) / 1000, ck)
+        out[#out + 1] = ck
+        out[#out + 1] = rec
+      else
+        redis.call('HDEL', KEYS[7], ck)
+        rec = false
+      end
+    end
+    if not rec then
+      local m = redis.call('HGET', KEYS[2], ck)
+      redis.call('ZREM', KEYS[4], ck)
+      if m then
+        redis.call('ZADD', KEYS[1], ARGV[i + 1], m)
+        redis.call('HDEL', KEYS[2], ck)
+        redis.call('HDEL', KEYS[3], ck)
+        redis.call('HINCRBY', KEYS[5], m, 1)
+        n = n + 1
+      end
     end
   end
 end
 if n > 0 then redis.call('HINCRBY', KEYS[6], 'reclaimed', n) end
-return n
+out[1] = n
+return out
+`)
+
+// The settle of a claim whose result list is in another hash slot (a
+// cluster with upstream's names; see the transport's xslot.go for the
+// steps and what a crash between them leaves). A settling record is
+// "<owner token>|<lease ms>|<window ms>|<rest>", where the rest is the
+// transport's encoding of the result, its list and its mode.
+
+// SettlePrepare is step 1 of a cross-slot settle, in the claim's slot:
+// for each item whose owner token still owns its claim, the settling
+// record is written beside the claim and the lease renewed by the record's
+// lease ms (so that the reclaimer does not take the claim while the
+// result is written); an item that lost its claim is counted as late.
+//
+//	KEYS: owners, idx, settling, stats
+//	ARGV: triples (owner token, claim id, record without the owner token)
+//	returns: {status per item: 1 prepared, 0 late}
+var SettlePrepare = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local out, late = {}, 0
+for i = 1, #ARGV, 3 do
+  local tok, ck, rec = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local lease = tonumber(string.match(rec, '^(%d+)|'))
+  if lease and tok ~= '' and redis.call('HGET', KEYS[1], ck) == tok then
+    redis.call('HSET', KEYS[3], ck, tok .. '|' .. rec)
+    redis.call('ZADD', KEYS[2], now + lease / 1000, ck)
+    out[#out + 1] = 1
+  else
+    late = late + 1
+    out[#out + 1] = 0
+  end
+end
+if late > 0 then redis.call('HINCRBY', KEYS[4], 'late_results', late) end
+return out
+`)
+
+// PushOnce is step 2 of a cross-slot settle, in the result list's slot:
+// each result is pushed unless its marker (the owner token of the claim it
+// settles) is in the pushed set, which then holds the marker for the
+// item's window ms. So a step 2 run again (a retry after a lost reply, or
+// the reclaimer finishing a settle whose owner died after step 2) pushes
+// nothing within the window. A result list holding another type fails the
+// call before anything is written.
+//
+//	KEYS: result list, pushed set (Pushed of the list)
+//	ARGV: quadruples (marker, result, result list ttl s, window ms)
+//	returns: {status per item: 1 pushed, 0 already pushed}
+var PushOnce = redis.NewScript(`
+local ty = redis.call('TYPE', KEYS[1]).ok
+if ty ~= 'none' and ty ~= 'list' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a ' .. ty .. ', not a list: nothing pushed')
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local out, res, add, ttl, win = {}, {}, {}, 0, 0
+for i = 1, #ARGV, 4 do
+  if redis.call('ZSCORE', KEYS[2], ARGV[i]) then
+    out[#out + 1] = 0
+  else
+    local w = tonumber(ARGV[i + 3])
+    if w > win then win = w end
+    add[#add + 1] = now + w
+    add[#add + 1] = ARGV[i]
+    res[#res + 1] = ARGV[i + 1]
+    local tt = tonumber(ARGV[i + 2]) or 0
+    if tt > 0 then ttl = tt end
+    out[#out + 1] = 1
+  end
+end
+if #res > 0 then
+  redis.call('ZADD', KEYS[2], unpack(add))
+  if redis.call('PTTL', KEYS[2]) < win then redis.call('PEXPIRE', KEYS[2], win) end
+  redis.call('LPUSH', KEYS[1], unpack(res))
+  if ttl > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+end
+return out
+`)
+
+// SettleCommit is step 3 of a cross-slot settle, in the claim's slot, and
+// the whole settle of a dead letter there: each item's settling record of
+// its owner is dropped, and, while its owner token still owns the claim,
+// the claim is dropped; mode "d" pushes dead to the dead-letter list, "b"
+// pushes the claimed message there, "r" nothing more. A dead-letter list
+// holding another type fails the call before anything is written.
+//
+//	KEYS: claimed, owners, idx, settling, dead list, stats, redeliveries
+//	ARGV: quadruples (mode, owner token, claim id, dead)
+//	returns: {status per item: 1 claim dropped, 0 claim lost}
+var SettleCommit = redis.NewScript(`
+local ty = redis.call('TYPE', KEYS[5]).ok
+if ty ~= 'none' and ty ~= 'list' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[5] .. ' holds a ' .. ty .. ', not a list: nothing settled')
+end
+local redel = redis.call('EXISTS', KEYS[7]) == 1
+local out, late = {}, 0
+for i = 1, #ARGV, 4 do
+  local mode, tok, ck = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local r = redis.call('HGET', KEYS[4], ck)
+  if r and tok ~= '' and string.sub(r, 1, #tok + 1) == tok .. '|' then redis.call('HDEL', KEYS[4], ck) end
+  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
+    local rec
+    if redel or mode == 'b' then rec = redis.call('HGET', KEYS[1], ck) end
+    redis.call('HDEL', KEYS[1], ck)
+    redis.call('HDEL', KEYS[2], ck)
+    redis.call('ZREM', KEYS[3], ck)
+    if redel and rec then redis.call('HDEL', KEYS[7], rec) end
+    if mode == 'd' then
+      redis.call('LPUSH', KEYS[5], ARGV[i + 3])
+    elseif mode == 'b' and rec then
+      redis.call('LPUSH', KEYS[5], rec)
+    end
+    out[#out + 1] = 1
+  else
+    if mode == 'd' then late = late + 1 end
+    out[#out + 1] = 0
+  end
+end
+if late > 0 then redis.call('HINCRBY', KEYS[6], 'late_results', late) end
+return out
 `)
 
 // Extend renews the claims this replica still owns: items are triples
