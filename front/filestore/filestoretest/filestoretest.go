@@ -489,7 +489,7 @@ func testList(t *testing.T, s filestore.Store) {
 	err := l.List(ctxT(t), func(id string, info filestore.Info) error {
 		sizes[id] = info.Size
 		if info.Written.IsZero() {
-			return fmt.Errorf("List gave %s a zero written time", id)
+			return fmt.Errorf("list gave %s a zero written time", id)
 		}
 		return nil
 	})
