@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
-	}, filestoretest.Features{HeapBound: 16 << 20})
+	}, filestoretest.Features{LargeSize: 32 << 20, HeapBound: 8 << 20})
 }
 
 func TestConfigValidate(t *testing.T) {
