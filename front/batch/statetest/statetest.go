@@ -109,7 +109,9 @@ func recordOnce(t *testing.T, s batch.State) {
 	if err := s.CreateJob(ctx, batch.Job{ID: "batch_r", Status: batch.StatusInProgress, Counts: batch.Counts{Total: 4}}); err != nil {
 		t.Fatal(err)
 	}
-	rec := func(i int, ok bool, line string) batch.Record { return batch.Record{Index: i, OK: ok, Line: []byte(line)} }
+	rec := func(i int, ok bool, line string) batch.Record {
+		return batch.Record{Index: i, OK: ok, Line: []byte(line)}
+	}
 	c, err := s.Record(ctx, "batch_r", []batch.Record{rec(2, true, `{"a":2}`), rec(0, false, `{"a":0}`)})
 	if err != nil || c.Completed != 1 || c.Failed != 1 || c.Total != 4 {
 		t.Fatalf("Record = %+v, %v", c, err)
