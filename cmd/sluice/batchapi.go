@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
+	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
 	"github.com/sluice-io/sluice/front/submit"
 	submitmem "github.com/sluice-io/sluice/front/submit/memory"
@@ -30,7 +31,7 @@ import (
 type batchAPI struct {
 	svc   *batch.Service
 	ln    net.Listener
-	state *boltstate.Store
+	state batch.State
 	prod  submit.Producer
 	log   *slog.Logger
 }
@@ -80,7 +81,12 @@ func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchA
 	if err != nil {
 		return fail(fmt.Errorf("batch_api.files: %w", err))
 	}
-	state, err := boltstate.Open(b.State.Path)
+	var state batch.State
+	if b.State.Store == "redis" {
+		state, err = redisstate.Dial(cfg.RedisURL, b.State.Prefix)
+	} else {
+		state, err = boltstate.Open(b.State.Path)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("batch_api.state: %w", err))
 	}

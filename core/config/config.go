@@ -635,10 +635,13 @@ type BatchFiles struct {
 
 // BatchState is batch_api.state.
 type BatchState struct {
-	// Store is "bolt" (default: a local embedded file, single node).
+	// Store is "bolt" (default: a local embedded file, single node) or
+	// "redis" (the deployment's redis_url: several front replicas).
 	Store string `json:"store,omitempty"`
 	// Path is the bolt file (default sluice-batch.db).
 	Path string `json:"path,omitempty"`
+	// Prefix starts the redis store's keys (default sluice-batch:).
+	Prefix string `json:"prefix,omitempty"`
 }
 
 func (b *BatchAPI) setDefaults() {
@@ -711,8 +714,14 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if b.Files.Store != "disk" {
 		add("batch_api.files.store", "%q: want disk", b.Files.Store)
 	}
-	if b.State.Store != "bolt" {
-		add("batch_api.state.store", "%q: want bolt", b.State.Store)
+	switch b.State.Store {
+	case "bolt":
+	case "redis":
+		if c.RedisURL == "" {
+			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL)")
+		}
+	default:
+		add("batch_api.state.store", "%q: want bolt or redis", b.State.Store)
 	}
 	for _, w := range b.CompletionWindows {
 		if d, err := time.ParseDuration(w); err != nil || d <= 0 {
