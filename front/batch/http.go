@@ -193,7 +193,8 @@ func (s *Service) listFiles(w http.ResponseWriter, r *http.Request) {
 	purpose := r.URL.Query().Get("purpose")
 	var data []map[string]any
 	more := false
-	for len(data) < limit {
+pages:
+	for {
 		fs, m, err := s.state.ListFiles(r.Context(), after, limit)
 		if err != nil {
 			s.internal(w, "listing files", err)
@@ -206,12 +207,15 @@ func (s *Service) listFiles(w http.ResponseWriter, r *http.Request) {
 			}
 			if len(data) == limit {
 				more = true
-				break
+				break pages
 			}
 			data = append(data, fileObject(f))
 		}
-		if !m || more {
-			more = more || (m && len(data) == limit)
+		if !m {
+			break
+		}
+		if len(data) == limit {
+			more = true // more files follow (with a purpose filter, perhaps none of it)
 			break
 		}
 	}
