@@ -63,8 +63,8 @@ func runFront(url, dir, listen string) error {
 	if err != nil {
 		return err
 	}
-	svc, err := batch.New(batch.Config{Queue: "kill-q", OwnerLease: 2 * time.Second, ScanInterval: 100 * time.Millisecond},
-		state, files, submitrss.New(p, submitrss.Options{Lease: 2 * time.Second}), nil)
+	svc, err := batch.New(batch.Config{Queue: "kill-q", OwnerLease: time.Second, ScanInterval: 100 * time.Millisecond},
+		state, files, submitrss.New(p, submitrss.Options{Lease: time.Second}), nil)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/sluice-io/sluice/front/batch"
 )
@@ -247,7 +248,7 @@ func (s *Store) Records(_ context.Context, id string, fn func(batch.Record) erro
 // DeleteJob implements batch.State.
 func (s *Store) DeleteJob(_ context.Context, id string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
-		if err := tx.Bucket(bucketRecords).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+		if err := tx.Bucket(bucketRecords).DeleteBucket([]byte(id)); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return err
 		}
 		if err := tx.Bucket(bucketOwners).Delete([]byte(id)); err != nil {
