@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,11 +54,13 @@ func TestBatchAPIExample(t *testing.T) {
 	}
 	f := writeFile(t, "sluice.json", string(raw))
 
+	metrics := testenv.FreePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := runCLI(t, ctx, "", "serve", "--config", f, "--metrics-port", "-1", "--health-port", "-1", "--drain-timeout", "5s")
+		_, _, err := runCLI(t, ctx, "", "serve", "--config", f, "--metrics-port", strconv.Itoa(metrics), "--listen-host", "127.0.0.1",
+			"--health-port", "-1", "--drain-timeout", "5s")
 		done <- err
 	}()
 	base := "http://" + api
@@ -111,6 +114,20 @@ func TestBatchAPIExample(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &o); err != nil || o.Response.StatusCode != 200 || !strings.HasPrefix(o.CustomID, "c") {
 			t.Errorf("output line %s (%v)", l, err)
 		}
+	}
+	// The status page lists the batch with its progress.
+	var page struct {
+		Extra []struct{ Label, Value string } `json:"extra"`
+	}
+	getJSON(t, fmt.Sprintf("http://127.0.0.1:%d/status.json", metrics), &page)
+	listed := false
+	for _, fig := range page.Extra {
+		if fig.Label == "batch "+job.ID && strings.HasPrefix(fig.Value, "completed 5/5") {
+			listed = true
+		}
+	}
+	if !listed {
+		t.Errorf("status page extra %+v: no line for %s with its progress", page.Extra, job.ID)
 	}
 	cancel()
 	if err := <-done; err != nil {
