@@ -57,7 +57,8 @@ type Transport struct {
 
 	mu      sync.Mutex
 	queues  map[string]*queue
-	results map[string][][]byte
+	results map[string]*resultList
+	cancels cancels
 	closed  bool
 	notify  chan struct{} // closed and replaced whenever a result is published
 }
@@ -68,12 +69,15 @@ var (
 	_ transport.RequestPublisher = (*Transport)(nil)
 	_ transport.DepthReporter    = (*Transport)(nil)
 	_ transport.DeadLetterer     = (*Transport)(nil)
+	_ transport.ResultRouter     = (*Transport)(nil)
+	_ transport.CancelChecker    = (*Transport)(nil)
+	_ transport.CancelWatcher    = (*Transport)(nil)
 )
 
 // New returns an empty memory transport.
 func New(o Options) *Transport {
 	o.setDefaults()
-	return &Transport{opts: o, queues: map[string]*queue{}, results: map[string][][]byte{}, notify: make(chan struct{})}
+	return &Transport{opts: o, queues: map[string]*queue{}, results: map[string]*resultList{}, notify: make(chan struct{})}
 }
 
 type item struct {
@@ -81,6 +85,7 @@ type item struct {
 	due      int64 // Unix ns; delay-set key
 	seq      uint64
 	payload  []byte
+	id, job  string // the request's id and metadata.job_id, for Cancel
 }
 
 // readyHeap orders by deadline, then arrival.
@@ -148,19 +153,20 @@ func (qu *queue) signal() {
 	}
 }
 
-// deadlineOf reads the deadline used for ordering; an undecodable payload
-// sorts first, so that its INVALID_REQUEST answer is not delayed.
-func deadlineOf(payload []byte) int64 {
-	r, err := wire.Decode(payload)
-	if err != nil {
-		return 0
+// newItem reads the deadline used for ordering, and the id and job
+// Cancel matches; an undecodable payload sorts first, so that its
+// INVALID_REQUEST answer is not delayed.
+func (t *Transport) newItem(payload []byte) *item {
+	it := &item{seq: t.seq.Add(1), payload: payload}
+	if r, err := wire.Decode(payload); err == nil {
+		it.deadline, it.id, it.job = r.Deadline.UnixNano(), r.ID, r.JobID()
 	}
-	return r.Deadline.UnixNano()
+	return it
 }
 
 // Enqueue adds a request to queue name. The payload is kept as given.
 func (t *Transport) Enqueue(name string, payload []byte) error {
-	it := &item{deadline: deadlineOf(payload), seq: t.seq.Add(1), payload: payload}
+	it := t.newItem(payload)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -168,6 +174,25 @@ func (t *Transport) Enqueue(name string, payload []byte) error {
 	}
 	qu := t.q(name)
 	heap.Push(&qu.ready, it)
+	qu.signal()
+	return nil
+}
+
+// EnqueueMany adds requests to queue name in order, in one step.
+func (t *Transport) EnqueueMany(name string, payloads [][]byte) error {
+	its := make([]*item, len(payloads))
+	for i, p := range payloads {
+		its[i] = t.newItem(p)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	qu := t.q(name)
+	for _, it := range its {
+		heap.Push(&qu.ready, it)
+	}
 	qu.signal()
 	return nil
 }
@@ -180,7 +205,8 @@ func (t *Transport) PublishRequest(_ context.Context, q transport.Queue, payload
 // Requeue implements transport.Requeuer: payload becomes due at due, ordered
 // by its own (original) deadline once due.
 func (t *Transport) Requeue(_ context.Context, q transport.Queue, m *message.Message, payload []byte, due time.Time) error {
-	it := &item{deadline: deadlineOf(payload), due: due.UnixNano(), seq: t.seq.Add(1), payload: payload}
+	it := t.newItem(payload)
+	it.due = due.UnixNano()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	qu := t.q(q.Name)
@@ -224,19 +250,20 @@ func (t *Transport) DeadLetters(name string) [][]byte {
 	return append([][]byte(nil), t.q(name).deadLetters...)
 }
 
-// Results returns a copy of the result payloads published to topic, oldest first.
+// Results returns a copy of the result payloads topic holds (all but
+// those acked through AckResults), oldest first.
 func (t *Transport) Results(topic string) [][]byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return append([][]byte(nil), t.results[topic]...)
+	return t.results[topic].all()
 }
 
-// ResultCount returns how many results topic holds, and a channel closed at
-// the next publish (to wait for more without polling).
+// ResultCount returns how many results topic holds (see Results), and a
+// channel closed at the next publish (to wait for more without polling).
 func (t *Transport) ResultCount(topic string) (int, <-chan struct{}) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.results[topic]), t.notify
+	return t.results[topic].len(), t.notify
 }
 
 // Publisher implements transport.Transport: results are appended to an
@@ -255,8 +282,13 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 	if t.closed {
 		return ErrClosed
 	}
+	l := t.results[topic]
+	if l == nil {
+		l = &resultList{}
+		t.results[topic] = l
+	}
 	for _, m := range ms {
-		t.results[topic] = append(t.results[topic], m.Payload)
+		l.ready = append(l.ready, resultEntry{seq: t.seq.Add(1), payload: m.Payload})
 	}
 	close(t.notify)
 	t.notify = make(chan struct{})
