@@ -191,6 +191,11 @@ func (c *Config) Validate() error {
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Priority != nil {
+		if err := c.Priority.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
