@@ -26,19 +26,19 @@ const (
 )
 
 // modelArgs bound the state-machine tests the runner runs per mutant.
-var modelArgs = []string{"-rapid.checks=300"}
+var modelArgs = []string{"-rapid.checks=100", "-rapid.nofailfile"}
 
 var redisCatalog = []Mutant{
 	{Name: SettleNoFence, Doc: "sorted-set settle without the lease-token fence",
-		Packages: []string{"./transports/redissortedset/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: AckBeforeResult, Doc: "sorted-set settle removes the lease before it writes the result (two calls)",
-		Packages: []string{"./transports/redissortedset/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: HeartbeatNoRenew, Doc: "sorted-set heartbeat that stops renewing the lease",
-		Packages: []string{"./transports/redissortedset/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: RequeueLosesOrder, Doc: "hand-back re-ZADDs with the time of the hand-back, losing deadline order",
-		Packages: []string{"./transports/redissortedset/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: TakeoverIgnoresLive, Doc: "reclaim takes over a lease whose owner is still live",
-		Packages: []string{"./transports/redissortedset/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: StreamAckUnowned, Doc: "stream settle without checking this consumer still owns the pending entry",
-		Packages: []string{"./transports/redisstream/"}, Run: "TestModel", Args: modelArgs},
+		Packages: []string{"./transports/redisstream/"}, Run: "^TestModelStream$", Args: modelArgs},
 }
