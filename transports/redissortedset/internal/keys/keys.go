@@ -393,7 +393,9 @@ const ClaimReplyFields = 6
 //
 //	KEYS: claimed, owners, idx, result list, dead list, stats, redeliveries
 //	returns: {status per item: 1 done, 0 late}
-var Settle = redis.NewScript(`
+var Settle = redis.NewScript(settleSrc)
+
+const settleSrc = `
 for _, k in ipairs({KEYS[4], KEYS[5]}) do
   local t = redis.call('TYPE', k).ok
   if t ~= 'none' and t ~= 'list' then
@@ -440,7 +442,7 @@ if #results > 0 then
 end
 if late > 0 then redis.call('HINCRBY', KEYS[6], 'late_results', late) end
 return out
-`)
+`
 
 // SettleArgs is the number of ARGV entries per Settle item.
 const SettleArgs = 9
@@ -542,7 +544,9 @@ return n
 //
 //	KEYS: queue, claimed, owners, idx, redeliveries, stats
 //	returns: number of messages returned
-var Reclaim = redis.NewScript(`
+var Reclaim = redis.NewScript(reclaimSrc)
+
+const reclaimSrc = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = 0
@@ -563,7 +567,7 @@ for i = 1, #ARGV, 2 do
 end
 if n > 0 then redis.call('HINCRBY', KEYS[6], 'reclaimed', n) end
 return n
-`)
+`
 
 // Extend renews the claims this replica still owns: items are triples
 // (owner token, claim id, cap ms or 0) and each lease becomes
@@ -572,7 +576,9 @@ return n
 //	KEYS: owners, idx
 //	ARGV: lease ms, triples...
 //	returns: the owner tokens whose claim was lost (taken over or gone)
-var Extend = redis.NewScript(`
+var Extend = redis.NewScript(extendSrc)
+
+const extendSrc = `
 local t = redis.call('TIME')
 local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
 local lost = {}
@@ -588,7 +594,7 @@ for i = 2, #ARGV, 3 do
   end
 end
 return lost
-`)
+`
 
 // LegacyRelease returns the expired leases of the layout sluice used before
 // it adopted upstream's claims (Q:leases: token -> expiry ms; Q:leased:
