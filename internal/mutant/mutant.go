@@ -41,5 +41,6 @@ type Mutant struct {
 func Catalog() []Mutant {
 	var all []Mutant
 	all = append(all, redisCatalog...)
+	all = append(all, flowCatalog...)
 	return all
 }
