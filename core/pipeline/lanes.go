@@ -273,19 +273,20 @@ func (l *lanes) SetBudget(b float64) {
 
 // acquire takes a worker for a request of lane from source, after every
 // request of a lower lane that may start; it returns ctx's error, or
-// errDraining when draining closes first.
-func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) error {
+// errDraining when draining closes first. waited says the request was not
+// granted at once.
+func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) (waited bool, err error) {
 	w := l.enqueue(lane, source)
 	if w.granted {
-		return nil
+		return false, nil
 	}
 	select {
 	case <-w.ready:
-		return nil
+		return true, nil
 	case <-ctx.Done():
-		return l.abandon(w, lane, source, context.Cause(ctx))
+		return true, l.abandon(w, lane, source, context.Cause(ctx))
 	case <-draining:
-		return l.abandon(w, lane, source, errDraining)
+		return true, l.abandon(w, lane, source, errDraining)
 	}
 }
 

@@ -438,6 +438,7 @@ func (p *Pipeline) newRouter(work context.Context) (*message.Router, error) {
 		}
 		chain = append(chain,
 			admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
+			cancelRecheck(checker, p.log),
 			retrier(p.cfg.Retry, p.requeue),
 		)
 		handler := dispatchHandler(p.cfg.Dispatcher, p.cfg.Transforms)

@@ -44,7 +44,7 @@ type quotaHolder struct {
 	tenant   string
 	replica  int
 	gate     *redisquota.Gate // the replica's gate that admitted it
-	lease    string // the lease set member
+	lease    string           // the lease set member
 	release  func()
 	released bool
 	dead     bool // its replica crashed before it released
