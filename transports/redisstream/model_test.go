@@ -230,16 +230,31 @@ func (m *stMachine) claimN(rt *rapid.T, c *stConsumer, n int) {
 		c.held[e] = msg
 		c.order = append(c.order, e)
 	}
-	// XAUTOCLAIM may have returned this consumer's own idle entries, which it
-	// runs already (dropped, not delivered twice): taking them is a heartbeat.
+	// XAUTOCLAIM may have returned entries this consumer runs already (its
+	// own that went idle, or ones taken from it that went idle at their new
+	// consumer): dropped, not delivered twice, but this consumer owns them
+	// again, so its delivery is the live one. A take-over, which must have
+	// been of an idle entry; of its own, a heartbeat.
 	pend := m.pendingNow(rt)
+	model := m.model.PendingOf()
 	own := map[string]string{}
-	for _, e := range c.order {
-		if p, ok := pend[e]; ok && p.Consumer == c.name && !p.Idle {
-			own[reqID(rt, c.held[e].Payload)] = e
-		}
+	for _, e := range c.order[len(c.order)-len(msgs):] {
+		own[e] = "new"
 	}
-	m.model.Heartbeat(c.name, own)
+	for _, e := range c.order {
+		p, ok := pend[e]
+		if _, fresh := own[e]; fresh || !ok || p.Consumer != c.name || p.Idle {
+			continue
+		}
+		id := reqID(rt, c.held[e].Payload)
+		if w := model[id]; w.Consumer != c.name {
+			if err := m.model.Deliver(c.name, id, e); err != nil {
+				rt.Fatalf("taken back by XAUTOCLAIM: %v", err)
+			}
+			continue
+		}
+		m.model.Heartbeat(c.name, map[string]string{id: e})
+	}
 }
 
 func (m *stMachine) heartbeat(rt *rapid.T) {
