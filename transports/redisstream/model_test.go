@@ -84,6 +84,7 @@ func TestModelStream(t *testing.T) {
 			"settle":       m.settle,
 			"handBack":     m.handBack,
 			"expire":       m.expire,
+			"takeover":     m.takeover,
 			"crash":        m.crash,
 			"close":        m.closeConsumer,
 			"restart":      m.restart,
@@ -304,6 +305,34 @@ func (m *stMachine) expire(rt *rapid.T) {
 	id := rapid.SampledFrom(ids).Draw(rt, "request")
 	m.idle(rt, pend[id])
 	m.model.Expire(id)
+}
+
+// takeover is a consumer pausing past claim_idle_ms and another taking its
+// entry over: one entry goes idle and another consumer claims.
+func (m *stMachine) takeover(rt *rapid.T) {
+	pend := m.model.PendingOf()
+	var ids []string
+	for id := range pend {
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		rt.Skip("nothing pending")
+	}
+	slices.Sort(ids)
+	id := rapid.SampledFrom(ids).Draw(rt, "request")
+	m.idle(rt, pend[id])
+	m.model.Expire(id)
+	var others []int
+	for i, c := range m.cons {
+		if c != nil && c.name != pend[id].Consumer {
+			others = append(others, i)
+		}
+	}
+	if len(others) == 0 {
+		return
+	}
+	c := m.cons[rapid.SampledFrom(others).Draw(rt, "taker")]
+	m.claimN(rt, c, rapid.IntRange(1, 3).Draw(rt, "n"))
 }
 
 // idle makes entry p idle for an hour, its consumer unchanged.
