@@ -313,6 +313,7 @@ func (m *ssMachine) settle(rt *rapid.T) {
 // settleCrash settles a delivery and crashes the replica right after the
 // first script call of the settle (the whole settle, as it is one call).
 func (m *ssMachine) settleCrash(rt *rapid.T) {
+	m.keepOneUp(rt)
 	i, r, tok, d := m.delivery(rt)
 	rss.SetSettleHook(r.tp, func() error { return rss.ErrClosed })
 	if err := r.pub.Publish(m.q.ResultName, result(rt, d)); !errors.Is(err, rss.ErrClosed) {
@@ -379,6 +380,7 @@ func (m *ssMachine) reclaim(rt *rapid.T) {
 }
 
 func (m *ssMachine) crash(rt *rapid.T) {
+	m.keepOneUp(rt)
 	i, r := m.replica(rt)
 	r.crash()
 	m.reps[i] = nil
@@ -386,6 +388,7 @@ func (m *ssMachine) crash(rt *rapid.T) {
 
 // closeReplica shuts a replica down gracefully: Close hands back what it holds.
 func (m *ssMachine) closeReplica(rt *rapid.T) {
+	m.keepOneUp(rt)
 	i, r := m.replica(rt)
 	r.cancel()
 	if err := r.tp.Close(); err != nil {
@@ -579,5 +582,19 @@ func (m *ssMachine) claimN(rt *rapid.T, r *ssReplica, n int) {
 		}
 		r.held[msg.UUID] = msg
 		r.order = append(r.order, msg.UUID)
+	}
+}
+
+// keepOneUp skips a step that would take down the last replica up: the
+// interesting interleavings need a live one.
+func (m *ssMachine) keepOneUp(rt *rapid.T) {
+	up := 0
+	for _, r := range m.reps {
+		if r != nil {
+			up++
+		}
+	}
+	if up < 2 {
+		rt.Skip("keep one up")
 	}
 }

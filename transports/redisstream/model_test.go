@@ -84,6 +84,7 @@ func TestModelStream(t *testing.T) {
 			"settle":       m.settle,
 			"handBack":     m.handBack,
 			"expire":       m.expire,
+			"takeover":     m.takeover,
 			"crash":        m.crash,
 			"close":        m.closeConsumer,
 			"restart":      m.restart,
@@ -230,16 +231,31 @@ func (m *stMachine) claimN(rt *rapid.T, c *stConsumer, n int) {
 		c.held[e] = msg
 		c.order = append(c.order, e)
 	}
-	// XAUTOCLAIM may have returned this consumer's own idle entries, which it
-	// runs already (dropped, not delivered twice): taking them is a heartbeat.
+	// XAUTOCLAIM may have returned entries this consumer runs already (its
+	// own that went idle, or ones taken from it that went idle at their new
+	// consumer): dropped, not delivered twice, but this consumer owns them
+	// again, so its delivery is the live one. A take-over, which must have
+	// been of an idle entry; of its own, a heartbeat.
 	pend := m.pendingNow(rt)
+	model := m.model.PendingOf()
 	own := map[string]string{}
-	for _, e := range c.order {
-		if p, ok := pend[e]; ok && p.Consumer == c.name && !p.Idle {
-			own[reqID(rt, c.held[e].Payload)] = e
-		}
+	for _, e := range c.order[len(c.order)-len(msgs):] {
+		own[e] = "new"
 	}
-	m.model.Heartbeat(c.name, own)
+	for _, e := range c.order {
+		p, ok := pend[e]
+		if _, fresh := own[e]; fresh || !ok || p.Consumer != c.name || p.Idle {
+			continue
+		}
+		id := reqID(rt, c.held[e].Payload)
+		if w := model[id]; w.Consumer != c.name {
+			if err := m.model.Deliver(c.name, id, e); err != nil {
+				rt.Fatalf("taken back by XAUTOCLAIM: %v", err)
+			}
+			continue
+		}
+		m.model.Heartbeat(c.name, map[string]string{id: e})
+	}
 }
 
 func (m *stMachine) heartbeat(rt *rapid.T) {
@@ -291,6 +307,34 @@ func (m *stMachine) expire(rt *rapid.T) {
 	m.model.Expire(id)
 }
 
+// takeover is a consumer pausing past claim_idle_ms and another taking its
+// entry over: one entry goes idle and another consumer claims.
+func (m *stMachine) takeover(rt *rapid.T) {
+	pend := m.model.PendingOf()
+	var ids []string
+	for id := range pend {
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		rt.Skip("nothing pending")
+	}
+	slices.Sort(ids)
+	id := rapid.SampledFrom(ids).Draw(rt, "request")
+	m.idle(rt, pend[id])
+	m.model.Expire(id)
+	var others []int
+	for i, c := range m.cons {
+		if c != nil && c.name != pend[id].Consumer {
+			others = append(others, i)
+		}
+	}
+	if len(others) == 0 {
+		return
+	}
+	c := m.cons[rapid.SampledFrom(others).Draw(rt, "taker")]
+	m.claimN(rt, c, rapid.IntRange(1, 3).Draw(rt, "n"))
+}
+
 // idle makes entry p idle for an hour, its consumer unchanged.
 func (m *stMachine) idle(rt *rapid.T, p model.Pending) {
 	err := m.admin.Do(m.ctx, "XCLAIM", m.q.Name, "sluice", p.Consumer, 0, p.Entry, "IDLE", idleHour.Milliseconds(), "JUSTID").Err()
@@ -300,12 +344,14 @@ func (m *stMachine) idle(rt *rapid.T, p model.Pending) {
 }
 
 func (m *stMachine) crash(rt *rapid.T) {
+	m.keepOneUp(rt)
 	i, c := m.consumer(rt)
 	redisstream.Crash(c.tp)
 	m.cons[i] = nil
 }
 
 func (m *stMachine) closeConsumer(rt *rapid.T) {
+	m.keepOneUp(rt)
 	i, c := m.consumer(rt)
 	tail := "0-0"
 	if es, err := m.admin.XRevRangeN(m.ctx, m.q.Name, "+", "-", 1).Result(); err != nil {
@@ -485,5 +531,19 @@ func (m *stMachine) drain(rt *rapid.T) {
 	m.check(rt)
 	if left := m.model.Unanswered(); len(left) > 0 {
 		rt.Fatalf("requests without a result after the drain: %v", left)
+	}
+}
+
+// keepOneUp skips a step that would take down the last replica up: the
+// interesting interleavings need a live one.
+func (m *stMachine) keepOneUp(rt *rapid.T) {
+	up := 0
+	for _, r := range m.cons {
+		if r != nil {
+			up++
+		}
+	}
+	if up < 2 {
+		rt.Skip("keep one up")
 	}
 }
