@@ -39,6 +39,7 @@ chaos:
 ## VERIFY_CHECKS interleavings per model (make test runs a dozen) against real servers.
 VERIFY_CHECKS ?= 2000
 MODEL_PKGS    ?= ./transports/redissortedset/ ./transports/redisstream/
+MODEL_PKGS    += ./gates/redisquota/ ./core/pipeline/ ./core/transport/
 .PHONY: verify
 verify:
 	$(GO) test -count=1 -timeout 120m -run '^TestModel' $(MODEL_PKGS) -args -rapid.checks=$(VERIFY_CHECKS)

@@ -252,10 +252,10 @@ func drawShares(t *rapid.T, on bool) (share [NumLanes]float64) {
 	return share
 }
 
-// TestLanesModel runs random interleavings of arrivals, ends, abandons,
+// TestModelLanes runs random interleavings of arrivals, ends, abandons,
 // budget changes and pool closes against the real lanes, with and without
 // minimum shares, and checks the model's invariants after every step.
-func TestLanesModel(t *testing.T) {
+func TestModelLanes(t *testing.T) {
 	for _, shares := range []bool{false, true} {
 		t.Run(fmt.Sprintf("shares=%v", shares), func(t *testing.T) {
 			rapid.Check(t, func(t *rapid.T) {
@@ -331,10 +331,10 @@ func (m *laneModel) waitingIn(lane int) int {
 	return n
 }
 
-// TestLanesStrictPriorityStarves: without a share, under continuous load
+// TestModelLanesStrictPriorityStarves: without a share, under continuous load
 // in the top lane, the bottom lane never gets a worker (upstream's
 // MergePriority, as its TLA+ model shows).
-func TestLanesStrictPriorityStarves(t *testing.T) {
+func TestModelLanesStrictPriorityStarves(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		workers := rapid.IntRange(1, 4).Draw(t, "workers")
 		n := rapid.IntRange(50, 300).Draw(t, "ends")
@@ -344,9 +344,9 @@ func TestLanesStrictPriorityStarves(t *testing.T) {
 	})
 }
 
-// TestLanesMinShareServesLowLane: with a minimum share for the bottom lane,
+// TestModelLanesMinShareServesLowLane: with a minimum share for the bottom lane,
 // under the same load, it gets at least its share of the grants.
-func TestLanesMinShareServesLowLane(t *testing.T) {
+func TestModelLanesMinShareServesLowLane(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		workers := rapid.IntRange(1, 4).Draw(t, "workers")
 		n := rapid.IntRange(50, 300).Draw(t, "ends")

@@ -110,7 +110,7 @@ func TestCountingRedisLists(t *testing.T) {
 				b = &stream{queue: "q", results: "res", c: c}
 			}
 			l := newLedger(true) // the faults on these transports answer 200
-			l.callsUnseen = true  // no gateway: the results are written here
+			l.callsUnseen = true // no gateway: the results are written here
 			for _, id := range []string{"a", "b", "c", "d", "e"} {
 				l.expect(id, time.Time{})
 			}
