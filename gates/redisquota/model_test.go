@@ -2,7 +2,9 @@ package redisquota_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -168,11 +170,23 @@ var quotaRun atomic.Int64
 // TestModelQuota runs random interleavings of admissions, releases
 // (some twice), replica crashes and restarts, and the lease expiry of
 // crashed holders against replicas of the redis-quota gate (concurrency
-// mode) on a real redis-server, and checks the model's invariants after
-// every step.
+// mode) on a real redis-server, with Redis itself restarted between steps
+// (on its append-only file, fsynced on every write: the quota survives),
+// and checks the model's invariants after every step.
 func TestModelQuota(t *testing.T) {
-	rs := testenv.StartRedis(t, testenv.RedisOptions{})
+	port := testenv.FreePort(t)
+	rs := testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port})
 	admin := testenv.RedisClient(t, rs.URL)
+	tt := t
+	// A Redis restart costs ~0.4 s: make test (rapid's default checks)
+	// restarts Redis a few times in all; with -rapid.checks given (make
+	// verify) there is no bound.
+	restarts, restartBudget := 0, 3
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "rapid.checks" {
+			restartBudget = math.MaxInt
+		}
+	})
 	rapid.Check(t, func(t *rapid.T) {
 		r := &quotaRig{addr: rs.Addr, admin: admin, prefix: fmt.Sprintf("mq%d:", quotaRun.Add(1)),
 			m: &quotaModel{limit: rapid.IntRange(1, 3).Draw(t, "limit")}, tenants: []string{"alice", "bob"},
@@ -301,6 +315,40 @@ func TestModelQuota(t *testing.T) {
 						t.Fatal(err)
 					}
 					h.expired = true
+				}
+			},
+			"redis restart": func(t *rapid.T) {
+				if rapid.IntRange(0, 3).Draw(t, "rarely") != 0 {
+					t.Skip("Redis restarts are slow: one draw in four")
+				}
+				if restarts >= restartBudget {
+					t.Skip("the run's Redis restarts are spent (make verify has no bound)")
+				}
+				restarts++
+				dir := rs.Dir()
+				rs.Stop()
+				rs = testenv.StartRedis(tt, testenv.RedisOptions{Persist: true, Dir: dir, Port: port})
+				// Each live replica's first script after the restart may meet a
+				// dead connection (an error: the request would be deferred);
+				// the step ends once every replica's scripts go through again.
+				for _, g := range r.replicas {
+					if g == nil {
+						continue
+					}
+					for end := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+						d, err := g.Admit(ctx, &wire.Request{ID: "sync", Deadline: time.Now().Add(time.Hour), Metadata: map[string]string{"userid": "sync"}})
+						cancel()
+						if err == nil {
+							if d.Release != nil {
+								d.Release()
+							}
+							break
+						}
+						if time.Now().After(end) {
+							t.Fatalf("a replica's scripts still fail 10 s after the Redis restart: %v", err)
+						}
+					}
 				}
 			},
 			"": func(t *rapid.T) { r.check(t) },
