@@ -35,6 +35,23 @@ bench:
 chaos:
 	$(GO) run ./tools/chaos
 
+## verify: the model-based state-machine tests run long (docs/verification.md): rapid draws
+## VERIFY_CHECKS interleavings per model (make test runs a dozen) against real servers.
+VERIFY_CHECKS ?= 2000
+MODEL_PKGS    ?= ./transports/redissortedset/ ./transports/redisstream/
+MODEL_PKGS    += ./gates/redisquota/ ./core/pipeline/ ./core/transport/
+.PHONY: verify
+verify:
+	$(GO) test -count=1 -timeout 120m -run '^TestModel' $(MODEL_PKGS) -args -rapid.checks=$(VERIFY_CHECKS)
+
+## mutants: the mutation test (docs/verification.md): builds the model tests with the
+## sluice_mutants tag, plants each bug of internal/mutant's catalog in turn and expects the tests
+## to fail; one MUTANT line each (caught/survived/unreached), non-zero exit unless all are caught.
+## Not part of `make test`.
+.PHONY: mutants
+mutants:
+	$(GO) run ./tools/mutants
+
 ## build: the release binary bin/sluice, as the image builds it: static (CGO_ENABLED=0),
 ## reproducible paths (-trimpath), stripped (-s -w), VERSION and COMMIT stamped (`sluice version`)
 BUILD_FLAGS = -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)"

@@ -139,7 +139,47 @@ func priority(cfg *config.Config, c *dispatch.Client) (*pipeline.Priority, error
 		return nil, fmt.Errorf("merge_policy: lane_objectives: %w", err)
 	}
 	p.LaneObjectives = objectives
+	shares, err := laneMinShares(cfg.MergePolicy.Parameters)
+	if err != nil {
+		return nil, fmt.Errorf("merge_policy: lane_min_share: %w", err)
+	}
+	p.MinShare = shares
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("merge_policy: lane_min_share: %w", err)
+	}
 	return p, nil
+}
+
+// laneMinShares reads the tier-priority parameter lane_min_share (sluice's,
+// not upstream's): an object from lane key to the lane's minimum share of
+// the pool's worker grants, a number in [0,1], the shares summing to at
+// most 1 (pipeline.Priority.MinShare). An unknown key or another value is
+// an error; absent or null: strict priority, as upstream.
+func laneMinShares(params json.RawMessage) (out [pipeline.NumLanes]float64, err error) {
+	var obj map[string]json.RawMessage
+	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj["lane_min_share"] == nil {
+		return out, nil
+	}
+	raw := obj["lane_min_share"]
+	if string(bytes.TrimSpace(raw)) == "null" {
+		return out, nil
+	}
+	var m map[string]float64
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return out, fmt.Errorf("want an object of lane key to a share in [0,1]: %v", err)
+	}
+	keys := make([]string, pipeline.NumLanes)
+	for i := range keys {
+		keys[i] = pipeline.LaneKey(i)
+	}
+	for k, v := range m {
+		i := slices.Index(keys, k)
+		if i < 0 {
+			return out, fmt.Errorf("unknown lane %q (lanes: %s)", k, strings.Join(keys, ", "))
+		}
+		out[i] = v
+	}
+	return out, nil
 }
 
 // laneObjectives reads the tier-priority parameter lane_objectives: an

@@ -377,6 +377,10 @@ func TestTierPriorityLaneObjectives(t *testing.T) {
 		{`{"lane_objectives":{"overflow-batch":"a\nb"}}`, "not a valid header value"},
 		{`{"lane_objectives":["x"]}`, "want an object"},
 		{`{"objective_header":"bad header"}`, "objective_header"},
+		{`{"lane_min_share":{"overflow-urgent":0.1}}`, `lane_min_share: unknown lane "overflow-urgent"`},
+		{`{"lane_min_share":{"overflow-batch":"0.1"}}`, "lane_min_share: want an object of lane key to a share"},
+		{`{"lane_min_share":{"overflow-batch":1.5}}`, "lane_min_share: pipeline: priority: min share of lane overflow-batch: 1.5 is not in [0,1]"},
+		{`{"lane_min_share":{"overflow-batch":0.6,"overflow-async":0.5}}`, "min shares sum to 1.1 > 1"},
 	} {
 		if _, err := New(cfgWith(bad.params), Options{Adapters: testAdapters(t), Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()}); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("%s: error %v, want one containing %q", bad.params, err, bad.want)

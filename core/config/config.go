@@ -345,8 +345,8 @@ const (
 
 // MergePolicy is upstream's merge-policy file: {"type", "parameters"}.
 // Parameters: fairness_header and fairness_attribute (both policies),
-// priority_header, tier_label, objective_header and lane_objectives
-// (tier-priority; core/app checks them); other keys are ignored, as
+// priority_header, tier_label, objective_header, lane_objectives and
+// lane_min_share (tier-priority; core/app checks them); other keys are ignored, as
 // upstream ignores them.
 type MergePolicy struct {
 	// Type is PolicyRandomRobin (default) or PolicyTierPriority.

@@ -276,6 +276,9 @@ func TestWarnings(t *testing.T) {
 		{"tier parameter under random-robin", `{"merge_policy":{"parameters":{"priority_header":"x-p"}},` + fmt.Sprintf(base, "") + `}`,
 			[]string{"merge_policy.parameters.priority_header applies to the tier-priority policy only: ignored with random-robin"}},
 		{"tier parameter under tier-priority", `{"merge_policy":{"type":"tier-priority","parameters":{"priority_header":"x-p","tier_label":"t"}},` + fmt.Sprintf(base, "") + `}`, nil},
+		{"lane parameters under tier-priority", `{"merge_policy":{"type":"tier-priority","parameters":{"objective_header":"x-o","lane_objectives":{},"lane_min_share":{"overflow-batch":0.1}}},` + fmt.Sprintf(base, "") + `}`, nil},
+		{"lane_min_share under random-robin", `{"merge_policy":{"parameters":{"lane_min_share":{"overflow-batch":0.1}}},` + fmt.Sprintf(base, "") + `}`,
+			[]string{"merge_policy.parameters.lane_min_share applies to the tier-priority policy only: ignored with random-robin"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

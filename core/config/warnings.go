@@ -9,13 +9,15 @@ import (
 
 // mergePolicyParams are the merge-policy parameters sluice reads.
 func mergePolicyParams() []string {
-	return []string{"fairness_attribute", "fairness_header", "priority_header", "tier_label"}
+	return []string{"fairness_attribute", "fairness_header", "priority_header", "tier_label",
+		"objective_header", "lane_objectives", "lane_min_share"}
 }
 
 // mergePolicyParamPolicy is the policy a merge-policy parameter applies to
 // ("" for both).
 func mergePolicyParamPolicy(k string) string {
-	if k == "priority_header" || k == "tier_label" {
+	switch k {
+	case "priority_header", "tier_label", "objective_header", "lane_objectives", "lane_min_share":
 		return PolicyTierPriority
 	}
 	return ""

@@ -68,8 +68,9 @@ func admission(requeue requeuer, errDelay, gateTimeout time.Duration, draining <
 			// A worker of the pool, by lane.
 			if pool != nil && pool.lanes != nil {
 				ctx, cancel := context.WithDeadline(d.Ctx, bound)
-				err := pool.lanes.acquire(ctx, q.priority.lane(d.Req), q.ID, draining)
+				waited, err := pool.lanes.acquire(ctx, q.priority.lane(d.Req), q.ID, draining)
 				cancel()
+				d.waited = d.waited || waited
 				switch {
 				case errors.Is(err, errDraining):
 					return deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
@@ -149,6 +150,7 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 				mq.Decision(refusal(d.Req)).Inc()
 			}
 			waited = true
+			d.waited = true
 			waiting := d.mq().GateWaiting
 			waiting.Inc()
 			out, done, timedOut, err := wait(d, freed, dec.Delay, a.bound, a.draining)

@@ -68,6 +68,10 @@ type delivery struct {
 	// whatever its result says (retries cut short answer with the last
 	// response).
 	DeadlineEnded bool
+	// waited says the request waited in admission (a gate's Wait, or for a
+	// worker of the lanes): its cancellation is checked again before the
+	// dispatch (cancelRecheck).
+	waited bool
 
 	view       *metrics.Queue // the metrics view of Req, once decoded
 	kept       bool           // Result was kept by an earlier delivery (wire.Request.KeptResult)

@@ -2,7 +2,9 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -33,6 +35,21 @@ import (
 // only once that one settles), and the worker went to a lower lane: with
 // one worker, batch and interactive requests took turns. Upstream's readers
 // fill each lane up to 1000 messages whatever the workers do.
+//
+// Strict priority starves: under continuous load in a lower-numbered lane
+// a higher-numbered one is never served (upstream's TLA+ model of
+// MergePriority shows it). Priority.MinShare, off by default as upstream
+// has no such thing, gives a lane a minimum share of the grants: each grant
+// made while the lane has a request that may start adds its share to the
+// lane's credit; a lane whose credit reached 1 is served before strict
+// order, and every grant to the lane takes 1 off its credit (not below 0).
+// The credits of all lanes together stay below k+1 (k lanes with a share,
+// shares summing to at most 1), so while a lane keeps a request that may
+// start, of every N grants it gets at least share×N − (k+1), whatever the
+// other lanes do; a lane served by
+// strict priority anyway spends its credit on that and changes nothing.
+// A share is counted in grants, not time: no clock is read, and the
+// guarantee holds however long the requests run.
 
 // NumLanes is the number of priority lanes.
 const NumLanes = 6
@@ -50,6 +67,12 @@ type Priority struct {
 	// LaneObjectives are the InferenceObjective names sent in
 	// ObjectiveHeader, by lane ("": none for that lane; see LaneKey).
 	LaneObjectives [NumLanes]string
+	// MinShare is each lane's minimum share of the pool's worker grants
+	// while it has a request that may start (0: none, strict priority
+	// alone; see above). Each is in [0,1] and they sum to at most 1
+	// (Validate). Upstream has no such setting: all zero is upstream's
+	// strict priority.
+	MinShare [NumLanes]float64
 
 	headers [NumLanes][]dispatch.Header // each lane's priority and objective headers, built once
 }
@@ -66,6 +89,26 @@ func LaneKey(i int) string {
 		class = "reserved"
 	}
 	return class + "-" + [...]string{"interactive", "async", "batch"}[i%3]
+}
+
+// Validate reports shares out of range.
+func (p *Priority) Validate() error {
+	sum := 0.0
+	for i, v := range p.MinShare {
+		if v != v || v < 0 || v > 1 {
+			return fmt.Errorf("pipeline: priority: min share of lane %s: %v is not in [0,1]", LaneKey(i), v)
+		}
+		sum += v
+	}
+	if sum > 1+1e-9 {
+		return fmt.Errorf("pipeline: priority: min shares sum to %v > 1", sum)
+	}
+	return nil
+}
+
+// shares reports whether any lane has a minimum share.
+func (p *Priority) shares() bool {
+	return p != nil && p.MinShare != [NumLanes]float64{}
 }
 
 // init fills the defaults and the lanes' headers.
@@ -151,6 +194,9 @@ type lanes struct {
 	sources map[string]*laneSource // by queue id
 	observe func(LaneEvent)        // Pipeline.ObserveLanes (nil: not observed)
 	seq     uint64                 // the last LaneEvent.Seq given
+	share   [NumLanes]float64      // Priority.MinShare
+	credit  [NumLanes]float64      // each lane's share credit (see MinShare)
+	shares  bool                   // some share is not 0
 }
 
 // laneSource is one queue of the pool: its in-flight limit and the workers
@@ -175,8 +221,11 @@ type laneWaiter struct {
 	seq     uint64 // LaneEvent.Seq, when observed
 }
 
-func newLanes(workers int) *lanes {
+func newLanes(workers int, p *Priority) *lanes {
 	l := &lanes{free: workers, open: true, sources: map[string]*laneSource{}}
+	if p.shares() {
+		l.share, l.shares = p.MinShare, true
+	}
 	for i := range l.queues {
 		l.queues[i].waiting = map[string][]*laneWaiter{}
 	}
@@ -231,9 +280,29 @@ func (l *lanes) SetBudget(b float64) {
 
 // acquire takes a worker for a request of lane from source, after every
 // request of a lower lane that may start; it returns ctx's error, or
-// errDraining when draining closes first.
-func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) error {
+// errDraining when draining closes first. waited says the request was not
+// granted at once.
+func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) (waited bool, err error) {
+	w := l.enqueue(lane, source)
+	if w.granted {
+		return false, nil
+	}
+	select {
+	case <-w.ready:
+		return true, nil
+	case <-ctx.Done():
+		return true, l.abandon(w, lane, source, context.Cause(ctx))
+	case <-draining:
+		return true, l.abandon(w, lane, source, errDraining)
+	}
+}
+
+// enqueue adds a waiter for a request of lane from source and hands out
+// what workers are free; the waiter is granted at once or its ready closes
+// when it is.
+func (l *lanes) enqueue(lane int, source string) *laneWaiter {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	w := &laneWaiter{ready: make(chan struct{})}
 	q := &l.queues[lane]
 	if _, ok := q.waiting[source]; !ok {
@@ -246,22 +315,10 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 		w.seq = l.seq
 	}
 	l.grantLocked()
-	if w.granted {
-		l.mu.Unlock()
-		return nil
-	}
-	if w.seq != 0 {
+	if !w.granted && w.seq != 0 {
 		l.observe(LaneEvent{Kind: LaneWaiting, Lane: lane, Queue: source, Seq: w.seq})
 	}
-	l.mu.Unlock()
-	select {
-	case <-w.ready:
-		return nil
-	case <-ctx.Done():
-		return l.abandon(w, lane, source, context.Cause(ctx))
-	case <-draining:
-		return l.abandon(w, lane, source, errDraining)
-	}
+	return w
 }
 
 // abandon withdraws w, or gives its worker back when it was granted meanwhile.
@@ -322,32 +379,89 @@ func (l *lanes) grantLocked() {
 // grantOneLocked gives one free worker to the first waiter in order that
 // may start; it reports false when there is none.
 func (l *lanes) grantOneLocked() bool {
+	if l.shares {
+		return l.grantShareLocked()
+	}
 	for lane := range l.queues {
-		q := &l.queues[lane]
-		if q.nwaiting == 0 {
-			continue
-		}
-		for range q.sources {
-			src := q.sources[q.next%len(q.sources)]
-			q.next++
-			ws := q.waiting[src]
-			if len(ws) == 0 || !l.mayStart(src) {
-				continue
-			}
-			w := ws[0]
-			q.waiting[src] = ws[1:]
-			q.nwaiting--
-			w.granted = true
-			l.free--
-			if s := l.sources[src]; s != nil {
-				s.running++
-			}
-			if l.observe != nil && w.seq != 0 {
-				l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
-			}
-			close(w.ready)
+		if l.grantLaneLocked(lane) {
 			return true
 		}
+	}
+	return false
+}
+
+// grantShareLocked is grantOneLocked with minimum shares: every lane with
+// a share and a request that may start earns its share; the lowest lane
+// whose credit reached 1 is served first, else strict order; the lane
+// served pays 1 (not below 0).
+func (l *lanes) grantShareLocked() bool {
+	var ready [NumLanes]bool
+	found := false
+	for lane := range l.queues {
+		ready[lane] = l.startableLocked(lane)
+		found = found || ready[lane]
+	}
+	if !found {
+		return false
+	}
+	pick := -1
+	for lane, r := range ready {
+		if r && l.share[lane] > 0 {
+			l.credit[lane] += l.share[lane]
+			if pick < 0 && l.credit[lane] >= 1 {
+				pick = lane
+			}
+		}
+	}
+	if pick < 0 {
+		pick = slices.Index(ready[:], true)
+	}
+	l.credit[pick] = max(0, l.credit[pick]-1)
+	return l.grantLaneLocked(pick)
+}
+
+// startableLocked reports whether lane holds a waiter whose source may
+// start.
+func (l *lanes) startableLocked(lane int) bool {
+	q := &l.queues[lane]
+	if q.nwaiting == 0 {
+		return false
+	}
+	for src, ws := range q.waiting {
+		if len(ws) > 0 && l.mayStart(src) {
+			return true
+		}
+	}
+	return false
+}
+
+// grantLaneLocked gives one free worker to lane's next source in turn
+// that has a waiter and may start; it reports false when there is none.
+func (l *lanes) grantLaneLocked(lane int) bool {
+	q := &l.queues[lane]
+	if q.nwaiting == 0 {
+		return false
+	}
+	for range q.sources {
+		src := q.sources[q.next%len(q.sources)]
+		q.next++
+		ws := q.waiting[src]
+		if len(ws) == 0 || !l.mayStart(src) {
+			continue
+		}
+		w := ws[0]
+		q.waiting[src] = ws[1:]
+		q.nwaiting--
+		w.granted = true
+		l.free--
+		if s := l.sources[src]; s != nil {
+			s.running++
+		}
+		if l.observe != nil && w.seq != 0 {
+			l.observe(LaneEvent{Kind: LaneGranted, Lane: lane, Queue: src, Seq: w.seq})
+		}
+		close(w.ready)
+		return true
 	}
 	return false
 }

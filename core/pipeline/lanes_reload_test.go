@@ -9,11 +9,11 @@ import (
 // workers its requests hold: releasing them later does not drive its count
 // below zero, and its new max_concurrency bounds what starts.
 func TestLanesSourceReRegistered(t *testing.T) {
-	l := newLanes(4)
+	l := newLanes(4, nil)
 	l.addSource("q", 2).SetBudget(1)
 	never := make(chan struct{})
 	for range 2 {
-		if err := l.acquire(context.Background(), 0, "q", never); err != nil {
+		if _, err := l.acquire(context.Background(), 0, "q", never); err != nil {
 			t.Fatal(err)
 		}
 	}

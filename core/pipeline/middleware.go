@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/mutant"
 )
 
 // deadLetterFunc keeps a message that has no readable id.
@@ -168,6 +169,34 @@ func cancelCheck(checker transport.CancelChecker, inflight *inflightIndex, log *
 					cancel(nil)
 				}()
 				d.Ctx = ctx
+			}
+			return next(m)
+		}
+	}
+}
+
+// cancelRecheck checks the cancellation again, right before the dispatch,
+// of a request that waited in admission (a gate's Wait, or for a worker of
+// the lanes): a cancel that took effect while it waited ends it CANCELLED
+// instead of being dispatched. A request admitted at once is not checked
+// again (cancelCheck ran one gate answer earlier; a cancel during the
+// dispatch aborts the call through the watcher), which spares the round
+// trip some transports' checks cost.
+func cancelRecheck(checker transport.CancelChecker, log *slog.Logger) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			d := deliveryOf(m)
+			if checker == nil || !d.waited || mutant.On(mutant.CancelOnlyAtClaim) {
+				return next(m)
+			}
+			ctx, cancel := boundedByDeadline(d)
+			cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
+			cancel()
+			if err != nil {
+				log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
+			}
+			if cancelled {
+				return fail(d, wire.CodeCancelled, "cancelled while waiting for admission"), nil
 			}
 			return next(m)
 		}

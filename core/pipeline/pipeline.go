@@ -206,6 +206,11 @@ func (c *Config) Validate() error {
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.Priority != nil {
+		if err := c.Priority.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -551,6 +556,7 @@ func (p *Pipeline) handlerOf(work context.Context, q *Queue) message.NoPublishHa
 	}
 	chain = append(chain,
 		admission(p.requeue, time.Second, p.cfg.GateTimeout, p.draining, p.log),
+		cancelRecheck(checker, p.log),
 		retrier(p.cfg.Retry, p.requeue),
 	)
 	handler := dispatchHandler(p.cfg.Dispatcher, p.cfg.Transforms)

@@ -114,7 +114,7 @@ func initPools(cfg *Config) (map[string]*Pool, error) {
 		p.shared = credit.NewShared(p.credits)
 		p.freed = &waker{}
 		if cfg.Priority != nil {
-			p.lanes = newLanes(p.Workers)
+			p.lanes = newLanes(p.Workers, cfg.Priority)
 		}
 		p.metrics = cfg.Metrics.For(metrics.Labels{Pool: p.ID}) // upstream: pool gates count with empty queue labels
 		switch adm, ok := gateAdmitter(p.Gate); {

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/credit"
+	"github.com/sluice-io/sluice/internal/mutant"
 )
 
 // Source is the broker side of one request queue: the calls the claim loop
@@ -197,7 +198,9 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			case out <- m:
 			case <-ctx.Done():
 				s.src.HandBack(ms[i:])
-				s.pool.Release(len(ms) - i)
+				if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
+					s.pool.Release(len(ms) - i)
+				}
 				return
 			}
 		}

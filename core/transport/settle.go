@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/credit"
+	"github.com/sluice-io/sluice/internal/mutant"
 )
 
 // Settling without a goroutine per message.
@@ -48,6 +49,9 @@ func Claimed(m *message.Message) time.Time {
 func settle(m *message.Message, acked bool) {
 	if h, ok := m.Context().Value(settleKey{}).(*settleHook); ok && h.done.CompareAndSwap(false, true) {
 		h.src.Settle(m, acked)
+		if !acked && mutant.On(mutant.CreditNotReturnedOnHandBack) {
+			return // planted: a handed-back delivery keeps its credit
+		}
 		h.pool.Release(1)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
@@ -266,7 +267,11 @@ func (c *conn) release(ls *lease) {
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, time.Second) // the slot map is loaded: an acquire went through
 	defer cancel()
-	if !c.enqueue(ctx, &op{script: releaseScript, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
+	rel := releaseScript
+	if mutant.On(mutant.QuotaReleaseTwice) {
+		rel = mutatedScript(mutant.QuotaReleaseTwice) // planted: releases without the lease guard
+	}
+	if !c.enqueue(ctx, &op{script: rel, keys: ls.keys, args: []any{ls.ttlSecs, ls.id}}) {
 		c.log.Warn("redis-quota: release after the gate closed; the unit comes back when its lease expires",
 			"key", ls.keys[0], "lease", ls.id)
 	}

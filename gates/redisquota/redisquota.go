@@ -49,6 +49,7 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
@@ -371,6 +372,9 @@ func (g *Gate) Admit(ctx context.Context, req *wire.Request) (gate.Decision, err
 		if o.lease != nil {
 			l := o.lease
 			d.Release = sync.OnceFunc(func() { g.c.release(l) })
+			if mutant.On(mutant.QuotaReleaseTwice) {
+				d.Release = func() { g.c.release(l) } // planted: not once-only
+			}
 		}
 		return d, nil
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 )
 
 // ledger records what a fault run sent and what came back: how many
@@ -26,6 +28,15 @@ type ledger struct {
 	firstAt map[string]time.Time // id → when its first result was read
 	unknown int                  // results whose id was never sent
 	total   int                  // results read
+	// hist is the run's history (history.go): enqueues, gateway calls and
+	// results, with their times; openEnq are the indexes in hist of the
+	// enqueues whose send has not reported back, by id.
+	hist     []histOp
+	openEnq  map[string][]int
+	firstEnq map[string]time.Time // id → when its first enqueue began
+	// callsUnseen: the results do not come from the recording gateway
+	// (the bare control), so no gateway call is expected before them.
+	callsUnseen bool
 }
 
 // expectation is what the ledger expects for one id.
@@ -39,7 +50,7 @@ type expectation struct {
 
 func newLedger(okOnly bool) *ledger {
 	return &ledger{okOnly: okOnly, sent: map[string]*expectation{}, got: map[string][]string{}, codes: map[string]int{},
-		firstAt: map[string]time.Time{}}
+		firstAt: map[string]time.Time{}, openEnq: map[string][]int{}, firstEnq: map[string]time.Time{}}
 }
 
 // expect records one good message sent with id.
@@ -59,6 +70,51 @@ func (l *ledger) expectAs(id, kind string, codes []string, deadline time.Time) {
 	if !deadline.IsZero() {
 		e.deadline = deadline
 	}
+	now := time.Now()
+	if _, ok := l.firstEnq[id]; !ok {
+		l.firstEnq[id] = now
+	}
+	l.openEnq[id] = append(l.openEnq[id], len(l.hist))
+	l.hist = append(l.hist, histOp{kind: histEnqueue, id: id, call: now})
+}
+
+// sentDone notes that the send carrying ids returned at: their enqueues
+// took effect by then.
+func (l *ledger) sentDone(ids []string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		for _, i := range l.openEnq[id] {
+			l.hist[i].ret = at
+		}
+		delete(l.openEnq, id)
+	}
+}
+
+// dispatched notes one gateway call for id, from start to end.
+func (l *ledger) dispatched(id string, start, end time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.hist = append(l.hist, histOp{kind: histDispatch, id: id, call: start, ret: end})
+}
+
+// firstEnqueueLocked is when id's first enqueue began (at when there is
+// none).
+func (l *ledger) firstEnqueueLocked(id string, at time.Time) time.Time {
+	if t, ok := l.firstEnq[id]; ok && t.Before(at) {
+		return t
+	}
+	return at
+}
+
+// linearizable checks the ledger's history against the queue-with-results
+// model (history.go); atLeastOnce when the transport may repeat a result.
+func (l *ledger) linearizable(atLeastOnce bool) linearity {
+	l.mu.Lock()
+	ops := append([]histOp(nil), l.hist...)
+	r := historyRules{atLeastOnce: atLeastOnce, callsUnseen: l.callsUnseen}
+	l.mu.Unlock()
+	return checkHistory(ops, r, historyTimeout)
 }
 
 // record notes one result read at time at.
@@ -67,6 +123,7 @@ func (l *ledger) record(id, code string, at time.Time) {
 	defer l.mu.Unlock()
 	l.total++
 	l.codes[code]++
+	l.hist = append(l.hist, histOp{kind: histResult, id: id, code: code, call: l.firstEnqueueLocked(id, at), ret: at})
 	if _, ok := l.sent[id]; !ok {
 		l.unknown++
 		return
@@ -114,6 +171,13 @@ func (l *ledger) merge(o *ledger) {
 	}
 	l.unknown += o.unknown
 	l.total += o.total
+	l.hist = append(l.hist, o.hist...)
+	for id, t := range o.firstEnq {
+		if mine, ok := l.firstEnq[id]; !ok || t.Before(mine) {
+			l.firstEnq[id] = t
+		}
+	}
+	l.callsUnseen = l.callsUnseen || o.callsUnseen
 }
 
 // ids lists the ids sent, sorted.
@@ -216,12 +280,15 @@ type tally struct {
 	lostIDs    []string
 	dupIDs     []string
 	wrongIDs   []string // id=code of the first result not allowed, per id
+	// l is the ledger counted (nil for a tally made by hand): judge
+	// checks its history.
+	l *ledger
 }
 
 func (l *ledger) tally() tally {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := tally{requests: len(l.sent), unknown: l.unknown}
+	t := tally{requests: len(l.sent), unknown: l.unknown, l: l}
 	for id, e := range l.sent {
 		got := l.got[id]
 		g := len(got)
@@ -271,6 +338,9 @@ type verdict struct {
 	seconds  float64
 	extra    figures
 	failures []string
+	// linear is the history check's verdict (nil: not checked, as for a
+	// tally made by hand); the CHAOS line shows it as linearizable=.
+	linear *linearity
 }
 
 // fail records why the fault failed.
@@ -305,6 +375,16 @@ func (v *verdict) judgeExcusing(dupAllowed, excused int, why string) {
 	if v.t.wrongCode > 0 {
 		v.fail("%d ids with a result code they do not allow (first: %s)", v.t.wrongCode, firstFew(v.t.wrongIDs))
 	}
+	if v.t.l != nil {
+		lin := v.t.l.linearizable(dupAllowed > 0)
+		v.linear = &lin
+		switch {
+		case lin.result == porcupine.Unknown && len(lin.badIDs) == 0:
+			v.fail("the history (%d operations) was not proven linearizable within %s per id", lin.ops, historyTimeout)
+		case !lin.ok:
+			v.fail("the history is not linearizable against the queue-with-results model: %d ids (first: %s)", len(lin.badIDs), firstFew(lin.badIDs))
+		}
+	}
 	v.extra["wrong_code"] = float64(v.t.wrongCode)
 	v.extra["unknown"] = float64(v.t.unknown)
 }
@@ -333,6 +413,9 @@ func (v *verdict) line() string {
 		} else {
 			fmt.Fprintf(&b, " %s=%s", k, strconv.FormatFloat(x, 'f', 2, 64))
 		}
+	}
+	if v.linear != nil {
+		fmt.Fprintf(&b, " linearizable=%t", v.linear.ok)
 	}
 	if len(v.failures) > 0 {
 		fmt.Fprintf(&b, " result=FAIL")

@@ -10,7 +10,6 @@ import (
 // the verdict: a loss and a duplicate must fail the fault; duplicates
 // within what the transport allows must not.
 func TestLedgerCounts(t *testing.T) {
-	now := time.Now()
 	cases := []struct {
 		name       string
 		sent       []string
@@ -25,7 +24,7 @@ func TestLedgerCounts(t *testing.T) {
 		{name: "one lost", sent: []string{"a", "b", "c"}, got: []string{"a", "c"},
 			want: tally{requests: 3, answered: 2, lost: 1, lostIDs: []string{"b"}}, wantFail: []string{"1 ids lost (first: b)"}},
 		{name: "one duplicated", sent: []string{"a", "b"}, got: []string{"a", "b", "b", "b"},
-			want: tally{requests: 2, answered: 2, duplicated: 1, extra: 2, dupIDs: []string{"b"}}, wantFail: []string{"1 ids duplicated, 0 allowed"}},
+			want: tally{requests: 2, answered: 2, duplicated: 1, extra: 2, dupIDs: []string{"b"}}, wantFail: []string{"1 ids duplicated, 0 allowed", "the history is not linearizable against the queue-with-results model: 1 ids (first: b)"}},
 		{name: "duplicate allowed", sent: []string{"a", "b"}, got: []string{"a", "b", "b"}, dupAllowed: 1,
 			want: tally{requests: 2, answered: 2, duplicated: 1, extra: 1, dupIDs: []string{"b"}}},
 		{name: "id sent twice answered twice", sent: []string{"a", "a", "b"}, got: []string{"a", "b", "a"},
@@ -33,7 +32,7 @@ func TestLedgerCounts(t *testing.T) {
 		{name: "id sent twice answered once", sent: []string{"a", "a"}, got: []string{"a"},
 			want: tally{requests: 1, answered: 1, lost: 1, lostIDs: []string{"a"}}, wantFail: []string{"1 ids lost"}},
 		{name: "unknown id", sent: []string{"a"}, got: []string{"a", "zz"},
-			want: tally{requests: 1, answered: 1, unknown: 1}, wantFail: []string{"1 results for ids never sent"}},
+			want: tally{requests: 1, answered: 1, unknown: 1}, wantFail: []string{"1 results for ids never sent", "the history is not linearizable against the queue-with-results model: 1 ids (first: zz)"}},
 		{name: "nothing back", sent: []string{"a", "b"},
 			want: tally{requests: 2, lost: 2, lostIDs: []string{"a", "b"}}, wantFail: []string{"2 ids lost"}},
 		{name: "wrong code on a 200-only gateway", okOnly: true, sent: []string{"a", "b"}, got: []string{"a", "b=INFERENCE_ERROR"},
@@ -41,16 +40,18 @@ func TestLedgerCounts(t *testing.T) {
 			wantFail: []string{"1 ids with a result code they do not allow (first: b=INFERENCE_ERROR)"}},
 		{name: "a second result with a wrong code", okOnly: true, sent: []string{"a"}, got: []string{"a", "a=http_503"},
 			want:     tally{requests: 1, answered: 1, duplicated: 1, extra: 1, dupIDs: []string{"a"}, wrongCode: 1, wrongIDs: []string{"a=http_503"}},
-			wantFail: []string{"1 ids duplicated", "1 ids with a result code"}},
+			wantFail: []string{"1 ids duplicated", "1 ids with a result code", "the history is not linearizable against the queue-with-results model: 1 ids (first: a)"}},
 		{name: "any code on a faulty gateway", sent: []string{"a", "b"}, got: []string{"a=http_503", "b=DEADLINE_EXCEEDED"},
 			want: tally{requests: 2, answered: 2}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			l := newLedger(c.okOnly)
+			l.callsUnseen = true // no gateway: the results are recorded here
 			for _, id := range c.sent {
 				l.expect(id, time.Time{})
 			}
+			now := time.Now() // the results are read after the requests were sent
 			for _, g := range c.got {
 				id, code, ok := strings.Cut(g, "=")
 				if !ok {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -109,6 +110,7 @@ func TestCountingRedisLists(t *testing.T) {
 				b = &stream{queue: "q", results: "res", c: c}
 			}
 			l := newLedger(true) // the faults on these transports answer 200
+			l.callsUnseen = true // no gateway: the results are written here
 			for _, id := range []string{"a", "b", "c", "d", "e"} {
 				l.expect(id, time.Time{})
 			}
@@ -129,7 +131,8 @@ func TestCountingRedisLists(t *testing.T) {
 				t.Errorf("lost ids %s, want d,e", got)
 			}
 			wantReasons(t, v, "2 ids lost (first: d,e)", "1 ids duplicated, 0 allowed (first: b)", "1 results for ids never sent",
-				"1 ids with a result code they do not allow (first: c=INFERENCE_ERROR)")
+				"1 ids with a result code they do not allow (first: c=INFERENCE_ERROR)",
+				"the history is not linearizable against the queue-with-results model: 2 ids (first: b,zz)")
 		})
 	}
 }
@@ -181,6 +184,7 @@ func TestCountingPubSubProxy(t *testing.T) {
 	}
 	defer gw.close()
 	l := newLedger(true)
+	l.callsUnseen = true // the results are published here, not by a gateway call
 	v := &verdict{name: "kill9-gcp-pubsub", extra: figures{}}
 	rctx, stopRd := context.WithCancel(ctx)
 	s := &session{r: ps.r, b: ps, gw: gw, l: l, v: v, stopRd: stopRd, rdDone: make(chan struct{})}
@@ -277,7 +281,8 @@ func TestCountingPubSubProxy(t *testing.T) {
 		"broker_held": 0, "result_dropped_by_broker": 0, "drained_requests": 1, "unmapped_acks": 0})
 	wantReasons(t, v, "1 ids acked by a subscriber before any accepted publish of their result (first: awr)",
 		"2 ids lost (first: awr,held)", "1 ids duplicated, 0 allowed (first: dup)", "1 results for ids never sent",
-		"1 ids with a result code they do not allow (first: wrong=INFERENCE_ERROR)")
+		"1 ids with a result code they do not allow (first: wrong=INFERENCE_ERROR)",
+		"the history is not linearizable against the queue-with-results model: 2 ids (first: dup,zz)")
 
 	// The same history with process 111 killed by the harness: held is
 	// then the broker's (never acked, found by the drain), awr still not.
@@ -315,6 +320,7 @@ func TestCountingFuzz(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := newLedger(true)
+	l.callsUnseen = true         // no gateway: the results are written here
 	l.expect("g-1", time.Time{}) // a good request among them
 	expectFuzz(l, fz)
 	first := map[string]bool{}
@@ -374,6 +380,7 @@ func TestCountingFuzz(t *testing.T) {
 		"wrong_code": 1, "unknown": 0, "fuzz_readable": float64(readable), "fuzz_dead_expected": float64(deadKinds),
 		"dead_lettered": float64(deadKinds), "dead_missing": 1, "dead_unexpected": 1})
 	wantReasons(t, v, "2 ids lost", "1 ids duplicated, 0 allowed", "1 ids with a result code they do not allow",
+		"the history is not linearizable against the queue-with-results model: 1 ids",
 		"fuzz kind garbage: 2 sent, 0 lost, 0 duplicated, 0 with a wrong code, 1 not dead-lettered",
 		"fuzz kind invalid-utf8: 2 sent, 1 lost,", "fuzz kind oversized: 2 sent, 1 lost,",
 		"fuzz kind past-deadline: 2 sent, 0 lost, 0 duplicated, 1 with a wrong code",
@@ -386,12 +393,13 @@ func TestCountingFuzz(t *testing.T) {
 // in the second a wrong code, a result for an id never sent and a request
 // acked without a result (on the sorted set: one more unanswered id).
 func TestCountingMergedRuns(t *testing.T) {
-	now := time.Now()
 	closed, open := newLedger(true), newLedger(true)
+	closed.callsUnseen, open.callsUnseen = true, true // no gateway: the results are recorded here
 	for i := range 3 {
 		closed.expect(fmt.Sprintf("m-closed-%d", i), time.Time{})
 		open.expect(fmt.Sprintf("m-open-%d", i), time.Time{})
 	}
+	now := time.Now() // the results are read after the requests were sent
 	closed.record("m-closed-0", "ok", now)
 	closed.record("m-closed-1", "ok", now)
 	closed.record("m-closed-1", "ok", now) // duplicate; m-closed-2 lost
@@ -405,43 +413,65 @@ func TestCountingMergedRuns(t *testing.T) {
 	v.judge(0)
 	wantFigures(t, v, "requests=6 answered=4 lost=2 duplicated=1", map[string]float64{"wrong_code": 1, "unknown": 1})
 	wantReasons(t, v, "2 ids lost (first: m-closed-2,m-open-2)", "1 ids duplicated, 0 allowed (first: m-closed-1)",
-		"1 results for ids never sent", "1 ids with a result code they do not allow (first: m-open-0=INFERENCE_ERROR)")
+		"1 results for ids never sent", "1 ids with a result code they do not allow (first: m-open-0=INFERENCE_ERROR)",
+		"the history is not linearizable against the queue-with-results model: 2 ids (first: m-closed-1,zz)")
 	if all.codes["INFERENCE_ERROR"] != 1 || all.total != 6 {
 		t.Errorf("merged codes %v, total %d; want INFERENCE_ERROR once, 6 results", all.codes, all.total)
 	}
 }
 
 // TestSelfcheckVerdict: the self-check passes on exactly the planted
-// figures and reasons, and fails when the counting misses any of them.
+// figures, reasons and history, and fails when the counting or the
+// history check misses any of them.
 func TestSelfcheckVerdict(t *testing.T) {
+	const wrong, forged = "s-00198", "s-00197" // s-00199 is lost
 	planted := func() *verdict {
 		l := newLedger(true)
 		for i := range selfcheckRequests {
 			l.expect(fmt.Sprintf("s-%05d", i), time.Time{})
 		}
-		now := time.Now()
-		for i := 2; i < selfcheckRequests; i++ {
-			l.record(fmt.Sprintf("s-%05d", i), "ok", now)
+		sent := time.Now()
+		l.sentDone(l.ids(), sent)
+		// The harness's own results, read before sluice calls anything.
+		l.record(wrong, "INFERENCE_ERROR", sent.Add(time.Millisecond))
+		l.record(forged, "ok", sent.Add(time.Millisecond))
+		l.record("s-00000", "ok", sent.Add(time.Millisecond))
+		l.record("never-sent", "ok", sent.Add(time.Millisecond))
+		// sluice's: a call, then the result, for every id still queued.
+		at := sent.Add(10 * time.Millisecond)
+		for i := range selfcheckRequests - 3 {
+			id := fmt.Sprintf("s-%05d", i)
+			l.dispatched(id, at, at.Add(time.Millisecond))
+			l.record(id, "ok", at.Add(2*time.Millisecond))
 		}
-		l.record("s-00001", "INFERENCE_ERROR", now) // s-00000 lost
-		l.record("s-00002", "ok", now)
-		l.record("never-sent", "ok", now)
 		v := &verdict{t: l.tally(), extra: figures{}}
 		v.judge(0)
 		return v
 	}
-	if v := checkPlanted(planted()); len(v.failures) != 0 || v.extra["detected"] != 1 {
+	if v := checkPlanted(planted(), forged); len(v.failures) != 0 || v.extra["detected"] != 1 {
 		t.Errorf("exact planted figures: failures %q, detected %v; want none, 1", v.failures, v.extra["detected"])
+	} else if v.linear == nil || v.linear.ok || !strings.Contains(v.line(), " linearizable=false ") {
+		t.Errorf("self-check line %q: want linearizable=false shown", v.line())
 	}
 	for name, breakIt := range map[string]func(*verdict){
 		"loss not seen":       func(v *verdict) { v.t.lost = 0; v.failures = v.failures[1:] },
 		"unknown not counted": func(v *verdict) { v.t.unknown = 0 },
 		"wrong code missed":   func(v *verdict) { v.t.wrongCode = 0 },
 		"no failure":          func(v *verdict) { v.failures = nil },
+		"history unchecked":   func(v *verdict) { v.linear = nil; v.failures = v.failures[:len(v.failures)-1] },
+		"forged id missed": func(v *verdict) {
+			lin := *v.linear
+			lin.badIDs = slices.DeleteFunc(slices.Clone(lin.badIDs), func(id string) bool { return id == forged })
+			v.linear = &lin
+		},
+		"history said linearizable": func(v *verdict) {
+			v.linear = &linearity{ok: true}
+			v.failures = v.failures[:len(v.failures)-1]
+		},
 	} {
 		pv := planted()
 		breakIt(pv)
-		if v := checkPlanted(pv); len(v.failures) == 0 || v.extra["detected"] != 0 {
+		if v := checkPlanted(pv, forged); len(v.failures) == 0 || v.extra["detected"] != 0 {
 			t.Errorf("%s: the self-check passed", name)
 		}
 	}

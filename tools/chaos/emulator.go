@@ -61,7 +61,7 @@ func runEmulatorRestart(ctx context.Context, e *env) *verdict {
 		return v
 	}
 	a := s.goodMessages("ea", 100, 10*time.Minute)
-	if err := s.b.send(ctx, a); err != nil {
+	if err := s.send(ctx, a); err != nil {
 		v.fail("send a: %v", err)
 		return v
 	}
@@ -69,7 +69,7 @@ func runEmulatorRestart(ctx context.Context, e *env) *verdict {
 		v.fail("batch a not answered before the restart")
 	}
 	b := s.goodMessages("eb", 100, 10*time.Minute)
-	if err := s.b.send(ctx, b); err != nil {
+	if err := s.send(ctx, b); err != nil {
 		v.fail("send b: %v", err)
 		return v
 	}
@@ -98,7 +98,7 @@ func runEmulatorRestart(ctx context.Context, e *env) *verdict {
 	}
 	back := time.Since(restartAt)
 	c := s.goodMessages("ec", 100, 10*time.Minute)
-	if err := s.b.send(ctx, c); err != nil {
+	if err := s.send(ctx, c); err != nil {
 		v.fail("send c: %v", err)
 		return v
 	}

@@ -286,7 +286,7 @@ func fuzzFault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 		}
 		start := time.Now()
 		for i := 0; i < len(msgs); i += 1000 {
-			if err := s.b.send(ctx, msgs[i:min(i+1000, len(msgs))]); err != nil {
+			if err := s.send(ctx, msgs[i:min(i+1000, len(msgs))]); err != nil {
 				v.fail("send: %v", err)
 				return v
 			}

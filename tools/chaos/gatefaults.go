@@ -121,7 +121,7 @@ func runPluginKill(ctx context.Context, e *env) *verdict {
 		return v
 	}
 	const n, kills = 3000, 10
-	if err := s.b.send(ctx, s.goodMessages("p", n, 10*time.Minute)); err != nil {
+	if err := s.send(ctx, s.goodMessages("p", n, 10*time.Minute)); err != nil {
 		v.fail("send: %v", err)
 		return v
 	}
@@ -254,7 +254,7 @@ func prometheusGone(ctx context.Context, e *env, policy string, all *ledger) *ve
 		return v
 	}
 	const n = 2000
-	if err := s.b.send(ctx, s.goodMessages("m-"+policy, n, 10*time.Minute)); err != nil {
+	if err := s.send(ctx, s.goodMessages("m-"+policy, n, 10*time.Minute)); err != nil {
 		v.fail("send: %v", err)
 		return v
 	}

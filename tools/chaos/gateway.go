@@ -51,6 +51,7 @@ type gateway struct {
 	attempts map[string][]attempt
 	inflight map[string]int
 	calls    int
+	onCall   func(id string, start, end time.Time) // each finished call (nil: none)
 }
 
 func startGateway(f gatewayFaults) (*gateway, error) {
@@ -112,8 +113,13 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if g.inflight[id]--; g.inflight[id] <= 0 {
 			delete(g.inflight, id)
 		}
-		g.attempts[id] = append(g.attempts[id], attempt{start: start, end: time.Now(), outcome: outcome})
+		end := time.Now()
+		g.attempts[id] = append(g.attempts[id], attempt{start: start, end: end, outcome: outcome})
+		onCall := g.onCall
 		g.mu.Unlock()
+		if onCall != nil {
+			onCall(id, start, end)
+		}
 	}()
 	if lat > 0 {
 		t := time.NewTimer(lat)
@@ -162,6 +168,13 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"4","finish_reason":"stop"}]}`)
 	}
+}
+
+// observe makes f see every call that finishes from now on.
+func (g *gateway) observe(f func(id string, start, end time.Time)) {
+	g.mu.Lock()
+	g.onCall = f
+	g.mu.Unlock()
 }
 
 // inflightIDs returns the ids with a call in progress now.

@@ -60,7 +60,7 @@ func runGatewayFaults(ctx context.Context, e *env) *verdict {
 		return v
 	}
 	const deadline = 30 * time.Second
-	if err := s.b.send(ctx, s.goodMessages("gf", n, deadline)); err != nil {
+	if err := s.send(ctx, s.goodMessages("gf", n, deadline)); err != nil {
 		v.fail("send: %v", err)
 		return v
 	}

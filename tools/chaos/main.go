@@ -5,7 +5,7 @@
 //
 // Each fault prints one line
 //
-//	CHAOS <name> requests=N answered=N lost=N duplicated=N seconds=S [key=value ...] result=ok|FAIL
+//	CHAOS <name> requests=N answered=N lost=N duplicated=N seconds=S [key=value ...] linearizable=true|false result=ok|FAIL
 //
 // and the command exits non-zero when any fault lost a request, repeated
 // a result where its transport promises none, returned a result code the

@@ -42,7 +42,7 @@ func underLoad(ctx context.Context, e *env, tc transportCase, f brokerFault) *ve
 		}
 		reps = append(reps, p)
 	}
-	if err := s.b.send(ctx, s.goodMessages("r", f.n, 10*time.Minute)); err != nil {
+	if err := s.send(ctx, s.goodMessages("r", f.n, 10*time.Minute)); err != nil {
 		v.fail("send: %v", err)
 		return v
 	}

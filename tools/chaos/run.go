@@ -42,6 +42,7 @@ func open(ctx context.Context, e *env, name string, tc transportCase, tw brokerT
 		return nil, v
 	}
 	s := &session{r: r, b: b, gw: gw, l: newLedger(f.alwaysOK()), v: v, rdDone: make(chan struct{})}
+	gw.observe(s.l.dispatched) // the gateway's calls go into the history
 	rctx, cancel := context.WithCancel(ctx)
 	s.stopRd = cancel
 	go func() { defer close(s.rdDone); b.readResults(rctx, s.l) }()
@@ -55,6 +56,20 @@ func (s *session) close() {
 	s.r.close()
 	s.gw.close()
 	s.b.close()
+}
+
+// send sends msgs through the broker and notes in the history when the
+// send returned.
+func (s *session) send(ctx context.Context, msgs []outMsg) error {
+	err := s.b.send(ctx, msgs)
+	if err == nil {
+		ids := make([]string, len(msgs))
+		for i, m := range msgs {
+			ids[i] = m.id
+		}
+		s.l.sentDone(ids, time.Now())
+	}
+	return err
 }
 
 // goodMessages makes n good requests with ids prefix-00000..., due in

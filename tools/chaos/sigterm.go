@@ -36,7 +36,7 @@ func sigtermFault(tc transportCase) func(ctx context.Context, e *env) *verdict {
 			return v
 		}
 		const n = 120
-		if err := s.b.send(ctx, s.goodMessages("t", n, 10*time.Minute)); err != nil {
+		if err := s.send(ctx, s.goodMessages("t", n, 10*time.Minute)); err != nil {
 			v.fail("send: %v", err)
 			return v
 		}

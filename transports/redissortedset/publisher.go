@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -247,7 +248,7 @@ func (s *settler) run() {
 				}
 				args = append(args, modeArg(it.mode), it.token, it.claim, it.result, it.dead, it.reqID, it.reqToken, pk, it.ttl)
 			}
-			st, err = s.t.runScript(ctx, keys.Settle, s.keys, args...).Int64Slice()
+			st, err = s.call(ctx, batch, args)
 			if err == nil && len(st) != len(batch) {
 				err = fmt.Errorf("settle: %d statuses for %d items", len(st), len(batch))
 			}
@@ -264,4 +265,47 @@ func (s *settler) run() {
 			it.done <- o
 		}
 	}
+}
+
+// call writes one batch of settles: the results and the removal of their
+// claims in one fenced script call (keys.Settle), so no crash can fall
+// between the two. The transport's settle hook, when a test set one, runs
+// after the call (a crash right after the write).
+func (s *settler) call(ctx context.Context, batch []settleItem, args []any) ([]int64, error) {
+	if mutant.On(mutant.AckBeforeResult) {
+		return s.ackThenWrite(ctx, batch, args)
+	}
+	script := keys.Settle
+	if mutant.On(mutant.SettleNoFence) {
+		// Planted bug: the settle does not check the owner token.
+		script = keys.Mutated(mutant.SettleNoFence)
+	}
+	st, err := s.t.runScript(ctx, script, s.keys, args...).Int64Slice()
+	if err == nil && s.t.settleHook != nil {
+		err = s.t.settleHook()
+	}
+	return st, err
+}
+
+// ackThenWrite is the planted bug AckBeforeResult: the claims are dropped in
+// one call and the results pushed in a second, so a crash between the two
+// (the settle hook) loses the results.
+func (s *settler) ackThenWrite(ctx context.Context, batch []settleItem, args []any) ([]int64, error) {
+	st, err := s.t.runScript(ctx, keys.Mutated(mutant.AckBeforeResult), s.keys, args...).Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if s.t.settleHook != nil {
+		if err := s.t.settleHook(); err != nil {
+			return nil, err
+		}
+	}
+	for i, it := range batch {
+		if i < len(st) && st[i] == 1 && it.mode != 'd' {
+			if err := s.t.client.LPush(ctx, s.keys[3], it.result).Err(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return st, nil
 }

@@ -38,6 +38,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -149,6 +150,10 @@ type Transport struct {
 	// faultHook, when set (by tests), is called before each step of a
 	// cross-slot settle; an error it returns fails the step (see fault).
 	faultHook func(point int) error
+	// settleHook, when a test sets it before the first settle, runs after
+	// each script call of a settle; an error it returns fails the settle
+	// there, as a crash of the replica between two calls would.
+	settleHook func() error
 
 	claimed, lateResults, lateRequeues, reclaimed, lostLeases, gaveUp atomic.Int64
 	adopted, adoptSkipped                                             atomic.Int64
@@ -336,7 +341,12 @@ func (t *Transport) heartbeat(ctx context.Context, qs *queueState) {
 		}
 		hs = hs[n:]
 		cctx, cancel := context.WithTimeout(ctx, ms(t.opts.HeartbeatMS))
-		lost, err := keys.Extend.Run(cctx, t.client, []string{qs.k.Owners, qs.k.ClaimsIdx}, args...).StringSlice()
+		script := keys.Extend
+		if mutant.On(mutant.HeartbeatNoRenew) {
+			// Planted bug: the heartbeat checks ownership but renews nothing.
+			script = keys.Mutated(mutant.HeartbeatNoRenew)
+		}
+		lost, err := script.Run(cctx, t.client, []string{qs.k.Owners, qs.k.ClaimsIdx}, args...).StringSlice()
 		cancel()
 		if err != nil {
 			t.log.Warn("lease heartbeat failed", "queue", qs.k.Name, "err", err)
@@ -438,7 +448,23 @@ func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo strin
 		m, _ := members[i].(string)
 		args = append(args, ck, QueueScore([]byte(m))) // a ghost (no member) is dropped by the script
 	}
-	raw, err := keys.Reclaim.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
+	script := keys.Reclaim
+	if mutant.On(mutant.TakeoverIgnoresLive) {
+		// Planted bug: every claim counts as expired, live owner or not.
+		script = keys.Mutated(mutant.TakeoverIgnoresLive)
+		if cks, err = c.ZRange(ctx, k.ClaimsIdx, 0, reclaimPage-1).Result(); err != nil || len(cks) == 0 {
+			return 0, 0, false, err
+		}
+		if members, err = c.HMGet(ctx, k.Claimed, cks...).Result(); err != nil {
+			return 0, 0, false, err
+		}
+		args = args[:0]
+		for i, ck := range cks {
+			m, _ := members[i].(string)
+			args = append(args, ck, QueueScore([]byte(m)))
+		}
+	}
+	raw, err := script.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -483,7 +509,13 @@ func (t *Transport) release(ctx context.Context, qs *queueState, hs ...heldClaim
 	}
 	args := make([]any, 0, 3*len(hs))
 	for _, h := range hs {
-		args = append(args, h.token, h.claim, h.score)
+		score := h.score
+		if mutant.On(mutant.RequeueLosesOrder) {
+			// Planted bug: re-added at the time of the hand-back, not at
+			// the score it had (its deadline and enqueue order).
+			score = Score(time.Now())
+		}
+		args = append(args, h.token, h.claim, score)
 	}
 	err := keys.Release.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Name, qs.k.Settling}, args...).Err()
 	if err != nil {

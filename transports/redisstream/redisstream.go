@@ -48,6 +48,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
@@ -347,7 +348,9 @@ return 1
 
 // resultScript writes results to KEYS[2] (ARGV[5] "list" or "stream"; ARGV[6..]
 // pairs of uuid, payload) and acks the entry, if still owned.
-var resultScript = redis.NewScript(ownedPrelude + `
+var resultScript = redis.NewScript(ownedPrelude + resultBody + ackTail)
+
+const resultBody = `
 for i = 6, #ARGV, 2 do
   if ARGV[5] == 'list' then
     redis.call('LPUSH', KEYS[2], ARGV[i+1])
@@ -355,7 +358,7 @@ for i = 6, #ARGV, 2 do
     redis.call('XADD', KEYS[2], '*', '_watermill_message_uuid', ARGV[i], 'payload', ARGV[i+1])
   end
 end
-` + ackTail)
+`
 
 // requeueScript parks ARGV[6] in the retry set KEYS[2] at score ARGV[5] and acks the entry, if still owned.
 var requeueScript = redis.NewScript(ownedPrelude + `
@@ -480,7 +483,13 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 	for _, m := range ms {
 		ctx := context.WithoutCancel(m.Context())
 		if d := t.lookup(m); d != nil {
-			if _, err := t.fenced(ctx, resultScript, d, []string{topic}, t.opts.ResultMode, m.UUID, []byte(m.Payload)); err != nil {
+			script := resultScript
+			if mutant.On(mutant.StreamAckUnowned) {
+				// Planted bug: the result is written and the entry acked
+				// whoever owns it now.
+				script = mutatedScript(mutant.StreamAckUnowned)
+			}
+			if _, err := t.fenced(ctx, script, d, []string{topic}, t.opts.ResultMode, m.UUID, []byte(m.Payload)); err != nil {
 				return fmt.Errorf("write result to %s: %w", topic, err)
 			}
 			continue

@@ -301,20 +301,27 @@ func (s *source) heartbeat(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		s.mu.Lock()
-		ids := make([]any, 0, 2+len(s.mine))
-		ids = append(ids, t.opts.ConsumerGroup, t.opts.Consumer)
-		for id := range s.mine {
-			ids = append(ids, id)
-		}
-		s.mu.Unlock()
-		if len(ids) == 2 {
-			continue
-		}
-		if err := touchScript.Run(ctx, t.client, []string{s.stream}, ids...).Err(); err != nil && ctx.Err() == nil {
+		if err := s.touch(ctx); err != nil && ctx.Err() == nil {
 			t.log.Warn("heartbeat of entries in flight failed", "stream", s.stream, "err", err)
 		}
 	}
+}
+
+// touch is one heartbeat: the idle time of this subscriber's entries in
+// flight that are still its own is reset.
+func (s *source) touch(ctx context.Context) error {
+	t := s.t
+	s.mu.Lock()
+	ids := make([]any, 0, 2+len(s.mine))
+	ids = append(ids, t.opts.ConsumerGroup, t.opts.Consumer)
+	for id := range s.mine {
+		ids = append(ids, id)
+	}
+	s.mu.Unlock()
+	if len(ids) == 2 {
+		return nil
+	}
+	return touchScript.Run(ctx, t.client, []string{s.stream}, ids...).Err()
 }
 
 // moveDue moves due retries of the stream back to it.

@@ -419,7 +419,9 @@ const ClaimReplyFields = 6
 //
 //	KEYS: claimed, owners, idx, result list, dead list, stats, redeliveries
 //	returns: {status per item: 1 done, 0 late}
-var Settle = redis.NewScript(`
+var Settle = redis.NewScript(settleSrc)
+
+const settleSrc = `
 for _, k in ipairs({KEYS[4], KEYS[5]}) do
   local t = redis.call('TYPE', k).ok
   if t ~= 'none' and t ~= 'list' then
@@ -466,7 +468,7 @@ if #results > 0 then
 end
 if late > 0 then redis.call('HINCRBY', KEYS[6], 'late_results', late) end
 return out
-`)
+`
 
 // SettleArgs is the number of ARGV entries per Settle item.
 const SettleArgs = 9
@@ -591,7 +593,9 @@ return n
 //
 //	KEYS: queue, claimed, owners, idx, redeliveries, stats[, settling]
 //	returns: {number of messages returned, claim id, record, ...}
-var Reclaim = redis.NewScript(`
+var Reclaim = redis.NewScript(reclaimSrc)
+
+const reclaimSrc = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local n = 0
@@ -629,7 +633,7 @@ end
 if n > 0 then redis.call('HINCRBY', KEYS[6], 'reclaimed', n) end
 out[1] = n
 return out
-`)
+`
 
 // The settle of a claim whose result list is in another hash slot (a
 // cluster with upstream's names; see the transport's xslot.go for the
@@ -759,7 +763,9 @@ return out
 //	KEYS: owners, idx
 //	ARGV: lease ms, triples...
 //	returns: the owner tokens whose claim was lost (taken over or gone)
-var Extend = redis.NewScript(`
+var Extend = redis.NewScript(extendSrc)
+
+const extendSrc = `
 local t = redis.call('TIME')
 local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
 local lost = {}
@@ -775,7 +781,7 @@ for i = 2, #ARGV, 3 do
   end
 end
 return lost
-`)
+`
 
 // LegacyRelease returns the expired leases of the layout sluice used before
 // it adopted upstream's claims (Q:leases: token -> expiry ms; Q:leased:

@@ -1,0 +1,175 @@
+package model
+
+import (
+	"fmt"
+	"slices"
+)
+
+// PendingEntries models the redis-stream transport's ownership of pending
+// entries (transports/redisstream): a request is an entry of the stream; a
+// consumer of the group reads new entries in stream order (XREADGROUP >)
+// and takes over entries idle for claim_idle_ms from other consumers
+// (XAUTOCLAIM); its heartbeat resets the idle time of the entries it still
+// owns (XCLAIM JUSTID in a script, only if still its own); every write that
+// ends a delivery — the result, a hand-back (the request appended again as a
+// new entry) — runs in one script with the XACK, fenced by ownership
+// (XPENDING names the consumer).
+//
+// The model checks the transport's moves rather than predicting them, since
+// which idle entries one XAUTOCLAIM returns depends on its cursor: Deliver
+// reports a delivery that was not allowed.
+//
+// Invariants:
+//   - exactly one result per request and enqueue: a request is in exactly
+//     one of unread, pending or answered, and has at most one result;
+//   - no two holders of a live entry: an entry is pending for one consumer,
+//     and is taken over only once it was idle;
+//   - a stale holder writes nothing: a consumer whose entry was taken over
+//     (or handed back) writes no result and appends nothing (Settle and
+//     HandBack report false);
+//   - new entries are delivered in stream order.
+type PendingEntries struct {
+	unread   []string // requests of entries not yet read by the group, in stream order
+	pending  map[string]*Pending
+	results  map[string]int
+	enqueued []string
+}
+
+// Pending is the entry a request is pending as: its id, its consumer, and
+// whether it is idle (its consumer missed its heartbeats for claim_idle_ms).
+type Pending struct {
+	Entry, Consumer string
+	Idle            bool
+}
+
+// NewPendingEntries returns an empty stream and group.
+func NewPendingEntries() *PendingEntries {
+	return &PendingEntries{pending: map[string]*Pending{}, results: map[string]int{}}
+}
+
+// Add appends request id to the stream.
+func (p *PendingEntries) Add(id string) {
+	p.unread = append(p.unread, id)
+	p.enqueued = append(p.enqueued, id)
+}
+
+// Deliver records that consumer got request id as entry: read new (the
+// first unread request), or taken over (an idle entry of another consumer,
+// its entry id unchanged). It returns an error for a delivery the protocol
+// does not allow.
+func (p *PendingEntries) Deliver(consumer, id, entry string) error {
+	if pe, ok := p.pending[id]; ok {
+		switch {
+		case pe.Entry != entry:
+			return fmt.Errorf("%s got %s as entry %s, but it is pending as %s", consumer, id, entry, pe.Entry)
+		case pe.Consumer == consumer:
+			return fmt.Errorf("%s got %s (entry %s) a second time while it still owns it", consumer, id, entry)
+		case !pe.Idle:
+			return fmt.Errorf("%s took %s (entry %s) over from %s, whose entry was live", consumer, id, entry, pe.Consumer)
+		}
+		pe.Consumer, pe.Idle = consumer, false
+		return nil
+	}
+	if len(p.unread) == 0 || p.unread[0] != id {
+		return fmt.Errorf("%s read %s as a new entry; the next unread is %v", consumer, id, p.unread)
+	}
+	p.unread = p.unread[1:]
+	p.pending[id] = &Pending{Entry: entry, Consumer: consumer}
+	return nil
+}
+
+func (p *PendingEntries) owns(consumer, id, entry string) bool {
+	pe, ok := p.pending[id]
+	return ok && pe.Consumer == consumer && pe.Entry == entry
+}
+
+// Heartbeat resets the idle time of the entries consumer still owns among
+// held (request -> entry).
+func (p *PendingEntries) Heartbeat(consumer string, held map[string]string) {
+	for id, entry := range held {
+		if p.owns(consumer, id, entry) {
+			p.pending[id].Idle = false
+		}
+	}
+}
+
+// Expire makes the entry of request id idle; it reports whether id was pending.
+func (p *PendingEntries) Expire(id string) bool {
+	pe, ok := p.pending[id]
+	if ok {
+		pe.Idle = true
+	}
+	return ok
+}
+
+// Settle writes the result of request id delivered to consumer as entry and
+// acks it, if consumer still owns that entry; a stale holder writes nothing.
+func (p *PendingEntries) Settle(consumer, id, entry string) bool {
+	if !p.owns(consumer, id, entry) {
+		return false
+	}
+	delete(p.pending, id)
+	p.results[id]++
+	return true
+}
+
+// HandBack appends request id again as a new entry and acks the old one, if
+// consumer still owns it.
+func (p *PendingEntries) HandBack(consumer, id, entry string) bool {
+	if !p.owns(consumer, id, entry) {
+		return false
+	}
+	delete(p.pending, id)
+	p.unread = append(p.unread, id)
+	return true
+}
+
+// Unread returns the unread requests in stream order.
+func (p *PendingEntries) Unread() []string { return slices.Clone(p.unread) }
+
+// PendingOf returns the pending entries by request.
+func (p *PendingEntries) PendingOf() map[string]Pending {
+	out := make(map[string]Pending, len(p.pending))
+	for id, pe := range p.pending {
+		out[id] = *pe
+	}
+	return out
+}
+
+// Results returns how many results each answered request has.
+func (p *PendingEntries) Results() map[string]int { return maps(p.results) }
+
+// Unanswered returns the requests without a result.
+func (p *PendingEntries) Unanswered() []string {
+	var out []string
+	for _, id := range p.enqueued {
+		if p.results[id] == 0 {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// Check verifies the model's invariants: each request in exactly one place,
+// at most one result.
+func (p *PendingEntries) Check() error {
+	unread := map[string]int{}
+	for _, id := range p.unread {
+		unread[id]++
+	}
+	for _, id := range p.enqueued {
+		_, pe := p.pending[id]
+		r := p.results[id]
+		if r > 1 {
+			return fmt.Errorf("request %s has %d results", id, r)
+		}
+		places := unread[id] + r
+		if pe {
+			places++
+		}
+		if places != 1 {
+			return fmt.Errorf("request %s is in %d places (unread %d, pending %v, results %d)", id, places, unread[id], pe, r)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,44 @@
+package mutant
+
+// The planted bugs of the Redis sorted-set and stream protocols (docs/verification.md, "Redis
+// sorted set and stream"). Each is documented at its call site.
+const (
+	// SettleNoFence: the sorted-set settle writes the result and removes the lease without
+	// checking the lease token, so a stale holder (its lease expired and was reclaimed) still
+	// writes a result.
+	SettleNoFence Name = "settle-no-fence"
+	// AckBeforeResult: the sorted-set settle removes the lease (acks) in one call and writes the
+	// result in a second, so a crash between the two loses the result.
+	AckBeforeResult Name = "ack-before-result"
+	// HeartbeatNoRenew: the sorted-set heartbeat reports success but does not extend the lease,
+	// so a live holder's lease runs out and another replica reclaims the request.
+	HeartbeatNoRenew Name = "heartbeat-no-renew"
+	// RequeueLosesOrder: a hand-back re-adds the member scored by the time of the hand-back
+	// instead of its deadline, so it loses its place in deadline order.
+	RequeueLosesOrder Name = "requeue-loses-order"
+	// TakeoverIgnoresLive: the reclaim of leases treats every lease as expired and takes a
+	// request from an owner whose lease is still live.
+	TakeoverIgnoresLive Name = "takeover-ignores-live"
+	// StreamAckUnowned: the stream transport settles a pending entry without checking that this
+	// consumer still owns it, so a consumer whose entry another consumer auto-claimed still
+	// writes a result.
+	StreamAckUnowned Name = "stream-ack-unowned"
+)
+
+// modelArgs bound the state-machine tests the runner runs per mutant.
+var modelArgs = []string{"-rapid.checks=100", "-rapid.nofailfile"}
+
+var redisCatalog = []Mutant{
+	{Name: SettleNoFence, Doc: "sorted-set settle without the lease-token fence",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: AckBeforeResult, Doc: "sorted-set settle removes the lease before it writes the result (two calls)",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: HeartbeatNoRenew, Doc: "sorted-set heartbeat that stops renewing the lease",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: RequeueLosesOrder, Doc: "hand-back re-ZADDs with the time of the hand-back, losing deadline order",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: TakeoverIgnoresLive, Doc: "reclaim takes over a lease whose owner is still live",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: StreamAckUnowned, Doc: "stream settle without checking this consumer still owns the pending entry",
+		Packages: []string{"./transports/redisstream/"}, Run: "^TestModelStream$", Args: modelArgs},
+}
