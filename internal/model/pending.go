@@ -84,9 +84,10 @@ func (p *PendingEntries) owns(consumer, id, entry string) bool {
 }
 
 // Heartbeat resets the idle time of the entries consumer still owns among
-// held (request -> entry).
+// held (entry -> request; a consumer may hold two entries of one request,
+// a stale one and the one it read after the request was handed back).
 func (p *PendingEntries) Heartbeat(consumer string, held map[string]string) {
-	for id, entry := range held {
+	for entry, id := range held {
 		if p.owns(consumer, id, entry) {
 			p.pending[id].Idle = false
 		}

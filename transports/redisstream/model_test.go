@@ -254,7 +254,7 @@ func (m *stMachine) claimN(rt *rapid.T, c *stConsumer, n int) {
 			}
 			continue
 		}
-		m.model.Heartbeat(c.name, map[string]string{id: e})
+		m.model.Heartbeat(c.name, map[string]string{e: id})
 	}
 }
 
@@ -265,7 +265,7 @@ func (m *stMachine) heartbeat(rt *rapid.T) {
 	}
 	held := map[string]string{}
 	for e, msg := range c.held {
-		held[reqID(rt, msg.Payload)] = e
+		held[e] = reqID(rt, msg.Payload)
 	}
 	m.model.Heartbeat(c.name, held)
 }
@@ -362,10 +362,15 @@ func (m *stMachine) closeConsumer(rt *rapid.T) {
 	if err := c.tp.Close(); err != nil {
 		rt.Fatal(err)
 	}
-	// Close hands back in no particular order: follow the order it appended in.
+	// Close hands back in no particular order: follow the order it appended
+	// in. Of two deliveries of one request (a stale one and a later read)
+	// only the one the model says is current can have been handed back.
 	byReq := map[string]string{}
+	pend := m.model.PendingOf()
 	for _, e := range c.order {
-		byReq[reqID(rt, c.held[e].Payload)] = e
+		if id := reqID(rt, c.held[e].Payload); pend[id].Entry == e {
+			byReq[id] = e
+		}
 	}
 	es, err := m.admin.XRange(m.ctx, m.q.Name, "("+tail, "+").Result()
 	if err != nil {

@@ -1,0 +1,95 @@
+package model
+
+import "testing"
+
+// TestLeaseQueueFence walks the stale-holder interleaving: a lease runs out,
+// the request is reclaimed and claimed again; the first holder's settle and
+// hand-back change nothing, the second holder's settle answers once.
+func TestLeaseQueueFence(t *testing.T) {
+	q := NewLeaseQueue(3)
+	q.Enqueue("a", 2000)
+	q.Enqueue("b", 1000)
+	q.Enqueue("c", 1000)
+	if got := q.Waiting(); got[0] != "b" || got[1] != "c" || got[2] != "a" {
+		t.Fatalf("claim order %v, want [b c a] (deadline, then enqueue order)", got)
+	}
+	if c := q.Claim(1); len(c) != 1 || c[0].ID != "b" {
+		t.Fatalf("claim %v", c)
+	}
+	if err := q.Bind("b", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	q.Expire("b")
+	if n := q.Reclaim(); n != 1 {
+		t.Fatalf("reclaimed %d", n)
+	}
+	q.Claim(1)
+	if err := q.Bind("b", "t1"); err == nil {
+		t.Fatal("an owner token bound twice")
+	}
+	if err := q.Bind("b", "t2"); err != nil {
+		t.Fatal(err)
+	}
+	if q.Settle("b", "t1") || q.HandBack("b", "t1") {
+		t.Fatal("a stale holder wrote")
+	}
+	if !q.Settle("b", "t2") || q.Settle("b", "t2") {
+		t.Fatal("the holder's settle must answer exactly once")
+	}
+	if err := q.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if r := q.Results(); r["b"] != 1 || q.Deliveries()["b"] != 1 {
+		t.Fatalf("results %v deliveries %v", r, q.Deliveries())
+	}
+}
+
+// TestLeaseQueueGiveUp: a request delivered more than MaxDeliveries times is
+// answered by the claim.
+func TestLeaseQueueGiveUp(t *testing.T) {
+	q := NewLeaseQueue(1)
+	q.Enqueue("a", 1)
+	q.Claim(1)
+	_ = q.Bind("a", "t1")
+	q.Expire("a")
+	q.Reclaim()
+	if c := q.Claim(1); len(c) != 1 || !c[0].GaveUp {
+		t.Fatalf("claim %v, want a give-up", c)
+	}
+	if q.Results()["a"] != 1 || q.Check() != nil {
+		t.Fatalf("results %v, check %v", q.Results(), q.Check())
+	}
+}
+
+// TestPendingEntriesTakeover: a live entry cannot be taken over, an idle one
+// can, and the stale consumer then writes nothing.
+func TestPendingEntriesTakeover(t *testing.T) {
+	p := NewPendingEntries()
+	p.Add("a")
+	p.Add("b")
+	if err := p.Deliver("c1", "b", "2-0"); err == nil {
+		t.Fatal("read out of stream order")
+	}
+	if err := p.Deliver("c1", "a", "1-0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Deliver("c2", "a", "1-0"); err == nil {
+		t.Fatal("took over a live entry")
+	}
+	p.Expire("a")
+	if err := p.Deliver("c2", "a", "1-0"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Settle("c1", "a", "1-0") || p.HandBack("c1", "a", "1-0") {
+		t.Fatal("a stale consumer wrote")
+	}
+	if !p.HandBack("c2", "a", "1-0") {
+		t.Fatal("the owner's hand-back failed")
+	}
+	if u := p.Unread(); len(u) != 2 || u[0] != "b" || u[1] != "a" {
+		t.Fatalf("unread %v, want [b a]", u)
+	}
+	if err := p.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
