@@ -479,3 +479,19 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamedDeadline: a streamed call whose stream has started (keep-
+// alives sent) and whose deadline then passes gets an SSE error event,
+// which the client reports as the stream's error.
+func TestStreamedDeadline(t *testing.T) {
+	r := newRig(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	stream := r.client().Chat.Completions.NewStreaming(ctx, chatParams("block"), option.WithHeader(openai.HeaderTimeout, "1s"))
+	for stream.Next() {
+		t.Fatalf("a chunk for a call that expired: %+v", stream.Current())
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "deadline_exceeded") {
+		t.Fatalf("stream error %v, want the deadline_exceeded event", err)
+	}
+}
