@@ -92,7 +92,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	var opts []option.ClientOption
 	if cfg.Endpoint != "" {
-		opts = append(opts, option.WithEndpoint(cfg.Endpoint))
+		// Reads through the JSON API too: an emulator serves it at Endpoint,
+		// where the XML API's host is GCS's own.
+		opts = append(opts, option.WithEndpoint(cfg.Endpoint), storage.WithJSONReads())
 	}
 	if cfg.NoAuth {
 		opts = append(opts, option.WithoutAuthentication())
