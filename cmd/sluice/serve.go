@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -259,12 +260,41 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	for _, w := range f.warnings {
 		log.Warn(w)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version})
+	opts := app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version}
+	var bapi *batchAPI
+	if cfg.BatchAPI.Enabled {
+		if err := app.Check(cfg, ad); err != nil {
+			return err
+		}
+		if bapi, opts.Transport, err = newBatchAPI(cfg, ad, log); err != nil {
+			return err
+		}
+		opts.StatusExtra = bapi.figures
+	}
+	a, err := app.New(cfg, opts)
 	if err != nil {
+		if bapi != nil {
+			ctx, cancel := context.WithCancel(cmd.Context())
+			cancel()
+			bapi.run(ctx) // closes what it opened
+		}
 		return err
 	}
 	log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues), "flags", flagSummary(cmd.Flags()))
-	return a.Run(cmd.Context())
+	if bapi == nil {
+		return a.Run(cmd.Context())
+	}
+	ctx, stop := context.WithCancel(cmd.Context())
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bapi.run(ctx)
+	}()
+	err = a.Run(ctx)
+	stop() // the dispatcher ended (an error at start, or shutdown): so does the API
+	<-done
+	return err
 }
 
 // flagSummary lists the flags set on the command line, as upstream logs

@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -140,6 +141,8 @@ type Config struct {
 	Log Log `json:"log"`
 	// Tracing configures OpenTelemetry tracing (off unless an endpoint is set).
 	Tracing Tracing `json:"tracing"`
+	// BatchAPI is the OpenAI Batch API front (front/batch), off by default.
+	BatchAPI BatchAPI `json:"batch_api"`
 }
 
 // Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
@@ -538,6 +541,7 @@ func (c *Config) StatusPageEnabled() bool { return c.StatusPage == nil || *c.Sta
 // SetDefaults fills the unset fields that only the assembly reads; the
 // settings of components stay zero (see the package doc).
 func (c *Config) SetDefaults() {
+	c.BatchAPI.setDefaults()
 	if c.Transport == "" {
 		c.Transport = "memory"
 	}
@@ -592,6 +596,145 @@ func (c *Config) SetDefaults() {
 			q.MaxConcurrency = c.Concurrency
 			if p := c.Pool(q.WorkerPoolID); p != nil && p.Workers > 0 {
 				q.MaxConcurrency = p.Workers
+			}
+		}
+	}
+}
+
+// BatchAPI is the batch_api section: the OpenAI Batch API (/v1/files,
+// /v1/batches) served by `sluice serve` beside the dispatcher, on sluice's
+// own queues (docs/batch.md).
+type BatchAPI struct {
+	// Enabled turns it on (default off).
+	Enabled bool `json:"enabled,omitempty"`
+	// Listen is its own address (default 127.0.0.1:8090).
+	Listen string `json:"listen,omitempty"`
+	// Queue is the id or broker name of the configured queue jobs go to
+	// (default: the only queue). Its results must be routed by the message:
+	// the queue has no result_queue_name of its own.
+	Queue string `json:"queue,omitempty"`
+	// Files is where uploaded, output and error files live.
+	Files BatchFiles `json:"files"`
+	// State is where jobs and their recorded results live.
+	State BatchState `json:"state"`
+	// CompletionWindows are the completion_window values accepted, each a
+	// Go duration (default ["24h"]).
+	CompletionWindows []string `json:"completion_windows,omitempty"`
+	// FileExpiry is how long files live unless a batch says otherwise
+	// (default 720h, OpenAI's 30 days).
+	FileExpiry Duration `json:"file_expiry,omitempty"`
+}
+
+// BatchFiles is batch_api.files.
+type BatchFiles struct {
+	// Store is "disk" (default).
+	Store string `json:"store,omitempty"`
+	// Dir is the disk store's directory (default sluice-files).
+	Dir string `json:"dir,omitempty"`
+}
+
+// BatchState is batch_api.state.
+type BatchState struct {
+	// Store is "bolt" (default: a local embedded file, single node) or
+	// "redis" (the deployment's redis_url: several front replicas).
+	Store string `json:"store,omitempty"`
+	// Path is the bolt file (default sluice-batch.db).
+	Path string `json:"path,omitempty"`
+	// Prefix starts the redis store's keys (default sluice-batch:).
+	Prefix string `json:"prefix,omitempty"`
+}
+
+func (b *BatchAPI) setDefaults() {
+	if !b.Enabled {
+		return
+	}
+	if b.Listen == "" {
+		b.Listen = "127.0.0.1:8090"
+	}
+	if b.Files.Store == "" {
+		b.Files.Store = "disk"
+	}
+	if b.Files.Dir == "" {
+		b.Files.Dir = "sluice-files"
+	}
+	if b.State.Store == "" {
+		b.State.Store = "bolt"
+	}
+	if b.State.Path == "" {
+		b.State.Path = "sluice-batch.db"
+	}
+	if len(b.CompletionWindows) == 0 {
+		b.CompletionWindows = []string{"24h"}
+	}
+	if b.FileExpiry == 0 {
+		b.FileExpiry = Duration(30 * 24 * time.Hour)
+	}
+}
+
+// BatchQueue returns the queue batch_api.queue names (nil when none does).
+func (c *Config) BatchQueue() *Queue {
+	qs := c.TransportConfig.Queues
+	if c.BatchAPI.Queue == "" {
+		if len(qs) == 1 {
+			return &qs[0]
+		}
+		return nil
+	}
+	for i := range qs {
+		if qs[i].ID == c.BatchAPI.Queue || qs[i].Name == c.BatchAPI.Queue {
+			return &qs[i]
+		}
+	}
+	return nil
+}
+
+// batchProblems checks the batch_api section.
+func (c *Config) batchProblems(add func(where, format string, a ...any)) {
+	b := c.BatchAPI
+	if !b.Enabled {
+		return
+	}
+	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
+		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
+	}
+	switch c.Transport {
+	case "memory", "redis-sortedset":
+	default:
+		add("batch_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	}
+	if q := c.BatchQueue(); q == nil {
+		if b.Queue == "" {
+			add("batch_api.queue", "missing: there are %d queues, name the one batches go to", len(c.TransportConfig.Queues))
+		} else {
+			add("batch_api.queue", "%q names no configured queue", b.Queue)
+		}
+	} else if !q.ResultFromMessage {
+		add("batch_api.queue", "queue %s has its own result_queue_name: batch results must be routed by the message (leave it out, set transport_config.result_queue_name instead)", q.ID)
+	}
+	if b.Files.Store != "disk" {
+		add("batch_api.files.store", "%q: want disk", b.Files.Store)
+	}
+	switch b.State.Store {
+	case "bolt":
+	case "redis":
+		if c.RedisURL == "" {
+			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL)")
+		}
+	default:
+		add("batch_api.state.store", "%q: want bolt or redis", b.State.Store)
+	}
+	for _, w := range b.CompletionWindows {
+		if d, err := time.ParseDuration(w); err != nil || d <= 0 {
+			add("batch_api.completion_windows", "%q is not a positive duration", w)
+		}
+	}
+	if b.FileExpiry < 0 {
+		add("batch_api.file_expiry", "must not be negative")
+	}
+	if c.MetricsPort > 0 || c.HealthPort > 0 {
+		for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
+			if _, p, err := net.SplitHostPort(b.Listen); err == nil && p == strconv.Itoa(port) {
+				add("batch_api.listen", "same port as %s (%d)", name, port)
 			}
 		}
 	}
@@ -665,6 +808,7 @@ func (c *Config) Validate(k Known) error {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
 	c.componentProblems(add)
+	c.batchProblems(add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)

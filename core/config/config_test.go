@@ -162,6 +162,20 @@ func TestValidateComponentSettings(t *testing.T) {
 			"redis_tls: applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is memory"},
 		{"redis_tls with a Redis transport", func(c *Config) { c.Transport, c.RedisTLS.InsecureSkipVerify = "redis-sortedset", true }, ""},
 		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
+		{"batch_api off checks nothing", func(c *Config) { c.BatchAPI.State.Store = "mongo" }, ""},
+		{"batch_api", func(c *Config) { c.BatchAPI.Enabled = true }, ""},
+		{"batch_api unknown queue", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Queue = true, "nope" }, `batch_api.queue: "nope" names no configured queue`},
+		{"batch_api queue with its own results", func(c *Config) {
+			c.BatchAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
+		}, "batch_api.queue: queue q has its own result_queue_name"},
+		{"batch_api transport", func(c *Config) { c.BatchAPI.Enabled, c.Transport = true, "redis-pubsub" }, "batch_api: needs a transport with a producer"},
+		{"batch_api stores", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo" },
+			`batch_api.state.store: "mongo": want bolt or redis`},
+		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
+			"batch_api.state.store: redis needs redis_url"},
+		{"batch_api listen", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Listen = true, "8090" }, `batch_api.listen: "8090" is not host:port`},
+		{"batch_api window", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.CompletionWindows = true, []string{"1d"} },
+			`batch_api.completion_windows: "1d" is not a positive duration`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

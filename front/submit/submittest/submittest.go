@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
-
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
@@ -257,21 +255,15 @@ func leaseLapse(t *testing.T, h Harness) {
 	const lease = 400 * time.Millisecond
 	tr, p := h.New(t, lease)
 	defer p.Close()
-	defer tr.Close()
+	gw := newGateway(t)
+	runSluice(t, h.TransportName, tr, gw, 4)
 	route := fmt.Sprint("route-lease-", seq.Add(1))
-	pub, err := tr.Publisher(transport.Queue{Name: queueName, ResultName: route})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
+	reqs := requests(3, "job-l", route, false)
 	want := map[string]bool{}
-	var ms []*message.Message
-	for i := range 3 {
-		id := fmt.Sprint("leased-", i)
-		want[id] = true
-		ms = append(ms, message.NewMessage(id, (&wire.Result{ID: id, StatusCode: 200, Payload: "{}"}).Marshal()))
+	for _, r := range reqs {
+		want[r.ID] = true
 	}
-	if err := pub.Publish(route, ms...); err != nil {
+	if err := p.Enqueue(context.Background(), queueName, reqs); err != nil {
 		t.Fatal(err)
 	}
 	first, err := p.Results(context.Background(), route)

@@ -1,0 +1,676 @@
+// Package batch is the OpenAI Batch API on sluice's own queues: /v1/files
+// (upload a JSONL file of requests, list, retrieve, delete, download) and
+// /v1/batches (create a job from a file, retrieve, list, cancel).
+//
+// A job's lines become requests on one request queue (through a
+// front/submit Producer), each with the job's deadline (created_at plus the
+// completion window), metadata.job_id = the batch id, and the job's own
+// result route, so the dispatcher writes the job's results where only the
+// job reads them. The replica that owns the job (an ownership lease in the
+// State) reads the route, records each result by line index, idempotently,
+// and acks it; another replica takes a job whose owner stopped renewing its
+// lease and carries on from what was recorded, so every line is answered
+// exactly once in the output and error files, which are assembled from the
+// records when the job ends. Cancel and expiry remove what is still queued,
+// abort what is in flight, and answer the lines left without a result with
+// batch_cancelled or batch_expired (partial output). See docs/batch.md.
+package batch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/front/filestore"
+	"github.com/sluice-io/sluice/front/submit"
+)
+
+// Config configures a Service.
+type Config struct {
+	// Queue is the request queue jobs are put on (its broker name); the
+	// dispatcher must route its results by the message (a queue without
+	// its own result_queue_name).
+	Queue string
+	// RoutePrefix starts every job's result route (default "sluice-batch:").
+	RoutePrefix string
+	// Owner names this replica in ownership leases (default host-pid-random).
+	Owner string
+	// OwnerLease is how long a job stays owned without renewal (default 30s).
+	OwnerLease time.Duration
+	// MaxFileBytes bounds an upload (default 200 MB, OpenAI's).
+	MaxFileBytes int64
+	// MaxLines bounds the requests of a file (default 50,000, OpenAI's).
+	MaxLines int
+	// ChunkSize is how many requests one Enqueue carries (default 1000).
+	ChunkSize int
+	// FileExpiry is how long uploaded and output files live by default
+	// (default 30 days, OpenAI's for purpose batch).
+	FileExpiry time.Duration
+	// CancelQuiet is how long a cancelled or expired job waits without a
+	// new result before it answers the lines left (default 2s; at most
+	// CancelWait in all).
+	CancelQuiet time.Duration
+	// CancelWait bounds the wait for the results of a cancelled or expired
+	// job's requests in flight (default 1m).
+	CancelWait time.Duration
+	// ScanInterval is how often the replica looks for jobs to own (default 1s).
+	ScanInterval time.Duration
+	// Windows are the completion windows accepted (default {"24h"}), each
+	// a Go duration.
+	Windows []string
+}
+
+func (c *Config) setDefaults() {
+	if c.RoutePrefix == "" {
+		c.RoutePrefix = "sluice-batch:"
+	}
+	if c.Owner == "" {
+		h, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s-%d-%s", h, os.Getpid(), randomHex(4))
+	}
+	if c.OwnerLease <= 0 {
+		c.OwnerLease = 30 * time.Second
+	}
+	if c.MaxFileBytes <= 0 {
+		c.MaxFileBytes = 200 << 20
+	}
+	if c.MaxLines <= 0 {
+		c.MaxLines = 50000
+	}
+	if c.ChunkSize <= 0 {
+		c.ChunkSize = 1000
+	}
+	if c.FileExpiry <= 0 {
+		c.FileExpiry = 30 * 24 * time.Hour
+	}
+	if c.CancelQuiet <= 0 {
+		c.CancelQuiet = 2 * time.Second
+	}
+	if c.CancelWait <= 0 {
+		c.CancelWait = time.Minute
+	}
+	if c.ScanInterval <= 0 {
+		c.ScanInterval = time.Second
+	}
+	if len(c.Windows) == 0 {
+		c.Windows = []string{"24h"}
+	}
+}
+
+// Validate checks c after its defaults.
+func (c *Config) Validate() error {
+	c.setDefaults()
+	if c.Queue == "" {
+		return errors.New("batch: queue is empty")
+	}
+	for _, w := range c.Windows {
+		if d, err := time.ParseDuration(w); err != nil || d <= 0 {
+			return fmt.Errorf("batch: completion window %q is not a positive duration", w)
+		}
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newID returns prefix + a time-ordered unique suffix (ids sort by creation).
+func newID(prefix string) string {
+	return fmt.Sprintf("%s%016x%s", prefix, time.Now().UnixNano(), randomHex(4))
+}
+
+// Service is the Batch API of one front replica: its HTTP handler and the
+// loop that processes the jobs it owns.
+type Service struct {
+	cfg   Config
+	state State
+	files filestore.Store
+	prod  submit.Producer
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	running map[string]bool
+	wg      sync.WaitGroup
+}
+
+// New returns a service; it does not close state, files or prod.
+func New(cfg Config, state State, files filestore.Store, prod submit.Producer, log *slog.Logger) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, state: state, files: files, prod: prod, log: log, running: map[string]bool{}}, nil
+}
+
+// Run processes jobs until ctx ends: it owns the jobs nobody owns (its
+// own after a restart, those of a replica that died) and carries each to
+// its end. It returns once every job it runs has stopped.
+func (s *Service) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.ScanInterval)
+	defer t.Stop()
+	defer s.wg.Wait()
+	var swept time.Time
+	for {
+		s.scan(ctx)
+		if time.Since(swept) >= time.Minute {
+			s.sweep(ctx, time.Now())
+			swept = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// sweep deletes the files whose expires_at passed (record and content).
+func (s *Service) sweep(ctx context.Context, now time.Time) {
+	after := ""
+	var expired []string
+	for {
+		fs, more, err := s.state.ListFiles(ctx, after, 100)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("batch: listing files for expiry failed", "err", err)
+			}
+			return
+		}
+		for _, f := range fs {
+			if f.ExpiresAt > 0 && f.ExpiresAt <= now.Unix() {
+				expired = append(expired, f.ID)
+			}
+			after = f.ID
+		}
+		if !more {
+			break
+		}
+	}
+	for _, id := range expired {
+		if err := s.deleteFileID(ctx, id); err != nil {
+			s.log.Warn("batch: deleting an expired file failed", "file", id, "err", err)
+		}
+	}
+}
+
+// scan takes the active jobs nobody owns and starts processing them.
+func (s *Service) scan(ctx context.Context) {
+	ids, err := s.state.ActiveJobs(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("batch: listing active jobs failed", "err", err)
+		}
+		return
+	}
+	for _, id := range ids {
+		s.mu.Lock()
+		busy := s.running[id]
+		s.mu.Unlock()
+		if busy {
+			continue
+		}
+		ok, err := s.state.Own(ctx, id, s.cfg.Owner, s.cfg.OwnerLease)
+		if err != nil || !ok {
+			continue
+		}
+		s.mu.Lock()
+		s.running[id] = true
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() {
+				s.mu.Lock()
+				delete(s.running, id)
+				s.mu.Unlock()
+			}()
+			if err := s.own(ctx, id); err != nil && ctx.Err() == nil {
+				s.log.Error("batch: job stopped", "batch", id, "err", err)
+			}
+		}()
+	}
+}
+
+// own processes job id while it renews the ownership lease; losing the
+// lease stops the processing.
+func (s *Service) own(ctx context.Context, id string) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		t := time.NewTicker(s.cfg.OwnerLease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			ok, err := s.state.Own(ctx, id, s.cfg.Owner, s.cfg.OwnerLease)
+			if err == nil && !ok {
+				cancel(errors.New("ownership lost"))
+				return
+			}
+		}
+	}()
+	err := s.process(ctx, id)
+	if ctx.Err() == nil {
+		_ = s.state.Release(context.WithoutCancel(ctx), id, s.cfg.Owner)
+	}
+	return err
+}
+
+func (s *Service) route(id string) string { return s.cfg.RoutePrefix + id }
+
+// process carries job id from its status to a final one.
+func (s *Service) process(ctx context.Context, id string) error {
+	j, err := s.state.GetJob(ctx, id)
+	if err != nil {
+		return err
+	}
+	if j.Status == StatusValidating {
+		if j, err = s.validate(ctx, j); err != nil || Final(j.Status) {
+			return err
+		}
+	}
+	if j.Status == StatusInProgress {
+		if j, err = s.enqueue(ctx, j); err != nil {
+			return err
+		}
+	}
+	return s.collect(ctx, j)
+}
+
+func (s *Service) fail(ctx context.Context, id string, errs []LineError) (Job, error) {
+	return s.state.UpdateJob(ctx, id, func(j *Job) error {
+		j.Status, j.FailedAt, j.Errors = StatusFailed, time.Now().Unix(), errs
+		return nil
+	})
+}
+
+// validate checks every line of the input file; a file with an invalid
+// line fails the job with the lines' errors (as OpenAI's validation).
+func (s *Service) validate(ctx context.Context, j Job) (Job, error) {
+	rc, err := s.files.Open(ctx, j.InputFileID, 0)
+	if err != nil {
+		if errors.Is(err, filestore.ErrNotFound) {
+			return s.fail(ctx, j.ID, []LineError{{Code: "file_not_found", Message: "The input file " + j.InputFileID + " is gone."}})
+		}
+		return j, err
+	}
+	defer rc.Close()
+	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
+	tooMany := errors.New("too many lines")
+	err = eachLine(rc, func(n int, b []byte) error {
+		if c.lines == s.cfg.MaxLines {
+			return tooMany
+		}
+		c.check(n, b)
+		return nil
+	})
+	switch {
+	case errors.Is(err, tooMany):
+		return s.fail(ctx, j.ID, []LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
+	case err != nil:
+		return s.fail(ctx, j.ID, []LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
+	case len(c.errs) > 0:
+		return s.fail(ctx, j.ID, c.errs)
+	case c.lines == 0:
+		return s.fail(ctx, j.ID, []LineError{{Code: "empty_file", Message: "The input file holds no requests."}})
+	}
+	return s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+		if j.Status != StatusValidating {
+			return nil // cancelled meanwhile
+		}
+		j.Status, j.InProgressAt, j.Model, j.Counts.Total = StatusInProgress, time.Now().Unix(), c.model, int64(c.lines)
+		return nil
+	})
+}
+
+// enqueue puts the lines from j.Enqueued on the queue in chunks, recording
+// progress after each, so a resumed job goes on from the last chunk
+// recorded (a chunk enqueued twice is answered twice and recorded once).
+func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
+	if j.Enqueued >= int(j.Counts.Total) {
+		return j, nil
+	}
+	rc, err := s.files.Open(ctx, j.InputFileID, 0)
+	if err != nil {
+		return j, err
+	}
+	defer rc.Close()
+	deadline := time.Unix(j.ExpiresAt, 0)
+	created := time.Now()
+	route := s.route(j.ID)
+	chunk := make([]*wire.Request, 0, s.cfg.ChunkSize)
+	idx := -1
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		if err := s.prod.Enqueue(ctx, s.cfg.Queue, chunk); err != nil {
+			return err
+		}
+		n := idx + 1
+		var err error
+		j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+			j.Enqueued = n
+			return nil
+		})
+		chunk = chunk[:0]
+		return err
+	}
+	err = eachLine(rc, func(_ int, b []byte) error {
+		idx++
+		if idx < j.Enqueued {
+			return nil
+		}
+		var l inputLine
+		if err := jsonUnmarshal(b, &l); err != nil {
+			return err // validated before: the file changed
+		}
+		chunk = append(chunk, &wire.Request{
+			ID: requestID(j.ID, idx), Created: created, Deadline: deadline, Payload: l.Body,
+			Metadata:        map[string]string{"job_id": j.ID, "custom_id": l.CustomID},
+			Endpoint:        l.URL,
+			ResultQueueName: route,
+			Model:           j.Model,
+		})
+		if len(chunk) == s.cfg.ChunkSize {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		return j, fmt.Errorf("enqueue batch %s: %w", j.ID, err)
+	}
+	return j, nil
+}
+
+// collect reads the job's route and records its results until every line
+// has one, the job is cancelled or it expires; then it finalizes.
+func (s *Service) collect(ctx context.Context, j Job) error {
+	r, err := s.prod.Results(ctx, s.route(j.ID))
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	ending := "" // the final status once cancelled or expired
+	var endStart, lastResult time.Time
+	for {
+		if j.Counts.Completed+j.Counts.Failed >= j.Counts.Total {
+			break
+		}
+		if ending == "" {
+			switch {
+			case j.Status == StatusCancelling:
+				ending = StatusCancelled
+			case j.Status == StatusFinalizing:
+				ending = StatusExpired // finalizing with lines missing: the window ended
+			case time.Now().Unix() >= j.ExpiresAt:
+				ending = StatusExpired
+			}
+			if ending != "" {
+				if j, err = s.stop(ctx, j, ending); err != nil {
+					return err
+				}
+				endStart, lastResult = time.Now(), time.Now()
+			}
+		} else if now := time.Now(); now.Sub(lastResult) >= s.cfg.CancelQuiet || now.Sub(endStart) >= s.cfg.CancelWait {
+			break
+		}
+		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		rs, err := r.Next(nctx)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			s.log.Warn("batch: reading results failed", "batch", j.ID, "err", err)
+		}
+		if len(rs) > 0 {
+			lastResult = time.Now()
+			recs := make([]Record, 0, len(rs))
+			for _, res := range rs {
+				if res.Result == nil {
+					s.log.Warn("batch: undecodable result dropped", "batch", j.ID, "err", res.Err)
+					continue
+				}
+				i, ok := lineIndex(j.ID, res.Result.ID)
+				if !ok || i >= int(j.Counts.Total) {
+					s.log.Warn("batch: result of another request on the job's route dropped", "batch", j.ID, "id", res.Result.ID)
+					continue
+				}
+				recs = append(recs, recordOf(i, res.Result.Metadata["custom_id"], res.Result))
+			}
+			counts, err := s.state.Record(ctx, j.ID, recs)
+			if err != nil {
+				return err // not acked: handed out again
+			}
+			j.Counts = counts
+			if err := r.Ack(ctx, rs...); err != nil {
+				s.log.Warn("batch: ack failed (the results come again and are recorded once)", "batch", j.ID, "err", err)
+			}
+		}
+		if ending == "" {
+			// The status may have moved by the API (cancel).
+			fresh, err := s.state.GetJob(ctx, j.ID)
+			if err != nil {
+				return err
+			}
+			j = fresh
+		}
+	}
+	if ending == "" {
+		switch {
+		case j.Status == StatusCancelling:
+			ending = StatusCancelled // every line answered while cancelling
+		case j.Status == StatusFinalizing && j.CancelSent:
+			ending = StatusExpired // resumed after the expiry answered every line
+		default:
+			ending = StatusCompleted
+		}
+	}
+	return s.finalize(ctx, j, ending)
+}
+
+// stop cancels what is left of job j on the queue (once: CancelSent) as it
+// becomes ending (cancelled: it is cancelling already; expired).
+func (s *Service) stop(ctx context.Context, j Job, ending string) (Job, error) {
+	if j.CancelSent {
+		return j, nil
+	}
+	n, err := s.prod.Cancel(ctx, s.cfg.Queue, transport.Cancellation{JobID: j.ID})
+	if err != nil {
+		return j, fmt.Errorf("cancel batch %s on %s: %w", j.ID, s.cfg.Queue, err)
+	}
+	s.log.Info("batch: cancelled on the queue", "batch", j.ID, "removed", n, "as", ending)
+	return s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+		j.CancelSent = true
+		if ending == StatusExpired && j.FinalizingAt == 0 {
+			j.Status, j.FinalizingAt = StatusFinalizing, time.Now().Unix()
+		}
+		return nil
+	})
+}
+
+// finalize answers the lines left without a result, writes the output and
+// error files from the records, and gives the job its final status. It is
+// idempotent (file ids are the job's), so a resumed job finalizes again.
+func (s *Service) finalize(ctx context.Context, j Job, final string) error {
+	if final == StatusCompleted && j.Status != StatusFinalizing {
+		var err error
+		if j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+			j.Status, j.FinalizingAt = StatusFinalizing, time.Now().Unix()
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	if missing := j.Counts.Total - j.Counts.Completed - j.Counts.Failed; missing > 0 {
+		code, msg := "batch_expired", "This request could not be executed before the completion window expired."
+		if final == StatusCancelled {
+			code, msg = "batch_cancelled", "This request was not executed: the batch was cancelled."
+		}
+		if err := s.answerMissing(ctx, j, code, msg); err != nil {
+			return err
+		}
+	}
+	outID, errID := "file-"+j.ID+"-output", "file-"+j.ID+"-errors"
+	outN, errN, err := s.writeOutputs(ctx, j, outID, errID)
+	if err != nil {
+		return err
+	}
+	_, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+		now := time.Now().Unix()
+		if outN > 0 {
+			j.OutputFileID = outID
+		}
+		if errN > 0 {
+			j.ErrorFileID = errID
+		}
+		j.Status = final
+		switch final {
+		case StatusCompleted:
+			j.CompletedAt = now
+		case StatusExpired:
+			j.ExpiredAt = now
+		case StatusCancelled:
+			j.CancelledAt = now
+		}
+		return nil
+	})
+	if err == nil {
+		s.log.Info("batch: done", "batch", j.ID, "status", final, "output_lines", outN, "error_lines", errN)
+	}
+	return err
+}
+
+// answerMissing records an error line for every line without a record.
+func (s *Service) answerMissing(ctx context.Context, j Job, code, msg string) error {
+	have := make([]bool, j.Counts.Total)
+	if err := s.state.Records(ctx, j.ID, func(r Record) error {
+		if r.Index < len(have) {
+			have[r.Index] = true
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	rc, err := s.files.Open(ctx, j.InputFileID, 0)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	var recs []Record
+	idx := -1
+	err = eachLine(rc, func(_ int, b []byte) error {
+		idx++
+		if idx >= len(have) || have[idx] {
+			return nil
+		}
+		var l inputLine
+		_ = jsonUnmarshal(b, &l)
+		recs = append(recs, missingRecord(j.ID, idx, l.CustomID, code, msg))
+		if len(recs) == s.cfg.ChunkSize {
+			if _, err := s.state.Record(ctx, j.ID, recs); err != nil {
+				return err
+			}
+			recs = recs[:0]
+		}
+		return nil
+	})
+	if err == nil && len(recs) > 0 {
+		_, err = s.state.Record(ctx, j.ID, recs)
+	}
+	return err
+}
+
+// writeOutputs writes the output and error files of j from its records,
+// streamed, and records them as files; it returns their line counts.
+func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) (int, int, error) {
+	var outN, errN int
+	for _, f := range []struct {
+		id string
+		ok bool
+		n  *int
+	}{{outID, true, &outN}, {errID, false, &errN}} {
+		pr, pw := io.Pipe()
+		go func() {
+			bw := newLineWriter(pw)
+			err := s.state.Records(ctx, j.ID, func(r Record) error {
+				if r.OK != f.ok {
+					return nil
+				}
+				*f.n++
+				return bw.line(r.Line)
+			})
+			if err == nil {
+				err = bw.flush()
+			}
+			pw.CloseWithError(err)
+		}()
+		size, err := s.files.Put(ctx, f.id, pr)
+		_ = pr.Close()
+		if err != nil {
+			return 0, 0, fmt.Errorf("write %s: %w", f.id, err)
+		}
+		if *f.n == 0 {
+			_ = s.files.Delete(ctx, f.id)
+			continue
+		}
+		now := time.Now()
+		exp := s.cfg.FileExpiry
+		if j.OutputExpiresAfter > 0 {
+			exp = time.Duration(j.OutputExpiresAfter) * time.Second
+		}
+		if err := s.state.PutFile(ctx, File{ID: f.id, Bytes: size, CreatedAt: now.Unix(), Filename: f.id + ".jsonl",
+			Purpose: "batch_output", ExpiresAt: now.Add(exp).Unix()}); err != nil {
+			return 0, 0, err
+		}
+	}
+	return outN, errN, nil
+}
+
+// Summary is one job's progress, for the status page.
+type Summary struct {
+	ID     string
+	Status string
+	Counts Counts
+}
+
+// Summaries returns the newest jobs (up to n) with their progress.
+func (s *Service) Summaries(ctx context.Context, n int) ([]Summary, error) {
+	js, _, err := s.state.ListJobs(ctx, "", n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Summary, len(js))
+	for i, j := range js {
+		out[i] = Summary{ID: j.ID, Status: j.Status, Counts: j.Counts}
+	}
+	return out, nil
+}
+
+// String renders a summary as "status done/total (failed)".
+func (m Summary) String() string {
+	return m.Status + " " + strconv.FormatInt(m.Counts.Completed+m.Counts.Failed, 10) + "/" + strconv.FormatInt(m.Counts.Total, 10) +
+		" (" + strconv.FormatInt(m.Counts.Failed, 10) + " failed)"
+}

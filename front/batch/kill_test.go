@@ -1,0 +1,203 @@
+package batch_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/front/batch"
+	"github.com/sluice-io/sluice/front/batch/redisstate"
+	"github.com/sluice-io/sluice/front/filestore/disk"
+	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
+	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// The front replica the kill test runs as a child process (the test
+// binary again, with these variables set).
+const (
+	envFrontRedis  = "SLUICE_BATCH_TEST_FRONT_REDIS"
+	envFrontDir    = "SLUICE_BATCH_TEST_FRONT_DIR"
+	envFrontListen = "SLUICE_BATCH_TEST_FRONT_LISTEN"
+)
+
+func TestMain(m *testing.M) {
+	if url := os.Getenv(envFrontRedis); url != "" {
+		if err := runFront(url, os.Getenv(envFrontDir), os.Getenv(envFrontListen)); err != nil {
+			fmt.Fprintln(os.Stderr, "front:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// runFront is one front replica on Redis (state, queue, results) and a
+// shared file directory, until it is killed.
+func runFront(url, dir, listen string) error {
+	state, err := redisstate.Dial(url, "")
+	if err != nil {
+		return err
+	}
+	files, err := disk.Open(disk.Config{Dir: dir})
+	if err != nil {
+		return err
+	}
+	p, err := producer.Dial(url, producer.Config{})
+	if err != nil {
+		return err
+	}
+	svc, err := batch.New(batch.Config{Queue: "kill-q", OwnerLease: time.Second, ScanInterval: 100 * time.Millisecond},
+		state, files, submitrss.New(p, submitrss.Options{Lease: time.Second}), nil)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	go func() { _ = http.Serve(ln, svc.Handler()) }()
+	return svc.Run(context.Background())
+}
+
+func startFront(t *testing.T, url, dir, listen string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envFrontRedis+"="+url, envFrontDir+"="+dir, envFrontListen+"="+listen)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// TestKillFrontMidJob: a front replica is killed (SIGKILL) while its job
+// is half answered; another replica takes the job over once the
+// ownership lease lapsed, and the output holds each custom_id exactly once.
+func TestKillFrontMidJob(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	rg := &rig{}
+	gw := startSlowGateway(t, 20*time.Millisecond)
+	tr, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{Transport: rss.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
+		TransportConfig: config.TransportConfig{ResultQueueName: "kill-default-results",
+			Queues: []config.Queue{{Queue: transport.Queue{Name: "kill-q"}, IGWBaseURL: gw, GateType: constant.Type}}}}
+	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	dir := filepath.Join(t.TempDir(), "files")
+	listen := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+	first := startFront(t, r.URL, dir, listen)
+	rg.client = openai.NewClient(option.WithBaseURL("http://"+listen+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(5))
+	waitTCP(t, listen)
+
+	const n = 400
+	b := rg.create(t, rg.upload(t, jsonl(n, nil)).ID)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := rg.client.Batches.Get(context.Background(), b.ID)
+		if err == nil && got.RequestCounts.Completed >= n/4 {
+			if got.RequestCounts.Completed == n {
+				t.Fatalf("the job finished before the kill; make the gateway slower")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no progress: %+v %v", got, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := first.Process.Kill(); err != nil { // SIGKILL
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	startFront(t, r.URL, dir, listen)
+	waitTCP(t, listen)
+	final := rg.waitStatus(t, b.ID, openai.BatchStatusCompleted, openai.BatchStatusFailed)
+	if final.Status != openai.BatchStatusCompleted || final.RequestCounts.Completed != n {
+		t.Fatalf("after the takeover: %s %+v", final.Status, final.RequestCounts)
+	}
+	out := rg.download(t, final.OutputFileID)
+	seen := map[string]int{}
+	for _, l := range out {
+		seen[l.CustomID]++
+	}
+	for i := range n {
+		if c := seen[fmt.Sprint("req-", i)]; c != 1 {
+			t.Errorf("req-%d is %d times in the output, want once", i, c)
+		}
+	}
+	if len(out) != n {
+		t.Errorf("%d output lines, want %d", len(out), n)
+	}
+}
+
+func startSlowGateway(t *testing.T, d time.Duration) string {
+	t.Helper()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(d)
+		var buf bytes.Buffer
+		_, _ = buf.ReadFrom(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[]}`)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+func waitTCP(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,132 @@
+// Package redissortedset is the front/submit adapter of the Redis
+// sorted-set transport, on its producer (transports/redissortedset/producer):
+// requests are enqueued pipelined in chunks, a job is cancelled through the
+// producer's job index (waiting requests answered CANCELLED at once, those
+// in flight aborted), and a route is a Redis result list read durably (a
+// result is leased into the list's pending set and comes back to another
+// reader when the one holding it dies before its Ack).
+package redissortedset
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/front/submit"
+	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+)
+
+// Options configure a Producer.
+type Options struct {
+	// Lease is how long a result handed out by Next stays reserved before
+	// it is handed out again (default 60s).
+	Lease time.Duration
+	// Batch is the most results one Next returns (default 256).
+	Batch int
+}
+
+func (o *Options) setDefaults() {
+	if o.Lease <= 0 {
+		o.Lease = time.Minute
+	}
+	if o.Batch <= 0 {
+		o.Batch = 256
+	}
+}
+
+// Producer is the submit.Producer of the Redis sorted-set transport.
+type Producer struct {
+	p *producer.Producer
+	o Options
+}
+
+var _ submit.Producer = (*Producer)(nil)
+
+// New returns a producer on p; Close closes p.
+func New(p *producer.Producer, o Options) *Producer {
+	o.setDefaults()
+	return &Producer{p: p, o: o}
+}
+
+// Enqueue implements submit.Producer (producer.EnqueueMany: validated
+// first, then pipelined in chunks).
+func (p *Producer) Enqueue(ctx context.Context, queue string, reqs []*wire.Request) error {
+	return p.p.EnqueueMany(ctx, queue, reqs)
+}
+
+// Cancel implements submit.Producer. A job's waiting requests are
+// answered CANCELLED without dispatch and counted; a single request is
+// answered CANCELLED when it comes up, or aborted in flight (-1: not
+// counted).
+func (p *Producer) Cancel(ctx context.Context, _ string, c transport.Cancellation) (int, error) {
+	switch {
+	case c.JobID != "":
+		n, err := p.p.CancelJob(ctx, c.JobID)
+		if err != nil {
+			return 0, err
+		}
+		if c.RequestID != "" {
+			return n, p.p.CancelRequest(ctx, c.RequestID)
+		}
+		return n, nil
+	case c.RequestID != "":
+		return -1, p.p.CancelRequest(ctx, c.RequestID)
+	}
+	return 0, errors.New("cancel: neither a job nor a request id")
+}
+
+// Results implements submit.Producer: route is a Redis list key.
+func (p *Producer) Results(_ context.Context, route string) (submit.Reader, error) {
+	if route == "" {
+		return nil, errors.New("results: empty route")
+	}
+	return &reader{r: p.p.Results(route, producer.ReaderOptions{Lease: p.o.Lease, Batch: p.o.Batch, PollInterval: 200 * time.Millisecond}), route: route}, nil
+}
+
+// Capabilities implements submit.Producer: Redis keeps queued requests and
+// unacked results; a request id enqueued twice is queued twice.
+func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
+
+// Close implements submit.Producer.
+func (p *Producer) Close() error { return p.p.Close() }
+
+type reader struct {
+	r     *producer.ResultReader
+	route string
+}
+
+// Next implements submit.Reader.
+func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
+	ls, err := r.r.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]submit.Result, len(ls))
+	for i, l := range ls {
+		out[i] = submit.Result{Raw: []byte(l.Raw), Result: l.Result, Err: l.Err, Lease: l}
+		if l.Result != nil {
+			out[i].ID = l.Result.ID
+		}
+	}
+	return out, nil
+}
+
+// Ack implements submit.Reader.
+func (r *reader) Ack(ctx context.Context, rs ...submit.Result) error {
+	ls := make([]producer.ResultLease, 0, len(rs))
+	for _, res := range rs {
+		l, ok := res.Lease.(producer.ResultLease)
+		if !ok {
+			return fmt.Errorf("ack on %s: result %q has no lease of this reader", r.route, res.ID)
+		}
+		ls = append(ls, l)
+	}
+	return r.r.Ack(ctx, ls...)
+}
+
+// Close implements submit.Reader: what it leased and did not ack comes
+// back after its lease.
+func (r *reader) Close() error { return nil }
