@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -17,7 +18,10 @@ import (
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
+	"github.com/sluice-io/sluice/front/filestore"
 	"github.com/sluice-io/sluice/front/filestore/disk"
+	gcsstore "github.com/sluice-io/sluice/front/filestore/gcs"
+	s3store "github.com/sluice-io/sluice/front/filestore/s3"
 	"github.com/sluice-io/sluice/front/submit"
 	submitmem "github.com/sluice-io/sluice/front/submit/memory"
 	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
@@ -27,26 +31,20 @@ import (
 )
 
 // batchAPI is the batch_api section at work: the OpenAI Batch API beside
-// the dispatcher, on the same transport.
+// the dispatcher, on the same transport, through the fronts' producer
+// (which it does not close).
 type batchAPI struct {
 	svc   *batch.Service
 	ln    net.Listener
 	state batch.State
-	prod  submit.Producer
+	files filestore.Store
 	log   *slog.Logger
 }
 
-// newBatchAPI builds the Batch API of cfg (batch_api.enabled). For the
-// memory transport it builds the transport too, which the dispatcher must
-// then run on (the returned transport, for app.Options.Transport).
-func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchAPI, transport.Transport, error) {
-	b := cfg.BatchAPI
-	q := cfg.BatchQueue()
-	if q == nil {
-		return nil, nil, errors.New("batch_api.queue: names no configured queue")
-	}
-	var tr transport.Transport
-	var prod submit.Producer
+// newProducer builds the submit.Producer every front of cfg shares. For
+// the memory transport it builds the transport too, which the dispatcher
+// must then run on (the returned transport, for app.Options.Transport).
+func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.Producer, transport.Transport, error) {
 	switch cfg.Transport {
 	case memory.Name:
 		t, err := ad.Transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log})
@@ -55,9 +53,9 @@ func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchA
 		}
 		mem, ok := t.(*memory.Transport)
 		if !ok {
-			return nil, nil, fmt.Errorf("batch_api: transport %s is not the memory transport", cfg.Transport)
+			return nil, nil, fmt.Errorf("fronts: transport %s is not the memory transport", cfg.Transport)
 		}
-		tr, prod = mem, submitmem.New(mem, submitmem.Options{})
+		return submitmem.New(mem, submitmem.Options{}), mem, nil
 	case rss.Name:
 		var o struct {
 			Prefix string `json:"prefix"`
@@ -67,19 +65,53 @@ func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchA
 		}
 		p, err := producer.Dial(cfg.RedisURL, producer.Config{Prefix: o.Prefix, Mode: cfg.RedisMode})
 		if err != nil {
-			return nil, nil, fmt.Errorf("batch_api: %w", err)
+			return nil, nil, fmt.Errorf("fronts: %w", err)
 		}
-		prod = submitrss.New(p, submitrss.Options{})
+		return submitrss.New(p, submitrss.Options{}), nil, nil
 	default:
-		return nil, nil, fmt.Errorf("batch_api: transport %s has no producer here (memory, redis-sortedset)", cfg.Transport)
+		return nil, nil, fmt.Errorf("fronts: transport %s has no producer here (memory, redis-sortedset)", cfg.Transport)
 	}
-	fail := func(err error) (*batchAPI, transport.Transport, error) {
-		_ = prod.Close()
-		return nil, nil, err
+}
+
+// s3Files and gcsFiles are batch_api.files in the backends' own types.
+func s3Files(f config.BatchFiles) s3store.Config {
+	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle}
+}
+
+func gcsFiles(f config.BatchFiles) gcsstore.Config {
+	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint}
+}
+
+// openFiles opens the file store batch_api.files chooses.
+func openFiles(ctx context.Context, f config.BatchFiles) (filestore.Store, error) {
+	var (
+		st  filestore.Store
+		err error
+	)
+	switch f.Store {
+	case "s3":
+		st, err = s3store.Open(ctx, s3Files(f))
+	case "gcs":
+		st, err = gcsstore.Open(ctx, gcsFiles(f))
+	default:
+		st, err = disk.Open(disk.Config{Dir: f.Dir})
 	}
-	files, err := disk.Open(disk.Config{Dir: b.Files.Dir})
 	if err != nil {
-		return fail(fmt.Errorf("batch_api.files: %w", err))
+		return nil, fmt.Errorf("batch_api.files: %w", err)
+	}
+	return st, nil
+}
+
+// newBatchAPI builds the Batch API of cfg (batch_api.enabled) on prod.
+func newBatchAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*batchAPI, error) {
+	b := cfg.BatchAPI
+	q := cfg.BatchQueue()
+	if q == nil {
+		return nil, errors.New("batch_api.queue: names no configured queue")
+	}
+	files, err := openFiles(context.Background(), b.Files)
+	if err != nil {
+		return nil, err
 	}
 	var state batch.State
 	if b.State.Store == "redis" {
@@ -88,19 +120,30 @@ func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchA
 		state, err = boltstate.Open(b.State.Path)
 	}
 	if err != nil {
-		return fail(fmt.Errorf("batch_api.state: %w", err))
+		closeStore(files)
+		return nil, fmt.Errorf("batch_api.state: %w", err)
+	}
+	fail := func(err error) (*batchAPI, error) {
+		_ = state.Close()
+		closeStore(files)
+		return nil, err
 	}
 	svc, err := batch.New(batch.Config{Queue: q.Name, Windows: b.CompletionWindows, FileExpiry: b.FileExpiry.D()}, state, files, prod, log.With("component", "batch-api"))
 	if err != nil {
-		_ = state.Close()
 		return fail(err)
 	}
 	ln, err := net.Listen("tcp", b.Listen)
 	if err != nil {
-		_ = state.Close()
 		return fail(fmt.Errorf("batch_api.listen: %w", err))
 	}
-	return &batchAPI{svc: svc, ln: ln, state: state, prod: prod, log: log}, tr, nil
+	return &batchAPI{svc: svc, ln: ln, state: state, files: files, log: log}, nil
+}
+
+// closeStore closes a file store that holds a client (gcs).
+func closeStore(st filestore.Store) {
+	if c, ok := st.(io.Closer); ok {
+		_ = c.Close()
+	}
 }
 
 // run serves the API and processes jobs until ctx ends, then closes what
@@ -121,7 +164,7 @@ func (b *batchAPI) run(ctx context.Context) {
 	_ = srv.Shutdown(sctx)
 	<-served
 	_ = b.state.Close()
-	_ = b.prod.Close()
+	closeStore(b.files)
 }
 
 // figures are the status page's lines for the newest batches.

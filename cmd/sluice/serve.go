@@ -274,27 +274,25 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 		return err
 	}
 	opts := app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version, Reload: reload}
-	var bapi *batchAPI
-	if cfg.BatchAPI.Enabled {
+	var fr *fronts
+	if cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled {
 		if err := app.Check(cfg, ad); err != nil {
 			return err
 		}
-		if bapi, opts.Transport, err = newBatchAPI(cfg, ad, log); err != nil {
+		if fr, opts.Transport, err = newFronts(cfg, ad, log); err != nil {
 			return err
 		}
-		opts.StatusExtra = bapi.figures
+		opts.StatusExtra = fr.figures
 	}
 	a, err := app.New(cfg, opts)
 	if err != nil {
-		if bapi != nil {
-			ctx, cancel := context.WithCancel(cmd.Context())
-			cancel()
-			bapi.run(ctx) // closes what it opened
+		if fr != nil {
+			fr.close()
 		}
 		return err
 	}
 	log.Info("sluice starting", "version", version, "transport", cfg.Transport, "queues", len(cfg.TransportConfig.Queues), "flags", flagSummary(cmd.Flags()))
-	if bapi == nil {
+	if fr == nil {
 		return a.Run(cmd.Context())
 	}
 	ctx, stop := context.WithCancel(cmd.Context())
@@ -302,10 +300,10 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		bapi.run(ctx)
+		fr.run(ctx)
 	}()
 	err = a.Run(ctx)
-	stop() // the dispatcher ended (an error at start, or shutdown): so does the API
+	stop() // the dispatcher ended (an error at start, or shutdown): so do the fronts
 	<-done
 	return err
 }
@@ -379,6 +377,9 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 			}
 			if err == nil {
 				warnings, err = app.CheckWarnings(cfg, ad)
+			}
+			if err == nil {
+				err = frontProblems(cfg)
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {

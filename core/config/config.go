@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -152,6 +153,9 @@ type Config struct {
 	Tracing Tracing `json:"tracing"`
 	// BatchAPI is the OpenAI Batch API front (front/batch), off by default.
 	BatchAPI BatchAPI `json:"batch_api"`
+	// OpenAIAPI is the OpenAI-compatible synchronous front (front/openai),
+	// off by default.
+	OpenAIAPI OpenAIAPI `json:"openai_api"`
 }
 
 // Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
@@ -551,6 +555,7 @@ func (c *Config) StatusPageEnabled() bool { return c.StatusPage == nil || *c.Sta
 // settings of components stay zero (see the package doc).
 func (c *Config) SetDefaults() {
 	c.BatchAPI.setDefaults()
+	c.OpenAIAPI.setDefaults()
 	if c.Transport == "" {
 		c.Transport = "memory"
 	}
@@ -634,12 +639,29 @@ type BatchAPI struct {
 	FileExpiry Duration `json:"file_expiry,omitempty"`
 }
 
-// BatchFiles is batch_api.files.
+// BatchFiles is batch_api.files: the file store (front/filestore) and the
+// settings of the one chosen. S3 and GCS take their credentials from their
+// SDK's default chain (AWS: environment, shared files, web identity,
+// instance role; GCS: Application Default Credentials).
 type BatchFiles struct {
-	// Store is "disk" (default).
+	// Store is "disk" (default), "s3" (S3 or an S3-compatible store) or
+	// "gcs".
 	Store string `json:"store,omitempty"`
-	// Dir is the disk store's directory (default sluice-files).
+	// Dir is the disk store's directory (default sluice-files); disk only.
 	Dir string `json:"dir,omitempty"`
+	// Bucket holds the files (required for s3 and gcs; it must exist).
+	Bucket string `json:"bucket,omitempty"`
+	// Prefix starts every object's key (s3, gcs), e.g. "sluice/files/".
+	Prefix string `json:"prefix,omitempty"`
+	// Region is the S3 bucket's region (default AWS_REGION, else
+	// us-east-1); s3 only.
+	Region string `json:"region,omitempty"`
+	// Endpoint is the URL of an S3-compatible store or of a GCS emulator's
+	// JSON API ("" for AWS S3, GCS itself).
+	Endpoint string `json:"endpoint,omitempty"`
+	// PathStyle addresses buckets as endpoint/bucket/key (most
+	// S3-compatible stores want it); s3 only.
+	PathStyle bool `json:"path_style,omitempty"`
 }
 
 // BatchState is batch_api.state.
@@ -663,7 +685,7 @@ func (b *BatchAPI) setDefaults() {
 	if b.Files.Store == "" {
 		b.Files.Store = "disk"
 	}
-	if b.Files.Dir == "" {
+	if b.Files.Dir == "" && b.Files.Store == "disk" {
 		b.Files.Dir = "sluice-files"
 	}
 	if b.State.Store == "" {
@@ -681,21 +703,7 @@ func (b *BatchAPI) setDefaults() {
 }
 
 // BatchQueue returns the queue batch_api.queue names (nil when none does).
-func (c *Config) BatchQueue() *Queue {
-	qs := c.TransportConfig.Queues
-	if c.BatchAPI.Queue == "" {
-		if len(qs) == 1 {
-			return &qs[0]
-		}
-		return nil
-	}
-	for i := range qs {
-		if qs[i].ID == c.BatchAPI.Queue || qs[i].Name == c.BatchAPI.Queue {
-			return &qs[i]
-		}
-	}
-	return nil
-}
+func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
 
 // batchProblems checks the batch_api section.
 func (c *Config) batchProblems(add func(where, format string, a ...any)) {
@@ -720,9 +728,7 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	} else if !q.ResultFromMessage {
 		add("batch_api.queue", "queue %s has its own result_queue_name: batch results must be routed by the message (leave it out, set transport_config.result_queue_name instead)", q.ID)
 	}
-	if b.Files.Store != "disk" {
-		add("batch_api.files.store", "%q: want disk", b.Files.Store)
-	}
+	b.Files.problems(add)
 	switch b.State.Store {
 	case "bolt":
 	case "redis":
@@ -740,11 +746,170 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if b.FileExpiry < 0 {
 		add("batch_api.file_expiry", "must not be negative")
 	}
-	if c.MetricsPort > 0 || c.HealthPort > 0 {
-		for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
-			if _, p, err := net.SplitHostPort(b.Listen); err == nil && p == strconv.Itoa(port) {
-				add("batch_api.listen", "same port as %s (%d)", name, port)
-			}
+	c.portProblems("batch_api.listen", b.Listen, add)
+}
+
+// portProblems reports a front's listen address whose port is the
+// metrics or the health port.
+func (c *Config) portProblems(where, listen string, add func(where, format string, a ...any)) {
+	_, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		return
+	}
+	for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
+		if port > 0 && p == strconv.Itoa(port) {
+			add(where, "same port as %s (%d)", name, port)
+		}
+	}
+}
+
+// problems checks batch_api.files: the store is known and only its own
+// keys are set.
+func (f BatchFiles) problems(add func(where, format string, a ...any)) {
+	const w = "batch_api.files"
+	set := map[string]bool{"dir": f.Dir != "", "bucket": f.Bucket != "", "prefix": f.Prefix != "",
+		"region": f.Region != "", "endpoint": f.Endpoint != "", "path_style": f.PathStyle}
+	var own []string
+	switch f.Store {
+	case "disk":
+		own = []string{"dir"}
+	case "s3":
+		own = []string{"bucket", "prefix", "region", "endpoint", "path_style"}
+	case "gcs":
+		own = []string{"bucket", "prefix", "endpoint"}
+	default:
+		add(w+".store", "%q: want disk, s3 or gcs", f.Store)
+		return
+	}
+	for _, k := range []string{"dir", "bucket", "prefix", "region", "endpoint", "path_style"} {
+		if set[k] && !slices.Contains(own, k) {
+			add(w+"."+k, "not a setting of the %s store (its keys: %s)", f.Store, strings.Join(own, ", "))
+		}
+	}
+	if f.Store != "disk" && f.Bucket == "" {
+		add(w+".bucket", "missing: the %s store needs an existing bucket", f.Store)
+	}
+	if f.Endpoint != "" {
+		if u, err := url.Parse(f.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add(w+".endpoint", "%q is not an http(s) URL", f.Endpoint)
+		}
+	}
+}
+
+// OpenAIAPI is the openai_api section: the OpenAI-compatible synchronous
+// front (/v1/chat/completions, /v1/completions; front/openai) served by
+// `sluice serve` beside the dispatcher, on sluice's own queues
+// (docs/batch.md). Its settings other than Enabled and Listen are
+// front/openai.Config's, whose defaults apply where they are left zero.
+type OpenAIAPI struct {
+	// Enabled turns it on (default off).
+	Enabled bool `json:"enabled,omitempty"`
+	// Listen is its own address (default 127.0.0.1:8091).
+	Listen string `json:"listen,omitempty"`
+	// DefaultQueue is the id or broker name of the configured queue a call
+	// without X-Sluice-Queue goes to (default: the only queue).
+	DefaultQueue string `json:"default_queue,omitempty"`
+	// Queues are the ids or broker names of the queues X-Sluice-Queue may
+	// name (by broker name). Default: DefaultQueue alone.
+	Queues []string `json:"queues,omitempty"`
+	// RoutePrefix starts every call's result route (default openai-sync:).
+	RoutePrefix string `json:"route_prefix,omitempty"`
+	// DefaultTimeout is a call's timeout without X-Sluice-Timeout
+	// (default 10m).
+	DefaultTimeout Duration `json:"default_timeout,omitempty"`
+	// MaxTimeout is the largest X-Sluice-Timeout accepted (default 1h).
+	MaxTimeout Duration `json:"max_timeout,omitempty"`
+	// ResultGrace is how long past a call's deadline the front waits for
+	// the dispatcher's result before it answers 504 itself (default 10s).
+	ResultGrace Duration `json:"result_grace,omitempty"`
+	// KeepAlive is the SSE comment interval of a streamed call that waits
+	// (default 15s).
+	KeepAlive Duration `json:"keep_alive,omitempty"`
+	// MaxBodyBytes is the largest request body accepted (default 8 MiB).
+	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
+	// ForwardHeaders are request headers copied onto the queued request
+	// (sent to the gateway); never Authorization.
+	ForwardHeaders []string `json:"forward_headers,omitempty"`
+}
+
+func (o *OpenAIAPI) setDefaults() {
+	if o.Enabled && o.Listen == "" {
+		o.Listen = "127.0.0.1:8091"
+	}
+}
+
+// findQueue returns the queue whose id or broker name is name (nil when
+// none is); "" is the only queue.
+func (c *Config) findQueue(name string) *Queue {
+	qs := c.TransportConfig.Queues
+	if name == "" {
+		if len(qs) == 1 {
+			return &qs[0]
+		}
+		return nil
+	}
+	for i := range qs {
+		if qs[i].ID == name || qs[i].Name == name {
+			return &qs[i]
+		}
+	}
+	return nil
+}
+
+// OpenAIQueues returns the broker names of openai_api's default queue and
+// of the queues X-Sluice-Queue may name (the default first when queues is
+// empty); ok is false when one names no configured queue.
+func (c *Config) OpenAIQueues() (def string, queues []string, ok bool) {
+	q := c.findQueue(c.OpenAIAPI.DefaultQueue)
+	if q == nil {
+		return "", nil, false
+	}
+	for _, n := range c.OpenAIAPI.Queues {
+		qq := c.findQueue(n)
+		if n == "" || qq == nil {
+			return "", nil, false
+		}
+		queues = append(queues, qq.Name)
+	}
+	return q.Name, queues, true
+}
+
+// openAIProblems checks the openai_api section (what the assembly reads;
+// front/openai checks its own settings).
+func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
+	o := c.OpenAIAPI
+	if !o.Enabled {
+		return
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
+	}
+	switch c.Transport {
+	case "memory", "redis-sortedset":
+	default:
+		add("openai_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	}
+	check := func(where, name string) {
+		q := c.findQueue(name)
+		switch {
+		case q == nil && name == "":
+			add(where, "missing: there are %d queues, name the one calls go to", len(c.TransportConfig.Queues))
+		case q == nil:
+			add(where, "%q names no configured queue", name)
+		case !q.ResultFromMessage:
+			add(where, "queue %s has its own result_queue_name: each call's result must be routed by the message (leave it out, set transport_config.result_queue_name instead)", q.ID)
+		}
+	}
+	check("openai_api.default_queue", o.DefaultQueue)
+	for i, n := range o.Queues {
+		check(fmt.Sprintf("openai_api.queues[%d]", i), n)
+	}
+	c.portProblems("openai_api.listen", o.Listen, add)
+	if c.BatchAPI.Enabled {
+		_, bp, err1 := net.SplitHostPort(c.BatchAPI.Listen)
+		_, op, err2 := net.SplitHostPort(o.Listen)
+		if err1 == nil && err2 == nil && bp == op && bp != "0" {
+			add("openai_api.listen", "same port as batch_api.listen (%s)", bp)
 		}
 	}
 }
@@ -818,6 +983,7 @@ func (c *Config) Validate(k Known) error {
 	}
 	c.componentProblems(add)
 	c.batchProblems(add)
+	c.openAIProblems(add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)

@@ -169,8 +169,52 @@ func TestValidateComponentSettings(t *testing.T) {
 			c.BatchAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
 		}, "batch_api.queue: queue q has its own result_queue_name"},
 		{"batch_api transport", func(c *Config) { c.BatchAPI.Enabled, c.Transport = true, "redis-pubsub" }, "batch_api: needs a transport with a producer"},
-		{"batch_api stores", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo" },
+		{"batch_api stores", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo"
+		},
+			`batch_api.files.store: "ftp": want disk, s3 or gcs`},
+		{"batch_api state store", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "mongo" },
 			`batch_api.state.store: "mongo": want bolt or redis`},
+		{"batch_api s3", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Prefix: "p/", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true}
+		}, ""},
+		{"batch_api gcs", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "gcs", Bucket: "b", Prefix: "p/"}
+		}, ""},
+		{"batch_api s3 without bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3"} },
+			"batch_api.files.bucket: missing: the s3 store needs an existing bucket"},
+		{"batch_api s3 with dir", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Dir: "d"}
+		},
+			"batch_api.files.dir: not a setting of the s3 store"},
+		{"batch_api gcs with region", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "gcs", Bucket: "b", Region: "r"}
+		},
+			"batch_api.files.region: not a setting of the gcs store"},
+		{"batch_api disk with bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Bucket = true, "b" },
+			"batch_api.files.bucket: not a setting of the disk store (its keys: dir)"},
+		{"batch_api s3 endpoint", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Endpoint: "minio:9000"}
+		},
+			`batch_api.files.endpoint: "minio:9000" is not an http(s) URL`},
+		{"openai_api off checks nothing", func(c *Config) { c.OpenAIAPI.DefaultQueue = "nope" }, ""},
+		{"openai_api", func(c *Config) { c.OpenAIAPI.Enabled = true }, ""},
+		{"openai_api with batch_api", func(c *Config) { c.OpenAIAPI.Enabled, c.BatchAPI.Enabled = true, true }, ""},
+		{"openai_api same port as batch_api", func(c *Config) {
+			c.OpenAIAPI.Enabled, c.BatchAPI.Enabled, c.OpenAIAPI.Listen = true, true, "0.0.0.0:8090"
+		}, "openai_api.listen: same port as batch_api.listen (8090)"},
+		{"openai_api same port as metrics", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Listen = true, "127.0.0.1:9090" },
+			"openai_api.listen: same port as metrics_port (9090)"},
+		{"openai_api listen", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Listen = true, "8091" }, `openai_api.listen: "8091" is not host:port`},
+		{"openai_api unknown queue", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.DefaultQueue = true, "nope" },
+			`openai_api.default_queue: "nope" names no configured queue`},
+		{"openai_api unknown header queue", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Queues = true, []string{"q", "other"} },
+			`openai_api.queues[1]: "other" names no configured queue`},
+		{"openai_api queue with its own results", func(c *Config) {
+			c.OpenAIAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
+		}, "openai_api.default_queue: queue q has its own result_queue_name"},
+		{"openai_api transport", func(c *Config) { c.OpenAIAPI.Enabled, c.Transport = true, "redis-stream" },
+			"openai_api: needs a transport with a producer and per-request result routes (memory, redis-sortedset), not redis-stream"},
 		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
 			"batch_api.state.store: redis needs redis_url"},
 		{"batch_api listen", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Listen = true, "8090" }, `batch_api.listen: "8090" is not host:port`},
