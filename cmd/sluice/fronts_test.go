@@ -1,0 +1,251 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
+	oa "github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/sluice-io/sluice/internal/testenv"
+)
+
+// echoGateway is an inference gateway answering each chat completion with
+// "echo: " and the last message, counting the calls.
+func echoGateway(t *testing.T) (url string, calls *atomic.Int64) {
+	calls = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Model    string `json:"model"`
+			Messages []struct {
+				Content string `json:"content"`
+			} `json:"messages"`
+		}
+		if r.URL.Path != "/v1/chat/completions" || json.NewDecoder(r.Body).Decode(&req) != nil || len(req.Messages) == 0 {
+			http.Error(w, "want a chat completion", http.StatusBadRequest)
+			return
+		}
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","created":1764633600,"model":%q,`+
+			`"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],`+
+			`"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
+			req.Model, "echo: "+req.Messages[len(req.Messages)-1].Content)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, calls
+}
+
+// serveConfig starts `sluice serve` on the config doc (JSON) and returns
+// its metrics port and a stop that waits for serve to end cleanly.
+func serveConfig(t *testing.T, doc string, listens ...string) (metrics int, stop func()) {
+	t.Helper()
+	f := writeFile(t, "sluice.json", doc)
+	if out, err := run(t, "validate", "--config", f); err != nil || !strings.HasPrefix(out, "ok:") {
+		t.Fatalf("validate: %q %v", out, err)
+	}
+	metrics = testenv.FreePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := runCLI(t, ctx, "", "serve", "--config", f, "--metrics-port", strconv.Itoa(metrics), "--listen-host", "127.0.0.1",
+			"--health-port", "-1", "--drain-timeout", "5s")
+		done <- err
+	}()
+	for _, l := range listens {
+		waitListening(t, l, done)
+	}
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return metrics, stop
+}
+
+// chat makes one chat completion through the front at addr with the
+// official client and checks the gateway's answer came back.
+func chat(t *testing.T, addr, prompt string) {
+	t.Helper()
+	c := oa.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var raw *http.Response
+	resp, err := c.Chat.Completions.New(ctx, oa.ChatCompletionNewParams{
+		Model: "test-model", Messages: []oa.ChatCompletionMessageParamUnion{oa.UserMessage(prompt)},
+	}, option.WithResponseInto(&raw))
+	if err != nil {
+		t.Fatalf("chat completion: %v", err)
+	}
+	if len(resp.Choices) != 1 || resp.Choices[0].Message.Content != "echo: "+prompt || resp.Model != "test-model" || resp.Usage.TotalTokens != 5 {
+		t.Fatalf("response %+v", resp)
+	}
+	if raw.Header.Get("X-Sluice-Request-Id") == "" {
+		t.Fatalf("no X-Sluice-Request-Id on the answer: %v", raw.Header)
+	}
+}
+
+// TestServeOpenAIAPI: `sluice serve` with openai_api on (memory transport)
+// answers a chat completion of the official OpenAI client with the
+// gateway's answer, through a queue, and lists the front on the status
+// page; a queue the config does not name is refused.
+func TestServeOpenAIAPI(t *testing.T) {
+	gw, calls := echoGateway(t)
+	api := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	metrics, stop := serveConfig(t, fmt.Sprintf(`{
+  "transport": "memory",
+  "transport_config": {"result_queue_name": "results", "queues": [{"id": "chat", "queue_name": "chat-q", "igw_base_url": %q}]},
+  "openai_api": {"enabled": true, "listen": %q, "default_timeout": "30s"}
+}`, gw, api), api)
+	chat(t, api, "hello through a queue")
+	if n := calls.Load(); n != 1 {
+		t.Errorf("gateway got %d calls, want 1", n)
+	}
+	// X-Sluice-Queue takes the queues the config allows (the default alone).
+	req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	req.Header.Set("X-Sluice-Queue", "elsewhere")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("unknown queue: %s, want 400", resp.Status)
+	}
+	var page struct {
+		Extra []struct{ Label, Value string } `json:"extra"`
+	}
+	getJSON(t, fmt.Sprintf("http://127.0.0.1:%d/status.json", metrics), &page)
+	if len(page.Extra) == 0 || page.Extra[0].Label != "OpenAI API" || !strings.Contains(page.Extra[0].Value, api) {
+		t.Errorf("status page extra %+v: no line for the OpenAI API", page.Extra)
+	}
+	stop()
+}
+
+// TestServeBatchAPIOnS3: `sluice serve` with batch_api on an s3 file store
+// (gofakes3 over real HTTP, credentials from the environment, the SDK's
+// default chain) and openai_api beside it on the same producer: a batch
+// completes with its input and output objects in the bucket under the
+// prefix, and a chat completion is answered too.
+func TestServeBatchAPIOnS3(t *testing.T) {
+	fake := httptest.NewServer(gofakes3.New(s3mem.New()).Server())
+	t.Cleanup(fake.Close)
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_REGION", "us-east-1")
+	ctx := context.Background()
+	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+		o.BaseEndpoint, o.UsePathStyle, o.Region = aws.String(fake.URL), true, "us-east-1"
+	})
+	const bucket = "sluice-files"
+	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		t.Fatalf("create bucket: %v", err)
+	}
+
+	gw, calls := echoGateway(t)
+	batchAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	openaiAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	_, stop := serveConfig(t, fmt.Sprintf(`{
+  "transport": "memory",
+  "transport_config": {"result_queue_name": "results", "queues": [{"id": "batch", "queue_name": "batch", "igw_base_url": %q}]},
+  "batch_api": {"enabled": true, "listen": %q,
+    "files": {"store": "s3", "bucket": %q, "prefix": "files/", "endpoint": %q, "path_style": true},
+    "state": {"store": "bolt", "path": %q}},
+  "openai_api": {"enabled": true, "listen": %q}
+}`, gw, batchAddr, bucket, fake.URL, t.TempDir()+"/state.db", openaiAddr), batchAddr, openaiAddr)
+
+	const n = 4
+	var input bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
+	}
+	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
+	if err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatalf("create batch: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for job.Status != oa.BatchStatusCompleted {
+		if time.Now().After(deadline) {
+			t.Fatalf("batch status %s after 30s", job.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if job.RequestCounts.Completed != n || job.OutputFileID == "" {
+		t.Fatalf("batch %+v", job)
+	}
+
+	// The output is an object in the bucket, read with S3's own client.
+	obj, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.OutputFileID)})
+	if err != nil {
+		t.Fatalf("output object files/%s: %v", job.OutputFileID, err)
+	}
+	body, _ := io.ReadAll(obj.Body)
+	obj.Body.Close()
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
+		var o struct {
+			CustomID string `json:"custom_id"`
+			Response struct {
+				StatusCode int `json:"status_code"`
+				Body       struct {
+					Choices []struct {
+						Message struct{ Content string } `json:"message"`
+					} `json:"choices"`
+				} `json:"body"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(l), &o); err != nil || o.Response.StatusCode != 200 || len(o.Response.Body.Choices) != 1 ||
+			o.Response.Body.Choices[0].Message.Content != "echo: line "+strings.TrimPrefix(o.CustomID, "c") || seen[o.CustomID] {
+			t.Errorf("output line %s (%v)", l, err)
+		}
+		seen[o.CustomID] = true
+	}
+	if len(seen) != n {
+		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
+	}
+	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + file.ID)}); err != nil {
+		t.Errorf("input object files/%s: %v", file.ID, err)
+	}
+
+	chat(t, openaiAddr, "beside a batch")
+	if got := calls.Load(); got != n+1 {
+		t.Errorf("gateway got %d calls, want %d", got, n+1)
+	}
+	stop()
+}
