@@ -249,3 +249,23 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 	}
 	stop()
 }
+
+// TestValidateFronts: `sluice validate` reports the fronts' own checks
+// (front/openai's and the file stores') beside the config's, with where.
+func TestValidateFronts(t *testing.T) {
+	base := `"transport": "memory", "transport_config": {"result_queue_name": "r", "queues": [{"id": "q", "queue_name": "q", "igw_base_url": "http://127.0.0.1:8000"}]}`
+	for _, tc := range []struct{ section, want string }{
+		{`"openai_api": {"enabled": true, "default_timeout": "2h"}`, "openai_api: default_timeout 2h0m0s is above max_timeout 1h0m0s"},
+		{`"openai_api": {"enabled": true, "forward_headers": ["Authorization"]}`, `openai_api: forward_headers: "Authorization" cannot be forwarded`},
+		{`"openai_api": {"enabled": true, "default_queue": "other"}`, `openai_api.default_queue: "other" names no configured queue`},
+		{`"openai_api": {"enabled": true, "tls": true}`, "openai_api.tls: unknown field"},
+		{`"batch_api": {"enabled": true, "files": {"store": "gcs"}}`, "batch_api.files.bucket: missing: the gcs store needs an existing bucket"},
+		{`"batch_api": {"enabled": true, "files": {"store": "s3", "bucket": "b", "dir": "d"}}`, "batch_api.files.dir: not a setting of the s3 store"},
+	} {
+		f := writeFile(t, "sluice.json", "{"+base+", "+tc.section+"}")
+		out, err := run(t, "validate", "--config", f)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: %q %v, want %q", tc.section, out, err, tc.want)
+		}
+	}
+}
