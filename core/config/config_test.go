@@ -169,7 +169,9 @@ func TestValidateComponentSettings(t *testing.T) {
 			c.BatchAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
 		}, "batch_api.queue: queue q has its own result_queue_name"},
 		{"batch_api transport", func(c *Config) { c.BatchAPI.Enabled, c.Transport = true, "redis-pubsub" }, "batch_api: needs a transport with a producer"},
-		{"batch_api stores", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo" },
+		{"batch_api stores", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo"
+		},
 			`batch_api.state.store: "mongo": want bolt or redis`},
 		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
 			"batch_api.state.store: redis needs redis_url"},
