@@ -360,6 +360,9 @@ func (p *progress) show(b *openai.Batch) {
 			rate := float64(answered-p.done0) / el.Seconds()
 			left := time.Duration(float64(rc.Total-answered) / rate * float64(time.Second))
 			eta = "ETA " + left.Round(time.Second).String()
+			if left < time.Second {
+				eta = "ETA <1s"
+			}
 		}
 	}
 	failed := ""
