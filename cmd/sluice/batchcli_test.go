@@ -133,6 +133,10 @@ func TestBatchCLI(t *testing.T) {
 		t.Errorf("status --json: %v %q", err, out)
 	}
 
+	if _, _, err := runCLI(t, ctx, "", "batch", "--api", api, "status", "batch_nope"); err == nil || !strings.Contains(err.Error(), "get batch batch_nope: 404 ") {
+		t.Errorf("status of an unknown batch: err %v, want the API's 404", err)
+	}
+
 	other := t.TempDir()
 	out, _, err = runCLI(t, ctx, "", "batch", "--api", api, "download", id, "--out", other)
 	if err != nil || !strings.Contains(out, filepath.Join(other, id+"_output.jsonl")) {
