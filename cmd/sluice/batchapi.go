@@ -103,6 +103,22 @@ func newBatchAPI(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*batchA
 	return &batchAPI{svc: svc, ln: ln, state: state, prod: prod, log: log}, tr, nil
 }
 
+// runWithBatchAPI runs the dispatcher a beside the Batch API b until ctx
+// ends or the dispatcher does.
+func runWithBatchAPI(ctx context.Context, a *app.App, b *batchAPI) error {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.run(ctx)
+	}()
+	err := a.Run(ctx)
+	stop() // the dispatcher ended (an error at start, or shutdown): so does the API
+	<-done
+	return err
+}
+
 // run serves the API and processes jobs until ctx ends, then closes what
 // it opened.
 func (b *batchAPI) run(ctx context.Context) {

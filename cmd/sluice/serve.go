@@ -297,17 +297,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	if bapi == nil {
 		return a.Run(cmd.Context())
 	}
-	ctx, stop := context.WithCancel(cmd.Context())
-	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		bapi.run(ctx)
-	}()
-	err = a.Run(ctx)
-	stop() // the dispatcher ended (an error at start, or shutdown): so does the API
-	<-done
-	return err
+	return runWithBatchAPI(cmd.Context(), a, bapi)
 }
 
 // reload is the hot reload --transport-config-watch-interval asks for (nil:
