@@ -6,9 +6,11 @@ BENCHTIME ?= 1x
 .PHONY: run test test-short bench lint fmt vet build fuzz proto
 
 ## run: the embedded demo (a batch through the aimd gate beside interactive bursts on the
-## simulated pool, internal/poolsim); no server needed
+## simulated pool, internal/poolsim), then one small OpenAI batch through the embedded Batch
+## API (sluice batch demo: prints where its output is); no server needed
 run:
 	$(GO) run ./cmd/sluice demo
+	$(GO) run ./cmd/sluice batch demo
 
 ## test: every test, with the race detector (needs redis-server, prometheus and the
 ## Pub/Sub emulator; .ci/run installs them)

@@ -53,6 +53,22 @@ func newFronts(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*fronts, 
 	return f, tr, nil
 }
 
+// runWithFronts runs the dispatcher a beside the fronts f until ctx ends
+// or the dispatcher does.
+func runWithFronts(ctx context.Context, a *app.App, f *fronts) error {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.run(ctx)
+	}()
+	err := a.Run(ctx)
+	stop() // the dispatcher ended (an error at start, or shutdown): so do the fronts
+	<-done
+	return err
+}
+
 // close releases what newFronts opened, for a start that failed.
 func (f *fronts) close() {
 	ctx, cancel := context.WithCancel(context.Background())

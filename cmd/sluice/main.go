@@ -17,6 +17,7 @@
 //	queues            show request queues and their depths
 //	migrate           move sorted-set queue state to or from upstream's layout
 //	plugin            describe a gate plugin binary, or run the gate conformance suite against it
+//	batch             submit, watch, cancel and download OpenAI batches; batch demo runs one embedded
 //
 // Run with no subcommand, as upstream's Helm chart runs llm-d-async
 // (`/llm-d-async <flags>`), it is the dispatcher with upstream's flags and
@@ -97,6 +98,7 @@ exponential backoff; everything else ends as an error result.`,
 	root.AddCommand(redisCommands()...)
 	root.AddCommand(newMigrate())
 	root.AddCommand(newPlugin())
+	root.AddCommand(newBatchCmd())
 	return root
 }
 

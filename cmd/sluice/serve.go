@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -295,17 +294,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	if fr == nil {
 		return a.Run(cmd.Context())
 	}
-	ctx, stop := context.WithCancel(cmd.Context())
-	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fr.run(ctx)
-	}()
-	err = a.Run(ctx)
-	stop() // the dispatcher ended (an error at start, or shutdown): so do the fronts
-	<-done
-	return err
+	return runWithFronts(cmd.Context(), a, fr)
 }
 
 // reload is the hot reload --transport-config-watch-interval asks for (nil:

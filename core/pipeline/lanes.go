@@ -283,8 +283,8 @@ func (l *lanes) SetBudget(b float64) {
 // errDraining when draining closes first. waited says the request was not
 // granted at once.
 func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <-chan struct{}) (waited bool, err error) {
-	w := l.enqueue(lane, source)
-	if w.granted {
+	w, granted := l.enqueue(lane, source)
+	if granted {
 		return false, nil
 	}
 	select {
@@ -298,12 +298,13 @@ func (l *lanes) acquire(ctx context.Context, lane int, source string, draining <
 }
 
 // enqueue adds a waiter for a request of lane from source and hands out
-// what workers are free; the waiter is granted at once or its ready closes
+// what workers are free; the waiter is granted at once (granted, read under
+// the lock: a later grant writes w.granted under it) or its ready closes
 // when it is.
-func (l *lanes) enqueue(lane int, source string) *laneWaiter {
+func (l *lanes) enqueue(lane int, source string) (w *laneWaiter, granted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w := &laneWaiter{ready: make(chan struct{})}
+	w = &laneWaiter{ready: make(chan struct{})}
 	q := &l.queues[lane]
 	if _, ok := q.waiting[source]; !ok {
 		q.sources = append(q.sources, source)
@@ -318,7 +319,7 @@ func (l *lanes) enqueue(lane int, source string) *laneWaiter {
 	if !w.granted && w.seq != 0 {
 		l.observe(LaneEvent{Kind: LaneWaiting, Lane: lane, Queue: source, Seq: w.seq})
 	}
-	return w
+	return w, w.granted
 }
 
 // abandon withdraws w, or gives its worker back when it was granted meanwhile.

@@ -196,11 +196,11 @@ func (r *laneRig) arrive(lane int, src string) {
 	seq := r.l.seq + 1 // the seq enqueue gives it (observed)
 	r.l.mu.Unlock()
 	r.m.waiting[lane][src] = append(r.m.waiting[lane][src], seq)
-	w := r.l.enqueue(lane, src)
+	w, granted := r.l.enqueue(lane, src)
 	if w.seq != seq {
 		panic(fmt.Sprintf("seq %d, want %d", w.seq, seq))
 	}
-	if !w.granted {
+	if !granted {
 		r.waiters[seq] = laneHandle{w, lane, src}
 	}
 }

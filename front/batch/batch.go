@@ -144,6 +144,9 @@ type Service struct {
 	mu      sync.Mutex
 	running map[string]bool
 	wg      sync.WaitGroup
+	// kick wakes Run's scan at once when this replica creates a job,
+	// instead of at the next ScanInterval tick.
+	kick chan struct{}
 }
 
 // New returns a service; it does not close state, files or prod.
@@ -154,7 +157,7 @@ func New(cfg Config, state State, files filestore.Store, prod submit.Producer, l
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, state: state, files: files, prod: prod, log: log, running: map[string]bool{}}, nil
+	return &Service{cfg: cfg, state: state, files: files, prod: prod, log: log, running: map[string]bool{}, kick: make(chan struct{}, 1)}, nil
 }
 
 // Run processes jobs until ctx ends: it owns the jobs nobody owns (its
@@ -175,7 +178,16 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-s.kick:
 		}
+	}
+}
+
+// wake makes Run scan now (a job was created here); it never blocks.
+func (s *Service) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 

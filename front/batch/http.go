@@ -380,6 +380,7 @@ func (s *Service) createBatch(w http.ResponseWriter, r *http.Request) {
 		s.internal(w, "creating the batch", err)
 		return
 	}
+	s.wake()
 	writeJSON(w, batchObject(j))
 }
 

@@ -73,6 +73,7 @@ func scenarios() []scenario {
 		scenario{"ordering", runOrdering, orderingTargets()},
 		scenario{"plugin-gate", runPluginGate, pluginGateTargets()},
 		scenario{"binary", runBinary, binaryTargets()},
+		scenario{"batch-api", runBatchAPI, batchAPITargets()},
 	)
 }
 

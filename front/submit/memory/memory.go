@@ -23,7 +23,7 @@ type Options struct {
 	// Lease is how long a result handed out by Next stays reserved before
 	// it is handed out again (default 60s).
 	Lease time.Duration
-	// Batch is the most results one Next returns (default 256).
+	// Batch is the most results one Next returns (default 1000).
 	Batch int
 }
 
@@ -32,7 +32,7 @@ func (o *Options) setDefaults() {
 		o.Lease = time.Minute
 	}
 	if o.Batch <= 0 {
-		o.Batch = 256
+		o.Batch = 1000
 	}
 }
 

@@ -1,0 +1,384 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/front/batch"
+	"github.com/sluice-io/sluice/front/batch/boltstate"
+	"github.com/sluice-io/sluice/front/filestore/disk"
+	submitmem "github.com/sluice-io/sluice/front/submit/memory"
+	"github.com/sluice-io/sluice/transports/memory"
+)
+
+// batchAPITargets: the Batch API must cost little over using the queues
+// directly (issue 24: ratio >= 0.8), and every line must come back 200.
+func batchAPITargets() []target {
+	return []target{
+		noFailures("failed"),
+		noFailures("baseline_failed"),
+		minimum("ratio", 0.8, "a 50,000-line batch end to end over the same requests enqueued and read back through front/submit directly"),
+		reportedOnly("lines_per_s", "the Batch API's rate, upload to downloaded output"),
+		reportedOnly("direct_lines_per_s", "the baseline's rate"),
+		reportedOnly("rss_mb", "peak resident set of the bench process (both sides)"),
+	}
+}
+
+const (
+	batchAPILines    = 50_000
+	batchAPIQueue    = "batch"
+	batchAPIEndpoint = "/v1/chat/completions"
+)
+
+// runBatchAPI measures the OpenAI Batch API (front/batch) end to end: a
+// 50,000-line file uploaded to /v1/files, a batch created on it, its status
+// polled until completed, its output file downloaded and checked (one 200
+// line per custom_id). The baseline is the same 50,000 requests (the same
+// fields the front gives them, built from the same file) enqueued through
+// the same producer seam (front/submit on the memory transport, in chunks
+// of the front's size) and their results read back from a route of their
+// own and acked. Both sides run on a fresh deployment per run as serve
+// builds it (memory transport, bolt state and disk files on a temp dir,
+// the front at its defaults), 64 in flight to the 0-ms simulator; the two
+// alternate (ratio.go).
+func runBatchAPI(ctx context.Context, o options) (figures, error) {
+	url, stop, err := zeroLatencyGateway()
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	input := batchAPIInput(batchAPILines)
+	var api, direct []float64
+	failed, baseFailed := 0, 0
+	err = alternate(ctx, o.runs,
+		func(ctx context.Context, _ int) error {
+			secs, bad, err := batchAPIRun(ctx, url, input)
+			if err != nil {
+				return fmt.Errorf("batch api: %w", err)
+			}
+			api, failed = append(api, batchAPILines/secs), failed+bad
+			return nil
+		},
+		func(ctx context.Context, _ int) error {
+			secs, bad, err := batchDirectRun(ctx, url, input)
+			if err != nil {
+				return fmt.Errorf("direct: %w", err)
+			}
+			direct, baseFailed = append(direct, batchAPILines/secs), baseFailed+bad
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	return figures{
+		"lines":              batchAPILines,
+		"failed":             float64(failed),
+		"baseline_failed":    float64(baseFailed),
+		"lines_per_s":        median(api),
+		"direct_lines_per_s": median(direct),
+		"ratio":              medianRatio(api, direct),
+		"rss_mb":             rssMB(),
+	}, nil
+}
+
+// batchAPIInput is n chat-completion lines of one model.
+func batchAPIInput(n int) []byte {
+	var b bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&b, `{"custom_id":"req-%d","method":"POST","url":%q,"body":{"model":"m1","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8}}`+"\n",
+			i, batchAPIEndpoint, i)
+	}
+	return b.Bytes()
+}
+
+// batchDeployment is a sluice on a fresh memory transport, not yet running.
+func batchDeployment(gatewayURL string) (*memory.Transport, *app.App, error) {
+	mem := memory.New(memory.Options{})
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: 64, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(10 * time.Second),
+		TransportConfig: config.TransportConfig{ResultQueueName: "results",
+			Queues: []config.Queue{{Queue: transport.Queue{Name: batchAPIQueue}, IGWBaseURL: gatewayURL}}},
+	}
+	a, err := newApp(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		return nil, nil, err
+	}
+	return mem, a, nil
+}
+
+// runUntil runs fns (each until ctx ends) while body runs, then stops them
+// and returns body's error, or else the first of theirs.
+func runUntil(ctx context.Context, body func(context.Context) error, fns ...func(context.Context) error) error {
+	rctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, len(fns))
+	for _, fn := range fns {
+		go func() { errc <- fn(rctx) }()
+	}
+	err := body(ctx)
+	cancel()
+	for range fns {
+		if e := <-errc; err == nil && e != nil && !errors.Is(e, context.Canceled) {
+			err = e
+		}
+	}
+	return err
+}
+
+// batchAPIRun is one run of the Batch API side: seconds from the upload's
+// start to the output downloaded, and the lines that were not a 200.
+func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+	dir, err := os.MkdirTemp("", "sluice-bench-batch-")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer os.RemoveAll(dir)
+	mem, a, err := batchDeployment(gatewayURL)
+	if err != nil {
+		return 0, 0, err
+	}
+	files, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
+	if err != nil {
+		return 0, 0, err
+	}
+	state, err := boltstate.Open(filepath.Join(dir, "state.db"))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer state.Close()
+	prod := submitmem.New(mem, submitmem.Options{})
+	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
+	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, 0, err
+	}
+	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	base := "http://" + ln.Addr().String()
+	serve := func(ctx context.Context) error {
+		go func() { <-ctx.Done(); _ = srv.Close() }()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	err = runUntil(ctx, func(ctx context.Context) error {
+		start := time.Now()
+		out, err := batchAPIJob(ctx, base, input)
+		secs = time.Since(start).Seconds()
+		if err == nil {
+			failed, err = batchOutputFailures(out, batchAPILines)
+		}
+		return err
+	}, a.Run, svc.Run, serve)
+	return secs, failed, err
+}
+
+// batchAPIJob uploads input, creates a batch on it, waits for it to end
+// and returns its downloaded output file.
+func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error) {
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	_ = mw.WriteField("purpose", "batch")
+	fw, err := mw.CreateFormFile("file", "input.jsonl")
+	if err != nil {
+		return nil, err
+	}
+	_, _ = fw.Write(input)
+	_ = mw.Close()
+	var file struct {
+		ID string `json:"id"`
+	}
+	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/files", mw.FormDataContentType(), &body, &file); err != nil {
+		return nil, fmt.Errorf("upload: %w", err)
+	}
+	create, _ := json.Marshal(map[string]string{"input_file_id": file.ID, "endpoint": batchAPIEndpoint, "completion_window": "24h"})
+	var job struct {
+		ID           string       `json:"id"`
+		Status       string       `json:"status"`
+		OutputFileID *string      `json:"output_file_id"`
+		Counts       batch.Counts `json:"request_counts"`
+	}
+	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/batches", "application/json", bytes.NewReader(create), &job); err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for !batch.Final(job.Status) {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("batch %s still %s after 5m (%+v)", job.ID, job.Status, job.Counts)
+		}
+		if !sleep(ctx, 20*time.Millisecond) {
+			return nil, ctx.Err()
+		}
+		if err := batchHTTP(ctx, http.MethodGet, base+"/v1/batches/"+job.ID, "", nil, &job); err != nil {
+			return nil, fmt.Errorf("retrieve: %w", err)
+		}
+	}
+	if job.Status != batch.StatusCompleted || job.OutputFileID == nil {
+		return nil, fmt.Errorf("batch %s ended %s (%+v)", job.ID, job.Status, job.Counts)
+	}
+	var out bytes.Buffer
+	if err := batchHTTP(ctx, http.MethodGet, base+"/v1/files/"+*job.OutputFileID+"/content", "", nil, &out); err != nil {
+		return nil, fmt.Errorf("download: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+// batchHTTP makes one call; into is decoded JSON, or a *bytes.Buffer that
+// gets the body as it is.
+func batchHTTP(ctx context.Context, method, url, ctype string, body io.Reader, into any) error {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return err
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, b)
+	}
+	if buf, ok := into.(*bytes.Buffer); ok {
+		_, err = buf.ReadFrom(resp.Body)
+		return err
+	}
+	return json.NewDecoder(resp.Body).Decode(into)
+}
+
+// batchOutputFailures checks an output file: one line per custom_id
+// req-0..n-1; it returns how many lines are missing, repeated or not a 200.
+func batchOutputFailures(out []byte, n int) (int, error) {
+	seen := make([]bool, n)
+	bad := 0
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l struct {
+			CustomID string `json:"custom_id"`
+			Response *struct {
+				StatusCode int `json:"status_code"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return 0, fmt.Errorf("output line: %w", err)
+		}
+		i, err := strconv.Atoi(l.CustomID[min(len(l.CustomID), len("req-")):])
+		if err != nil || i < 0 || i >= n || seen[i] || l.Response == nil || l.Response.StatusCode != http.StatusOK {
+			bad++
+			continue
+		}
+		seen[i] = true
+	}
+	for _, s := range seen {
+		if !s {
+			bad++
+		}
+	}
+	return bad, sc.Err()
+}
+
+// batchDirectRun is one run of the baseline: the lines of input turned
+// into the requests the front would make, enqueued through front/submit in
+// chunks of 1000, their results read from a route of their own and acked;
+// seconds from the first line read to the last result acked, and the
+// results that were not a 200 (or never came).
+func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+	mem, a, err := batchDeployment(gatewayURL)
+	if err != nil {
+		return 0, 0, err
+	}
+	prod := submitmem.New(mem, submitmem.Options{})
+	const job, route, chunkSize = "direct", "sluice-batch:direct", 1000
+	err = runUntil(ctx, func(ctx context.Context) error {
+		start := time.Now()
+		r, err := prod.Results(ctx, route)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		deadline, created := time.Now().Add(24*time.Hour), time.Now()
+		chunk := make([]*wire.Request, 0, chunkSize)
+		sc := bufio.NewScanner(bytes.NewReader(input))
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		n := 0
+		for sc.Scan() {
+			var l struct {
+				CustomID string          `json:"custom_id"`
+				URL      string          `json:"url"`
+				Body     json.RawMessage `json:"body"`
+			}
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				return err
+			}
+			chunk = append(chunk, &wire.Request{ID: job + "-" + strconv.Itoa(n), Created: created, Deadline: deadline,
+				Payload: l.Body, Metadata: map[string]string{"job_id": job, "custom_id": l.CustomID},
+				Endpoint: l.URL, ResultQueueName: route, Model: "m1"})
+			n++
+			if len(chunk) == chunkSize {
+				if err := prod.Enqueue(ctx, batchAPIQueue, chunk); err != nil {
+					return err
+				}
+				chunk = chunk[:0]
+			}
+		}
+		if len(chunk) > 0 {
+			if err := prod.Enqueue(ctx, batchAPIQueue, chunk); err != nil {
+				return err
+			}
+		}
+		seen := make([]bool, n)
+		got := 0
+		for got < n {
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			rs, err := r.Next(wctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("results after %d of %d: %w", got, n, err)
+			}
+			for _, res := range rs {
+				i := -1
+				if res.Result != nil && len(res.ID) > len(job)+1 {
+					i, _ = strconv.Atoi(res.ID[len(job)+1:])
+				}
+				if i < 0 || i >= n || seen[i] || res.Result.StatusCode != http.StatusOK {
+					failed++
+					continue
+				}
+				seen[i] = true
+				got++
+			}
+			if err := r.Ack(ctx, rs...); err != nil {
+				return err
+			}
+		}
+		secs = time.Since(start).Seconds()
+		return nil
+	}, a.Run)
+	return secs, failed, err
+}
