@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -89,6 +90,20 @@ func benchBaselineRedis(ctx context.Context, c redis.UniversalClient, gw string)
 // result, as sluice writes one, so both sides' failures are counted the same
 // way by the results they leave; only Redis failing stops the loop.
 func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q, results string, workers, batch int) error {
+	return baselineLoop(ctx, c, gw, q, workers, batch, func(ctx context.Context, client *http.Client, url, token string, member []byte) (string, []byte) {
+		return results, baselineCall(ctx, client, url, token, member)
+	})
+}
+
+// memberCall answers one claimed member: the result list its result goes
+// to, and the result.
+type memberCall func(ctx context.Context, client *http.Client, url, token string, member []byte) (list string, result []byte)
+
+// baselineLoop is the plain loop on request queue q: workers goroutines
+// claim up to batch members at once, answer each with call, and settle
+// each batch with one fenced call per result list its members name (one,
+// unless the members route their results apart).
+func baselineLoop(ctx context.Context, c redis.UniversalClient, gw, q string, workers, batch int, call memberCall) error {
 	ks := []string{q, q + ":base-leases", q + ":base-leased"}
 	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
 	client := &http.Client{Transport: tr}
@@ -116,7 +131,8 @@ func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			args := make([]any, 0, 2*batch)
+			var lists []string // the result lists of one batch, and their settle arguments
+			var args [][]any
 			for rctx.Err() == nil {
 				prefix := "base:" + strconv.FormatInt(seq.Add(1), 36) + ":"
 				got, err := baseClaim.EvalSha(rctx, c, ks, batch, prefix).StringSlice()
@@ -127,13 +143,27 @@ func benchBaselineRedisQueue(ctx context.Context, c redis.UniversalClient, gw, q
 				if len(got) == 0 {
 					return // the queue was filled beforehand: empty means drained
 				}
-				args = args[:0]
-				for i := 0; i+1 < len(got); i += 2 {
-					args = append(args, got[i], baselineCall(rctx, client, url, got[i], []byte(got[i+1])))
+				lists = lists[:0]
+				for i := range args {
+					args[i] = args[i][:0]
 				}
-				if _, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], results}, args...).Int64(); err != nil {
-					fail(fmt.Errorf("settle: %w", err))
-					return
+				for i := 0; i+1 < len(got); i += 2 {
+					list, res := call(rctx, client, url, got[i], []byte(got[i+1]))
+					j := slices.Index(lists, list)
+					if j < 0 {
+						j = len(lists)
+						lists = append(lists, list)
+						if j == len(args) {
+							args = append(args, make([]any, 0, 2*batch))
+						}
+					}
+					args[j] = append(args[j], got[i], res)
+				}
+				for j, list := range lists {
+					if _, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], list}, args[j]...).Int64(); err != nil {
+						fail(fmt.Errorf("settle: %w", err))
+						return
+					}
 				}
 			}
 		}()

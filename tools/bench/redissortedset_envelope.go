@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -159,66 +156,9 @@ func cpuNow() time.Duration {
 
 // envelopeBaseline drains queue as benchBaselineRedisQueue does, each
 // result written, with the envelope's request_token, to the list the
-// envelope names (internal.result_queue_name); the envelopes of one claim
-// name one list here, and the loop groups its settle by list all the same.
+// envelope names (internal.result_queue_name).
 func envelopeBaseline(ctx context.Context, c redis.UniversalClient, gw, q string, workers, batch int) error {
-	ks := []string{q, q + ":base-leases", q + ":base-leased"}
-	tr := &http.Transport{MaxIdleConnsPerHost: workers, MaxConnsPerHost: workers}
-	client := &http.Client{Transport: tr}
-	defer tr.CloseIdleConnections()
-	if err := baseClaim.Load(ctx, c).Err(); err != nil {
-		return err
-	}
-	if err := baseSettle.Load(ctx, c).Err(); err != nil {
-		return err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		seq      atomic.Int64
-		firstErr error
-		errOnce  sync.Once
-		wg       sync.WaitGroup
-	)
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err })
-		cancel()
-	}
-	url := gw + "/v1/completions"
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			byList := map[string][]any{}
-			for rctx.Err() == nil {
-				prefix := "base:" + strconv.FormatInt(seq.Add(1), 36) + ":"
-				got, err := baseClaim.EvalSha(rctx, c, ks, batch, prefix).StringSlice()
-				if err != nil {
-					fail(fmt.Errorf("claim: %w", err))
-					return
-				}
-				if len(got) == 0 {
-					return // filled beforehand: empty means drained
-				}
-				clear(byList)
-				for i := 0; i+1 < len(got); i += 2 {
-					list, res := envelopeCall(rctx, client, url, got[i], []byte(got[i+1]))
-					byList[list] = append(byList[list], got[i], res)
-				}
-				for list, args := range byList {
-					if _, err := baseSettle.EvalSha(rctx, c, []string{ks[1], ks[2], list}, args...).Int64(); err != nil {
-						fail(fmt.Errorf("settle: %w", err))
-						return
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if firstErr != nil && !errors.Is(firstErr, context.Canceled) {
-		return firstErr
-	}
-	return nil
+	return baselineLoop(ctx, c, gw, q, workers, batch, envelopeCall)
 }
 
 // envelopeCall is baselineCall for an envelope: it also returns the
