@@ -19,6 +19,7 @@ package submit
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -83,4 +84,26 @@ type Capabilities struct {
 	// DedupesIDs: enqueueing a request id that is already queued is a
 	// no-op, so a resumed front may enqueue again what it is unsure of.
 	DedupesIDs bool
+}
+
+// ReaderOptions configure the Readers a Producer opens; every adapter takes
+// them (as its Options).
+type ReaderOptions struct {
+	// Lease is how long a result handed out by Next stays reserved before
+	// it is handed out again (default 60s).
+	Lease time.Duration
+	// Batch is the most results one Next returns (default: the adapter's).
+	Batch int
+}
+
+// WithDefaults returns o with what is unset at its default: a lease of 60s
+// and batch results per Next.
+func (o ReaderOptions) WithDefaults(batch int) ReaderOptions {
+	if o.Lease <= 0 {
+		o.Lease = time.Minute
+	}
+	if o.Batch <= 0 {
+		o.Batch = batch
+	}
+	return o
 }

@@ -18,23 +18,12 @@ import (
 	memtransport "github.com/sluice-io/sluice/transports/memory"
 )
 
-// Options configure a Producer.
-type Options struct {
-	// Lease is how long a result handed out by Next stays reserved before
-	// it is handed out again (default 60s).
-	Lease time.Duration
-	// Batch is the most results one Next returns (default 1000).
-	Batch int
-}
+// Options configure a Producer's result readers (Batch default 1000: one
+// Next per that many results).
+type Options = submit.ReaderOptions
 
-func (o *Options) setDefaults() {
-	if o.Lease <= 0 {
-		o.Lease = time.Minute
-	}
-	if o.Batch <= 0 {
-		o.Batch = 1000
-	}
-}
+// defaultBatch is the most results one Next returns when Options say none.
+const defaultBatch = 1000
 
 // Producer is the submit.Producer of a memory transport.
 type Producer struct {
@@ -47,7 +36,7 @@ var _ submit.Producer = (*Producer)(nil)
 // New returns a producer on t (the transport the dispatcher runs on); Close
 // leaves t open.
 func New(t *memtransport.Transport, o Options) *Producer {
-	o.setDefaults()
+	o = o.WithDefaults(defaultBatch)
 	return &Producer{t: t, o: o}
 }
 

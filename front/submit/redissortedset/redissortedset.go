@@ -19,23 +19,12 @@ import (
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
-// Options configure a Producer.
-type Options struct {
-	// Lease is how long a result handed out by Next stays reserved before
-	// it is handed out again (default 60s).
-	Lease time.Duration
-	// Batch is the most results one Next returns (default 256).
-	Batch int
-}
+// Options configure a Producer's result readers (Batch default 256: one
+// Next per that many results).
+type Options = submit.ReaderOptions
 
-func (o *Options) setDefaults() {
-	if o.Lease <= 0 {
-		o.Lease = time.Minute
-	}
-	if o.Batch <= 0 {
-		o.Batch = 256
-	}
-}
+// defaultBatch is the most results one Next returns when Options say none.
+const defaultBatch = 256
 
 // Producer is the submit.Producer of the Redis sorted-set transport.
 type Producer struct {
@@ -47,7 +36,7 @@ var _ submit.Producer = (*Producer)(nil)
 
 // New returns a producer on p; Close closes p.
 func New(p *producer.Producer, o Options) *Producer {
-	o.setDefaults()
+	o = o.WithDefaults(defaultBatch)
 	return &Producer{p: p, o: o}
 }
 
