@@ -13,25 +13,38 @@ import (
 // heartbeat renews the leases its owner still holds, a lease runs out, a
 // reclaim returns expired claims to the queue (the delivery counts), a settle
 // writes the result and drops the claim in one fenced step, a hand-back
-// returns the claim to the queue at its old place, and a claim of a request
-// delivered more than MaxDeliveries times answers it with an error result.
+// returns the claim to the queue at its old place, a requeue (a retry)
+// swaps the claim for an entry of the delay set that goes back to the queue
+// at its old place once due, and a claim of a request delivered more than
+// MaxDeliveries times answers it with an error result.
+//
+// The cross-slot settle (a result list in another hash slot than the
+// claims, transports/redissortedset/xslot.go) is three steps: Prepare (the
+// fenced settling record beside the claim; the lease renewed), Push (the
+// result, once per settle) and Commit (the claim dropped). A claim with a
+// settling record of its owner is never handed back or requeued, and a
+// reclaim that finds its lease expired finishes the settle (Push, Commit)
+// instead of returning the request to the queue.
 //
 // Invariants (Check):
 //   - exactly one result per request id and enqueue: a request has at most
-//     one result, ever, and is in exactly one of waiting, claimed or answered;
+//     one result, ever, and is in exactly one of waiting, delayed (a retry
+//     not due yet), claimed or answered — except that a cross-slot settle
+//     pushed but not yet committed is both claimed and answered;
 //   - no two holders of a live lease: a claim has one owner token, and
 //     tokens are never reused;
 //   - a stale holder writes nothing: a settle or hand-back by a token that no
 //     longer owns its claim changes nothing (Settle, HandBack report false);
 //   - deadline order within the in-flight window: a claim of n takes the n
-//     first waiting requests by (deadline, enqueue order), and a hand-back or
-//     reclaim puts a request back at its place.
+//     first waiting requests by (deadline, enqueue order), and a hand-back,
+//     reclaim or requeue puts a request back at its place.
 type LeaseQueue struct {
 	// MaxDeliveries is the transport's max_deliveries.
 	MaxDeliveries int
 
 	seq        int64
 	waiting    map[string]Order
+	delayed    map[string]*Delayed
 	claims     map[string]*Claim // by request
 	deliveries map[string]int    // leases lost so far (the transport's <q>:redeliveries)
 	results    map[string]int
@@ -58,12 +71,23 @@ func (o Order) Less(p Order) bool {
 type Claim struct {
 	Token string
 	Live  bool
+	// Settling is set by Prepare (a cross-slot settle under way), Pushed
+	// once its result is in the result list.
+	Settling, Pushed bool
+	order            Order
+}
+
+// Delayed is a requeued request waiting in the delay set: Due once its
+// delay ran out (by Redis' clock), when the next claim moves it back to the
+// queue at its place.
+type Delayed struct {
+	Due   bool
 	order Order
 }
 
 // NewLeaseQueue returns an empty queue.
 func NewLeaseQueue(maxDeliveries int) *LeaseQueue {
-	return &LeaseQueue{MaxDeliveries: maxDeliveries, waiting: map[string]Order{}, claims: map[string]*Claim{},
+	return &LeaseQueue{MaxDeliveries: maxDeliveries, waiting: map[string]Order{}, delayed: map[string]*Delayed{}, claims: map[string]*Claim{},
 		deliveries: map[string]int{}, results: map[string]int{}, tokens: map[string]bool{}}
 }
 
@@ -101,10 +125,17 @@ type Claimed struct {
 	GaveUp bool
 }
 
-// Claim takes up to n waiting requests in claim order. Those delivered too
-// often are answered at once (their result counts); the others are claimed
-// and must be bound to their owner tokens with Bind.
+// Claim moves the due retries back to the queue at their places, then takes
+// up to n waiting requests in claim order. Those delivered too often are
+// answered at once (their result counts); the others are claimed and must
+// be bound to their owner tokens with Bind.
 func (q *LeaseQueue) Claim(n int) []Claimed {
+	for id, d := range q.delayed {
+		if d.Due {
+			delete(q.delayed, id)
+			q.waiting[id] = d.order
+		}
+	}
 	ids := q.Waiting()
 	if len(ids) > n {
 		ids = ids[:n]
@@ -173,10 +204,19 @@ func (q *LeaseQueue) Expire(id string) bool {
 }
 
 // Reclaim returns every expired claim to the queue at its place; the
-// delivery counts. It returns how many.
+// delivery counts. An expired claim with a settle under way is finished
+// instead (its result pushed if it was not, the claim dropped). It returns
+// how many were returned to the queue.
 func (q *LeaseQueue) Reclaim() int {
 	n := 0
 	for id, c := range q.claims {
+		if !c.Live && c.Settling {
+			if !c.Pushed {
+				q.results[id]++
+			}
+			delete(q.claims, id)
+			continue
+		}
 		if !c.Live {
 			delete(q.claims, id)
 			q.waiting[id] = c.order
@@ -188,26 +228,112 @@ func (q *LeaseQueue) Reclaim() int {
 }
 
 // Settle writes the result of id held under token and drops the claim, if
-// token still owns it; a stale holder writes nothing (false).
+// token still owns it; a stale holder writes nothing (false). It is the
+// one-script settle, and a cross-slot settle whose three steps all ran.
 func (q *LeaseQueue) Settle(id, token string) bool {
 	if !q.owns(id, token) {
 		return false
 	}
+	if c := q.claims[id]; !c.Pushed {
+		q.results[id]++
+	}
 	delete(q.claims, id)
-	q.results[id]++
 	return true
 }
 
-// HandBack returns the claim of id held under token to the queue at its
-// place, if token still owns it (the delivery does not count).
-func (q *LeaseQueue) HandBack(id, token string) bool {
+// Prepare is the first step of a cross-slot settle: if token still owns
+// the claim of id, its settling record is written and its lease renewed.
+// It reports whether the settle goes on (a stale holder's stops here).
+func (q *LeaseQueue) Prepare(id, token string) bool {
 	if !q.owns(id, token) {
+		return false
+	}
+	c := q.claims[id]
+	c.Settling, c.Live = true, true
+	return true
+}
+
+// Push is the second step of a cross-slot settle prepared by token: the
+// result is pushed unless this settle pushed it already. A settle that
+// lost its claim since (a reclaimer finished it) pushes nothing: the
+// marker of the first push is there.
+func (q *LeaseQueue) Push(id, token string) {
+	if !q.owns(id, token) {
+		return
+	}
+	c := q.claims[id]
+	if c.Settling && !c.Pushed {
+		c.Pushed = true
+		q.results[id]++
+	}
+}
+
+// Commit is the last step of a cross-slot settle: the claim is dropped if
+// token still owns it and its result was pushed.
+func (q *LeaseQueue) Commit(id, token string) {
+	if q.owns(id, token) && q.claims[id].Pushed {
+		delete(q.claims, id)
+	}
+}
+
+// HandBack returns the claim of id held under token to the queue at its
+// place, if token still owns it and no settle of it is under way (the
+// delivery does not count).
+func (q *LeaseQueue) HandBack(id, token string) bool {
+	if !q.owns(id, token) || q.claims[id].Settling {
 		return false
 	}
 	c := q.claims[id]
 	delete(q.claims, id)
 	q.waiting[id] = c.order
 	return true
+}
+
+// RequeueResult is what Requeue did.
+type RequeueResult int
+
+// Requeue outcomes, as the transport's script returns them.
+const (
+	RequeueLost     RequeueResult = 0 // token no longer owns the claim: nothing changes
+	RequeueDone     RequeueResult = 1 // the claim is now an entry of the delay set
+	RequeueSettling RequeueResult = 2 // a cross-slot settle of it is under way: left alone
+)
+
+// Requeue swaps the claim of id held under token for an entry of the delay
+// set (a retry), due at once when due is set; the request goes back to the
+// queue at its place, and its lost leases are forgotten (the retry count
+// travels with the message instead).
+func (q *LeaseQueue) Requeue(id, token string, due bool) RequeueResult {
+	if !q.owns(id, token) {
+		return RequeueLost
+	}
+	c := q.claims[id]
+	if c.Settling {
+		return RequeueSettling
+	}
+	delete(q.claims, id)
+	delete(q.deliveries, id)
+	q.delayed[id] = &Delayed{Due: due, order: c.order}
+	return RequeueDone
+}
+
+// MakeDue lets the delay of id's retry run out. It reports whether id was
+// in the delay set.
+func (q *LeaseQueue) MakeDue(id string) bool {
+	d, ok := q.delayed[id]
+	if ok {
+		d.Due = true
+	}
+	return ok
+}
+
+// DelayedIDs returns the requests in the delay set and whether each is due.
+func (q *LeaseQueue) DelayedIDs() map[string]bool {
+	out := make(map[string]bool, len(q.delayed))
+	for id, d := range q.delayed {
+		out[id] = d.Due
+	}
+	return out
 }
 
 // Claims returns the requests in flight and their claims.
@@ -226,23 +352,40 @@ func (q *LeaseQueue) Results() map[string]int { return maps(q.results) }
 func (q *LeaseQueue) Deliveries() map[string]int { return maps(q.deliveries) }
 
 // Check verifies the model's own invariants: every enqueued request in
-// exactly one of waiting, claimed, answered; at most one result each.
+// exactly one of waiting, delayed, claimed, answered (a pushed cross-slot
+// settle counts its claim and result as one); at most one result each; a
+// pushed settle has its result; owner tokens unique.
 func (q *LeaseQueue) Check() error {
+	owners := map[string]string{}
 	for _, id := range q.enqueued {
 		_, w := q.waiting[id]
-		_, c := q.claims[id]
+		_, d := q.delayed[id]
+		cl, c := q.claims[id]
 		r := q.results[id]
 		if r > 1 {
 			return fmt.Errorf("request %s has %d results", id, r)
 		}
+		answered := r == 1
+		if c && cl.Pushed {
+			if !answered {
+				return fmt.Errorf("request %s: its settle pushed a result, and it has none", id)
+			}
+			answered = false // the claim and its result are one place until the commit
+		}
 		places := 0
-		for _, b := range []bool{w, c, r == 1} {
+		for _, b := range []bool{w, d, c, answered} {
 			if b {
 				places++
 			}
 		}
 		if places != 1 {
-			return fmt.Errorf("request %s is in %d places (waiting %v, claimed %v, results %d)", id, places, w, c, r)
+			return fmt.Errorf("request %s is in %d places (waiting %v, delayed %v, claimed %v, results %d)", id, places, w, d, c, r)
+		}
+		if c && cl.Token != "" {
+			if other, dup := owners[cl.Token]; dup {
+				return fmt.Errorf("owner token %s holds %s and %s", cl.Token, other, id)
+			}
+			owners[cl.Token] = id
 		}
 	}
 	return nil

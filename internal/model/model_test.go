@@ -93,3 +93,77 @@ func TestPendingEntriesTakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLeaseQueueRequeue: a retry waits in the delay set, comes back at its
+// place once due, forgets its lost leases, and a stale holder's requeue
+// changes nothing.
+func TestLeaseQueueRequeue(t *testing.T) {
+	q := NewLeaseQueue(2)
+	q.Enqueue("a", 1000)
+	q.Enqueue("b", 1000)
+	q.Claim(1)
+	_ = q.Bind("a", "t1")
+	q.Expire("a")
+	q.Reclaim() // a lost one lease
+	q.Claim(1)
+	_ = q.Bind("a", "t2")
+	if q.Requeue("a", "t1", true) != RequeueLost {
+		t.Fatal("a stale holder requeued")
+	}
+	if q.Requeue("a", "t2", false) != RequeueDone {
+		t.Fatal("the holder's requeue failed")
+	}
+	if err := q.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if c := q.Claim(5); len(c) != 1 || c[0].ID != "b" {
+		t.Fatalf("claim %v: a retry not due came back", c)
+	}
+	_ = q.Bind("b", "t3")
+	q.HandBack("b", "t3")
+	q.MakeDue("a")
+	if c := q.Claim(1); len(c) != 1 || c[0].ID != "a" {
+		t.Fatalf("claim %v, want a (its deadline ties b's, enqueued first)", c)
+	}
+	_ = q.Bind("a", "t4")
+	q.Expire("a")
+	q.Reclaim()
+	if c := q.Claim(1); len(c) != 1 || c[0].GaveUp {
+		t.Fatalf("claim %v: a lost two leases, one before its retry that forgot it", c)
+	}
+	if err := q.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaseQueueCrossSlot: a settle prepared and then abandoned is finished
+// by the reclaim, once, and the abandoned holder's later steps write
+// nothing; a settle under way is neither handed back nor requeued.
+func TestLeaseQueueCrossSlot(t *testing.T) {
+	q := NewLeaseQueue(3)
+	q.Enqueue("a", 1)
+	q.Enqueue("b", 2)
+	q.Claim(2)
+	_ = q.Bind("a", "t1")
+	_ = q.Bind("b", "t2")
+	if !q.Prepare("a", "t1") || q.HandBack("a", "t1") || q.Requeue("a", "t1", true) != RequeueSettling {
+		t.Fatal("a settle under way was handed back or requeued")
+	}
+	q.Push("a", "t1")
+	q.Push("a", "t1")
+	if err := q.Check(); err != nil || q.Results()["a"] != 1 {
+		t.Fatalf("after the push: %v, results %v", err, q.Results())
+	}
+	q.Expire("a")
+	if q.Reclaim() != 0 || len(q.Claims()) != 1 || q.Results()["a"] != 1 {
+		t.Fatalf("the reclaim did not finish the pushed settle: claims %v results %v", q.Claims(), q.Results())
+	}
+	q.Prepare("b", "t2")
+	q.Expire("b")
+	q.Reclaim()
+	q.Push("b", "t2")
+	q.Commit("b", "t2")
+	if err := q.Check(); err != nil || q.Results()["b"] != 1 || len(q.Claims()) != 0 {
+		t.Fatalf("%v: results %v claims %v", err, q.Results(), q.Claims())
+	}
+}
