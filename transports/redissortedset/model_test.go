@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,6 +92,8 @@ func TestModelSortedSet(t *testing.T) {
 			"settle":       m.settle,
 			"settleCrash":  m.settleCrash,
 			"handBack":     m.handBack,
+			"requeue":      m.requeue,
+			"due":          m.due,
 			"expire":       m.expire,
 			"reclaim":      m.reclaim,
 			"crash":        m.crash,
@@ -331,6 +335,70 @@ func (m *ssMachine) handBack(rt *rapid.T) {
 	m.model.HandBack(requestID(rt, d.Payload), tok)
 }
 
+// requeue retries a delivery as the core's retry middleware does: its
+// message rewritten with the next retry count, swapped for an entry of the
+// delay set due at once or in ten minutes (the due step moves it).
+func (m *ssMachine) requeue(rt *rapid.T) {
+	_, r, tok, d := m.delivery(rt)
+	req, err := wire.Decode(d.Payload)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	payload, err := wire.WithEnvelope(d.Payload, req.RetryCount+1, req.Labels)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	now := rapid.Bool().Draw(rt, "dueAtOnce")
+	due := time.Now()
+	if !now {
+		due = due.Add(10 * time.Minute)
+	}
+	if err := r.tp.Requeue(m.ctx, m.q, d, payload, due); err != nil {
+		rt.Fatal(err)
+	}
+	r.forget(tok)
+	m.model.Requeue(req.ID, tok, now)
+}
+
+// due lets a retry's delay run out: its due time in the delay set moved
+// into the past by Redis' clock (the clock jump that matters to it).
+func (m *ssMachine) due(rt *rapid.T) {
+	var ids []string
+	for id, due := range m.model.DelayedIDs() {
+		if !due {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		rt.Skip("no retry waiting")
+	}
+	slices.Sort(ids)
+	id := rapid.SampledFrom(ids).Draw(rt, "retry")
+	entries, err := m.admin.ZRange(m.ctx, m.k.Delayed, 0, -1).Result()
+	if err != nil {
+		rt.Fatal(err)
+	}
+	for _, e := range entries {
+		if delayedID(rt, e) == id {
+			if err := m.admin.ZAddXX(m.ctx, m.k.Delayed, redis.Z{Score: 0, Member: e}).Err(); err != nil {
+				rt.Fatal(err)
+			}
+			m.model.MakeDue(id)
+			return
+		}
+	}
+	rt.Fatalf("retry %s not in %s (%v)", id, m.k.Delayed, entries)
+}
+
+// delayedID is the request id of a delay-set entry, "<score>|<message>".
+func delayedID(rt *rapid.T, e string) string {
+	_, msg, ok := strings.Cut(e, "|")
+	if !ok {
+		rt.Fatalf("delay-set entry %q has no score", e)
+	}
+	return requestID(rt, []byte(msg))
+}
+
 // claimOf returns the claim id owned by token (claims-owners).
 func (m *ssMachine) claimOf(rt *rapid.T, token string) string {
 	owners, err := m.admin.HGetAll(m.ctx, m.k.Owners).Result()
@@ -439,6 +507,22 @@ func (m *ssMachine) check(rt *rapid.T) {
 	if want := m.model.Waiting(); !slices.Equal(waiting, want) {
 		rt.Fatalf("waiting in Redis %v, in the model %v", waiting, want)
 	}
+	delayed, err := m.admin.ZRangeWithScores(ctx, m.k.Delayed, 0, -1).Result()
+	if err != nil {
+		rt.Fatal(err)
+	}
+	nowMS := float64(m.redisNow(rt).UnixMilli())
+	gotDelayed := map[string]bool{}
+	for _, z := range delayed {
+		id := delayedID(rt, z.Member.(string))
+		if _, dup := gotDelayed[id]; dup {
+			rt.Fatalf("request %s is twice in the delay set", id)
+		}
+		gotDelayed[id] = z.Score <= nowMS
+	}
+	if want := m.model.DelayedIDs(); !maps.Equal(gotDelayed, want) {
+		rt.Fatalf("delay set in Redis (id: due) %v, in the model %v", gotDelayed, want)
+	}
 	owners, err := m.admin.HGetAll(ctx, m.k.Owners).Result()
 	if err != nil {
 		rt.Fatal(err)
@@ -519,6 +603,18 @@ func (m *ssMachine) drain(rt *rapid.T) {
 	}
 	r := m.reps[0]
 	for round := 0; round < 20; round++ {
+		entries, err := m.admin.ZRange(m.ctx, m.k.Delayed, 0, -1).Result()
+		if err != nil {
+			rt.Fatal(err)
+		}
+		for _, e := range entries {
+			if err := m.admin.ZAddXX(m.ctx, m.k.Delayed, redis.Z{Score: 0, Member: e}).Err(); err != nil {
+				rt.Fatal(err)
+			}
+		}
+		for id := range m.model.DelayedIDs() {
+			m.model.MakeDue(id)
+		}
 		for id, c := range m.model.Claims() {
 			ck := m.claimOf(rt, c.Token)
 			if err := m.admin.ZAddXX(m.ctx, m.k.ClaimsIdx, redis.Z{Score: 0, Member: ck}).Err(); err != nil {
@@ -529,7 +625,7 @@ func (m *ssMachine) drain(rt *rapid.T) {
 		rss.Reclaim(r.tp, m.q.Name)
 		m.model.Reclaim()
 		m.check(rt)
-		if len(m.model.Waiting()) == 0 {
+		if len(m.model.Waiting()) == 0 && len(m.model.DelayedIDs()) == 0 {
 			break
 		}
 		before := len(r.order)

@@ -21,6 +21,7 @@
 package redissortedset
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -633,6 +634,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 			payload = stripped
 		}
 	}
+	payload = keepMemberTag(m.Payload, payload)
 	delay := max((time.Until(due) + time.Millisecond - 1).Milliseconds(), 0) // rounded up: never due early
 	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries, qs.k.Settling},
 		token, m.Metadata.Get(MetaClaim), delay, score, payload).Int()
@@ -648,6 +650,28 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 		t.log.Warn("retry dropped: the lease was lost and the request handed to another claim", "queue", q.Name)
 	}
 	return nil
+}
+
+// keepMemberTag returns payload, the retry of member, opened by member's
+// producer tag (keys.MemberTag<seq>/<job>",) when member has one and
+// payload lost it: the core rewrites a flat request's retry as an envelope
+// ({"request_kind":"plain",...,"data":<member>}), and since requests of
+// one deadline have one score and sort by member, the retry would then
+// sort behind every request of its deadline rather than at its place in
+// enqueue order.
+func keepMemberTag(member, payload []byte) []byte {
+	if !bytes.HasPrefix(member, []byte(keys.MemberTag)) || bytes.HasPrefix(payload, []byte(keys.MemberTag)) ||
+		len(payload) < 2 || payload[0] != '{' || payload[1] == '}' {
+		return payload
+	}
+	end := bytes.Index(member[len(keys.MemberTag):], []byte(`",`))
+	if end < 0 {
+		return payload
+	}
+	tag := member[:len(keys.MemberTag)+end+2]
+	out := make([]byte, 0, len(tag)+len(payload)-1)
+	out = append(out, tag...)
+	return append(out, payload[1:]...)
 }
 
 // DeadLetter implements transport.DeadLetterer: the message goes to the

@@ -3,6 +3,7 @@ package redissortedset_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -387,5 +388,64 @@ func TestResultSurvivesRedisRestart(t *testing.T) {
 	}
 	if n := p.Client().LLen(ctx, q.ResultName).Val(); n != 1 {
 		t.Fatalf("%d results after the outage", n)
+	}
+}
+
+// TestRetryKeepsEnqueueOrderAmongEqualDeadlines: a flat request's retry (the
+// core rewrites it as an envelope) comes back at its place among requests of
+// the same deadline, before those enqueued after it — the shrunk failure of
+// TestModelSortedSet's requeue step, where it came back behind them.
+func TestRetryKeepsEnqueueOrderAmongEqualDeadlines(t *testing.T) {
+	f := newFixture(t, simulator.Config{})
+	ctx := context.Background()
+	q := queueOf("retry-ties")
+	dl := time.Now().Add(time.Hour)
+	var reqs []*wire.Request
+	for _, id := range []string{"a", "b", "c"} {
+		r := request(id, "job1", time.Hour, nil)
+		r.Deadline = dl
+		reqs = append(reqs, r)
+	}
+	if err := f.prod.EnqueueMany(ctx, q.Name, reqs); err != nil {
+		t.Fatal(err)
+	}
+	tp := f.transport(rss.Options{LeaseMS: 600000, HeartbeatMS: 300000, PollIntervalMS: 600000})
+	defer tp.Close()
+	src, err := tp.Source(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, stop := context.WithCancel(ctx)
+	if err := src.Open(octx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stop(); _ = src.Close() }()
+	for retry := 1; retry <= 2; retry++ {
+		ms, err := src.Claim(ctx, 1)
+		if err != nil || len(ms) != 1 || idOf(t, ms[0]) != "a" {
+			t.Fatalf("claim %d: %v %v, want a", retry, ms, err)
+		}
+		payload, err := wire.WithEnvelope(ms[0].Payload, retry, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tp.Requeue(ctx, q, ms[0], payload, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ms, err := src.Claim(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range ms {
+		got = append(got, idOf(t, m))
+	}
+	if !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("claim order %v after a's retries, want [a b c] (one deadline: enqueue order)", got)
+	}
+	r, err := wire.Decode(ms[0].Payload)
+	if err != nil || r.RetryCount != 2 || r.ID != "a" || r.Metadata["job_id"] != "job1" {
+		t.Fatalf("retried a decodes to %+v (%v)", r, err)
 	}
 }
