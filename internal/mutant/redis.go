@@ -19,6 +19,14 @@ const (
 	// TakeoverIgnoresLive: the reclaim of leases treats every lease as expired and takes a
 	// request from an owner whose lease is still live.
 	TakeoverIgnoresLive Name = "takeover-ignores-live"
+	// RetryLosesOrder: a flat request's retry is re-added as the core rewrote it (an envelope
+	// without the producer's member tag), so among requests of its deadline it sorts behind
+	// every one of them instead of at its place in enqueue order.
+	RetryLosesOrder Name = "retry-loses-order"
+	// ReclaimIgnoresSettling: the reclaim of expired claims does not look for a cross-slot
+	// settling record, so a claim whose owner died (or paused) inside a cross-slot settle goes
+	// back to the queue and is dispatched again instead of having its settle finished.
+	ReclaimIgnoresSettling Name = "reclaim-ignores-settling"
 	// StreamAckUnowned: the stream transport settles a pending entry without checking that this
 	// consumer still owns it, so a consumer whose entry another consumer auto-claimed still
 	// writes a result.
@@ -39,6 +47,10 @@ var redisCatalog = []Mutant{
 		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: TakeoverIgnoresLive, Doc: "reclaim takes over a lease whose owner is still live",
 		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: RetryLosesOrder, Doc: "a flat request's retry loses the member tag that keeps it in enqueue order among equal deadlines",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
+	{Name: ReclaimIgnoresSettling, Doc: "reclaim returns a claim with a cross-slot settle under way to the queue instead of finishing it",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSetCrossSlot$", Args: modelArgs},
 	{Name: StreamAckUnowned, Doc: "stream settle without checking this consumer still owns the pending entry",
 		Packages: []string{"./transports/redisstream/"}, Run: "^TestModelStream$", Args: modelArgs},
 }

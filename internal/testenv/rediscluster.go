@@ -25,14 +25,20 @@ type RedisCluster struct {
 	// URL is the cluster in go-redis's cluster URL form:
 	// redis://host:port?addr=host2:port2&addr=... (every node).
 	URL string
+	// opts are the options each node was started with (its port
+	// included), for Restart.
+	opts []RedisOptions
 }
 
 // RedisClusterOptions configure StartRedisCluster.
 type RedisClusterOptions struct {
 	// Masters is the number of masters (default 3).
 	Masters int
-	// Replicas is the number of replicas per master (default 1).
+	// Replicas is the number of replicas per master (default 1; see
+	// NoReplicas).
 	Replicas int
+	// NoReplicas starts masters only (Replicas is then ignored).
+	NoReplicas bool
 	// NodeTimeout is cluster-node-timeout: how long a master may be
 	// unreachable before its replica is promoted (default 1s).
 	NodeTimeout time.Duration
@@ -60,7 +66,9 @@ func StartRedisClusterProcesses(o RedisClusterOptions, dir string) (*RedisCluste
 	if o.Masters == 0 {
 		o.Masters = 3
 	}
-	if o.Replicas == 0 {
+	if o.NoReplicas {
+		o.Replicas = 0
+	} else if o.Replicas == 0 {
 		o.Replicas = 1
 	}
 	if o.NodeTimeout == 0 {
@@ -77,19 +85,23 @@ func StartRedisClusterProcesses(o RedisClusterOptions, dir string) (*RedisCluste
 			c.Stop()
 			return nil, err
 		}
-		r, err := StartRedisProcess(RedisOptions{Dir: nodeDir, Persist: o.Persist, Args: []string{
+		ro := RedisOptions{Dir: nodeDir, Persist: o.Persist, Args: []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10),
 			// A replica may take over however long it was cut off: the
 			// tests kill masters on purpose.
 			"--cluster-replica-validity-factor", "0",
-		}})
+		}}
+		r, err := StartRedisProcess(ro)
 		if err != nil {
 			c.Stop()
 			return nil, fmt.Errorf("redis cluster node %d: %w", i, err)
 		}
+		_, port, _ := net.SplitHostPort(r.Addr)
+		ro.Port, _ = strconv.Atoi(port)
 		c.Nodes = append(c.Nodes, r)
+		c.opts = append(c.opts, ro)
 	}
 	addrs := make([]string, len(c.Nodes))
 	for i, r := range c.Nodes {
@@ -228,6 +240,32 @@ func (c *RedisCluster) MasterOf(ctx context.Context, key string) (int, error) {
 		return -1, nil
 	}
 	return -1, fmt.Errorf("no node answers")
+}
+
+// Restart kills node i (kill -9) and starts it again on the same port,
+// data directory and cluster configuration (nodes.conf), returning once it
+// reports cluster_state:ok. Without Persist it comes back empty.
+func (c *RedisCluster) Restart(i int) error {
+	c.Nodes[i].Stop()
+	r, err := StartRedisProcess(c.opts[i])
+	if err != nil {
+		return fmt.Errorf("restart redis cluster node %d: %w", i, err)
+	}
+	c.Nodes[i] = r
+	cl := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := retry(ctx, func() error {
+		info, err := cl.ClusterInfo(ctx).Result()
+		if err == nil && !strings.Contains(info, "cluster_state:ok") {
+			err = fmt.Errorf("cluster_state not ok yet")
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("restart redis cluster node %s: %w", r.Addr, err)
+	}
+	return nil
 }
 
 // Stop stops every node; safe to call twice.

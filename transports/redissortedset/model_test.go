@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/model"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -59,18 +61,44 @@ func modelChecks(t *testing.T, n int) {
 	t.Cleanup(func() { _ = f.Value.Set(old) })
 }
 
-// modelRedis is the test's redis-server; restart kills it and starts it again
-// on the same port and data.
+// modelRedis is the test's redis-server (or a Redis Cluster of one master,
+// for the cross-slot settle); restart kills it (kill -9) and starts it
+// again on the same port and data: an append-only file fsynced on every
+// write, what a deployment that relies on Redis' durability runs.
 type modelRedis struct {
 	t    *testing.T
 	r    *testenv.Redis
+	c    *testenv.RedisCluster
 	port int
 }
 
-func (m *modelRedis) restart() {
+func (m *modelRedis) url() string {
+	if m.c != nil {
+		return m.c.URL
+	}
+	return m.r.URL
+}
+
+func (m *modelRedis) addr() string {
+	if m.c != nil {
+		return m.c.Nodes[0].Addr
+	}
+	return m.r.Addr
+}
+
+func (m *modelRedis) restart() error {
+	if m.c != nil {
+		return m.c.Restart(0)
+	}
 	dir := m.r.Dir()
 	m.r.Stop()
-	m.r = testenv.StartRedis(m.t, testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port})
+	r, err := testenv.StartRedisProcess(testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port})
+	if err != nil {
+		return err
+	}
+	m.t.Cleanup(r.Stop)
+	m.r = r
+	return nil
 }
 
 func startModelRedis(t *testing.T) *modelRedis {
@@ -78,14 +106,39 @@ func startModelRedis(t *testing.T) *modelRedis {
 	return &modelRedis{t: t, port: port, r: testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port})}
 }
 
+// startModelCluster starts a Redis Cluster of one master (every slot on
+// it), persistent as startModelRedis: upstream's queue names put the result
+// list in another slot than the claims there, so results take the
+// cross-slot settle (three script calls).
+func startModelCluster(t *testing.T) *modelRedis {
+	return &modelRedis{t: t, c: testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 1, NoReplicas: true, Persist: true})}
+}
+
 func TestModelSortedSet(t *testing.T) {
 	modelChecks(t, 12)
-	rd := startModelRedis(t)
+	runSSModel(t, startModelRedis(t))
+}
+
+// TestModelSortedSetCrossSlot is the same machine on a Redis Cluster with
+// upstream's queue names, whose results take the three-step cross-slot
+// settle (xslot.go), with three more steps inserted between its script
+// calls: a crash, a restart of Redis, and a pause of the settling replica
+// (frozen there while its lease runs out and another replica's reclaimer
+// finishes its settle, then resumed).
+func TestModelSortedSetCrossSlot(t *testing.T) {
+	modelChecks(t, 12)
+	runSSModel(t, startModelCluster(t))
+}
+
+func runSSModel(t *testing.T, rd *modelRedis) {
 	var run atomic.Int64
 	rapid.Check(t, func(rt *rapid.T) {
-		m := newSSMachine(rt, rd, fmt.Sprintf("mq%d", run.Add(1)), rapid.Bool().Draw(rt, "envelope"))
+		// The producer's envelope form needs a single Redis (upstream's
+		// per-request keys are in other slots): on the cluster, flat only.
+		envelope := rd.c == nil && rapid.Bool().Draw(rt, "envelope")
+		m := newSSMachine(rt, rd, fmt.Sprintf("mq%d", run.Add(1)), envelope)
 		defer m.close()
-		rt.Repeat(map[string]func(*rapid.T){
+		steps := map[string]func(*rapid.T){
 			"enqueue":      m.enqueue,
 			"claim":        m.claim,
 			"heartbeat":    m.heartbeat,
@@ -101,7 +154,13 @@ func TestModelSortedSet(t *testing.T) {
 			"restart":      m.restart,
 			"redisRestart": m.redisRestart,
 			"":             m.check,
-		})
+		}
+		if m.cross {
+			steps["settleRedisRestart"] = m.settleRedisRestart
+			steps["pause"] = m.pause
+			steps["resume"] = m.resume
+		}
+		rt.Repeat(steps)
 		m.drain(rt)
 	})
 }
@@ -110,6 +169,7 @@ const modelReplicas = 3
 
 type ssMachine struct {
 	rd    *modelRedis
+	cross bool // a cluster, the result list in another slot: the cross-slot settle
 	ctx   context.Context
 	q     transport.Queue
 	k     keys.Queue
@@ -131,15 +191,39 @@ type ssReplica struct {
 	cancel context.CancelFunc
 	held   map[string]*message.Message
 	order  []string // tokens in the order they were delivered
+	paused *pausedSettle
+}
+
+// pausedSettle is a settle frozen between two of its script calls (the
+// replica paused there, as by SIGSTOP: it takes no step until resumed).
+type pausedSettle struct {
+	id, tok string
+	release chan struct{}
+	done    chan error
 }
 
 func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssMachine {
-	m := &ssMachine{rd: rd, ctx: context.Background(), env: envelope, model: model.NewLeaseQueue(2),
+	m := &ssMachine{rd: rd, cross: rd.c != nil, ctx: context.Background(), env: envelope, model: model.NewLeaseQueue(2),
 		base: time.Now().Add(time.Hour).Truncate(time.Second)}
 	m.q = transport.Queue{Name: queue, ResultName: queue + ":results"}
 	m.k = keys.Names{}.Queue(queue)
-	m.admin = redis.NewClient(&redis.Options{Addr: rd.r.Addr})
-	p, err := producer.Dial(rd.r.URL, producer.Config{Envelope: envelope, ResultQueueName: m.q.ResultName})
+	mode := ""
+	if m.cross {
+		// Upstream's names: no hash tag, so the result list is (for
+		// this pool) in another slot than the claim keys.
+		pool := queue
+		for i := 0; ; i++ {
+			m.q = transport.Queue{Name: "llm-d-async:requests:" + pool, ResultName: "llm-d-async:results:" + pool + ":$batch"}
+			if redisclient.Slot(m.q.Name) != redisclient.Slot(m.q.ResultName) {
+				break
+			}
+			pool = queue + "x" + strconv.Itoa(i)
+		}
+		m.k = keys.Names{Cluster: true}.Queue(m.q.Name)
+		mode = "cluster"
+	}
+	m.admin = redis.NewClient(&redis.Options{Addr: rd.addr()})
+	p, err := producer.Dial(rd.url(), producer.Config{Mode: mode, Envelope: envelope, ResultQueueName: m.q.ResultName})
 	if err != nil {
 		rt.Fatal(err)
 	}
@@ -151,7 +235,11 @@ func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssM
 }
 
 func (m *ssMachine) start(rt *rapid.T) *ssReplica {
-	tp, err := rss.New(rss.Options{URL: m.rd.r.URL, LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
+	mode := ""
+	if m.cross {
+		mode = "cluster"
+	}
+	tp, err := rss.New(rss.Options{URL: m.rd.url(), Mode: mode, LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
 		PollIntervalMS: 600000, MaxDeliveries: 2}, nil)
 	if err != nil {
 		rt.Fatal(err)
@@ -182,6 +270,13 @@ func (r *ssReplica) crash() {
 func (m *ssMachine) close() {
 	for i, r := range m.reps {
 		if r != nil {
+			if r.paused != nil {
+				close(r.paused.release)
+				select {
+				case <-r.paused.done:
+				case <-time.After(30 * time.Second):
+				}
+			}
 			r.crash()
 			m.reps[i] = nil
 		}
@@ -194,7 +289,7 @@ func (m *ssMachine) close() {
 func (m *ssMachine) replica(rt *rapid.T) (int, *ssReplica) {
 	var live []int
 	for i, r := range m.reps {
-		if r != nil {
+		if r != nil && r.paused == nil {
 			live = append(live, i)
 		}
 	}
@@ -209,7 +304,7 @@ func (m *ssMachine) replica(rt *rapid.T) (int, *ssReplica) {
 func (m *ssMachine) delivery(rt *rapid.T) (int, *ssReplica, string, *message.Message) {
 	var cands [][2]int
 	for i, r := range m.reps {
-		if r != nil {
+		if r != nil && r.paused == nil {
 			for j := range r.order {
 				cands = append(cands, [2]int{i, j})
 			}
@@ -314,18 +409,155 @@ func (m *ssMachine) settle(rt *rapid.T) {
 	m.model.Settle(requestID(rt, d.Payload), tok)
 }
 
-// settleCrash settles a delivery and crashes the replica right after the
-// first script call of the settle (the whole settle, as it is one call).
+// settleCrash settles a delivery and crashes the replica inside the
+// settle: on one slot right after its one script call; across slots (drawn)
+// before any of its three steps, or after them before the payload key's
+// DEL.
 func (m *ssMachine) settleCrash(rt *rapid.T) {
 	m.keepOneUp(rt)
 	i, r, tok, d := m.delivery(rt)
-	rss.SetSettleHook(r.tp, func() error { return rss.ErrClosed })
-	if err := r.pub.Publish(m.q.ResultName, result(rt, d)); !errors.Is(err, rss.ErrClosed) {
-		rt.Fatalf("settle with a crash after its first call: %v, want ErrClosed", err)
+	id := requestID(rt, d.Payload)
+	if m.cross {
+		p := rapid.SampledFrom(faultPoints).Draw(rt, "crashBefore")
+		rss.SetFaultHook(r.tp, func(q int) error {
+			if q == p {
+				return rss.ErrClosed
+			}
+			return nil
+		})
+		if err := r.pub.Publish(m.q.ResultName, result(rt, d)); !errors.Is(err, rss.ErrClosed) {
+			rt.Fatalf("settle with a crash before step %d: %v, want ErrClosed", p, err)
+		}
+		m.stepsBefore(id, tok, p)
+	} else {
+		rss.SetSettleHook(r.tp, func() error { return rss.ErrClosed })
+		if err := r.pub.Publish(m.q.ResultName, result(rt, d)); !errors.Is(err, rss.ErrClosed) {
+			rt.Fatalf("settle with a crash after its first call: %v, want ErrClosed", err)
+		}
+		m.model.Settle(id, tok)
 	}
-	m.model.Settle(requestID(rt, d.Payload), tok)
 	r.crash()
 	m.reps[i] = nil
+}
+
+// faultPoints are the points of the cross-slot settle a step can stop at:
+// before PREPARE, PUSH, COMMIT, and the payload key's DEL.
+var faultPoints = []int{rss.FaultBeforePrepare, rss.FaultBeforePush, rss.FaultBeforeCommit, rss.FaultBeforePayloadDel}
+
+// stepsBefore applies to the model the steps of a cross-slot settle of id
+// under tok that ran before fault point p. Each is fenced by tok, as in
+// Redis: a settle whose PREPARE found the claim lost pushes and commits
+// nothing.
+func (m *ssMachine) stepsBefore(id, tok string, p int) {
+	switch p {
+	case rss.FaultBeforePush:
+		m.model.Prepare(id, tok)
+	case rss.FaultBeforeCommit:
+		m.model.Prepare(id, tok)
+		m.model.Push(id, tok)
+	case rss.FaultBeforePayloadDel:
+		m.model.Settle(id, tok)
+	}
+}
+
+// settleRedisRestart settles a delivery across slots with a restart of
+// Redis (kill -9, then the same append-only file) before one of its steps,
+// drawn: the settle goes on on the restarted server (retrying from the
+// step that failed) and must end settled, its result written once.
+func (m *ssMachine) settleRedisRestart(rt *rapid.T) {
+	if rapid.IntRange(0, 3).Draw(rt, "rarely") != 0 {
+		rt.Skip("Redis restarts are slow: one draw in four")
+	}
+	_, r, tok, d := m.delivery(rt)
+	p := rapid.SampledFrom(faultPoints).Draw(rt, "restartBefore")
+	var once sync.Once
+	var rerr error
+	rss.SetFaultHook(r.tp, func(q int) error {
+		if q == p {
+			once.Do(func() { rerr = m.rd.restart() })
+		}
+		return nil
+	})
+	err := r.pub.Publish(m.q.ResultName, result(rt, d))
+	rss.SetFaultHook(r.tp, nil)
+	if rerr != nil {
+		rt.Fatal(rerr)
+	}
+	if err != nil {
+		rt.Fatalf("settle with a Redis restart before step %d: %v", p, err)
+	}
+	r.src.Settle(d, true)
+	r.forget(tok)
+	m.model.Settle(requestID(rt, d.Payload), tok)
+}
+
+// pause freezes a replica inside a cross-slot settle, before PREPARE, PUSH
+// or COMMIT (drawn), as SIGSTOP would: its settle stops between two script
+// calls, it heartbeats no more and takes no step until resume. Meanwhile
+// its leases can run out and another replica reclaim them, claim them
+// again, or finish its prepared settle.
+func (m *ssMachine) pause(rt *rapid.T) {
+	m.keepOneUp(rt)
+	_, r, tok, d := m.delivery(rt)
+	id := requestID(rt, d.Payload)
+	p := rapid.SampledFrom(faultPoints[:3]).Draw(rt, "pauseBefore")
+	ps := &pausedSettle{id: id, tok: tok, release: make(chan struct{}), done: make(chan error, 1)}
+	reached := make(chan struct{})
+	var once sync.Once
+	rss.SetFaultHook(r.tp, func(q int) error {
+		if q == p {
+			once.Do(func() {
+				close(reached)
+				<-ps.release
+			})
+		}
+		return nil
+	})
+	res := result(rt, d)
+	go func() { ps.done <- r.pub.Publish(m.q.ResultName, res) }()
+	select {
+	case <-reached:
+	case err := <-ps.done:
+		rt.Fatalf("settle ended (%v) before the pause at step %d", err, p)
+	case <-time.After(10 * time.Second):
+		rt.Fatalf("settle did not reach step %d within 10 s", p)
+	}
+	r.paused = ps
+	m.stepsBefore(id, tok, p)
+}
+
+// resume lets a paused replica go on: its settle runs its remaining steps
+// (the model's Settle, fenced by its token: a holder whose claim was taken
+// writes nothing, one whose settle a reclaimer finished adds nothing).
+func (m *ssMachine) resume(rt *rapid.T) {
+	var paused []int
+	for i, r := range m.reps {
+		if r != nil && r.paused != nil {
+			paused = append(paused, i)
+		}
+	}
+	if len(paused) == 0 {
+		rt.Skip("no replica paused")
+	}
+	m.resumeReplica(rt, m.reps[rapid.SampledFrom(paused).Draw(rt, "paused")])
+}
+
+func (m *ssMachine) resumeReplica(rt *rapid.T, r *ssReplica) {
+	ps := r.paused
+	close(ps.release)
+	select {
+	case err := <-ps.done:
+		if err != nil {
+			rt.Fatalf("resumed settle of %s: %v", ps.id, err)
+		}
+	case <-time.After(30 * time.Second):
+		rt.Fatalf("resumed settle of %s did not end within 30 s", ps.id)
+	}
+	rss.SetFaultHook(r.tp, nil)
+	r.paused = nil
+	r.src.Settle(r.held[ps.tok], true)
+	r.forget(ps.tok)
+	m.model.Settle(ps.id, ps.tok)
 }
 
 func (m *ssMachine) handBack(rt *rapid.T) {
@@ -487,7 +719,9 @@ func (m *ssMachine) redisRestart(rt *rapid.T) {
 	if rapid.IntRange(0, 7).Draw(rt, "rarely") != 0 {
 		rt.Skip("Redis restarts are slow: one draw in eight")
 	}
-	m.rd.restart()
+	if err := m.rd.restart(); err != nil {
+		rt.Fatal(err)
+	}
 }
 
 // check compares Redis with the model.
@@ -542,6 +776,28 @@ func (m *ssMachine) check(rt *rapid.T) {
 	want := m.model.Claims()
 	if len(owners) != len(want) || len(claimed) != len(want) || len(exp) != len(want) {
 		rt.Fatalf("claims in Redis: %d owners, %d claimed, %d in the index; in the model %d (%v)", len(owners), len(claimed), len(exp), len(want), want)
+	}
+	settling, err := m.admin.HGetAll(ctx, m.k.Settling).Result()
+	if err != nil {
+		rt.Fatal(err)
+	}
+	gotSettling, wantSettling := map[string]string{}, map[string]string{}
+	for ck, rec := range settling {
+		tok, _, _ := strings.Cut(rec, "|")
+		gotSettling[tok] = ck
+	}
+	for _, c := range want {
+		if c.Settling {
+			wantSettling[c.Token] = ""
+		}
+	}
+	for tok, ck := range gotSettling {
+		if _, ok := wantSettling[tok]; !ok || owners[ck] != tok {
+			rt.Fatalf("settling record of %s on claim %q (owned by %q); the model's settles under way: %v", tok, ck, owners[ck], wantSettling)
+		}
+	}
+	if len(gotSettling) != len(wantSettling) {
+		rt.Fatalf("settling records in Redis (owner: claim) %v; the model's settles under way: %v", gotSettling, wantSettling)
 	}
 	now := float64(m.redisNow(rt).UnixMilli()) / 1000
 	for ck, tok := range owners {
@@ -598,6 +854,11 @@ func mapsEqual(a, b map[string]int) bool {
 // claims and settles until the queue is empty. Then every request must have
 // exactly one result.
 func (m *ssMachine) drain(rt *rapid.T) {
+	for _, r := range m.reps {
+		if r != nil && r.paused != nil {
+			m.resumeReplica(rt, r)
+		}
+	}
 	if m.reps[0] == nil {
 		m.reps[0] = m.start(rt)
 	}
@@ -686,7 +947,7 @@ func (m *ssMachine) claimN(rt *rapid.T, r *ssReplica, n int) {
 func (m *ssMachine) keepOneUp(rt *rapid.T) {
 	up := 0
 	for _, r := range m.reps {
-		if r != nil {
+		if r != nil && r.paused == nil {
 			up++
 		}
 	}

@@ -465,7 +465,11 @@ func reclaimRound(ctx context.Context, c redis.Cmdable, k keys.Queue, upTo strin
 			args = append(args, ck, QueueScore([]byte(m)))
 		}
 	}
-	raw, err := script.Run(ctx, c, []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}, args...).Slice()
+	rkeys := []string{k.Name, k.Claimed, k.Owners, k.ClaimsIdx, k.Redeliveries, k.Stats, k.Settling}
+	if mutant.On(mutant.ReclaimIgnoresSettling) {
+		rkeys = rkeys[:6] // planted bug: no settling records looked at
+	}
+	raw, err := script.Run(ctx, c, rkeys, args...).Slice()
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -634,7 +638,9 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 			payload = stripped
 		}
 	}
-	payload = keepMemberTag(m.Payload, payload)
+	if !mutant.On(mutant.RetryLosesOrder) { // planted bug: the retry as the core rewrote it
+		payload = keepMemberTag(m.Payload, payload)
+	}
 	delay := max((time.Until(due) + time.Millisecond - 1).Milliseconds(), 0) // rounded up: never due early
 	n, err := keys.Requeue.Run(ctx, t.client, []string{qs.k.Claimed, qs.k.Owners, qs.k.ClaimsIdx, qs.k.Delayed, qs.k.Stats, qs.k.Redeliveries, qs.k.Settling},
 		token, m.Metadata.Get(MetaClaim), delay, score, payload).Int()
