@@ -50,7 +50,7 @@ var redisCatalog = []Mutant{
 	{Name: RetryLosesOrder, Doc: "a flat request's retry loses the member tag that keeps it in enqueue order among equal deadlines",
 		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: ReclaimIgnoresSettling, Doc: "reclaim returns a claim with a cross-slot settle under way to the queue instead of finishing it",
-		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSetCrossSlot$", Args: modelArgs},
+		Packages: []string{"./transports/redissortedset/"}, Run: "^(TestModelSortedSetCrossSlot|TestCrossSlotPausedHolder)$", Args: modelArgs},
 	{Name: StreamAckUnowned, Doc: "stream settle without checking this consumer still owns the pending entry",
 		Packages: []string{"./transports/redisstream/"}, Run: "^TestModelStream$", Args: modelArgs},
 }
