@@ -400,6 +400,7 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			Gate:       r,
 			WorkerPool: q.WorkerPoolID,
 			Labels:     q.Labels,
+			Evict:      q.Evict,
 		})
 	}
 	return queues, built, nil
