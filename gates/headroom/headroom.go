@@ -16,8 +16,9 @@
 //	seats   = pods × seats_per_pod      (a pod's --max-num-seqs)
 //	own     = requests this gate admitted and not yet released
 //	others  = max(0, running + waiting − own)   (the traffic sluice does not send)
-//	keep    = reserve + ceil(reserve_share × others)
-//	allowed = seats − keep − others
+//	held    = the highest others of the readings within hold (default 1s)
+//	keep    = reserve + ceil(reserve_share × held)
+//	allowed = seats − keep − held
 //	budget  = clamp(allowed / max_concurrency, 0, 1)
 //
 // so the queue's in-flight limit, ceil(max_concurrency × budget), is the
@@ -44,6 +45,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +57,8 @@ import (
 	"github.com/sluice-io/sluice/gates/internal/exposition"
 )
 
+var debugHeadroom = os.Getenv("SLUICE_DEBUG_HEADROOM") != ""
+
 // Type is the gate's registry name.
 const Type = "pool-headroom"
 
@@ -64,6 +68,7 @@ const (
 	DefaultRunningMetric   = "vllm:num_requests_running"
 	DefaultWaitingMetric   = "vllm:num_requests_waiting"
 	DefaultRefreshInterval = 50 * time.Millisecond
+	DefaultHold            = time.Second
 	// ScrapeTimeout bounds one endpoint's GET.
 	ScrapeTimeout = 2 * time.Second
 )
@@ -83,6 +88,19 @@ type Config struct {
 	// ReserveShare keeps another ceil(ReserveShare × others) seats free, in
 	// [0,1) (default 0).
 	ReserveShare float64
+	// WaitingWeight multiplies the waiting gauge in others (default 1). A
+	// request waiting for a seat waits on one pod, and sluice cannot tell
+	// on which pod the calls it would take back run: a weight of the pod
+	// count takes back enough that one lands on each pod.
+	WaitingWeight float64
+	// Hold is how long a peak of the other traffic is remembered (default
+	// 1s; negative: not at all): the limit follows the highest others of
+	// the last Hold, so it falls at once when that traffic grows and
+	// rises only once it stayed lower for Hold. Without it the limit
+	// follows every arrival and completion of a burst, and each fall and
+	// rise is a batch request aborted and another started: prefill work
+	// that lengthens the pool's steps for everyone.
+	Hold time.Duration
 	// RunningMetric and WaitingMetric are the gauges read per pod.
 	RunningMetric, WaitingMetric string
 	// Labels filter the series read ("" also matches a series without the label).
@@ -117,6 +135,12 @@ func (c *Config) SetDefaults() {
 	if c.MaxConcurrency <= 0 {
 		c.MaxConcurrency = 1
 	}
+	if c.Hold == 0 {
+		c.Hold = DefaultHold
+	}
+	if c.WaitingWeight == 0 {
+		c.WaitingWeight = 1
+	}
 	if c.ReleaseGrace <= 0 {
 		c.ReleaseGrace = 2 * c.RefreshInterval
 	}
@@ -140,6 +164,9 @@ func (c Config) Validate() error {
 	if c.Reserve != nil && *c.Reserve < 0 {
 		errs = append(errs, fmt.Errorf("gate_params.reserve: %d is negative", *c.Reserve))
 	}
+	if !(c.WaitingWeight >= 0) || math.IsInf(c.WaitingWeight, 0) {
+		errs = append(errs, fmt.Errorf("gate_params.waiting_weight: %v, want a finite number ≥ 0", c.WaitingWeight))
+	}
 	if !(c.ReserveShare >= 0 && c.ReserveShare < 1) {
 		errs = append(errs, fmt.Errorf("gate_params.reserve_share: %v outside [0,1)", c.ReserveShare))
 	}
@@ -154,18 +181,48 @@ type Gate struct {
 	now    func() time.Time
 
 	mu       sync.Mutex
+	peaks    []peak      // others seen within Hold, a falling sequence
 	own      int         // admitted, release not yet seen by a reading
 	releases []time.Time // releases still within ReleaseGrace
 	last     Reading
+}
+
+// peak is one reading's others, kept while no later reading exceeds it
+// and it is younger than Hold.
+type peak struct {
+	at     time.Time
+	others int
+}
+
+// held returns the highest others of the readings within Hold, now's
+// included (a monotonic queue: O(1) amortized per reading).
+func (g *Gate) held(now time.Time, others int) int {
+	if g.cfg.Hold < 0 {
+		return others
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for len(g.peaks) > 0 && g.peaks[len(g.peaks)-1].others <= others {
+		g.peaks = g.peaks[:len(g.peaks)-1]
+	}
+	g.peaks = append(g.peaks, peak{now, others})
+	cut := now.Add(-g.cfg.Hold)
+	n := 0
+	for n < len(g.peaks)-1 && !g.peaks[n].at.After(cut) {
+		n++
+	}
+	g.peaks = append(g.peaks[:0], g.peaks[n:]...)
+	return g.peaks[0].others
 }
 
 // Reading is what the last successful reading saw.
 type Reading struct {
 	At                    time.Time
 	Running, Waiting, Own int
-	Others, Keep, Allowed int
-	Seats                 int
-	Budget                float64
+	// Others is the traffic sluice does not send; Held its peak within Hold.
+	Others, Held         int
+	Keep, Allowed, Seats int
+	Budget               float64
 }
 
 var (
@@ -215,6 +272,12 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.ReserveShare, err = p.Float("reserve_share", 0); err != nil {
 		return nil, err
 	}
+	if cfg.WaitingWeight, err = p.Float("waiting_weight", 1); err != nil {
+		return nil, err
+	}
+	if cfg.Hold, err = p.Duration("hold", DefaultHold); err != nil {
+		return nil, err
+	}
 	if cfg.Labels, err = p.StringMap("labels"); err != nil {
 		return nil, err
 	}
@@ -258,13 +321,17 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	c := g.cfg
 	r := Reading{At: g.now(), Running: running, Waiting: waiting, Own: g.ownAt(g.now()),
 		Seats: len(c.Endpoints) * c.SeatsPerPod}
-	r.Others = max(0, running+waiting-r.Own)
-	r.Keep = *c.Reserve + int(math.Ceil(c.ReserveShare*float64(r.Others)))
-	r.Allowed = max(0, r.Seats-r.Keep-r.Others)
+	r.Others = max(0, running+int(math.Ceil(c.WaitingWeight*float64(waiting)))-r.Own)
+	r.Held = g.held(r.At, r.Others)
+	r.Keep = *c.Reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
+	r.Allowed = max(0, r.Seats-r.Keep-r.Held)
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.mu.Lock()
 	g.last = r
 	g.mu.Unlock()
+	if debugHeadroom {
+		fmt.Fprintf(os.Stderr, "HR %s run=%d wait=%d own=%d others=%d keep=%d allowed=%d b=%.3f\n", r.At.Format("05.000"), r.Running, r.Waiting, r.Own, r.Others, r.Keep, r.Allowed, r.Budget)
+	}
 	return r.Budget, nil
 }
 

@@ -125,6 +125,30 @@ func TestBudgetFormula(t *testing.T) {
 	}
 }
 
+// A peak of the other traffic holds the limit down for hold: it falls at
+// once and rises only once the traffic stayed lower that long.
+func TestHold(t *testing.T) {
+	p := newPods(t, 2)
+	g := mustBuild(t, p.params(`,"reserve":0,"hold":"1s"`), 32)
+	clock := time.Now()
+	g.SetClock(func() time.Time { return clock })
+	ctx := context.Background()
+	step := func(others int, after time.Duration, want float64) {
+		t.Helper()
+		clock = clock.Add(after)
+		p.set(0, others, 0)
+		if b, err := g.Budget(ctx); err != nil || b != want {
+			t.Errorf("others %d after %v: budget %v, %v; want %v (%+v)", others, after, b, err, want, g.Last())
+		}
+	}
+	step(2, 0, 30.0/32)
+	step(10, 100*time.Millisecond, 22.0/32) // falls at once
+	step(4, 100*time.Millisecond, 22.0/32)  // held
+	step(6, 500*time.Millisecond, 22.0/32)  // still within 1s of the peak
+	step(5, 450*time.Millisecond, 26.0/32)  // the peak expired: the next highest, 6, holds
+	step(5, 600*time.Millisecond, 27.0/32)
+}
+
 // Bad parameters are refused, each named.
 func TestValidation(t *testing.T) {
 	for _, c := range []struct{ params, want string }{

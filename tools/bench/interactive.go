@@ -192,9 +192,9 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 	if rest, ok := strings.CutPrefix(name, "headroom"); ok {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
 		// reserve of seats kept free; "-evict" takes batch requests back
-		// when the reserve is eaten. Names: headroom[-evict][-r<seats>][-s<percent>].
+		// when the reserve is eaten. Names: headroom[-evict][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>].
 		a := ipArm{batch: true}
-		reserve, share := 4, 0.0
+		reserve, share, weight, hold := 4, 0.0, 1.0, "1s"
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -206,6 +206,21 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 					return ipArm{}, fmt.Errorf("arm %q: r<seats> wants a count", name)
 				}
 				reserve = n
+			case strings.HasPrefix(part, "h"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: h<ms> wants a hold in milliseconds", name)
+				}
+				hold = fmt.Sprintf("%dms", n)
+				if n == 0 {
+					hold = "-1ns"
+				}
+			case strings.HasPrefix(part, "w"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: w<weight> wants a count", name)
+				}
+				weight = float64(n)
 			case strings.HasPrefix(part, "s"):
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n < 0 || n >= 100 {
@@ -222,7 +237,7 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 			for i := range eps {
 				eps[i] = fmt.Sprintf("%s/pods/%d/metrics", front, i)
 			}
-			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share}
+			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold}
 		}
 		return a, nil
 	}
@@ -273,6 +288,7 @@ func (c ipCapacity) jobs(window time.Duration) ipJobs {
 // ipRun is one arm's raw result.
 type ipRun struct {
 	ttft                  []float64 // ms, burst-phase interactive requests
+	queued                []float64 // ms from arrival to first scheduling, burst-phase interactive requests
 	interactiveSeatS      float64   // seat-seconds the interactive requests took
 	interactiveErrors     int
 	batchTokens           float64 // output tokens of batch requests finished in the window
@@ -445,6 +461,8 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 		"batch_rejections":   float64(r.rejections),
 		"step_lag_p99_ms":    r.stepLagP99,
 		"interactive_burst":  float64(len(r.ttft)),
+		// how long burst-phase interactive requests waited for a seat
+		"queued_p99_ms": percentile(slices.Clone(r.queued), 0.99),
 	}
 	if p := percentile(slices.Clone(floor.ttft), 0.50); p > 0 {
 		f["ttft_p50_ratio"] = f["ttft_p50_ms"] / p
@@ -818,6 +836,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		case poolsim.ClassInteractive:
 			if !rec.FirstToken.IsZero() && poolsim.InBurst(bursts, at) {
 				r.ttft = append(r.ttft, float64(rec.TTFT())/float64(time.Millisecond))
+				r.queued = append(r.queued, float64(rec.FirstScheduled.Sub(rec.Arrival))/float64(time.Millisecond))
 			}
 			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= prof.warmup {
 				r.interactiveSeatS += rec.Finished.Sub(rec.FirstScheduled).Seconds()
