@@ -45,7 +45,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -56,8 +55,6 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/internal/exposition"
 )
-
-var debugHeadroom = os.Getenv("SLUICE_DEBUG_HEADROOM") != ""
 
 // Type is the gate's registry name.
 const Type = "pool-headroom"
@@ -329,9 +326,6 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	g.mu.Lock()
 	g.last = r
 	g.mu.Unlock()
-	if debugHeadroom {
-		fmt.Fprintf(os.Stderr, "HR %s run=%d wait=%d own=%d others=%d keep=%d allowed=%d b=%.3f\n", r.At.Format("05.000"), r.Running, r.Waiting, r.Own, r.Others, r.Keep, r.Allowed, r.Budget)
-	}
 	return r.Budget, nil
 }
 
