@@ -326,6 +326,9 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 			return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
 		}
 	}
+	if q.Evict && q.pool != nil && q.pool.lanes != nil {
+		return nil, fmt.Errorf("pipeline: queue %q: evict is not supported in worker pool %q under the tier-priority policy (its lanes, not the queue's credits, bound what runs)", q.ID, q.WorkerPool)
+	}
 	claims := q.MaxConcurrency
 	if q.pool != nil && q.pool.lanes != nil {
 		// Under tier-priority the lanes bound the queue's requests in
@@ -345,7 +348,7 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 	q.Gate.Attach(q.credits)
 	q.followers = append(q.followers, q.credits)
 	if q.Evict {
-		// after the credits: it reads the limit they set
+		// after the credits: it reads their in-flight count
 		q.evictor = newEvictor(&q)
 		q.Gate.Attach(q.evictor)
 		q.followers = append(q.followers, q.evictor)

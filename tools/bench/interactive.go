@@ -287,20 +287,21 @@ func (c ipCapacity) jobs(window time.Duration) ipJobs {
 
 // ipRun is one arm's raw result.
 type ipRun struct {
-	ttft                  []float64 // ms, burst-phase interactive requests
-	queued                []float64 // ms from arrival to first scheduling, burst-phase interactive requests
-	interactiveSeatS      float64   // seat-seconds the interactive requests took
-	interactiveErrors     int
-	batchTokens           float64 // output tokens of batch requests finished in the window
-	window                time.Duration
-	judged, missed        [3]int
-	preemptions           uint64
-	rejections            uint64
-	reaction, recovery    []float64 // ms per burst
-	seatsIdle, seatsBurst float64   // the batch's mean occupancy of the pool, idle and burst phases
-	stepLagP99            float64   // ms
-	results, resultsOK    int
-	duplicates, unknownR  int
+	ttft                   []float64 // ms, burst-phase interactive requests
+	queued                 []float64 // ms from arrival to first scheduling, burst-phase interactive requests
+	interactiveSeatS       float64   // seat-seconds the interactive requests took
+	interactiveErrors      int
+	batchTokens            float64 // output tokens of batch requests finished in the window
+	window                 time.Duration
+	judged, missed         [3]int
+	preemptions            uint64
+	rejections             uint64
+	reaction, recovery     []float64 // ms per burst
+	seatsIdle, seatsBurst  float64   // the batch's mean occupancy of the pool, idle and burst phases
+	aborted, abortedTokens float64   // batch requests the pool saw aborted (evicted), and the output tokens they had made
+	stepLagP99             float64   // ms
+	results, resultsOK     int
+	duplicates, unknownR   int
 }
 
 // ipSelect applies SLUICE_BENCH_IP_PROFILES and SLUICE_BENCH_IP_ARMS (comma
@@ -493,6 +494,8 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 	}
 	f["duplicate_results"] = float64(r.duplicates)
 	f["unknown_results"] = float64(r.unknownR)
+	f["batch_aborted"] = r.aborted
+	f["batch_aborted_tokens"] = r.abortedTokens
 	f["batch_seats_idle"] = r.seatsIdle
 	f["batch_seats_burst"] = r.seatsBurst
 	f["gate_reaction_ms"] = median(slices.Clone(r.reaction))
@@ -846,6 +849,10 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 			fin := rec.Finished.Sub(start)
 			if rec.FinishReason != "abort" && fin >= prof.warmup && fin <= end {
 				r.batchTokens += float64(rec.OutputTokens)
+			}
+			if rec.FinishReason == "abort" && fin <= end {
+				r.abortedTokens += float64(rec.OutputTokens)
+				r.aborted++
 			}
 		}
 	}
