@@ -1,12 +1,14 @@
 package host_test
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -128,5 +130,46 @@ func TestLogRate(t *testing.T) {
 	}
 	if n := g.Events()["plugin_log_lines_suppressed"]; n < 250 || n > 300 {
 		t.Errorf("%d of 300 lines suppressed at log_rate 10; want 250 to 290 or so", n)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the plugin's log relays and the
+// test to share.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A plugin that panics is logged at error, its panic and the trace after
+// it: the runtime writes them to the process's own stderr, which go-plugin
+// (v1.6) would log at debug only.
+func TestPanicReachesLog(t *testing.T) {
+	g := newGate(t, map[string]string{"path": testBin, "args": "panic"}).(*host.Gate)
+	var out lockedBuffer
+	host.SetLogOutput(g, &out)
+	if _, err := g.Budget(ctx(t)); err == nil {
+		t.Fatal("Budget of a plugin that panics succeeded")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(out.String(), "[ERROR] plugin.testplugin: goroutine ") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	log := out.String()
+	for _, want := range []string{"[ERROR] plugin.testplugin: panic: planted panic", "[ERROR] plugin.testplugin: goroutine "} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
 	}
 }

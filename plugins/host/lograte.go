@@ -135,3 +135,49 @@ func (r *lineRelay) line(b []byte) {
 	}
 	r.log.Log(level, msg, args...)
 }
+
+// crashRelay is go-plugin's ClientConfig.Stderr: it receives the lines the
+// plugin process writes to its own stderr (file descriptor 2, not the
+// os.Stderr that Serve redirects), one Write per line and one per newline.
+// go-plugin logs those lines at debug, below the info level of the host's
+// logger, and the Go runtime writes a panic or a fatal error there: from
+// the first line that opens one ("panic: ", "fatal error: "), crashRelay
+// logs every line at error, so that the reason a plugin died reaches the
+// log. (go-plugin v1.7 does this itself; v1.6, which sluice uses because
+// its later releases import the testing package into the host, does not.)
+type crashRelay struct {
+	log hclog.Logger
+
+	mu      sync.Mutex
+	buf     []byte
+	crashed bool
+}
+
+// Write implements io.Writer.
+func (r *crashRelay) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf = append(r.buf, p...)
+	for {
+		i := bytes.IndexByte(r.buf, '\n')
+		if i < 0 {
+			if len(r.buf) > maxLine {
+				r.line(string(r.buf))
+				r.buf = r.buf[:0]
+			}
+			return len(p), nil
+		}
+		r.line(string(r.buf[:i]))
+		r.buf = r.buf[i+1:]
+	}
+}
+
+// line logs one line of a crash; lines before one are go-plugin's to log.
+func (r *crashRelay) line(s string) {
+	if !r.crashed && (strings.HasPrefix(s, "panic: ") || strings.HasPrefix(s, "fatal error: ")) {
+		r.crashed = true
+	}
+	if r.crashed {
+		r.log.Error(s)
+	}
+}

@@ -175,6 +175,7 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		StartTimeout:     g.cfg.StartTimeout,
 		Logger:           logger,
 		SyncStderr:       &lineRelay{log: logger.Named(g.name)},
+		Stderr:           &crashRelay{log: logger.Named(g.name)},
 	})
 	fail := func(e error) (*proc, Info, error, error) {
 		client.Kill()
