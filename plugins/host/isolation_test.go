@@ -154,7 +154,7 @@ func (b *lockedBuffer) String() string {
 
 // A plugin that panics is logged at error, its panic and the trace after
 // it: the runtime writes them to the process's own stderr, which go-plugin
-// (v1.6) would log at debug only.
+// (v1.6) would log at debug only. go-plugin's own start lines are not.
 func TestPanicReachesLog(t *testing.T) {
 	g := newGate(t, map[string]string{"path": testBin, "args": "panic"}).(*host.Gate)
 	var out lockedBuffer
@@ -171,5 +171,9 @@ func TestPanicReachesLog(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("log lacks %q:\n%s", want, log)
 		}
+	}
+	// go-plugin v1.6's start lines are at debug (quietLogger), below the log's level.
+	if strings.Contains(log, "automatic mTLS") {
+		t.Errorf("a start line of go-plugin logged above debug:\n%s", log)
 	}
 }

@@ -3,8 +3,10 @@ package host
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,3 +183,43 @@ func (r *crashRelay) line(s string) {
 		r.log.Error(s)
 	}
 }
+
+// quietLogger is the logger handed to go-plugin's client. It logs as its
+// hclog.Logger does, but for the lines go-plugin v1.6 logs above what they
+// are worth, which its later releases (see crashRelay for why sluice holds
+// v1.6) log at debug or no longer at all: the "configuring ... automatic
+// mTLS" line of the client and of the plugin on every start (info), and
+// the error of the stdout scanner that loses a race with the exited
+// process's pipe closing (os.ErrClosed: the process exit is logged anyway).
+type quietLogger struct{ hclog.Logger }
+
+// Info implements hclog.Logger.
+func (l quietLogger) Info(msg string, args ...any) {
+	if strings.HasPrefix(msg, "configuring ") && strings.HasSuffix(msg, " automatic mTLS") {
+		l.Logger.Debug(msg, args...)
+		return
+	}
+	l.Logger.Info(msg, args...)
+}
+
+// Error implements hclog.Logger.
+func (l quietLogger) Error(msg string, args ...any) {
+	if msg == "error encountered while scanning stdout" && len(args) == 2 {
+		if err, ok := args[1].(error); ok && errors.Is(err, os.ErrClosed) {
+			l.Logger.Debug(msg, args...)
+			return
+		}
+	}
+	l.Logger.Error(msg, args...)
+}
+
+// Named implements hclog.Logger.
+func (l quietLogger) Named(name string) hclog.Logger { return quietLogger{l.Logger.Named(name)} }
+
+// ResetNamed implements hclog.Logger.
+func (l quietLogger) ResetNamed(name string) hclog.Logger {
+	return quietLogger{l.Logger.ResetNamed(name)}
+}
+
+// With implements hclog.Logger.
+func (l quietLogger) With(args ...any) hclog.Logger { return quietLogger{l.Logger.With(args...)} }

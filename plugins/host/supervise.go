@@ -163,7 +163,7 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		pin = &pinnedHash{Hash: sha256.New()}
 		secure = &plugin.SecureConfig{Checksum: want, Hash: pin}
 	}
-	logger := newLogger("plugin", g.stderr)
+	logger := quietLogger{newLogger("plugin", g.stderr)}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: sdk.ClientPlugins(),
