@@ -1,19 +1,18 @@
 package host_test
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/plugins/host"
 )
 
@@ -133,31 +132,12 @@ func TestLogRate(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for the plugin's log relays and the
-// test to share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A plugin that panics is logged at error, its panic and the trace after
 // it: the runtime writes them to the process's own stderr, which go-plugin
 // (v1.6) would log at debug only. go-plugin's own start lines are not.
 func TestPanicReachesLog(t *testing.T) {
 	g := newGate(t, map[string]string{"path": testBin, "args": "panic"}).(*host.Gate)
-	var out lockedBuffer
+	var out testenv.Buffer
 	host.SetLogOutput(g, &out)
 	if _, err := g.Budget(ctx(t)); err == nil {
 		t.Fatal("Budget of a plugin that panics succeeded")

@@ -83,12 +83,11 @@ func (w *rateWriter) flush() {
 // suppressedTotal is the number of lines dropped since the start.
 func (w *rateWriter) suppressedTotal() int64 { return w.droppedEver.Load() }
 
-// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
-// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
-// line by line, a line in hclog's JSON format at its level, any other line
-// at debug, as go-plugin relays the process's own stderr.
-type lineRelay struct {
-	log hclog.Logger
+// lines is an io.Writer that hands each complete line it is written,
+// without its newline, to line, one at a time (under its lock); a line
+// longer than maxLine is handed on in pieces.
+type lines struct {
+	line func(b []byte)
 
 	mu  sync.Mutex
 	buf []byte
@@ -98,44 +97,49 @@ type lineRelay struct {
 const maxLine = 64 << 10
 
 // Write implements io.Writer.
-func (r *lineRelay) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.buf = append(r.buf, p...)
+func (w *lines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
 	for {
-		i := bytes.IndexByte(r.buf, '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
-			if len(r.buf) > maxLine {
-				r.line(r.buf)
-				r.buf = r.buf[:0]
+			if len(w.buf) > maxLine {
+				w.line(w.buf)
+				w.buf = w.buf[:0]
 			}
 			return len(p), nil
 		}
-		r.line(r.buf[:i])
-		r.buf = r.buf[i+1:]
+		w.line(w.buf[:i])
+		w.buf = w.buf[i+1:]
 	}
 }
 
-// line logs one line.
-func (r *lineRelay) line(b []byte) {
-	var entry map[string]any
-	if json.Unmarshal(b, &entry) != nil {
-		r.log.Debug(string(b))
-		return
-	}
-	msg, _ := entry["@message"].(string)
-	lvl, _ := entry["@level"].(string)
-	args := make([]any, 0, 2*len(entry))
-	for k, v := range entry {
-		if !strings.HasPrefix(k, "@") {
-			args = append(args, k, v)
+// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
+// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
+// line by line, a line in hclog's JSON format at its level, any other line
+// at debug, as go-plugin relays the process's own stderr.
+func lineRelay(log hclog.Logger) io.Writer {
+	return &lines{line: func(b []byte) {
+		var entry map[string]any
+		if json.Unmarshal(b, &entry) != nil {
+			log.Debug(string(b))
+			return
 		}
-	}
-	level := hclog.LevelFromString(lvl)
-	if level == hclog.NoLevel {
-		level = hclog.Debug
-	}
-	r.log.Log(level, msg, args...)
+		msg, _ := entry["@message"].(string)
+		lvl, _ := entry["@level"].(string)
+		args := make([]any, 0, 2*len(entry))
+		for k, v := range entry {
+			if !strings.HasPrefix(k, "@") {
+				args = append(args, k, v)
+			}
+		}
+		level := hclog.LevelFromString(lvl)
+		if level == hclog.NoLevel {
+			level = hclog.Debug
+		}
+		log.Log(level, msg, args...)
+	}}
 }
 
 // crashRelay is go-plugin's ClientConfig.Stderr: it receives the lines the
@@ -147,41 +151,17 @@ func (r *lineRelay) line(b []byte) {
 // logs every line at error, so that the reason a plugin died reaches the
 // log. (go-plugin v1.7 does this itself; v1.6, which sluice uses because
 // its later releases import the testing package into the host, does not.)
-type crashRelay struct {
-	log hclog.Logger
-
-	mu      sync.Mutex
-	buf     []byte
-	crashed bool
-}
-
-// Write implements io.Writer.
-func (r *crashRelay) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.buf = append(r.buf, p...)
-	for {
-		i := bytes.IndexByte(r.buf, '\n')
-		if i < 0 {
-			if len(r.buf) > maxLine {
-				r.line(string(r.buf))
-				r.buf = r.buf[:0]
-			}
-			return len(p), nil
+func crashRelay(log hclog.Logger) io.Writer {
+	crashed := false // guarded by the lock of lines
+	return &lines{line: func(b []byte) {
+		s := string(b)
+		if !crashed && (strings.HasPrefix(s, "panic: ") || strings.HasPrefix(s, "fatal error: ")) {
+			crashed = true
 		}
-		r.line(string(r.buf[:i]))
-		r.buf = r.buf[i+1:]
-	}
-}
-
-// line logs one line of a crash; lines before one are go-plugin's to log.
-func (r *crashRelay) line(s string) {
-	if !r.crashed && (strings.HasPrefix(s, "panic: ") || strings.HasPrefix(s, "fatal error: ")) {
-		r.crashed = true
-	}
-	if r.crashed {
-		r.log.Error(s)
-	}
+		if crashed {
+			log.Error(s)
+		}
+	}}
 }
 
 // quietLogger is the logger handed to go-plugin's client. It logs as its

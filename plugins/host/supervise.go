@@ -174,8 +174,8 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     g.cfg.StartTimeout,
 		Logger:           logger,
-		SyncStderr:       &lineRelay{log: logger.Named(g.name)},
-		Stderr:           &crashRelay{log: logger.Named(g.name)},
+		SyncStderr:       lineRelay(logger.Named(g.name)),
+		Stderr:           crashRelay(logger.Named(g.name)),
 	})
 	fail := func(e error) (*proc, Info, error, error) {
 		client.Kill()
