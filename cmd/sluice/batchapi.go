@@ -57,13 +57,21 @@ func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.
 		}
 		return submitmem.New(mem, submitmem.Options{}), mem, nil
 	case rss.Name:
+		// The queues the transport reads: its prefix, url and topology, or
+		// the deployment's url and topology as the transport takes them.
 		var o struct {
 			Prefix string `json:"prefix"`
+			rss.Server
+			rss.TopologyOptions
 		}
 		if len(cfg.TransportConfig.Options) > 0 {
 			_ = json.Unmarshal(cfg.TransportConfig.Options, &o) // the transport checks its options strictly
 		}
-		p, err := producer.Dial(cfg.RedisURL, producer.Config{Prefix: o.Prefix, Mode: cfg.RedisMode})
+		if o.URL == "" {
+			o.URL = cfg.RedisURL
+		}
+		top := o.Or(rss.TopologyOptions{Mode: cfg.RedisMode, Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName})
+		p, err := producer.Dial(o.URL, producer.Config{Prefix: o.Prefix, TopologyOptions: top})
 		if err != nil {
 			return nil, nil, fmt.Errorf("fronts: %w", err)
 		}

@@ -98,7 +98,7 @@ func TestKillFrontMidJob(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rg := &rig{}
 	gw := startSlowGateway(t, 20*time.Millisecond)
-	tr, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+	tr, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, PollIntervalMS: 20}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,7 +147,7 @@ func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssM
 }
 
 func (m *ssMachine) start(rt *rapid.T) *ssReplica {
-	tp, err := rss.New(rss.Options{URL: m.rd.r.URL, LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: m.rd.r.URL}, LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
 		PollIntervalMS: 600000, MaxDeliveries: 2}, nil)
 	if err != nil {
 		rt.Fatal(err)

@@ -71,10 +71,16 @@ const (
 	MetaEntry  = "sluice_entry"
 )
 
+// Server is the url key of the options, shared by the Redis transports.
+type Server = redisclient.Server
+
 // Options are the transport's options.
 type Options struct {
-	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
-	URL string `json:"url,omitempty"`
+	// Server is the url key (redisclient.Server): default the deployment's
+	// REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0. The
+	// topology is the deployment's (redis_mode, redis_addrs,
+	// redis_master_name); a Redis Cluster is refused.
+	Server
 	// ConsumerGroup is the consumer group (default "sluice"); created at the
 	// start of the stream (id 0) when missing.
 	ConsumerGroup string `json:"consumer_group,omitempty"`
