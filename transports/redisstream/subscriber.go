@@ -88,6 +88,11 @@ func (t *Transport) ensureGroup(ctx context.Context, stream string) error {
 // entry read by an idle Wait comes first.
 func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 	t := s.t
+	// First the cancellations, so that every entry this claim hands out
+	// is checked against those recorded before it.
+	if err := t.refreshCancels(ctx); err != nil {
+		return nil, err
+	}
 	out := make([]*message.Message, 0, n)
 	if d := s.takeStash(); d != nil {
 		out = append(out, d.msg)
