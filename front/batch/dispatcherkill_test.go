@@ -19,12 +19,17 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
+	"github.com/sluice-io/sluice/front/submit"
 	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
+	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // countingGateway answers every chat completion after d, counting calls
@@ -96,18 +101,50 @@ func buildSluice(t *testing.T) string {
 }
 
 // TestKillDispatcherMidJob: the Batch API front runs beside a separate
-// `sluice serve` dispatcher (the built binary, redis-sortedset on a real
-// redis-server); the dispatcher is killed with SIGKILL while a quarter of a
-// 300-line job is answered and calls are in flight, a new one is started,
-// and the job completes with every custom_id exactly once across the
-// output and error files.
+// `sluice serve` dispatcher (the built binary, on a real redis-server); the
+// dispatcher is killed with SIGKILL while a quarter of a 300-line job is
+// answered and calls are in flight, a new one is started, and the job
+// completes with every custom_id exactly once across the output and error
+// files. On redis-sortedset (the killed one's leases lapse) and on
+// redis-stream (its pending entries are taken over).
 func TestKillDispatcherMidJob(t *testing.T) {
 	bin := buildSluice(t)
+	for _, tc := range []struct {
+		transport string
+		// options are the transport's, with short leases, so that the
+		// killed dispatcher's requests come back within two seconds.
+		options  map[string]any
+		producer func(t *testing.T, url string) submit.Producer
+	}{
+		{rss.Name, map[string]any{"lease_ms": 1500, "heartbeat_ms": 300, "reclaim_interval_ms": 200, "poll_interval_ms": 50},
+			func(t *testing.T, url string) submit.Producer {
+				p, err := producer.Dial(url, producer.Config{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return submitrss.New(p, submitrss.Options{})
+			}},
+		{rstream.Name, map[string]any{"claim_idle_ms": 1500, "heartbeat_ms": 300, "block_ms": 50},
+			func(t *testing.T, url string) submit.Producer {
+				p, err := submitstream.Dial(rstream.Options{URL: url}, transport.Env{}, submitstream.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}},
+	} {
+		t.Run(tc.transport, func(t *testing.T) {
+			killDispatcherMidJob(t, bin, tc.transport, tc.options, tc.producer)
+		})
+	}
+}
+
+func killDispatcherMidJob(t *testing.T, bin, transportName string, options map[string]any, newProducer func(*testing.T, string) submit.Producer) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	gw := startCountingGateway(t, 40*time.Millisecond)
 	const queue, n = "dkill-q", 300
 
-	// The front, in this process: Redis state, the sorted-set producer.
+	// The front, in this process: Redis state, the transport's producer.
 	state, err := redisstate.Dial(r.URL, "")
 	if err != nil {
 		t.Fatal(err)
@@ -116,12 +153,8 @@ func TestKillDispatcherMidJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := producer.Dial(r.URL, producer.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc, err := batch.New(batch.Config{Queue: queue, ScanInterval: 100 * time.Millisecond},
-		state, files, submitrss.New(p, submitrss.Options{}), nil)
+	p := newProducer(t, r.URL)
+	svc, err := batch.New(batch.Config{Queue: queue, ScanInterval: 100 * time.Millisecond}, state, files, p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,16 +173,15 @@ func TestKillDispatcherMidJob(t *testing.T) {
 	})
 	rg := &rig{client: openai.NewClient(option.WithBaseURL(api.URL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))}
 
-	// The dispatcher: short leases, so that the killed one's requests come
-	// back within two seconds.
+	// The dispatcher.
+	tcfg := map[string]any{"result_queue_name": "dkill-default-results",
+		"queues": []map[string]any{{"queue_name": queue, "igw_base_url": gw.url}}}
+	for k, v := range options {
+		tcfg[k] = v
+	}
 	cfg, _ := json.Marshal(map[string]any{
-		"transport": "redis-sortedset", "redis_url": r.URL, "concurrency": 8,
-		"metrics_port": -1, "health_port": -1,
-		"transport_config": map[string]any{
-			"result_queue_name": "dkill-default-results",
-			"lease_ms":          1500, "heartbeat_ms": 300, "reclaim_interval_ms": 200, "poll_interval_ms": 50,
-			"queues": []map[string]any{{"queue_name": queue, "igw_base_url": gw.url}},
-		},
+		"transport": transportName, "redis_url": r.URL, "concurrency": 8,
+		"metrics_port": -1, "health_port": -1, "transport_config": tcfg,
 	})
 	cfgFile := filepath.Join(t.TempDir(), "sluice.json")
 	if err := os.WriteFile(cfgFile, cfg, 0o600); err != nil {
