@@ -129,15 +129,21 @@ func (c *cancelCache) add(entry string) bool {
 	return true
 }
 
-// refreshCancels reloads the cancel set when its epoch moved since the last
-// look, and reports the entries it did not hold to the watcher (so a
+// refreshCancels reads the cancel epoch and reloads the cancel set when it
+// moved since the last look, and reports the entries it did not hold to the watcher (so a
 // request in flight is aborted even when the announcement was missed).
 func (t *Transport) refreshCancels(ctx context.Context) error {
-	key := t.opts.CancelKey
-	epoch, err := t.client.Get(ctx, key+":epoch").Result()
+	epoch, err := t.client.Get(ctx, t.opts.CancelKey+":epoch").Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("read cancellations: %w", err)
 	}
+	return t.applyEpoch(ctx, epoch)
+}
+
+// applyEpoch reloads the cancel set unless epoch (as just read) is the one
+// this copy was loaded at.
+func (t *Transport) applyEpoch(ctx context.Context, epoch string) error {
+	key := t.opts.CancelKey
 	t.cancels.mu.RLock()
 	same := t.cancels.loaded && t.cancels.epoch == epoch
 	t.cancels.mu.RUnlock()
