@@ -21,10 +21,10 @@ import (
 // and "req:<request id>" scored by when they are forgotten (Unix ms), the
 // counter <cancel_key>:epoch, moved by every cancellation, and the channel
 // <cancel_key>:notify, which announces each entry. A replica reads the
-// epoch at every claim and reloads the set when it moved, so a request
-// claimed after a cancellation was recorded is checked against it (and
-// answered CANCELLED without dispatch); the channel aborts requests in
-// flight.
+// epoch after every read of new entries (in the same round trip) and
+// reloads the set when it moved, so a request read after a cancellation
+// was recorded is checked against it (and answered CANCELLED without
+// dispatch); the channel aborts requests in flight.
 const (
 	// DefaultCancelKey is the cancel_key option's default.
 	DefaultCancelKey = "sluice-stream:cancelled"
