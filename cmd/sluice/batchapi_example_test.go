@@ -46,6 +46,7 @@ func TestBatchAPIExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	browser := testenv.LookPath(t, "chromium", "chromium")
+	const n = 30 // lines
 	// 200 ms a call, one at a time: the batch runs for about 6 s.
 	gw := startSim(t, simulator.Config{Latency: simulator.Uniform(200*time.Millisecond, 200*time.Millisecond)})
 	doc["concurrency"] = 1
@@ -73,9 +74,12 @@ func TestBatchAPIExample(t *testing.T) {
 	}()
 	base := "http://" + api
 	waitListening(t, api, done)
+	// The browser starts before the batch is created: the page is open
+	// while the batch runs.
+	ids := make(chan string, 1)
+	shown := watchBatchInChromium(t, browser, fmt.Sprintf("http://127.0.0.1:%d/", metrics), ids, n)
 
 	var input bytes.Buffer
-	const n = 30
 	for i := range n {
 		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"hi %d"}]}}`+"\n", i, i)
 	}
@@ -94,8 +98,7 @@ func TestBatchAPIExample(t *testing.T) {
 	}
 	postJSON(t, base+"/v1/batches", "application/json",
 		strings.NewReader(fmt.Sprintf(`{"input_file_id":%q,"endpoint":"/v1/chat/completions","completion_window":"24h"}`, file.ID)), &job)
-	statusURL := fmt.Sprintf("http://127.0.0.1:%d/", metrics)
-	shown := watchBatchInChromium(t, browser, statusURL, job.ID, n)
+	ids <- job.ID
 	deadline := time.Now().Add(30 * time.Second)
 	for job.Status != "completed" {
 		if time.Now().After(deadline) {
@@ -157,10 +160,11 @@ type chromiumView struct {
 }
 
 // watchBatchInChromium loads the status page in headless Chromium and, in
-// the background, waits until the batch's row under "Also" shows it in
-// progress with fewer than n lines answered, then (the page refreshing
-// itself, no reload) completed with n of n.
-func watchBatchInChromium(t *testing.T, browser, url, id string, n int) <-chan chromiumView {
+// the background, waits until it lists the Batch API, then for the batch
+// whose id comes on ids, until its row under "Also" shows it in progress
+// with fewer than n lines answered, then (the page refreshing itself, no
+// reload) completed with n of n.
+func watchBatchInChromium(t *testing.T, browser, url string, ids <-chan string, n int) <-chan chromiumView {
 	t.Helper()
 	out := make(chan chromiumView, 1)
 	go func() {
@@ -173,9 +177,20 @@ func watchBatchInChromium(t *testing.T, browser, url, id string, n int) <-chan c
 		defer cancelAlloc()
 		bctx, cancelBrowser := chromedp.NewContext(actx)
 		defer cancelBrowser()
+		if v.err = chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(`#extra tr[data-extra="Batch API"]`))); v.err != nil {
+			v.err = fmt.Errorf("the page lists no Batch API: %w", v.err)
+			return
+		}
+		var id string
+		select {
+		case id = <-ids:
+		case <-ctx.Done():
+			v.err = ctx.Err()
+			return
+		}
 		row := fmt.Sprintf(`#extra tr[data-extra="batch %s"]`, id)
 		text := fmt.Sprintf(`(() => { const r = document.querySelector(%q); return r ? r.innerText : ""; })()`, row)
-		if v.err = chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(row))); v.err != nil {
+		if v.err = chromedp.Do(bctx, chromedp.WaitVisible(chromedp.CSS(row))); v.err != nil {
 			v.err = fmt.Errorf("no row for batch %s: %w", id, v.err)
 			return
 		}
