@@ -412,6 +412,7 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			Gate:       r,
 			WorkerPool: q.WorkerPoolID,
 			Labels:     q.Labels,
+			Evict:      q.Evict,
 		})
 	}
 	return queues, built, nil

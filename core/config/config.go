@@ -489,6 +489,13 @@ type Queue struct {
 	// queue that does not carry them (its tier, for instance); gates and the
 	// tier-priority policy read them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Evict (sluice's own, off by default) takes requests back from the
+	// pool when the gate's measured budget falls below what the queue has
+	// in flight: the youngest calls over the new limit are aborted (the
+	// inference server frees their seats) and their requests re-queued at
+	// once, in deadline order, without counting an attempt. Off, a falling
+	// budget only stops new claims and seats come back as requests finish.
+	Evict bool `json:"evict,omitempty"`
 }
 
 // Retry is the retry policy. Zero fields take core/pipeline's defaults

@@ -74,7 +74,13 @@ type Queue struct {
 	// Labels are set on each request taken from the queue that does not
 	// carry them already (upstream's queue labels: the tier, ...).
 	Labels map[string]string
+	// Evict takes requests back when the gate's measured budget falls
+	// below what the queue has in flight: the youngest calls over the new
+	// limit are aborted and re-queued due now, without counting an
+	// attempt (see evictor). Off: a falling budget only stops new claims.
+	Evict bool
 
+	evictor  *evictor      // with Evict: the calls it may take back
 	pool     *Pool         // the worker pool (nil: none configured)
 	priority *Priority     // the tier-priority policy (nil: random-robin)
 	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
@@ -96,16 +102,17 @@ type queueSpec struct {
 	ramp   credit.Ramp
 	pool   string
 	labels map[string]string
+	evict  bool
 }
 
 func specOf(q Queue) queueSpec {
-	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels}
+	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict}
 }
 
 // equal reports whether s and o configure the queue alike.
 func (s queueSpec) equal(o queueSpec) bool {
 	return s.queue == o.queue && s.target == o.target && s.gate == o.gate && s.ramp == o.ramp &&
-		s.pool == o.pool && maps.Equal(s.labels, o.labels)
+		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict
 }
 
 // defaultWorkerPool is the worker pool of a queue that names none.
@@ -337,6 +344,12 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 	q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
 	q.Gate.Attach(q.credits)
 	q.followers = append(q.followers, q.credits)
+	if q.Evict {
+		// after the credits: it reads the limit they set
+		q.evictor = newEvictor(&q)
+		q.Gate.Attach(q.evictor)
+		q.followers = append(q.followers, q.evictor)
+	}
 	return &q, nil
 }
 
@@ -401,6 +414,7 @@ func (p *Pipeline) settler(w *resultWriter) message.HandlerMiddleware {
 		return func(m *message.Message) ([]*message.Message, error) {
 			p.handlers.add(1)
 			defer p.handlers.add(-1)
+			defer afterSettle(m)
 			out, err := next(m)
 			if err != nil {
 				transport.Nack(m)
