@@ -709,6 +709,11 @@ func (b *BatchAPI) setDefaults() {
 	}
 }
 
+// frontTransports are the transports the fronts (batch_api, openai_api)
+// run on: those with a front/submit adapter (a producer and per-request
+// result routes).
+var frontTransports = []string{"memory", "redis-sortedset", "redis-stream"}
+
 // BatchQueue returns the queue batch_api.queue names (nil when none does).
 func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
 
@@ -721,10 +726,8 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
 		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
 	}
-	switch c.Transport {
-	case "memory", "redis-sortedset":
-	default:
-		add("batch_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	if !slices.Contains(frontTransports, c.Transport) {
+		add("batch_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
 	}
 	if q := c.BatchQueue(); q == nil {
 		if b.Queue == "" {
@@ -891,10 +894,8 @@ func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
 	}
-	switch c.Transport {
-	case "memory", "redis-sortedset":
-	default:
-		add("openai_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	if !slices.Contains(frontTransports, c.Transport) {
+		add("openai_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
 	}
 	check := func(where, name string) {
 		q := c.findQueue(name)
