@@ -413,6 +413,7 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			WorkerPool: q.WorkerPoolID,
 			Labels:     q.Labels,
 			Evict:      q.Evict,
+			EvictLimit: q.EvictLimit,
 		})
 	}
 	return queues, built, nil

@@ -182,3 +182,56 @@ func TestEvictOnBudgetDrop(t *testing.T) {
 		t.Errorf("%v retries counted; an eviction is no attempt", got)
 	}
 }
+
+// TestEvictLimit: a request taken back evict_limit times runs to its end;
+// a later fall takes older calls back instead.
+func TestEvictLimit(t *testing.T) {
+	const mc = 4
+	gw, url := newHoldingGateway(t)
+	dg := &dialGate{}
+	dg.budget.Store(1.0)
+	ad := testAdapters(t)
+	if err := ad.Gates.Register("dial", func(gate.Params, gate.Env) (gate.Gate, error) { return dg, nil }); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{
+		Transport: memory.Name, Concurrency: mc, MetricsPort: -1, HealthPort: -1,
+		DrainTimeout: config.Duration(2 * time.Second),
+		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
+			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: mc}, IGWBaseURL: url,
+				GateType: "dial", Evict: true, EvictLimit: 1}}},
+	}
+	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+	far := time.Now().Add(2 * time.Minute)
+	for i := range mc {
+		if err := h.mem.Enqueue(e2eQueue, request(fmt.Sprintf("r%d", i), far, nil)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { n, _, _ := gw.snapshot(); return n == i+1 }, 5*time.Second)
+		time.Sleep(2 * time.Millisecond)
+	}
+	held := func(n int) func() bool {
+		return func() bool { k, _, _ := gw.snapshot(); return k == n }
+	}
+	dg.budget.Store(0.5) // r2 and r3, the youngest, go back
+	waitFor(t, held(2), 2*time.Second)
+	dg.budget.Store(1.0) // they come back, now the youngest calls
+	waitFor(t, held(4), 2*time.Second)
+	dg.budget.Store(0.5) // r2 and r3 were taken back once: r0 and r1 go instead
+	waitFor(t, held(2), 2*time.Second)
+	time.Sleep(30 * time.Millisecond)
+	if _, _, ab := gw.snapshot(); len(ab) != 4 || ab["r0"] != 1 || ab["r1"] != 1 || ab["r2"] != 1 || ab["r3"] != 1 {
+		t.Fatalf("aborted %v, want each of r0..r3 once (r2, r3 first, then r0, r1: r2 and r3 had used their one eviction)", ab)
+	}
+	dg.budget.Store(1.0)
+	close(gw.open)
+	res := h.waitResults(mc, 30*time.Second)
+	if err := h.shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range mc {
+		if r, ok := res[fmt.Sprintf("r%d", i)]; !ok || r.StatusCode != http.StatusOK {
+			t.Errorf("r%d: %+v, want one 200", i, r)
+		}
+	}
+}

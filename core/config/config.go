@@ -496,6 +496,10 @@ type Queue struct {
 	// once, in deadline order, without counting an attempt. Off, a falling
 	// budget only stops new claims and seats come back as requests finish.
 	Evict bool `json:"evict,omitempty"`
+	// EvictLimit is how many times evict may take one request back (0: the
+	// default, 2; negative: no limit); a request taken back that often runs
+	// to its end.
+	EvictLimit int `json:"evict_limit,omitempty"`
 }
 
 // Retry is the retry policy. Zero fields take core/pipeline's defaults

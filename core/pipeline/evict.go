@@ -5,9 +5,20 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/sluice-io/sluice/core/wire"
 )
+
+// DefaultEvictLimit is how many times one request may be taken back when
+// Queue.EvictLimit is 0.
+const DefaultEvictLimit = 2
+
+// EvictionsLabel is the request label counting how many times the request
+// was taken back; it travels with the re-queued message.
+const EvictionsLabel = "sluice_evictions"
 
 // errEvicted is the cancellation cause of a request the evictor took back:
 // its HTTP call is aborted and the request re-queued due at once, without
@@ -30,7 +41,8 @@ var errEvicted = errors.New("request evicted: the gate's budget fell below what 
 // work running. Cost on the per-message path: one map insert and delete per
 // dispatched request, under one mutex, for the queues that enable it.
 type evictor struct {
-	q *Queue
+	q     *Queue
+	limit int // evictions allowed per request; negative: no limit
 
 	mu      sync.Mutex
 	calls   map[*evictCall]struct{} // the calls being dispatched
@@ -44,7 +56,17 @@ type evictCall struct {
 }
 
 func newEvictor(q *Queue) *evictor {
-	return &evictor{q: q, calls: map[*evictCall]struct{}{}}
+	limit := q.EvictLimit
+	if limit == 0 {
+		limit = DefaultEvictLimit
+	}
+	return &evictor{q: q, limit: limit, calls: map[*evictCall]struct{}{}}
+}
+
+// evictions returns how many times req was taken back.
+func evictions(req *wire.Request) int {
+	n, _ := strconv.Atoi(req.Label(EvictionsLabel))
+	return n
 }
 
 // SetBudget is a budget whose origin is unknown (Attach's first): no
@@ -89,12 +111,16 @@ func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
 	}
 }
 
-// track registers d's HTTP call, bounded by ctx, and returns the context
+// track registers d's HTTP call (unless its request was taken back
+// EvictLimit times already), bounded by ctx, and returns the context
 // to make it with and the func that ends the registration once the call
 // returned. An evicted delivery stays counted as pending until it is
 // settled (d.afterSettle), so that the next budget does not take its seat
 // back twice.
 func (e *evictor) track(d *delivery, ctx context.Context) (context.Context, func()) {
+	if e.limit >= 0 && evictions(d.Req) >= e.limit {
+		return ctx, func() {} // taken back often enough: it runs to its end
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	c := &evictCall{started: time.Now(), cancel: cancel}
 	e.mu.Lock()

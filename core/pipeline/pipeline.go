@@ -79,6 +79,12 @@ type Queue struct {
 	// limit are aborted and re-queued due now, without counting an
 	// attempt (see evictor). Off: a falling budget only stops new claims.
 	Evict bool
+	// EvictLimit is how many times one request may be taken back (0: the
+	// default, DefaultEvictLimit; negative: no limit). A request taken back
+	// that often runs to its end: without a limit, a long generation
+	// restarted after one burst is among the youngest calls at the next,
+	// and may never finish.
+	EvictLimit int
 
 	evictor  *evictor      // with Evict: the calls it may take back
 	pool     *Pool         // the worker pool (nil: none configured)
@@ -103,16 +109,17 @@ type queueSpec struct {
 	pool   string
 	labels map[string]string
 	evict  bool
+	limit  int
 }
 
 func specOf(q Queue) queueSpec {
-	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict}
+	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict, limit: q.EvictLimit}
 }
 
 // equal reports whether s and o configure the queue alike.
 func (s queueSpec) equal(o queueSpec) bool {
 	return s.queue == o.queue && s.target == o.target && s.gate == o.gate && s.ramp == o.ramp &&
-		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict
+		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict && s.limit == o.limit
 }
 
 // defaultWorkerPool is the worker pool of a queue that names none.

@@ -144,6 +144,7 @@ func retrier(p RetryPolicy, requeue requeuer) message.HandlerMiddleware {
 // claim, as any request's).
 func evicted(m *message.Message, requeue requeuer) ([]*message.Message, error) {
 	d := deliveryOf(m)
+	d.Req.SetLabel(EvictionsLabel, strconv.Itoa(evictions(d.Req)+1))
 	payload, err := requeuePayload(d, d.Req.RetryCount)
 	if err != nil {
 		return fail(d, wire.CodeInvalidRequest, "cannot re-encode after eviction: "+err.Error()), nil
