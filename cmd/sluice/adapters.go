@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-io/sluice/gates/composite"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/endpointscrape"
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/gates/localconcurrency"
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/gates/promql"
@@ -57,6 +58,7 @@ func adapters() (app.Adapters, error) {
 		ad.Gates.Register(tieradmission.Type, tieradmission.Factory),
 		ad.Gates.Register(promql.Type, promql.Factory),
 		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),
+		ad.Gates.Register(headroom.Type, headroom.Factory),
 		ad.Gates.Register(aimd.Type, aimd.Factory),
 		ad.Gates.Register(host.Type, host.Factory),
 

@@ -25,9 +25,11 @@ import (
 	"github.com/sluice-io/sluice/front/submit"
 	submitmem "github.com/sluice-io/sluice/front/submit/memory"
 	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
+	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/transports/memory"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // batchAPI is the batch_api section at work: the OpenAI Batch API beside
@@ -57,20 +59,55 @@ func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.
 		}
 		return submitmem.New(mem, submitmem.Options{}), mem, nil
 	case rss.Name:
+		// The queues the transport reads: its prefix, url and topology, or
+		// the deployment's url and topology as the transport takes them.
 		var o struct {
 			Prefix string `json:"prefix"`
+			rss.Server
+			rss.TopologyOptions
 		}
 		if len(cfg.TransportConfig.Options) > 0 {
 			_ = json.Unmarshal(cfg.TransportConfig.Options, &o) // the transport checks its options strictly
 		}
-		p, err := producer.Dial(cfg.RedisURL, producer.Config{Prefix: o.Prefix, Mode: cfg.RedisMode})
+		if o.URL == "" {
+			o.URL = cfg.RedisURL
+		}
+		top := o.Or(rss.TopologyOptions{Mode: cfg.RedisMode, Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName})
+		p, err := producer.Dial(o.URL, producer.Config{Prefix: o.Prefix, TopologyOptions: top})
 		if err != nil {
 			return nil, nil, fmt.Errorf("fronts: %w", err)
 		}
 		return submitrss.New(p, submitrss.Options{}), nil, nil
+	case rstream.Name:
+		o, err := streamOptions(cfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		env, err := app.TransportEnv(cfg, log)
+		if err != nil {
+			return nil, nil, fmt.Errorf("fronts: %w", err)
+		}
+		p, err := submitstream.Dial(o, env, submitstream.Options{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("fronts: %w", err)
+		}
+		return p, nil, nil
 	default:
-		return nil, nil, fmt.Errorf("fronts: transport %s has no producer here (memory, redis-sortedset)", cfg.Transport)
+		return nil, nil, fmt.Errorf("fronts: transport %s has no producer here (memory, redis-sortedset, redis-stream)", cfg.Transport)
 	}
+}
+
+// streamOptions are the redis-stream transport's options in cfg (checked
+// strictly by the transport itself); a front needs their result_mode list.
+func streamOptions(cfg *config.Config) (rstream.Options, error) {
+	var o rstream.Options
+	if len(cfg.TransportConfig.Options) > 0 {
+		_ = json.Unmarshal(cfg.TransportConfig.Options, &o)
+	}
+	if o.ResultMode != "" && o.ResultMode != rstream.ResultList {
+		return o, fmt.Errorf("fronts: redis-stream result_mode %q: the fronts read their result routes as lists (result_mode %q, the default)", o.ResultMode, rstream.ResultList)
+	}
+	return o, nil
 }
 
 // s3Files and gcsFiles are batch_api.files in the backends' own types.

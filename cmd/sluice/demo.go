@@ -26,7 +26,9 @@ func newDemo() *cobra.Command {
 		Long: `With no flags (--mode purpose): what sluice is for. A simulated inference pool
 (two vLLM-like pods of 16 seats behind an EPP-like front) serves interactive
 traffic, first alone (its floor), then in bursts while sluice sends a batch
-through the aimd gate, which reads the front's reason-coded 429s. One line a
+through the pool-headroom gate with evict: it reads every pod's own gauges
+each 50 ms, keeps 4 seats free and takes batch requests back when a burst
+eats them. One line a
 second shows interactive TTFT p99 against the floor, the batch's progress and
 sluice's in-flight limit; a table closes the run. --ungated runs the same
 batch without a gate, to show what the gate prevents.
@@ -100,7 +102,10 @@ func printPoolSummary(w io.Writer, s demo.PoolSummary) {
 	}
 	fmt.Fprintf(w, "  batch: %d requests, %d ok, %d failed, %d missing, %d duplicated; %d tokens in %.1fs (%.0f tokens/s)\n",
 		s.Batch, s.BatchOK, s.BatchFailed, s.Missing, s.Duplicates, s.BatchTokens, s.BatchSeconds, rate)
-	fmt.Fprintf(w, "  front refused %d batch requests (429 rejected-saturated; each came back after backoff)\n", s.Rejections)
+	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, answered later)\n", s.Evicted)
+	if s.Rejections > 0 {
+		fmt.Fprintf(w, "  front refused %d batch requests (429 rejected-saturated; each came back after backoff)\n", s.Rejections)
+	}
 	if s.StepLagP99Ms > 20 {
 		fmt.Fprintf(w, "  note: the simulator's steps ran up to %.0f ms late (p99): this machine was busy, so the TTFT figures are pessimistic\n", s.StepLagP99Ms)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/openai"
 	"github.com/sluice-io/sluice/front/submit"
+	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // fronts are the batch_api and openai_api sections at work beside the
@@ -130,6 +131,11 @@ func openAIConfig(cfg *config.Config) (openai.Config, error) {
 // beside the config's problems.
 func frontProblems(cfg *config.Config) error {
 	var errs []error
+	if (cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled) && cfg.Transport == rstream.Name {
+		if _, err := streamOptions(cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if cfg.OpenAIAPI.Enabled {
 		if oc, err := openAIConfig(cfg); err != nil {
 			errs = append(errs, err)

@@ -269,3 +269,92 @@ func TestValidateFronts(t *testing.T) {
 		}
 	}
 }
+
+// TestServeFrontsOnRedisStream: `sluice serve` on the redis-stream
+// transport (a real redis-server) with batch_api (Redis state) and
+// openai_api beside it, both on the redis-stream producer: a batch
+// completes with each custom_id once, each the gateway's answer to its own
+// line, and a chat completion is answered. A result_mode the fronts cannot
+// read (stream) is refused by `sluice validate`.
+func TestServeFrontsOnRedisStream(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	gw, calls := echoGateway(t)
+	batchAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	openaiAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	doc := func(resultMode string) string {
+		return fmt.Sprintf(`{
+  "transport": "redis-stream", "redis_url": %q,
+  "transport_config": {"result_queue_name": "results", "block_ms": 50, "result_mode": %q,
+    "queues": [{"id": "batch", "queue_name": "batch-stream", "igw_base_url": %q}]},
+  "batch_api": {"enabled": true, "listen": %q, "files": {"dir": %q}, "state": {"store": "redis"}},
+  "openai_api": {"enabled": true, "listen": %q}
+}`, r.URL, resultMode, gw, batchAddr, t.TempDir(), openaiAddr)
+	}
+	out, err := run(t, "validate", "--config", writeFile(t, "stream.json", doc("stream")))
+	if err == nil || !strings.Contains(out, `redis-stream result_mode "stream"`) {
+		t.Errorf("validate with result_mode stream: %q %v, want it refused", out, err)
+	}
+	_, stop := serveConfig(t, doc("list"), batchAddr, openaiAddr)
+
+	const n = 20
+	var input bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
+	}
+	ctx := context.Background()
+	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
+	if err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatalf("create batch: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for job.Status != oa.BatchStatusCompleted {
+		if time.Now().After(deadline) {
+			t.Fatalf("batch status %s %+v after 30s", job.Status, job.RequestCounts)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if job.RequestCounts.Completed != n || job.OutputFileID == "" || job.Usage.TotalTokens != 5*n {
+		t.Fatalf("batch %s %+v, usage %+v", job.Status, job.RequestCounts, job.Usage)
+	}
+	resp, err := c.Files.Content(ctx, job.OutputFileID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
+		var o struct {
+			CustomID string `json:"custom_id"`
+			Response struct {
+				StatusCode int `json:"status_code"`
+				Body       struct {
+					Choices []struct {
+						Message struct{ Content string } `json:"message"`
+					} `json:"choices"`
+				} `json:"body"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(l), &o); err != nil || o.Response.StatusCode != 200 || len(o.Response.Body.Choices) != 1 ||
+			o.Response.Body.Choices[0].Message.Content != "echo: line "+strings.TrimPrefix(o.CustomID, "c") || seen[o.CustomID] {
+			t.Errorf("output line %s (%v)", l, err)
+		}
+		seen[o.CustomID] = true
+	}
+	if len(seen) != n {
+		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
+	}
+	chat(t, openaiAddr, "on a stream")
+	if got := calls.Load(); got != n+1 {
+		t.Errorf("gateway got %d calls, want %d", got, n+1)
+	}
+	stop()
+}

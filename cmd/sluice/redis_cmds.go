@@ -55,7 +55,7 @@ func (f *redisFlags) dial() (*producer.Producer, error) {
 	if url == "" {
 		url = os.Getenv("REDIS_URL")
 	}
-	return producer.Dial(url, producer.Config{Prefix: f.prefix, Mode: f.mode, Addrs: f.addrs, MasterName: f.masterName})
+	return producer.Dial(url, producer.Config{Prefix: f.prefix, TopologyOptions: rss.TopologyOptions{Mode: f.mode, Addrs: f.addrs, MasterName: f.masterName}})
 }
 
 // queueFlags name a request or result queue directly or by pool.

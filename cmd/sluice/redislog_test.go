@@ -1,37 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/redact"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the log handler and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestRedisLogRedacted makes go-redis log a line of its own (its connection
 // pool failing to dial, with a dial error naming a redis:// URL with a
@@ -39,7 +20,7 @@ func (l *lockedBuffer) String() string {
 // to a buffer: the line must come out there, with the password masked.
 func TestRedisLogRedacted(t *testing.T) {
 	const secret = "hunter2-redis-pw"
-	var buf lockedBuffer
+	var buf testenv.Buffer
 	setRedisLogger(slog.New(slog.NewTextHandler(&buf, nil)))
 	t.Cleanup(func() { setRedisLogger(nil) })
 

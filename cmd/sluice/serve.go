@@ -56,7 +56,8 @@ type serveFlags struct {
 	// upstream's defaults apply (see legacyFlags.apply and
 	// upstreamFlags.register).
 	upstream bool
-	// warnings are found by load, to be logged at start.
+	// warnings are the flags' warnings found by load, to be logged at
+	// start (the config's own are app.New's to log).
 	warnings []string
 }
 
@@ -203,7 +204,9 @@ func (f *serveFlags) load(fs *pflag.FlagSet) (*config.Config, error) {
 		return nil, err
 	}
 	cfg.SetDefaults()
-	f.warnings = append(append(warn, more...), cfg.Warnings()...)
+	// The config's own warnings (config.Warnings) are app.New's and
+	// app.CheckWarnings' to say; these are the flags'.
+	f.warnings = append(warn, more...)
 	return cfg, nil
 }
 

@@ -194,6 +194,12 @@ func newApp(cfg *config.Config, o Options) (*App, error) {
 	if err := o.Reload.validate(); err != nil {
 		return nil, err
 	}
+	// The settings upstream accepts that act on nothing here are said
+	// once, at start (an embedder sees them too; cmd/sluice adds only its
+	// flags' own).
+	for _, w := range cfg.Warnings() {
+		o.Logger.Warn(w)
+	}
 	a := &App{cfg: cfg, log: o.Logger, reg: o.Registry, addrs: map[string]string{}, guard: o.MetricsGuard,
 		gateState: status.NewGates(), version: o.Version, started: time.Now(), statusExtra: o.StatusExtra,
 		known: o.Adapters.known(o.Transport != nil), reload: o.Reload}

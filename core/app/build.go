@@ -229,16 +229,28 @@ func maxConcurrency(cfg *config.Config) int {
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {
+	env, err := TransportEnv(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return transports.New(cfg.Transport, cfg.TransportConfig.Options, env)
+}
+
+// TransportEnv is what the config's transport is built with besides its
+// own options (the deployment's Redis URL, topology and TLS, log): also
+// what a producer beside the dispatcher needs to reach the same broker the
+// same way.
+func TransportEnv(cfg *config.Config, log *slog.Logger) (transport.Env, error) {
 	env := transport.Env{Logger: log, RedisURL: cfg.RedisURL, RedisMode: cfg.RedisMode,
 		RedisAddrs: cfg.RedisAddrs, RedisMasterName: cfg.RedisMasterName}
 	if t := cfg.RedisTLS; t != (config.TLS{}) {
 		tc, err := dispatch.TLSConfig{CACert: t.CACert, Cert: t.Cert, Key: t.Key, InsecureSkipVerify: t.InsecureSkipVerify}.Build()
 		if err != nil {
-			return nil, fmt.Errorf("redis_tls: %w", err)
+			return env, fmt.Errorf("redis_tls: %w", err)
 		}
 		env.RedisTLS = tc
 	}
-	return transports.New(cfg.Transport, cfg.TransportConfig.Options, env)
+	return env, nil
 }
 
 // gateEvents reads what the gates count on their own, by gate name.
@@ -400,6 +412,8 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			Gate:       r,
 			WorkerPool: q.WorkerPoolID,
 			Labels:     q.Labels,
+			Evict:      q.Evict,
+			EvictLimit: q.EvictLimit,
 		})
 	}
 	return queues, built, nil

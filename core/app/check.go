@@ -25,14 +25,16 @@ func Check(cfg *config.Config, ad Adapters) error {
 	return err
 }
 
-// CheckWarnings is Check, also returning what the transport says of queues
-// that work but not as their user may expect (transport.QueueWarner), one
-// line each, prefixed with where the queue is.
+// CheckWarnings is Check, also returning the warnings: the settings
+// upstream accepts that act on nothing here (config.Warnings, which New
+// logs), then what the transport says of queues that work but not as their user
+// may expect (transport.QueueWarner), one line each, prefixed with where
+// the queue is.
 func CheckWarnings(cfg *config.Config, ad Adapters) ([]string, error) {
 	ad.setDefaults()
 	cfg.SetDefaults()
 	var errs []error
-	var warnings []string
+	warnings := cfg.Warnings()
 	k := ad.known(false)
 	cfgErr := cfg.Validate(k)
 	if cfgErr != nil {

@@ -42,7 +42,7 @@ func probe(t *testing.T, a *App, path string) (int, healthBody) {
 func TestReadyzFollowsRedis(t *testing.T) {
 	_, gw := newGateway(t)
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	tp, err := redissortedset.New(redissortedset.Options{URL: r.URL}, nil)
+	tp, err := redissortedset.New(redissortedset.Options{Server: redissortedset.Server{URL: r.URL}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

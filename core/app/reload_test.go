@@ -1,14 +1,12 @@
 package app
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,26 +17,12 @@ import (
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
 // syncBuffer is a log sink safe for the app's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer struct{ testenv.Buffer }
 
 func (s *syncBuffer) count(sub string) int { return strings.Count(s.String(), sub) }
 

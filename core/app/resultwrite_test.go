@@ -33,21 +33,21 @@ func TestUnwritableResultIsNotReinferred(t *testing.T) {
 		build func(t *testing.T) (transport.Transport, string)
 	}{
 		{"redis-stream", func(t *testing.T) (transport.Transport, string) {
-			tp, err := redisstream.New(redisstream.Options{URL: srv.URL, BlockMS: 50}, transport.Env{})
+			tp, err := redisstream.New(redisstream.Options{Server: redisstream.Server{URL: srv.URL}, BlockMS: 50}, transport.Env{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return tp, redisstream.Name
 		}},
 		{"redis-sortedset", func(t *testing.T) (transport.Transport, string) {
-			tp, err := redissortedset.New(redissortedset.Options{URL: srv.URL, ResultRetryMS: 200}, nil)
+			tp, err := redissortedset.New(redissortedset.Options{Server: redissortedset.Server{URL: srv.URL}, ResultRetryMS: 200}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return tp, redissortedset.Name
 		}},
 		{"redis-pubsub", func(t *testing.T) (transport.Transport, string) {
-			tp, err := redispubsub.New(redispubsub.Options{URL: srv.URL, ResultMode: redispubsub.ResultList,
+			tp, err := redispubsub.New(redispubsub.Options{Server: redispubsub.Server{URL: srv.URL}, ResultMode: redispubsub.ResultList,
 				RetryQueueName: "retry-" + t.Name()}, transport.Env{})
 			if err != nil {
 				t.Fatal(err)

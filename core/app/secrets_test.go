@@ -1,7 +1,6 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -34,24 +33,6 @@ import (
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redisstream"
 )
-
-// lockedBuffer is a log sink safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Secrets go everywhere they can: the Redis URL's password, the gateway
 // URL's, request headers (Authorization, X-Api-Key) and a header-bearing
@@ -89,7 +70,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	t.Cleanup(gw.Close)
 	gwURL := strings.Replace(gw.URL, "http://", "http://sluice:"+gwPW+"@", 1)
 
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithSampler(sdktrace.AlwaysSample()))

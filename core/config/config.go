@@ -489,6 +489,17 @@ type Queue struct {
 	// queue that does not carry them (its tier, for instance); gates and the
 	// tier-priority policy read them.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Evict (sluice's own, off by default) takes requests back from the
+	// pool when the gate's measured budget falls below what the queue has
+	// in flight: the youngest calls over the new limit are aborted (the
+	// inference server frees their seats) and their requests re-queued at
+	// once, in deadline order, without counting an attempt. Off, a falling
+	// budget only stops new claims and seats come back as requests finish.
+	Evict bool `json:"evict,omitempty"`
+	// EvictLimit is how many times evict may take one request back (0: the
+	// default, 2; negative: no limit); a request taken back that often runs
+	// to its end.
+	EvictLimit int `json:"evict_limit,omitempty"`
 }
 
 // Retry is the retry policy. Zero fields take core/pipeline's defaults
@@ -702,6 +713,11 @@ func (b *BatchAPI) setDefaults() {
 	}
 }
 
+// frontTransports are the transports the fronts (batch_api, openai_api)
+// run on: those with a front/submit adapter (a producer and per-request
+// result routes).
+var frontTransports = []string{"memory", "redis-sortedset", "redis-stream"}
+
 // BatchQueue returns the queue batch_api.queue names (nil when none does).
 func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
 
@@ -714,10 +730,8 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
 		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
 	}
-	switch c.Transport {
-	case "memory", "redis-sortedset":
-	default:
-		add("batch_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	if !slices.Contains(frontTransports, c.Transport) {
+		add("batch_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
 	}
 	if q := c.BatchQueue(); q == nil {
 		if b.Queue == "" {
@@ -884,10 +898,8 @@ func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
 	}
-	switch c.Transport {
-	case "memory", "redis-sortedset":
-	default:
-		add("openai_api", "needs a transport with a producer and per-request result routes (memory, redis-sortedset), not %s", c.Transport)
+	if !slices.Contains(frontTransports, c.Transport) {
+		add("openai_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
 	}
 	check := func(where, name string) {
 		q := c.findQueue(name)

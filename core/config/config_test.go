@@ -213,8 +213,8 @@ func TestValidateComponentSettings(t *testing.T) {
 		{"openai_api queue with its own results", func(c *Config) {
 			c.OpenAIAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
 		}, "openai_api.default_queue: queue q has its own result_queue_name"},
-		{"openai_api transport", func(c *Config) { c.OpenAIAPI.Enabled, c.Transport = true, "redis-stream" },
-			"openai_api: needs a transport with a producer and per-request result routes (memory, redis-sortedset), not redis-stream"},
+		{"openai_api transport", func(c *Config) { c.OpenAIAPI.Enabled, c.Transport = true, "redis-pubsub" },
+			"openai_api: needs a transport with a producer and per-request result routes (memory, redis-sortedset, redis-stream), not redis-pubsub"},
 		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
 			"batch_api.state.store: redis needs redis_url"},
 		{"batch_api listen", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Listen = true, "8090" }, `batch_api.listen: "8090" is not host:port`},

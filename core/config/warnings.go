@@ -25,8 +25,9 @@ func mergePolicyParamPolicy(k string) string {
 
 // Warnings are the settings of c that upstream accepts too and that act on
 // nothing here, one line each: sluice loads them, so that upstream's files
-// keep working, and says once, at start, that they are ignored (serve logs
-// the lines, validate prints them). Everything else c holds either acts or
+// keep working, and says once, at start, that they are ignored (app.New
+// logs the lines; app.CheckWarnings returns them, and sluice validate
+// prints them). Everything else c holds either acts or
 // is refused by Validate.
 func (c *Config) Warnings() []string {
 	var out []string

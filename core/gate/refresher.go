@@ -83,6 +83,17 @@ type Follower interface {
 
 var _ Follower = (*credit.Pool)(nil)
 
+// MeasuredFollower is a Follower that also learns whether each budget was
+// measured (the gate answered) or chosen for a failure (the failure policy,
+// or the gate's own fallback). The refresher calls SetBudgetMeasured instead
+// of SetBudget on it. The pipeline's evictor takes requests back only on a
+// measured fall: a gate that cannot read its backend must not abort work
+// already running.
+type MeasuredFollower interface {
+	Follower
+	SetBudgetMeasured(b float64, measured bool)
+}
+
 // Attach makes c follow this gate's budget. Attach before Start, or c gets
 // the budget at the next refresh.
 func (r *Refresher) Attach(c Follower) {
@@ -192,6 +203,10 @@ func (r *Refresher) refresh(ctx context.Context) {
 	credits := r.credits
 	r.mu.Unlock()
 	for _, c := range credits {
+		if m, ok := c.(MeasuredFollower); ok {
+			m.SetBudgetMeasured(budget, err == nil)
+			continue
+		}
 		c.SetBudget(budget)
 	}
 	if r.cfg.Observe != nil {

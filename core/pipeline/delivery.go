@@ -72,10 +72,20 @@ type delivery struct {
 	// worker of the lanes): its cancellation is checked again before the
 	// dispatch (cancelRecheck).
 	waited bool
+	// afterSettle, when set, runs once the delivery is settled (the
+	// evictor's count of the calls it took back).
+	afterSettle func()
 
 	view       *metrics.Queue // the metrics view of Req, once decoded
 	kept       bool           // Result was kept by an earlier delivery (wire.Request.KeptResult)
 	resultCode string         // the code label the result is counted under once written
+}
+
+// afterSettle runs m's delivery's afterSettle hook, if any.
+func afterSettle(m *message.Message) {
+	if d := deliveryOf(m); d != nil && d.afterSettle != nil {
+		d.afterSettle()
+	}
 }
 
 type deliveryKey struct{}

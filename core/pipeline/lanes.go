@@ -62,7 +62,7 @@ type Priority struct {
 	// TierLabel is the label holding the tier (default "tier").
 	TierLabel string
 	// ObjectiveHeader carries a lane's objective (upstream's
-	// objective_header; default DefaultObjectiveHeader).
+	// objective_header; default defaultObjectiveHeader).
 	ObjectiveHeader string
 	// LaneObjectives are the InferenceObjective names sent in
 	// ObjectiveHeader, by lane ("": none for that lane; see LaneKey).
@@ -77,8 +77,8 @@ type Priority struct {
 	headers [NumLanes][]dispatch.Header // each lane's priority and objective headers, built once
 }
 
-// DefaultObjectiveHeader is upstream's objective header (api.ObjectiveHeader).
-const DefaultObjectiveHeader = "x-llm-d-inference-objective"
+// defaultObjectiveHeader is upstream's objective header (api.ObjectiveHeader).
+const defaultObjectiveHeader = "x-llm-d-inference-objective"
 
 // LaneKey is the name upstream's lane_objectives give lane i:
 // "<class>-<tier>", class reserved or overflow, tier interactive, async or
@@ -117,7 +117,7 @@ func (p *Priority) init() {
 		p.TierLabel = wire.DefaultTierLabel
 	}
 	if p.ObjectiveHeader == "" {
-		p.ObjectiveHeader = DefaultObjectiveHeader
+		p.ObjectiveHeader = defaultObjectiveHeader
 	}
 	for i := range p.headers {
 		var hs []dispatch.Header

@@ -241,7 +241,12 @@ func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.Han
 		mq.Dispatched.Inc()
 		d.Dispatched = time.Now()
 		ctx, req, end := httpSpan(d)
+		untrack := func() {}
+		if ev := d.Queue.evictor; ev != nil {
+			ctx, untrack = ev.track(d, ctx)
+		}
 		o := client.DoWith(ctx, d.Queue.Target, req, ov)
+		untrack()
 		mq.InferenceMs.Observe(metrics.Millis(time.Since(d.Dispatched)))
 		mq.Inflight.Dec()
 		end(o.StatusCode)
@@ -282,6 +287,8 @@ func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.Han
 				return fail(d, wire.CodeCancelled, "cancelled during dispatch"), nil
 			case errors.Is(o.Err, errShutdown):
 				return nil, errShutdown
+			case errors.Is(o.Err, errEvicted):
+				return nil, errEvicted // retrier re-queues it
 			}
 		}
 		return nil, &retryableError{Outcome: o}

@@ -74,7 +74,19 @@ type Queue struct {
 	// Labels are set on each request taken from the queue that does not
 	// carry them already (upstream's queue labels: the tier, ...).
 	Labels map[string]string
+	// Evict takes requests back when the gate's measured budget falls
+	// below what the queue has in flight: the youngest calls over the new
+	// limit are aborted and re-queued due now, without counting an
+	// attempt (see evictor). Off: a falling budget only stops new claims.
+	Evict bool
+	// EvictLimit is how many times one request may be taken back (0: the
+	// default, DefaultEvictLimit; negative: no limit). A request taken back
+	// that often runs to its end: without a limit, a long generation
+	// restarted after one burst is among the youngest calls at the next,
+	// and may never finish.
+	EvictLimit int
 
+	evictor  *evictor      // with Evict: the calls it may take back
 	pool     *Pool         // the worker pool (nil: none configured)
 	priority *Priority     // the tier-priority policy (nil: random-robin)
 	credits  *credit.Pool  // the in-flight allowance, following Gate's budget
@@ -96,16 +108,18 @@ type queueSpec struct {
 	ramp   credit.Ramp
 	pool   string
 	labels map[string]string
+	evict  bool
+	limit  int
 }
 
 func specOf(q Queue) queueSpec {
-	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels}
+	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict, limit: q.EvictLimit}
 }
 
 // equal reports whether s and o configure the queue alike.
 func (s queueSpec) equal(o queueSpec) bool {
 	return s.queue == o.queue && s.target == o.target && s.gate == o.gate && s.ramp == o.ramp &&
-		s.pool == o.pool && maps.Equal(s.labels, o.labels)
+		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict && s.limit == o.limit
 }
 
 // defaultWorkerPool is the worker pool of a queue that names none.
@@ -319,6 +333,9 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 			return nil, fmt.Errorf("pipeline: queue %q: worker pool %q not found", q.ID, q.WorkerPool)
 		}
 	}
+	if q.Evict && q.pool != nil && q.pool.lanes != nil {
+		return nil, fmt.Errorf("pipeline: queue %q: evict is not supported in worker pool %q under the tier-priority policy (its lanes, not the queue's credits, bound what runs)", q.ID, q.WorkerPool)
+	}
 	claims := q.MaxConcurrency
 	if q.pool != nil && q.pool.lanes != nil {
 		// Under tier-priority the lanes bound the queue's requests in
@@ -337,6 +354,12 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 	q.metrics.own.InflightMax.Set(float64(q.MaxConcurrency))
 	q.Gate.Attach(q.credits)
 	q.followers = append(q.followers, q.credits)
+	if q.Evict {
+		// after the credits: it reads their in-flight count
+		q.evictor = newEvictor(&q)
+		q.Gate.Attach(q.evictor)
+		q.followers = append(q.followers, q.evictor)
+	}
 	return &q, nil
 }
 
@@ -401,6 +424,7 @@ func (p *Pipeline) settler(w *resultWriter) message.HandlerMiddleware {
 		return func(m *message.Message) ([]*message.Message, error) {
 			p.handlers.add(1)
 			defer p.handlers.add(-1)
+			defer afterSettle(m)
 			out, err := next(m)
 			if err != nil {
 				transport.Nack(m)

@@ -103,6 +103,9 @@ func retrier(p RetryPolicy, requeue requeuer) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			out, err := next(m)
+			if errors.Is(err, errEvicted) {
+				return evicted(m, requeue)
+			}
 			var re *retryableError
 			if err == nil || !errors.As(err, &re) {
 				return out, err
@@ -133,6 +136,24 @@ func retrier(p RetryPolicy, requeue requeuer) message.HandlerMiddleware {
 			return nil, nil
 		}
 	}
+}
+
+// evicted re-queues a request the evictor took back, due now with its
+// attempt count unchanged: it goes back in its deadline order and runs
+// again when the budget lets it. Its deadline still ends it (at the next
+// claim, as any request's).
+func evicted(m *message.Message, requeue requeuer) ([]*message.Message, error) {
+	d := deliveryOf(m)
+	d.Req.SetLabel(EvictionsLabel, strconv.Itoa(evictions(d.Req)+1))
+	payload, err := requeuePayload(d, d.Req.RetryCount)
+	if err != nil {
+		return fail(d, wire.CodeInvalidRequest, "cannot re-encode after eviction: "+err.Error()), nil
+	}
+	if err := requeue(context.WithoutCancel(d.Ctx), d, payload, time.Now()); err != nil {
+		return nil, fmt.Errorf("re-queue evicted %s: %w", d.Req.ID, err)
+	}
+	d.Outcome = outcomeRequeued
+	return nil, nil
 }
 
 // requeuePayload is the message's bytes for a re-queue: retry count n and

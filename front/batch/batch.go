@@ -546,12 +546,13 @@ func (s *Service) finalize(ctx context.Context, j Job, final string) error {
 		}
 	}
 	outID, errID := "file-"+j.ID+"-output", "file-"+j.ID+"-errors"
-	outN, errN, err := s.writeOutputs(ctx, j, outID, errID)
+	outN, errN, usage, err := s.writeOutputs(ctx, j, outID, errID)
 	if err != nil {
 		return err
 	}
 	_, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
 		now := time.Now().Unix()
+		j.Usage = &usage
 		if outN > 0 {
 			j.OutputFileID = outID
 		}
@@ -616,9 +617,11 @@ func (s *Service) answerMissing(ctx context.Context, j Job, code, msg string) er
 }
 
 // writeOutputs writes the output and error files of j from its records,
-// streamed, and records them as files; it returns their line counts.
-func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) (int, int, error) {
+// streamed, and records them as files; it returns their line counts and
+// the usage of their lines.
+func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) (int, int, Usage, error) {
 	var outN, errN int
+	var usage Usage
 	for _, f := range []struct {
 		id string
 		ok bool
@@ -632,6 +635,7 @@ func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) 
 					return nil
 				}
 				*f.n++
+				usage.add(r.Line)
 				return bw.line(r.Line)
 			})
 			if err == nil {
@@ -642,7 +646,7 @@ func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) 
 		size, err := s.files.Put(ctx, f.id, pr)
 		_ = pr.Close()
 		if err != nil {
-			return 0, 0, fmt.Errorf("write %s: %w", f.id, err)
+			return 0, 0, Usage{}, fmt.Errorf("write %s: %w", f.id, err)
 		}
 		if *f.n == 0 {
 			_ = s.files.Delete(ctx, f.id)
@@ -655,10 +659,10 @@ func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) 
 		}
 		if err := s.state.PutFile(ctx, File{ID: f.id, Bytes: size, CreatedAt: now.Unix(), Filename: f.id + ".jsonl",
 			Purpose: "batch_output", ExpiresAt: now.Add(exp).Unix()}); err != nil {
-			return 0, 0, err
+			return 0, 0, Usage{}, err
 		}
 	}
-	return outN, errN, nil
+	return outN, errN, usage, nil
 }
 
 // Summary is one job's progress, for the status page.

@@ -293,6 +293,11 @@ func batchObject(j Job) map[string]any {
 	if j.Model != "" {
 		o["model"] = j.Model
 	}
+	if j.Usage != nil {
+		o["usage"] = j.Usage
+	} else {
+		o["usage"] = Usage{}
+	}
 	if j.OutputFileID != "" {
 		o["output_file_id"] = j.OutputFileID
 	}

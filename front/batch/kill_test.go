@@ -22,11 +22,14 @@ import (
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
+	"github.com/sluice-io/sluice/front/submit"
 	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
+	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
+	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // The front replica the kill test runs as a child process (the test
@@ -35,11 +38,12 @@ const (
 	envFrontRedis  = "SLUICE_BATCH_TEST_FRONT_REDIS"
 	envFrontDir    = "SLUICE_BATCH_TEST_FRONT_DIR"
 	envFrontListen = "SLUICE_BATCH_TEST_FRONT_LISTEN"
+	envFrontStream = "SLUICE_BATCH_TEST_FRONT_STREAM" // "1": the redis-stream producer
 )
 
 func TestMain(m *testing.M) {
 	if url := os.Getenv(envFrontRedis); url != "" {
-		if err := runFront(url, os.Getenv(envFrontDir), os.Getenv(envFrontListen)); err != nil {
+		if err := runFront(url, os.Getenv(envFrontDir), os.Getenv(envFrontListen), os.Getenv(envFrontStream) == "1"); err != nil {
 			fmt.Fprintln(os.Stderr, "front:", err)
 			os.Exit(1)
 		}
@@ -49,8 +53,9 @@ func TestMain(m *testing.M) {
 }
 
 // runFront is one front replica on Redis (state, queue, results) and a
-// shared file directory, until it is killed.
-func runFront(url, dir, listen string) error {
+// shared file directory, until it is killed; stream chooses the
+// redis-stream producer over the sorted-set one.
+func runFront(url, dir, listen string, stream bool) error {
 	state, err := redisstate.Dial(url, "")
 	if err != nil {
 		return err
@@ -59,12 +64,20 @@ func runFront(url, dir, listen string) error {
 	if err != nil {
 		return err
 	}
-	p, err := producer.Dial(url, producer.Config{})
-	if err != nil {
-		return err
+	var prod submit.Producer
+	if stream {
+		if prod, err = submitstream.Dial(rstream.Options{Server: rstream.Server{URL: url}}, transport.Env{}, submitstream.Options{Lease: time.Second}); err != nil {
+			return err
+		}
+	} else {
+		p, err := producer.Dial(url, producer.Config{})
+		if err != nil {
+			return err
+		}
+		prod = submitrss.New(p, submitrss.Options{Lease: time.Second})
 	}
 	svc, err := batch.New(batch.Config{Queue: "kill-q", OwnerLease: time.Second, ScanInterval: 100 * time.Millisecond},
-		state, files, submitrss.New(p, submitrss.Options{Lease: time.Second}), nil)
+		state, files, prod, nil)
 	if err != nil {
 		return err
 	}
@@ -76,10 +89,13 @@ func runFront(url, dir, listen string) error {
 	return svc.Run(context.Background())
 }
 
-func startFront(t *testing.T, url, dir, listen string) *exec.Cmd {
+func startFront(t *testing.T, url, dir, listen string, stream bool) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envFrontRedis+"="+url, envFrontDir+"="+dir, envFrontListen+"="+listen)
+	if stream {
+		cmd.Env = append(cmd.Env, envFrontStream+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -94,11 +110,25 @@ func startFront(t *testing.T, url, dir, listen string) *exec.Cmd {
 // TestKillFrontMidJob: a front replica is killed (SIGKILL) while its job
 // is half answered; another replica takes the job over once the
 // ownership lease lapsed, and the output holds each custom_id exactly once.
+// On redis-sortedset and on redis-stream.
 func TestKillFrontMidJob(t *testing.T) {
+	t.Run(rss.Name, func(t *testing.T) { killFrontMidJob(t, false) })
+	t.Run(rstream.Name, func(t *testing.T) { killFrontMidJob(t, true) })
+}
+
+func killFrontMidJob(t *testing.T, stream bool) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rg := &rig{}
 	gw := startSlowGateway(t, 20*time.Millisecond)
-	tr, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+	var tr transport.Transport
+	var err error
+	name := rss.Name
+	if stream {
+		name = rstream.Name
+		tr, err = rstream.New(rstream.Options{Server: rstream.Server{URL: r.URL}, BlockMS: 50}, transport.Env{})
+	} else {
+		tr, err = rss.New(rss.Options{Server: rss.Server{URL: r.URL}, PollIntervalMS: 20}, nil)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +136,7 @@ func TestKillFrontMidJob(t *testing.T) {
 	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &config.Config{Transport: rss.Name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
+	cfg := &config.Config{Transport: name, Concurrency: 4, MetricsPort: -1, HealthPort: -1,
 		TransportConfig: config.TransportConfig{ResultQueueName: "kill-default-results",
 			Queues: []config.Queue{{Queue: transport.Queue{Name: "kill-q"}, IGWBaseURL: gw, GateType: constant.Type}}}}
 	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tr})
@@ -123,7 +153,7 @@ func TestKillFrontMidJob(t *testing.T) {
 
 	dir := filepath.Join(t.TempDir(), "files")
 	listen := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
-	first := startFront(t, r.URL, dir, listen)
+	first := startFront(t, r.URL, dir, listen, stream)
 	rg.client = openai.NewClient(option.WithBaseURL("http://"+listen+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(5))
 	waitTCP(t, listen)
 
@@ -147,7 +177,7 @@ func TestKillFrontMidJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = first.Wait()
-	startFront(t, r.URL, dir, listen)
+	startFront(t, r.URL, dir, listen, stream)
 	waitTCP(t, listen)
 	final := rg.waitStatus(t, b.ID, openai.BatchStatusCompleted, openai.BatchStatusFailed)
 	if final.Status != openai.BatchStatusCompleted || final.RequestCounts.Completed != n {

@@ -70,8 +70,9 @@ func newRig(t testing.TB, hold bool) *rig {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","model":%q,"path":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"echo %s"},"finish_reason":"stop"}]}`,
-			in.Model, r.URL.Path, in.Messages[0].Content)
+		fmt.Fprintf(w, `{"id":"chatcmpl-1","object":"chat.completion","model":%q,"path":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"echo %s"},"finish_reason":"stop"}],`+
+			`"usage":{"prompt_tokens":%d,"completion_tokens":5,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":1},"completion_tokens_details":{"reasoning_tokens":2}}}`,
+			in.Model, r.URL.Path, in.Messages[0].Content, len(in.Messages[0].Content), len(in.Messages[0].Content)+5)
 	}))
 	t.Cleanup(gw.Close)
 	if hold {
@@ -252,6 +253,19 @@ func TestOpenAIClientBatchCompletes(t *testing.T) {
 	}
 	if done.InProgressAt == 0 || done.FinalizingAt == 0 || done.CompletedAt == 0 || done.Model != "m1" {
 		t.Errorf("timestamps/model = %+v", done)
+	}
+	// usage: the gateway's usage of every answered line, summed (the
+	// refused line has none): prompt tokens = the content's length.
+	var in int64
+	for i := range n {
+		if i != 7 {
+			in += int64(len(fmt.Sprint("hello ", i)))
+		}
+	}
+	u := done.Usage
+	if u.InputTokens != in || u.OutputTokens != 5*(n-1) || u.TotalTokens != in+5*(n-1) ||
+		u.InputTokensDetails.CachedTokens != n-1 || u.OutputTokensDetails.ReasoningTokens != 2*(n-1) {
+		t.Errorf("usage = %+v, want input %d, output %d, total %d, cached %d, reasoning %d", u, in, 5*(n-1), in+5*(n-1), n-1, 2*(n-1))
 	}
 	out, errs := rg.download(t, done.OutputFileID), rg.download(t, done.ErrorFileID)
 	if len(out) != n-1 || len(errs) != 1 {

@@ -118,6 +118,9 @@ type Job struct {
 	CancelSent bool `json:"cancel_sent,omitempty"`
 
 	Counts Counts `json:"request_counts"`
+	// Usage is the tokens of the answered lines, summed when the output
+	// files are written (nil before).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // The statuses of a batch, as OpenAI names them.

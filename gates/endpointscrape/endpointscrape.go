@@ -57,11 +57,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/internal/exposition"
 	"github.com/sluice-io/sluice/gates/internal/promquery"
 )
 
@@ -538,102 +537,17 @@ func (g *Gate) values(ctx context.Context, pages map[string]map[string]*dto.Metr
 
 // scrape fetches u and parses it as text exposition.
 func (g *Gate) scrape(ctx context.Context, u string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", u, err)
-	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
-	resp, err := g.client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", u, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
-		return nil, fmt.Errorf("scrape %s: status %s", u, resp.Status)
-	}
-	body := &limitedReader{r: resp.Body, n: maxBody}
-	fams, err := Parse(body)
-	if body.over {
-		return nil, fmt.Errorf("scrape %s: body larger than %d bytes", u, maxBody)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", u, err)
-	}
-	return fams, nil
-}
-
-// limitedReader reads at most n bytes and notes whether there was more.
-type limitedReader struct {
-	r    io.Reader
-	n    int64
-	over bool
-}
-
-func (l *limitedReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		var one [1]byte
-		if k, _ := l.r.Read(one[:]); k > 0 {
-			l.over = true
-		}
-		return 0, io.EOF
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	k, err := l.r.Read(p)
-	l.n -= int64(k)
-	return k, err
+	return exposition.Scrape(ctx, g.client, u, maxBody)
 }
 
 // Parse parses a Prometheus text-exposition page; one bad line fails it.
-func Parse(r io.Reader) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return nil, fmt.Errorf("parse text exposition: %w", err)
-	}
-	return fams, nil
-}
+func Parse(r io.Reader) (map[string]*dto.MetricFamily, error) { return exposition.Parse(r) }
 
 // Values returns the gauge, counter and untyped values of mf's series that
 // match every filter (a filter value "" also matches a series without the
 // label), in exposition order. Histograms and summaries are skipped.
 func Values(mf *dto.MetricFamily, filters map[string]string) []float64 {
-	if mf == nil {
-		return nil
-	}
-	var out []float64
-	for _, m := range mf.GetMetric() {
-		if !matches(m, filters) {
-			continue
-		}
-		switch {
-		case m.GetGauge() != nil:
-			out = append(out, m.GetGauge().GetValue())
-		case m.GetCounter() != nil:
-			out = append(out, m.GetCounter().GetValue())
-		case m.GetUntyped() != nil:
-			out = append(out, m.GetUntyped().GetValue())
-		}
-	}
-	return out
-}
-
-func matches(m *dto.Metric, filters map[string]string) bool {
-	for k, want := range filters {
-		got := ""
-		for _, lp := range m.GetLabel() {
-			if lp.GetName() == k {
-				got = lp.GetValue()
-				break
-			}
-		}
-		if got != want {
-			return false
-		}
-	}
-	return true
+	return exposition.Values(mf, filters)
 }
 
 // filterString renders filters as {k="v",...}, sorted; "" when none.

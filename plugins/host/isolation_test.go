@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/plugins/host"
 )
 
@@ -128,5 +129,31 @@ func TestLogRate(t *testing.T) {
 	}
 	if n := g.Events()["plugin_log_lines_suppressed"]; n < 250 || n > 300 {
 		t.Errorf("%d of 300 lines suppressed at log_rate 10; want 250 to 290 or so", n)
+	}
+}
+
+// A plugin that panics is logged at error, its panic and the trace after
+// it: the runtime writes them to the process's own stderr, which go-plugin
+// (v1.6) would log at debug only. go-plugin's own start lines are not.
+func TestPanicReachesLog(t *testing.T) {
+	g := newGate(t, map[string]string{"path": testBin, "args": "panic"}).(*host.Gate)
+	var out testenv.Buffer
+	host.SetLogOutput(g, &out)
+	if _, err := g.Budget(ctx(t)); err == nil {
+		t.Fatal("Budget of a plugin that panics succeeded")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(out.String(), "[ERROR] plugin.testplugin: goroutine ") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	log := out.String()
+	for _, want := range []string{"[ERROR] plugin.testplugin: panic: planted panic", "[ERROR] plugin.testplugin: goroutine "} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	// go-plugin v1.6's start lines are at debug (quietLogger), below the log's level.
+	if strings.Contains(log, "automatic mTLS") {
+		t.Errorf("a start line of go-plugin logged above debug:\n%s", log)
 	}
 }

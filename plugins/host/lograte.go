@@ -3,8 +3,10 @@ package host
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,12 +83,11 @@ func (w *rateWriter) flush() {
 // suppressedTotal is the number of lines dropped since the start.
 func (w *rateWriter) suppressedTotal() int64 { return w.droppedEver.Load() }
 
-// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
-// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
-// line by line, a line in hclog's JSON format at its level, any other line
-// at debug, as go-plugin relays the process's own stderr.
-type lineRelay struct {
-	log hclog.Logger
+// lines is an io.Writer that hands each complete line it is written,
+// without its newline, to line, one at a time (under its lock); a line
+// longer than maxLine is handed on in pieces.
+type lines struct {
+	line func(b []byte)
 
 	mu  sync.Mutex
 	buf []byte
@@ -96,42 +97,109 @@ type lineRelay struct {
 const maxLine = 64 << 10
 
 // Write implements io.Writer.
-func (r *lineRelay) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.buf = append(r.buf, p...)
+func (w *lines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
 	for {
-		i := bytes.IndexByte(r.buf, '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
-			if len(r.buf) > maxLine {
-				r.line(r.buf)
-				r.buf = r.buf[:0]
+			if len(w.buf) > maxLine {
+				w.line(w.buf)
+				w.buf = w.buf[:0]
 			}
 			return len(p), nil
 		}
-		r.line(r.buf[:i])
-		r.buf = r.buf[i+1:]
+		w.line(w.buf[:i])
+		w.buf = w.buf[i+1:]
 	}
 }
 
-// line logs one line.
-func (r *lineRelay) line(b []byte) {
-	var entry map[string]any
-	if json.Unmarshal(b, &entry) != nil {
-		r.log.Debug(string(b))
+// lineRelay logs what a plugin writes to os.Stderr after go-plugin's Serve
+// took it over (go-plugin streams it to the host's SyncStderr, in chunks):
+// line by line, a line in hclog's JSON format at its level, any other line
+// at debug, as go-plugin relays the process's own stderr.
+func lineRelay(log hclog.Logger) io.Writer {
+	return &lines{line: func(b []byte) {
+		var entry map[string]any
+		if json.Unmarshal(b, &entry) != nil {
+			log.Debug(string(b))
+			return
+		}
+		msg, _ := entry["@message"].(string)
+		lvl, _ := entry["@level"].(string)
+		args := make([]any, 0, 2*len(entry))
+		for k, v := range entry {
+			if !strings.HasPrefix(k, "@") {
+				args = append(args, k, v)
+			}
+		}
+		level := hclog.LevelFromString(lvl)
+		if level == hclog.NoLevel {
+			level = hclog.Debug
+		}
+		log.Log(level, msg, args...)
+	}}
+}
+
+// crashRelay is go-plugin's ClientConfig.Stderr: it receives the lines the
+// plugin process writes to its own stderr (file descriptor 2, not the
+// os.Stderr that Serve redirects), one Write per line and one per newline.
+// go-plugin logs those lines at debug, below the info level of the host's
+// logger, and the Go runtime writes a panic or a fatal error there: from
+// the first line that opens one ("panic: ", "fatal error: "), crashRelay
+// logs every line at error, so that the reason a plugin died reaches the
+// log. (go-plugin v1.7 does this itself; v1.6, which sluice uses because
+// its later releases import the testing package into the host, does not.)
+func crashRelay(log hclog.Logger) io.Writer {
+	crashed := false // guarded by the lock of lines
+	return &lines{line: func(b []byte) {
+		s := string(b)
+		if !crashed && (strings.HasPrefix(s, "panic: ") || strings.HasPrefix(s, "fatal error: ")) {
+			crashed = true
+		}
+		if crashed {
+			log.Error(s)
+		}
+	}}
+}
+
+// quietLogger is the logger handed to go-plugin's client. It logs as its
+// hclog.Logger does, but for the lines go-plugin v1.6 logs above what they
+// are worth, which its later releases (see crashRelay for why sluice holds
+// v1.6) log at debug or no longer at all: the "configuring ... automatic
+// mTLS" line of the client and of the plugin on every start (info), and
+// the error of the stdout scanner that loses a race with the exited
+// process's pipe closing (os.ErrClosed: the process exit is logged anyway).
+type quietLogger struct{ hclog.Logger }
+
+// Info implements hclog.Logger.
+func (l quietLogger) Info(msg string, args ...any) {
+	if strings.HasPrefix(msg, "configuring ") && strings.HasSuffix(msg, " automatic mTLS") {
+		l.Logger.Debug(msg, args...)
 		return
 	}
-	msg, _ := entry["@message"].(string)
-	lvl, _ := entry["@level"].(string)
-	args := make([]any, 0, 2*len(entry))
-	for k, v := range entry {
-		if !strings.HasPrefix(k, "@") {
-			args = append(args, k, v)
+	l.Logger.Info(msg, args...)
+}
+
+// Error implements hclog.Logger.
+func (l quietLogger) Error(msg string, args ...any) {
+	if msg == "error encountered while scanning stdout" && len(args) == 2 {
+		if err, ok := args[1].(error); ok && errors.Is(err, os.ErrClosed) {
+			l.Logger.Debug(msg, args...)
+			return
 		}
 	}
-	level := hclog.LevelFromString(lvl)
-	if level == hclog.NoLevel {
-		level = hclog.Debug
-	}
-	r.log.Log(level, msg, args...)
+	l.Logger.Error(msg, args...)
 }
+
+// Named implements hclog.Logger.
+func (l quietLogger) Named(name string) hclog.Logger { return quietLogger{l.Logger.Named(name)} }
+
+// ResetNamed implements hclog.Logger.
+func (l quietLogger) ResetNamed(name string) hclog.Logger {
+	return quietLogger{l.Logger.ResetNamed(name)}
+}
+
+// With implements hclog.Logger.
+func (l quietLogger) With(args ...any) hclog.Logger { return quietLogger{l.Logger.With(args...)} }

@@ -163,7 +163,7 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		pin = &pinnedHash{Hash: sha256.New()}
 		secure = &plugin.SecureConfig{Checksum: want, Hash: pin}
 	}
-	logger := newLogger("plugin", g.stderr)
+	logger := quietLogger{newLogger("plugin", g.stderr)}
 	client := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: sdk.ClientPlugins(),
@@ -174,7 +174,8 @@ func (g *Gate) launch() (p *proc, info Info, cfgErr, err error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		StartTimeout:     g.cfg.StartTimeout,
 		Logger:           logger,
-		SyncStderr:       &lineRelay{log: logger.Named(g.name)},
+		SyncStderr:       lineRelay(logger.Named(g.name)),
+		Stderr:           crashRelay(logger.Named(g.name)),
 	})
 	fail := func(e error) (*proc, Info, error, error) {
 		client.Kill()

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/gates/endpointscrape"
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/gates/prombudget"
 	"github.com/sluice-io/sluice/gates/promsaturation"
 	"github.com/sluice-io/sluice/gates/redisbudget"
@@ -35,6 +36,7 @@ func adapters() (app.Adapters, error) {
 		ad.Gates.Register(promsaturation.Type, promsaturation.Factory),
 		ad.Gates.Register(prombudget.Type, prombudget.Factory),
 		ad.Gates.Register(endpointscrape.Type, endpointscrape.Factory),
+		ad.Gates.Register(headroom.Type, headroom.Factory),
 		ad.Gates.Register(redisbudget.Type, redisbudget.Factory),
 		ad.Gates.Register(redisquota.Type, redisquota.NewFactory()),
 	)

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/internal/poolsim"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/tools/internal/names"
@@ -87,9 +88,10 @@ const (
 	ipSampleEvery      = 50 * time.Millisecond
 	ipInteractiveObj   = "interactive-default"
 	ipBatchObj         = "batch-sheddable"
-	ipRecommendedArm   = "aimd-tuned"
+	ipRecommendedArm   = "headroom-evict-w2"
 	ipUpstreamArm      = "endpoint-scrape-upstream"
 	ipRouterArm        = "router-flow-control"
+	ipPodSeats         = poolsim.DefaultMaxNumSeqs
 )
 
 // ipProfile is one batch profile and the arms it runs.
@@ -106,10 +108,11 @@ func ipProfiles() []ipProfile {
 	return []ipProfile{
 		{name: "short", batchPrompt: 512, batchOutput: 256, warmup: 6 * time.Second, arms: []string{
 			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd", "aimd-tuned",
-			ipUpstreamArm, ipRouterArm, "engine-priority", "reserve-25", "reserve-40",
+			ipUpstreamArm, ipRouterArm, "engine-priority", "engine-seat-preempt", "reserve-25", "reserve-40",
+			"headroom", "headroom-evict-w2", "headroom-evict-w2-r6",
 		}},
 		{name: "long", batchPrompt: 512, batchOutput: 1024, warmup: 30 * time.Second, arms: []string{
-			"floor", "ungated", "aimd-tuned", "reserve-25", "reserve-50",
+			"floor", "ungated", "aimd-tuned", "headroom-evict-w2", "reserve-25", "reserve-50",
 		}},
 	}
 }
@@ -129,6 +132,8 @@ type ipArm struct {
 	scrape time.Duration
 	// claimBatch > 0 sets the memory transport's claim batch size.
 	claimBatch int
+	// evict sets the batch queue's evict option.
+	evict bool
 }
 
 func ipArmByName(name string, seats int) (ipArm, error) {
@@ -177,6 +182,64 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		return ipArm{batch: true, pool: func(c *poolsim.Config) { c.Front.Mode = poolsim.ModeFlowControl }}, nil
 	case "engine-priority":
 		return ipArm{batch: true, pool: func(c *poolsim.Config) { c.Engine.Policy = poolsim.PolicyPriority }}, nil
+	case "engine-seat-preempt":
+		// the upper bound: vLLM's open PRs #45561/#54530, a waiting
+		// interactive request preempts a running batch one at max_num_seqs.
+		return ipArm{batch: true, pool: func(c *poolsim.Config) {
+			c.Engine.Policy, c.Engine.SeatPreempt = poolsim.PolicyPriority, true
+		}}, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "headroom"); ok {
+		// pool-headroom: every pod's own gauges read each 50 ms, a
+		// reserve of seats kept free; "-evict" takes batch requests back
+		// when the reserve is eaten. Names: headroom[-evict][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>].
+		a := ipArm{batch: true}
+		reserve, share, weight, hold := 4, 0.0, 1.0, "1s"
+		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
+			switch {
+			case part == "":
+			case part == "evict":
+				a.evict = true
+			case strings.HasPrefix(part, "r"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: r<seats> wants a count", name)
+				}
+				reserve = n
+			case strings.HasPrefix(part, "h"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: h<ms> wants a hold in milliseconds", name)
+				}
+				hold = fmt.Sprintf("%dms", n)
+				if n == 0 {
+					hold = "-1ns"
+				}
+			case strings.HasPrefix(part, "w"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: w<weight> wants a count", name)
+				}
+				weight = float64(n)
+			case strings.HasPrefix(part, "s"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 || n >= 100 {
+					return ipArm{}, fmt.Errorf("arm %q: s<percent> wants a percentage in [0,100)", name)
+				}
+				share = float64(n) / 100
+			default:
+				return ipArm{}, fmt.Errorf("arm %q: unknown part %q", name, part)
+			}
+		}
+		pods, perPod := seats/max(1, ipPodSeats), ipPodSeats
+		a.gate = func(front, _ string) (string, map[string]any) {
+			eps := make([]string, pods)
+			for i := range eps {
+				eps[i] = fmt.Sprintf("%s/pods/%d/metrics", front, i)
+			}
+			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold}
+		}
+		return a, nil
 	}
 	if r, ok := strings.CutPrefix(name, "reserve-"); ok {
 		pct, err := strconv.Atoi(r)
@@ -224,18 +287,21 @@ func (c ipCapacity) jobs(window time.Duration) ipJobs {
 
 // ipRun is one arm's raw result.
 type ipRun struct {
-	ttft                 []float64 // ms, burst-phase interactive requests
-	interactiveSeatS     float64   // seat-seconds the interactive requests took
-	interactiveErrors    int
-	batchTokens          float64 // output tokens of batch requests finished in the window
-	window               time.Duration
-	judged, missed       [3]int
-	preemptions          uint64
-	rejections           uint64
-	reaction, recovery   []float64 // ms per burst
-	stepLagP99           float64   // ms
-	results, resultsOK   int
-	duplicates, unknownR int
+	ttft                   []float64 // ms, burst-phase interactive requests
+	queued                 []float64 // ms from arrival to first scheduling, burst-phase interactive requests
+	interactiveSeatS       float64   // seat-seconds the interactive requests took
+	interactiveErrors      int
+	batchTokens            float64 // output tokens of batch requests finished in the window
+	window                 time.Duration
+	judged, missed         [3]int
+	preemptions            uint64
+	rejections             uint64
+	reaction, recovery     []float64 // ms per burst
+	seatsIdle, seatsBurst  float64   // the batch's mean occupancy of the pool, idle and burst phases
+	aborted, abortedTokens float64   // batch requests the pool saw aborted (evicted), and the output tokens they had made
+	stepLagP99             float64   // ms
+	results, resultsOK     int
+	duplicates, unknownR   int
 }
 
 // ipSelect applies SLUICE_BENCH_IP_PROFILES and SLUICE_BENCH_IP_ARMS (comma
@@ -250,6 +316,16 @@ func ipSelect(all []ipProfile) ([]ipProfile, error) {
 		}
 		if len(arms) > 0 {
 			p.arms = slices.DeleteFunc(slices.Clone(p.arms), func(a string) bool { return a != "floor" && !arms[a] })
+			// an arm named with parameters (headroom-evict-r6-s25, reserve-30)
+			// runs too, in the order given
+			for _, a := range strings.Split(os.Getenv("SLUICE_BENCH_IP_ARMS"), ",") {
+				if a = strings.TrimSpace(a); a != "" && !slices.Contains(p.arms, a) {
+					if _, err := ipArmByName(a, 2*ipPodSeats); err != nil {
+						return nil, err
+					}
+					p.arms = append(p.arms, a)
+				}
+			}
 		}
 		out = append(out, p)
 	}
@@ -386,6 +462,8 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 		"batch_rejections":   float64(r.rejections),
 		"step_lag_p99_ms":    r.stepLagP99,
 		"interactive_burst":  float64(len(r.ttft)),
+		// how long burst-phase interactive requests waited for a seat
+		"queued_p99_ms": percentile(slices.Clone(r.queued), 0.99),
 	}
 	if p := percentile(slices.Clone(floor.ttft), 0.50); p > 0 {
 		f["ttft_p50_ratio"] = f["ttft_p50_ms"] / p
@@ -416,6 +494,10 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 	}
 	f["duplicate_results"] = float64(r.duplicates)
 	f["unknown_results"] = float64(r.unknownR)
+	f["batch_aborted"] = r.aborted
+	f["batch_aborted_tokens"] = r.abortedTokens
+	f["batch_seats_idle"] = r.seatsIdle
+	f["batch_seats_burst"] = r.seatsBurst
 	f["gate_reaction_ms"] = median(slices.Clone(r.reaction))
 	f["gate_recovery_ms"] = median(slices.Clone(r.recovery))
 	return f
@@ -458,8 +540,9 @@ func b2f(b bool) float64 {
 // profile): the simulator's step lag (an arm the machine could not keep up
 // with is no measurement), no interactive errors, and exactly one result
 // per batch request. The per-arm figures are on the arms' own lines.
-// The short profile's recommended arm (aimd with the front's concurrency
-// detector tuned) must keep ttft_p99_ratio ≤ 1.5 with batch_goodput_share
+// The short profile's recommended arm (pool-headroom with evict: the
+// pods' own gauges every 50 ms, a reserve of 4 seats, waiting weighted by
+// the pod count) must keep ttft_p99_ratio ≤ 1.5 with batch_goodput_share
 // ≥ 0.80, no misses for the jobs with ≥ 2.5× slack, gate_reaction_ms ≤
 // 1,500, and beat upstream-style polling and router flow control alone on
 // p99 at equal or better goodput. The long profile is reported as measured,
@@ -568,6 +651,7 @@ type ipSluice struct {
 
 func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProfile, jobs ipJobs, start time.Time) (*ipSluice, error) {
 	mem := memory.New(memory.Options{BatchSize: a.claimBatch})
+	evict := a.evict
 	gateType, params := constant.Type, map[string]any{"budget": 1}
 	if a.gate != nil {
 		gateType, params = a.gate(front, prom)
@@ -589,7 +673,7 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 		DrainTimeout: config.Duration(time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: ipResults, Queues: []config.Queue{{
 			Queue: transport.Queue{Name: ipQueue}, IGWBaseURL: front, RequestPathURL: "/v1/completions",
-			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw,
+			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw, Evict: evict,
 		}}},
 	}
 	reg := prometheus.NewRegistry()
@@ -756,6 +840,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		case poolsim.ClassInteractive:
 			if !rec.FirstToken.IsZero() && poolsim.InBurst(bursts, at) {
 				r.ttft = append(r.ttft, float64(rec.TTFT())/float64(time.Millisecond))
+				r.queued = append(r.queued, float64(rec.FirstScheduled.Sub(rec.Arrival))/float64(time.Millisecond))
 			}
 			if !rec.FirstScheduled.IsZero() && !rec.Finished.IsZero() && at >= prof.warmup {
 				r.interactiveSeatS += rec.Finished.Sub(rec.FirstScheduled).Seconds()
@@ -765,14 +850,39 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 			if rec.FinishReason != "abort" && fin >= prof.warmup && fin <= end {
 				r.batchTokens += float64(rec.OutputTokens)
 			}
+			if rec.FinishReason == "abort" && fin <= end {
+				r.abortedTokens += float64(rec.OutputTokens)
+				r.aborted++
+			}
 		}
 	}
 	mu.Unlock()
 	if sl != nil {
 		ipJudge(r, sl, res, resultAt, jobs, end)
 		r.reaction, r.recovery = ipReaction(samples, bursts)
+		r.seatsIdle, r.seatsBurst = ipOccupancy(samples, bursts, prof.warmup)
 	}
 	return r, nil
+}
+
+// ipOccupancy is the batch's mean occupancy of the pool (requests running
+// or waiting in the engines) over the idle phases after the warm-up and
+// over the burst phases.
+func ipOccupancy(samples []ipSample, bursts [][2]time.Duration, warmup time.Duration) (idle, burst float64) {
+	var ni, nb float64
+	for _, s := range samples {
+		if s.at < warmup {
+			continue
+		}
+		if poolsim.InBurst(bursts, s.at) {
+			burst += s.limit
+			nb++
+		} else {
+			idle += s.limit
+			ni++
+		}
+	}
+	return idle / max(1, ni), burst / max(1, nb)
 }
 
 type ipSample struct {

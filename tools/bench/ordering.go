@@ -67,7 +67,7 @@ func runOrdering(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer stop()
-	cp, err := producer.Dial(c.URL, producer.Config{Mode: "cluster"})
+	cp, err := producer.Dial(c.URL, producer.Config{TopologyOptions: rss.TopologyOptions{Mode: "cluster"}})
 	if err != nil {
 		return nil, err
 	}

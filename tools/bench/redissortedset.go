@@ -153,7 +153,7 @@ func benchProducer(url string) (*producer.Producer, redis.UniversalClient, error
 
 // benchProducerMode is benchProducer in a Redis mode (single or cluster).
 func benchProducerMode(url, mode string) (*producer.Producer, redis.UniversalClient, error) {
-	ro, err := rss.RedisOptions(url, rss.Options{Mode: mode})
+	ro, err := rss.RedisOptions(url, rss.Options{TopologyOptions: rss.TopologyOptions{Mode: mode}})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/internal/testenv"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
@@ -37,7 +38,7 @@ func openSortedSetCluster(ctx context.Context, r *rig, _ brokerTweak) (broker, e
 		return nil, err
 	}
 	r.onClose(c.Stop)
-	p, err := producer.Dial(c.URL, producer.Config{Mode: "cluster", MinReplicasAcked: 1})
+	p, err := producer.Dial(c.URL, producer.Config{TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, MinReplicasAcked: 1})
 	if err != nil {
 		return nil, err
 	}

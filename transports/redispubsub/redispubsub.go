@@ -59,22 +59,23 @@ const (
 	ResultList = "list"
 )
 
+// Server is the url key of the options, shared by the Redis transports.
+type Server = redisclient.Server
+
+// TopologyOptions are the mode, addrs and master_name keys of the options,
+// shared by the Redis transports.
+type TopologyOptions = redisclient.TopologyOptions
+
 // Options are the transport's options (the transport config object minus
 // queues and result_queue_name).
 type Options struct {
-	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
-	URL string `json:"url,omitempty"`
-	// Mode is "single" (default; upstream's "standalone" too) or
-	// "sentinel" (the URL's host is a sentinel; MasterName required);
-	// "cluster" is refused (see Factory). When none of mode, addrs and
-	// master_name is set, the deployment's redis_mode, redis_addrs and
-	// redis_master_name apply.
-	Mode string `json:"mode,omitempty"`
-	// Addrs are more sentinels beside the URL's host (upstream's addrs).
-	Addrs []string `json:"addrs,omitempty"`
-	// MasterName is the master the sentinels monitor (upstream's
-	// master_name): required in sentinel mode, refused otherwise.
-	MasterName string `json:"master_name,omitempty"`
+	// Server is the url key (redisclient.Server): default the deployment's
+	// REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0.
+	Server
+	// TopologyOptions are the mode, addrs and master_name keys
+	// (redisclient.TopologyOptions): single or sentinel; cluster is refused
+	// (see Factory).
+	TopologyOptions
 	// RetryQueueName is the sorted set holding retries and handed-back
 	// requests, scored by due time in Unix ms (default "retry-sortedset").
 	RetryQueueName string `json:"retry_queue_name,omitempty"`
@@ -197,12 +198,9 @@ func New(o Options, env transport.Env) (*Transport, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	top, err := redisclient.ParseTopology(o.Mode, o.Addrs, o.MasterName)
-	if err == nil && o.Mode == "" && len(o.Addrs) == 0 && o.MasterName == "" {
-		top, err = redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
-	}
+	top, err := o.Or(TopologyOptions{Mode: env.RedisMode, Addrs: env.RedisAddrs, MasterName: env.RedisMasterName}).Parse()
 	if err != nil {
-		return nil, fmt.Errorf("mode, addrs, master_name: %w", err)
+		return nil, err
 	}
 	if top.Mode == redisclient.Cluster {
 		return nil, errCluster

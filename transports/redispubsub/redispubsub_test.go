@@ -24,20 +24,20 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	conformance(t, redispubsub.Options{URL: r.URL}, testenv.RedisClient(t, r.URL))
+	conformance(t, redispubsub.Options{Server: redispubsub.Server{URL: r.URL}}, testenv.RedisClient(t, r.URL))
 }
 
 // TestSentinelOptions: upstream's mode, addrs and master_name are read and
 // checked (the sentinel client itself is tested with real sentinels in
 // internal/testenv and transports/redissortedset).
 func TestSentinelOptions(t *testing.T) {
-	if _, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0", Mode: "sentinel"}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "master_name") {
+	if _, err := redispubsub.New(redispubsub.Options{Server: redispubsub.Server{URL: "redis://127.0.0.1:1/0"}, TopologyOptions: redispubsub.TopologyOptions{Mode: "sentinel"}}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "master_name") {
 		t.Errorf("sentinel without master_name: %v, want an error naming master_name", err)
 	}
-	if _, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0", Mode: "cluster"}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "Redis Cluster") {
+	if _, err := redispubsub.New(redispubsub.Options{Server: redispubsub.Server{URL: "redis://127.0.0.1:1/0"}, TopologyOptions: redispubsub.TopologyOptions{Mode: "cluster"}}, transport.Env{}); err == nil || !strings.Contains(err.Error(), "Redis Cluster") {
 		t.Errorf("mode cluster: %v, want the Redis Cluster refusal", err)
 	}
-	tp, err := redispubsub.New(redispubsub.Options{URL: "redis://127.0.0.1:1/0"},
+	tp, err := redispubsub.New(redispubsub.Options{Server: redispubsub.Server{URL: "redis://127.0.0.1:1/0"}},
 		transport.Env{RedisMode: "sentinel", RedisAddrs: []string{"127.0.0.1:2"}, RedisMasterName: "m"})
 	if err != nil {
 		t.Fatalf("the deployment's sentinel topology: %v", err)
@@ -133,7 +133,7 @@ func TestOptions(t *testing.T) {
 // TestObservableLosses: what Redis pub/sub loses is counted.
 func TestObservableLosses(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	tp, err := redispubsub.New(redispubsub.Options{URL: r.URL}, transport.Env{})
+	tp, err := redispubsub.New(redispubsub.Options{Server: redispubsub.Server{URL: r.URL}}, transport.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestObservableLosses(t *testing.T) {
 func TestRetryWaitsForASubscriber(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rc := testenv.RedisClient(t, r.URL)
-	opts := redispubsub.Options{URL: r.URL, RetryQueueName: "retries", RetryPollIntervalMS: 10}
+	opts := redispubsub.Options{Server: redispubsub.Server{URL: r.URL}, RetryQueueName: "retries", RetryPollIntervalMS: 10}
 	tp, err := redispubsub.New(opts, transport.Env{})
 	if err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ func benchClaimSettle(b *testing.B, cfg producer.Config) {
 	if err := p.EnqueueMany(ctx, q, reqs); err != nil {
 		b.Fatal(err)
 	}
-	tp, err := rss.New(rss.Options{URL: r.URL}, nil)
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestCluster(t *testing.T) {
 	// Two replicas per master: after the failover the promoted master still
 	// has one, so min_replicas_acked 1 can still be met.
 	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Replicas: 2})
-	p, err := producer.Dial(c.URL, producer.Config{Mode: "cluster", MinReplicasAcked: 1})
+	p, err := producer.Dial(c.URL, producer.Config{TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, MinReplicasAcked: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestCluster(t *testing.T) {
 	pools := poolsOnDistinctMasters(t, c, p.Names(), 3)
 
 	t.Run("SlotMismatch", func(t *testing.T) {
-		tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster"})
+		tp := f.transport(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}})
 		defer tp.Close()
 		if _, err := tp.Source(transport.Queue{Name: p.Names().RequestQueue(pools[0]), ResultName: "llm-d-async:results:other:$batch"}); err != nil {
 			t.Fatalf("a result list in another slot (the cross-slot settle): %v", err)
@@ -95,7 +95,7 @@ func TestCluster(t *testing.T) {
 				t.Errorf("%s: the job index outlived the cancellation", q)
 			}
 		}
-		tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", PollIntervalMS: 50})
+		tp := f.transport(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, PollIntervalMS: 50})
 		stop := f.runAppQueues(tp, queues, func(q string) string { return strings.Replace(q, ":requests:", ":results:", 1) + ":$batch" }, 4)
 		for _, q := range queues {
 			got := f.collect(strings.Replace(q, ":requests:", ":results:", 1)+":$batch", 2, 20*time.Second)
@@ -144,7 +144,7 @@ func clusterFailover(t *testing.T, f *fixture, c *testenv.RedisCluster, pools []
 	total := perQueue * len(pools)
 	resultOf := func(q string) string { return lists[indexOf(queues, q)] }
 	for range 2 {
-		tp, err := rss.New(rss.Options{URL: c.URL, Mode: "cluster", MinReplicasAcked: 1, LeaseMS: 4000, PollIntervalMS: 50}, f.log)
+		tp, err := rss.New(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, MinReplicasAcked: 1, LeaseMS: 4000, PollIntervalMS: 50}, f.log)
 		if err != nil {
 			t.Fatal(err)
 		}

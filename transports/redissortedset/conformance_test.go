@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 			ConcurrentConsumers: true,
 		},
 		New: func(t testing.TB) transport.Transport {
-			tp, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+			tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, PollIntervalMS: 20}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,7 +12,7 @@ import (
 // ping while it is down, healthy again once it is back on the same address.
 func TestCheckHealthFollowsRedis(t *testing.T) {
 	redishealth.Check(t, func(t *testing.T, url string) transport.Transport {
-		tp, err := redissortedset.New(redissortedset.Options{URL: url}, nil)
+		tp, err := redissortedset.New(redissortedset.Options{Server: redissortedset.Server{URL: url}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

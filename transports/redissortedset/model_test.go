@@ -223,7 +223,7 @@ func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssM
 		mode = "cluster"
 	}
 	m.admin = redis.NewClient(&redis.Options{Addr: rd.addr()})
-	p, err := producer.Dial(rd.url(), producer.Config{Mode: mode, Envelope: envelope, ResultQueueName: m.q.ResultName})
+	p, err := producer.Dial(rd.url(), producer.Config{TopologyOptions: rss.TopologyOptions{Mode: mode}, Envelope: envelope, ResultQueueName: m.q.ResultName})
 	if err != nil {
 		rt.Fatal(err)
 	}
@@ -239,7 +239,8 @@ func (m *ssMachine) start(rt *rapid.T) *ssReplica {
 	if m.cross {
 		mode = "cluster"
 	}
-	tp, err := rss.New(rss.Options{URL: m.rd.url(), Mode: mode, LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: m.rd.url()}, TopologyOptions: rss.TopologyOptions{Mode: mode},
+		LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
 		PollIntervalMS: 600000, MaxDeliveries: 2}, nil)
 	if err != nil {
 		rt.Fatal(err)

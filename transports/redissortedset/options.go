@@ -30,28 +30,23 @@ const (
 	maxReclaimIntervalMS = 15000
 )
 
+// Server is the url key of the options, shared by the Redis transports.
+type Server = redisclient.Server
+
+// TopologyOptions are the mode, addrs and master_name keys of the options,
+// shared by the Redis transports.
+type TopologyOptions = redisclient.TopologyOptions
+
 // Options are the transport's options (the transport config object minus
 // queues and result_queue_name). Unknown options are errors.
 type Options struct {
-	// URL is the Redis URL (redis://, rediss:// for TLS, user:password@ for
-	// AUTH); default: the deployment's REDIS_URL. In cluster mode, go-redis's
-	// cluster form: redis://host:port?addr=host2:port2 (any node finds the
-	// others).
-	URL string `json:"url,omitempty"`
-	// Mode is "single" (one server; upstream's "standalone" too),
-	// "cluster" (a Redis Cluster: the keys of a queue are hash-tagged into
-	// one slot, and queues spread over the nodes) or "sentinel" (the URL's
-	// host is a sentinel; the client follows the master of MasterName
-	// through failovers). When none of mode, addrs and master_name is set,
-	// the deployment's redis_mode, redis_addrs and redis_master_name apply.
-	Mode string `json:"mode,omitempty"`
-	// Addrs are more cluster nodes or sentinels beside the URL's host
-	// (upstream's addrs): cluster or sentinel mode only.
-	Addrs []string `json:"addrs,omitempty"`
-	// MasterName is the name the sentinels monitor the master under
-	// (upstream's master_name): required in sentinel mode, refused
-	// otherwise.
-	MasterName string `json:"master_name,omitempty"`
+	// Server is the url key (redisclient.Server): default the deployment's
+	// REDIS_URL, and no Redis URL at all is an error.
+	Server
+	// TopologyOptions are the mode, addrs and master_name keys
+	// (redisclient.TopologyOptions). In cluster mode the keys of a queue
+	// are hash-tagged into one slot, and queues spread over the nodes.
+	TopologyOptions
 	// MinReplicasAcked, when above 0, makes every result write wait (Redis
 	// WAIT) until that many replicas of the queue's master hold it before
 	// the request is acked; with it a failover loses no result and repeats
@@ -196,7 +191,7 @@ func (o *Options) Validate() error {
 	if o.PoolSize < 0 {
 		errs = append(errs, errors.New("pool_size must not be negative"))
 	}
-	if _, err := o.topology(); err != nil {
+	if _, err := o.TopologyOptions.Parse(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.MinReplicasAcked < 0 {
@@ -214,7 +209,7 @@ func RedisOptions(url string, o Options) (*redisclient.Options, error) {
 	if url == "" {
 		return nil, errors.New("no Redis URL: set url, --redis.url, --redis.url-file or REDIS_URL")
 	}
-	top, err := o.topology()
+	top, err := o.TopologyOptions.Parse()
 	if err != nil {
 		return nil, err
 	}
@@ -233,15 +228,6 @@ func RedisOptions(url string, o Options) (*redisclient.Options, error) {
 		return nil, tlsErr
 	}
 	return ro, nil
-}
-
-// topology reads mode, addrs and master_name.
-func (o Options) topology() (redisclient.Topology, error) {
-	t, err := redisclient.ParseTopology(o.Mode, o.Addrs, o.MasterName)
-	if err != nil {
-		return t, fmt.Errorf("mode, addrs, master_name: %w", err)
-	}
-	return t, nil
 }
 
 // tls returns the TLS configuration of a connection whose URL gave tc (nil

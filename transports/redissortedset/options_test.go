@@ -45,7 +45,7 @@ func TestClaimOptions(t *testing.T) {
 }
 
 func TestResultTTLValidated(t *testing.T) {
-	tp, err := rss.New(rss.Options{URL: "redis://127.0.0.1:1"}, nil)
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: "redis://127.0.0.1:1"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func pausedHolder(t *testing.T, rd *modelRedis, point int) {
 	k := keys.Names{Cluster: true}.Queue(q.Name)
 	admin := redis.NewClient(&redis.Options{Addr: rd.addr()})
 	defer admin.Close()
-	prod, err := producer.Dial(rd.url(), producer.Config{Mode: "cluster", ResultQueueName: q.ResultName})
+	prod, err := producer.Dial(rd.url(), producer.Config{TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, ResultQueueName: q.ResultName})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func pausedHolder(t *testing.T, rd *modelRedis, point int) {
 		t.Fatal(err)
 	}
 	open := func() (*rss.Transport, transport.Source, message.Publisher) {
-		tp, err := rss.New(rss.Options{URL: rd.url(), Mode: "cluster", LeaseMS: 600000, HeartbeatMS: 300000,
+		tp, err := rss.New(rss.Options{Server: rss.Server{URL: rd.url()}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, LeaseMS: 600000, HeartbeatMS: 300000,
 			ReclaimIntervalMS: 600000, PollIntervalMS: 600000}, nil)
 		if err != nil {
 			t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 // (exclusive), whole seconds.
 func TestDeadlineProximity(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	tp, err := rss.New(rss.Options{URL: r.URL}, nil)
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

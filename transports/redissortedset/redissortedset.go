@@ -88,9 +88,7 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
-	if o.Mode == "" && len(o.Addrs) == 0 && o.MasterName == "" {
-		o.Mode, o.Addrs, o.MasterName = env.RedisMode, env.RedisAddrs, env.RedisMasterName
-	}
+	o.TopologyOptions = o.Or(TopologyOptions{Mode: env.RedisMode, Addrs: env.RedisAddrs, MasterName: env.RedisMasterName})
 	o.deploymentTLS = env.RedisTLS
 	t, err := New(o, env.Logger)
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 // in the middle of a drain.
 func TestSentinel(t *testing.T) {
 	s := testenv.StartRedisSentinel(t)
-	opts := rss.Options{URL: s.URL, Mode: "sentinel", Addrs: s.Sentinels[1:], MasterName: s.MasterName}
+	opts := rss.Options{Server: rss.Server{URL: s.URL}, TopologyOptions: rss.TopologyOptions{Mode: "sentinel", Addrs: s.Sentinels[1:], MasterName: s.MasterName}}
 
 	t.Run("Conformance", func(t *testing.T) {
 		ro, err := rss.RedisOptions(s.URL, opts)
@@ -105,7 +105,7 @@ func TestSentinel(t *testing.T) {
 func sentinelFailover(t *testing.T, s *testenv.RedisSentinel, opts rss.Options) {
 	ctx := context.Background()
 	const n = 600
-	p, err := producer.Dial(s.URL, producer.Config{Mode: "sentinel", Addrs: opts.Addrs, MasterName: opts.MasterName, MinReplicasAcked: 1})
+	p, err := producer.Dial(s.URL, producer.Config{TopologyOptions: opts.TopologyOptions, MinReplicasAcked: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

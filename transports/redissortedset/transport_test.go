@@ -364,7 +364,7 @@ func TestResultSurvivesRedisRestart(t *testing.T) {
 	if err := p.Enqueue(ctx, q.Name, request("o1", "", time.Hour, nil)); err != nil {
 		t.Fatal(err)
 	}
-	tp, err := rss.New(rss.Options{URL: r.URL, LeaseMS: 10000}, nil)
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, LeaseMS: 10000}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func TestIdleWaitWakeUps(t *testing.T) {
 			}
 			q := rss.RequestQueueName("wake-" + strconv.Itoa(i))
 			poll := int(tc.idle / time.Millisecond)
-			tp, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: poll}, nil)
+			tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, PollIntervalMS: poll}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

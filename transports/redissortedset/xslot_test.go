@@ -56,7 +56,7 @@ func crossSlotDrain(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 		tokens[r.id] = r.token
 		enqueueUpstream(t, cl, r)
 	}
-	tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", PollIntervalMS: 50})
+	tp := f.transport(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, PollIntervalMS: 50})
 	if err := tp.CheckQueue(transport.Queue{Name: q, ResultName: res}); err != nil {
 		t.Fatalf("upstream's names refused: %v", err)
 	}
@@ -260,7 +260,7 @@ func crashAndRecover(t *testing.T, f *fixture, c *testenv.RedisCluster, q, res s
 	for i := range crashRequests {
 		enqueueUpstream(t, cl, upstreamReq{id: fmt.Sprintf("c-%02d", i), queueID: q, queue: q, results: res, token: newToken(t), deadline: time.Now().Add(3 * time.Minute)})
 	}
-	opts := rss.Options{URL: c.URL, Mode: "cluster", LeaseMS: 600, HeartbeatMS: 150, ReclaimIntervalMS: 50, ResultRetryMS: 300, PollIntervalMS: 50}
+	opts := rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, LeaseMS: 600, HeartbeatMS: 150, ReclaimIntervalMS: 50, ResultRetryMS: 300, PollIntervalMS: 50}
 	queue := transport.Queue{ID: q, Name: q, ResultName: res}
 	a := f.transport(opts)
 	crash := newCrashAt(point)
@@ -382,7 +382,7 @@ func sameSlotOneScript(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 			t.Fatal(err)
 		}
 	}
-	tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", PollIntervalMS: 50})
+	tp := f.transport(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, PollIntervalMS: 50})
 	if w := tp.QueueWarnings(transport.Queue{Name: q, ResultName: res}); len(w) != 0 {
 		t.Fatalf("warnings for one hash tag: %q", w)
 	}
@@ -416,7 +416,7 @@ func crossSlotNack(t *testing.T, f *fixture, c *testenv.RedisCluster) {
 	cl := f.prod.Client()
 	q, res := upstreamPair(t, "xs-nack")
 	enqueueUpstream(t, cl, upstreamReq{id: "n-1", queueID: q, queue: q, results: res, token: newToken(t), deadline: time.Now().Add(3 * time.Minute)})
-	tp := f.transport(rss.Options{URL: c.URL, Mode: "cluster", LeaseMS: 600, HeartbeatMS: 150, ReclaimIntervalMS: 50, ResultRetryMS: 300, PollIntervalMS: 50})
+	tp := f.transport(rss.Options{Server: rss.Server{URL: c.URL}, TopologyOptions: rss.TopologyOptions{Mode: "cluster"}, LeaseMS: 600, HeartbeatMS: 150, ReclaimIntervalMS: 50, ResultRetryMS: 300, PollIntervalMS: 50})
 	defer tp.Close()
 	var mu sync.Mutex
 	failing := true

@@ -12,7 +12,7 @@ import (
 // ping while it is down, healthy again once it is back on the same address.
 func TestCheckHealthFollowsRedis(t *testing.T) {
 	redishealth.Check(t, func(t *testing.T, url string) transport.Transport {
-		tp, err := redisstream.New(redisstream.Options{URL: url}, transport.Env{})
+		tp, err := redisstream.New(redisstream.Options{Server: redisstream.Server{URL: url}}, transport.Env{})
 		if err != nil {
 			t.Fatal(err)
 		}

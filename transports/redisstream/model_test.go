@@ -119,7 +119,7 @@ type stConsumer struct {
 func (m *stMachine) start(rt *rapid.T, slot int) *stConsumer {
 	m.gen++
 	name := fmt.Sprintf("c%d-%d", slot, m.gen)
-	tp, err := redisstream.New(redisstream.Options{URL: m.url, Consumer: name, ClaimIdleMS: streamIdleMS, HeartbeatMS: streamIdleMS / 2}, transport.Env{})
+	tp, err := redisstream.New(redisstream.Options{Server: redisstream.Server{URL: m.url}, Consumer: name, ClaimIdleMS: streamIdleMS, HeartbeatMS: streamIdleMS / 2}, transport.Env{})
 	if err != nil {
 		rt.Fatal(err)
 	}

@@ -47,7 +47,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/transport"
-	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
@@ -71,10 +70,16 @@ const (
 	MetaEntry  = "sluice_entry"
 )
 
+// Server is the url key of the options, shared by the Redis transports.
+type Server = redisclient.Server
+
 // Options are the transport's options.
 type Options struct {
-	// URL is the Redis URL (default: the deployment's REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0).
-	URL string `json:"url,omitempty"`
+	// Server is the url key (redisclient.Server): default the deployment's
+	// REDIS_URL, then redisclient.DefaultURL, redis://localhost:6379/0. The
+	// topology is the deployment's (redis_mode, redis_addrs,
+	// redis_master_name); a Redis Cluster is refused.
+	Server
 	// ConsumerGroup is the consumer group (default "sluice"); created at the
 	// start of the stream (id 0) when missing.
 	ConsumerGroup string `json:"consumer_group,omitempty"`
@@ -99,6 +104,10 @@ type Options struct {
 	KeepAcked bool `json:"keep_acked,omitempty"`
 	// RetryPollIntervalMS is how often due retries are moved back (default 100).
 	RetryPollIntervalMS int `json:"retry_poll_interval_ms,omitempty"`
+	// CancelKey names the keys of cancellations made through sluice
+	// (Cancel; default DefaultCancelKey): a producer and the dispatchers
+	// must agree on it.
+	CancelKey string `json:"cancel_key,omitempty"`
 }
 
 func (o *Options) setDefaults(env transport.Env) {
@@ -135,6 +144,9 @@ func (o *Options) setDefaults(env transport.Env) {
 	}
 	if o.RetryPollIntervalMS == 0 {
 		o.RetryPollIntervalMS = 100
+	}
+	if o.CancelKey == "" {
+		o.CancelKey = DefaultCancelKey
 	}
 }
 
@@ -206,6 +218,8 @@ type Transport struct {
 	inflight map[string]*delivery // key: stream + "\x00" + entry id
 	subs     []*source
 	groups   map[string]bool
+
+	cancels cancelCache
 }
 
 // delivery is one entry handed to the core and not yet settled.
@@ -224,27 +238,39 @@ var (
 	_ transport.DeadLetterer     = (*Transport)(nil)
 )
 
-// New builds the transport; it connects lazily.
-func New(o Options, env transport.Env) (*Transport, error) {
+// NewClient returns o with its defaults and a client of the Redis it
+// names, reached as env says (redis_mode, redis_addrs, redis_master_name,
+// TLS): the client New runs on, for a producer beside the dispatcher
+// (front/submit/redisstream). It connects lazily.
+func NewClient(o Options, env transport.Env) (*redis.Client, Options, error) {
 	o.setDefaults(env)
 	if err := o.Validate(); err != nil {
-		return nil, err
+		return nil, o, err
 	}
 	// The deployment's topology (redis_mode, redis_addrs,
 	// redis_master_name): one server, or one found through sentinels.
 	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
 	if err != nil {
-		return nil, fmt.Errorf("redis_mode, redis_addrs, redis_master_name: %w", err)
+		return nil, o, fmt.Errorf("redis_mode, redis_addrs, redis_master_name: %w", err)
 	}
 	if top.Mode == redisclient.Cluster {
-		return nil, errCluster
+		return nil, o, errCluster
 	}
 	ro, err := top.Parse(o.URL)
 	if err != nil {
-		return nil, fmt.Errorf("url: %w", err)
+		return nil, o, fmt.Errorf("url: %w", err)
 	}
 	ro.Tune(func(c *redisclient.Common) { c.TLSConfig = env.RedisTLSFor(c.TLSConfig) })
 	client, err := ro.NewClient()
+	if err != nil {
+		return nil, o, err
+	}
+	return client, o, nil
+}
+
+// New builds the transport; it connects lazily.
+func New(o Options, env transport.Env) (*Transport, error) {
+	client, o, err := NewClient(o, env)
 	if err != nil {
 		return nil, err
 	}
@@ -510,6 +536,14 @@ func (p resultPublisher) Publish(topic string, ms ...*message.Message) error {
 // Close does nothing: the transport owns the client.
 func (resultPublisher) Close() error { return nil }
 
+// RoutesResults implements transport.ResultRouter: a result list (or
+// stream) is any key, so a request may name its own
+// (wire.Request.ResultQueueName) and its caller reads only its own
+// (front/submit/redisstream).
+func (*Transport) RoutesResults() {}
+
+var _ transport.ResultRouter = (*Transport)(nil)
+
 // Source implements transport.Transport.
 func (t *Transport) Source(q transport.Queue) (transport.Source, error) {
 	t.mu.Lock()
@@ -579,16 +613,6 @@ func (t *Transport) Events() map[string]int64 {
 }
 
 var _ transport.EventCounter = (*Transport)(nil)
-
-// Cancelled implements transport.CancelChecker with upstream's per-request
-// cancel keys (request-cancel:<id> = the request's token), checked before
-// dispatch; concurrent checks share round trips (upstream.CancelReader).
-// Requests without a token cost no round trip.
-func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
-	return t.upCancel.Cancelled(ctx, req)
-}
-
-var _ transport.CancelChecker = (*Transport)(nil)
 
 // CheckHealth implements transport.HealthChecker as upstream does: one Redis
 // PING on the transport's client, whatever the queues.

@@ -53,7 +53,7 @@ func TestConformance(t *testing.T) {
 			ConcurrentConsumers: true,
 		},
 		New: func(t testing.TB) transport.Transport {
-			return newTransport(t, redisstream.Options{URL: r.URL, BlockMS: 50, RetryPollIntervalMS: 20})
+			return newTransport(t, redisstream.Options{Server: redisstream.Server{URL: r.URL}, BlockMS: 50, RetryPollIntervalMS: 20})
 		},
 		Queue: func(testing.TB) transport.Queue {
 			n := seq.Add(1)
@@ -141,7 +141,7 @@ func next(ch <-chan *message.Message, d time.Duration) *message.Message {
 func TestLongRequestNotClaimedTwice(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rc := testenv.RedisClient(t, r.URL)
-	o := redisstream.Options{URL: r.URL, ClaimIdleMS: 300, HeartbeatMS: 50, BlockMS: 50}
+	o := redisstream.Options{Server: redisstream.Server{URL: r.URL}, ClaimIdleMS: 300, HeartbeatMS: 50, BlockMS: 50}
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	a := newTransport(t, o)
 	defer a.Close()
@@ -186,7 +186,7 @@ func TestTakeOverAndFence(t *testing.T) {
 	rc := testenv.RedisClient(t, r.URL)
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	// "Dead" consumer: heartbeat far slower than the claim idle time of the others.
-	dead := newTransport(t, redisstream.Options{URL: r.URL, Consumer: "dead", ClaimIdleMS: 600000, HeartbeatMS: 300000, BlockMS: 50})
+	dead := newTransport(t, redisstream.Options{Server: redisstream.Server{URL: r.URL}, Consumer: "dead", ClaimIdleMS: 600000, HeartbeatMS: 300000, BlockMS: 50})
 	defer dead.Close()
 	cd := subscribe(t, dead, q)
 	xadd(t, rc, q.Name, transporttest.Request("t1", time.Hour))
@@ -194,7 +194,7 @@ func TestTakeOverAndFence(t *testing.T) {
 	if m == nil {
 		t.Fatal("no delivery")
 	}
-	alive := newTransport(t, redisstream.Options{URL: r.URL, Consumer: "alive", ClaimIdleMS: 200, HeartbeatMS: 50, BlockMS: 50})
+	alive := newTransport(t, redisstream.Options{Server: redisstream.Server{URL: r.URL}, Consumer: "alive", ClaimIdleMS: 200, HeartbeatMS: 50, BlockMS: 50})
 	defer alive.Close()
 	ca := subscribe(t, alive, q)
 	defer ca.close()
@@ -230,7 +230,7 @@ func TestTakeOverAndFence(t *testing.T) {
 func TestWindowedReads(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rc := testenv.RedisClient(t, r.URL)
-	tp := newTransport(t, redisstream.Options{URL: r.URL, BlockMS: 50})
+	tp := newTransport(t, redisstream.Options{Server: redisstream.Server{URL: r.URL}, BlockMS: 50})
 	defer tp.Close()
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	for i := range 8 {
@@ -255,7 +255,7 @@ func TestWindowedReads(t *testing.T) {
 func TestDeadLetter(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	rc := testenv.RedisClient(t, r.URL)
-	tp := newTransport(t, redisstream.Options{URL: r.URL, BlockMS: 50})
+	tp := newTransport(t, redisstream.Options{Server: redisstream.Server{URL: r.URL}, BlockMS: 50})
 	defer tp.Close()
 	q := transport.Queue{ID: "q", Name: "requests", ResultName: "results"}
 	xadd(t, rc, q.Name, []byte("not json"))

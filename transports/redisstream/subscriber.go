@@ -88,6 +88,11 @@ func (t *Transport) ensureGroup(ctx context.Context, stream string) error {
 // entry read by an idle Wait comes first.
 func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 	t := s.t
+	// Every entry this claim hands out is checked against the
+	// cancellations recorded before it was read: readNew reads the cancel
+	// epoch after its entries (in the same round trip), and a claim that
+	// hands out entries without reading new ones looks at it apart.
+	read := false
 	out := make([]*message.Message, 0, n)
 	if d := s.takeStash(); d != nil {
 		out = append(out, d.msg)
@@ -118,6 +123,18 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 		entries = append(entries, more...)
 		if rerr != nil {
 			err = rerr
+		} else {
+			read = true
+		}
+	}
+	if !read && len(out)+len(entries) > 0 {
+		if cerr := t.refreshCancels(ctx); cerr != nil {
+			// Not checked against the latest cancellations: handed back.
+			for _, e := range entries {
+				out = append(out, s.delivery(e).msg)
+			}
+			s.HandBack(out)
+			return nil, cerr
 		}
 	}
 	for _, e := range entries {
@@ -190,20 +207,45 @@ func (s *source) Close() error {
 // After NOGROUP (the stream was deleted) it creates the group again.
 func (s *source) readNew(ctx context.Context, n int, block time.Duration) ([]redis.XMessage, error) {
 	t := s.t
-	res, err := t.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group: t.opts.ConsumerGroup, Consumer: t.opts.Consumer, Streams: []string{s.stream, ">"},
-		Count: int64(n), Block: block,
-	}).Result()
-	switch {
-	case err == nil:
+	// The cancel epoch is read after the entries (on the same connection,
+	// so after a blocking read returns): a cancellation recorded before an
+	// entry was read is in the copy its check reads.
+	var read *redis.XStreamSliceCmd
+	var epoch *redis.StringCmd
+	_, _ = t.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		read = pl.XReadGroup(ctx, &redis.XReadGroupArgs{
+			Group: t.opts.ConsumerGroup, Consumer: t.opts.Consumer, Streams: []string{s.stream, ">"},
+			Count: int64(n), Block: block,
+		})
+		epoch = pl.Get(ctx, t.opts.CancelKey+":epoch")
+		return nil
+	})
+	res, err := read.Result()
+	if err == nil || errors.Is(err, redis.Nil) {
+		e, eerr := epoch.Result()
+		if eerr != nil && !errors.Is(eerr, redis.Nil) {
+			eerr = fmt.Errorf("read cancellations: %w", eerr)
+		} else {
+			eerr = t.applyEpoch(ctx, e)
+		}
 		var out []redis.XMessage
 		for _, st := range res {
 			out = append(out, st.Messages...)
 		}
+		if eerr != nil {
+			// Not checked against the latest cancellations: handed back.
+			if len(out) > 0 {
+				ms := make([]*message.Message, len(out))
+				for i, e := range out {
+					ms[i] = s.delivery(e).msg
+				}
+				s.HandBack(ms)
+			}
+			return nil, eerr
+		}
 		return out, nil
-	case errors.Is(err, redis.Nil):
-		return nil, nil
-	case ctx.Err() != nil:
+	}
+	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	if strings.HasPrefix(err.Error(), "NOGROUP") {

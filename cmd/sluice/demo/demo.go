@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -251,13 +252,15 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 }
 
 // adapters registers what the demos and the memory load run on: the memory
-// transport, the constant gate and the aimd gate (the purpose demo's).
+// transport, the constant gate, the aimd gate and the pool-headroom gate
+// (the purpose demo's).
 func adapters() (app.Adapters, error) {
 	ad := app.NewAdapters()
 	err := errors.Join(
 		ad.Transports.Register(memory.Name, memory.Factory),
 		ad.Gates.Register(constant.Type, constant.Factory),
 		ad.Gates.Register(aimd.Type, aimd.Factory),
+		ad.Gates.Register(headroom.Type, headroom.Factory),
 	)
 	return ad, err
 }

@@ -21,8 +21,8 @@ import (
 	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/constant"
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/internal/poolsim"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -119,6 +119,9 @@ type PoolSummary struct {
 	BatchSeconds float64 `json:"batch_seconds"`
 	// Rejections are the front's 429s to batch requests (each retried).
 	Rejections uint64 `json:"batch_rejections"`
+	// Evicted are the batch calls sluice took back for the gate (each
+	// re-queued and answered later).
+	Evicted int `json:"batch_evicted"`
 	// StepLagP99Ms is how late the simulator's steps ran (a large value: the
 	// machine was too busy for the figures to mean much).
 	StepLagP99Ms float64 `json:"step_lag_p99_ms"`
@@ -133,13 +136,13 @@ const (
 // RunPool runs the purpose demo: a simulated inference pool (two vLLM-like
 // pods of 16 seats behind an EPP-like front, internal/poolsim) serves
 // interactive traffic straight to the front, first alone (the floor), then
-// in bursts while sluice sends a batch through the aimd gate, which reads
-// the front's answers (the front refuses batch requests with a reason-coded
-// 429 once the pool is 70 % busy) — no Prometheus, no server. It returns
-// when every batch request has its result.
+// in bursts while sluice sends a batch through the pool-headroom gate with
+// evict (it reads every pod's own gauges each 50 ms, keeps 4 seats free and
+// takes batch requests back when a burst eats them) — no Prometheus, no
+// server. It returns when every batch request has its result.
 func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	o.setDefaults()
-	sum := PoolSummary{Gate: aimd.Type, Batch: o.Batch}
+	sum := PoolSummary{Gate: headroom.Type, Batch: o.Batch}
 	if o.Ungated {
 		sum.Gate = constant.Type
 	}
@@ -151,8 +154,6 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 
 	pcfg := poolsim.Config{Seed: int64(o.Seed)}
 	pcfg.SetDefaults()
-	pcfg.Front.Mode, pcfg.Front.Detector = poolsim.ModeLegacyAdmission, poolsim.DetectorConcurrency
-	pcfg.Front.MaxConcurrency = max(1, pcfg.Engine.MaxNumSeqs*7/10)
 	pool, err := poolsim.New(pcfg)
 	if err != nil {
 		return sum, err
@@ -188,9 +189,20 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 
 	// The batch, through sluice.
 	mem := memory.New(memory.Options{})
-	gateType, params := aimd.Type, map[string]json.RawMessage{}
-	if o.Ungated {
-		gateType = constant.Type
+	gateType, params, evict := constant.Type, map[string]json.RawMessage{}, false
+	if !o.Ungated {
+		// the recommended arm of the interactive-protection benchmark
+		eps := make([]string, pcfg.Pods)
+		for i := range eps {
+			eps[i] = fmt.Sprintf("%s/pods/%d/metrics", front, i)
+		}
+		b, err := json.Marshal(eps)
+		if err != nil {
+			return sum, err
+		}
+		gateType, evict = headroom.Type, true
+		params = map[string]json.RawMessage{"endpoints": b, "seats_per_pod": json.RawMessage(strconv.Itoa(pcfg.Engine.MaxNumSeqs)),
+			"reserve": json.RawMessage("4"), "waiting_weight": json.RawMessage(strconv.Itoa(pcfg.Pods))}
 	}
 	cfg := &config.Config{
 		Transport: memory.Name, Concurrency: o.Concurrency, MetricsPort: -1, HealthPort: -1,
@@ -198,7 +210,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(2 * time.Second)},
 		TransportConfig: config.TransportConfig{ResultQueueName: demoPoolResults, Queues: []config.Queue{{
 			Queue: transport.Queue{Name: demoPoolQueue}, IGWBaseURL: front, RequestPathURL: "/v1/completions",
-			InferenceObjective: "batch-sheddable", GateType: gateType, GateParams: params,
+			InferenceObjective: "batch-sheddable", GateType: gateType, GateParams: params, Evict: evict,
 		}}},
 	}
 	ad, err := adapters()
@@ -323,6 +335,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	}
 	st := pool.Stats()
 	sum.Rejections = st.Classes[poolsim.ClassBatch].Rejected
+	sum.Evicted = int(familySum(reg, "sluice_evicted_total"))
 	sum.StepLagP99Ms = float64(pool.StepLag().P99) / float64(time.Millisecond)
 	if sum.Missing > 0 {
 		return sum, fmt.Errorf("demo: %d batch requests have no result after %s", sum.Missing, o.Timeout)

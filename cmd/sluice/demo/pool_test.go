@@ -11,8 +11,9 @@ import (
 )
 
 // The purpose demo, shortened: every batch request is answered exactly
-// once, the floor and the burst figures are measured, the front's 429s
-// reach the aimd gate, and the live lines come once a second.
+// once (evictions included), the floor and the burst figures are
+// measured, the batch goes through pool-headroom, and the live lines come
+// once a second.
 func TestPoolDemoAccountsForEveryRequest(t *testing.T) {
 	var progress bytes.Buffer
 	sum, err := RunPool(context.Background(), PoolOptions{
@@ -31,7 +32,7 @@ func TestPoolDemoAccountsForEveryRequest(t *testing.T) {
 	if sum.BatchTokens != 24*32 {
 		t.Errorf("batch tokens %d, want %d", sum.BatchTokens, 24*32)
 	}
-	if sum.Gate != "aimd" {
+	if sum.Gate != "pool-headroom" {
 		t.Errorf("gate %q", sum.Gate)
 	}
 	if n := strings.Count(progress.String(), "interactive TTFT p99"); n < 3 {

@@ -20,7 +20,7 @@ func TestConformance(t *testing.T) {
 		Features:      submittest.Features{CountsCancelled: true},
 		TransportName: rss.Name,
 		New: func(t testing.TB, lease time.Duration) (transport.Transport, submit.Producer) {
-			tr, err := rss.New(rss.Options{URL: r.URL, PollIntervalMS: 20}, nil)
+			tr, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, PollIntervalMS: 20}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

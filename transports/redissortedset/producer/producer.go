@@ -57,16 +57,12 @@ type Config struct {
 	CancelTTL time.Duration
 	// ChunkSize is how many requests one enqueue script call carries (default 500).
 	ChunkSize int
-	// Mode is how Dial reaches the URL: "single" (default; "standalone"
-	// too), "cluster" (a Redis Cluster, URL redis://host:port?addr=host2:port2)
-	// or "sentinel" (the URL's host is a sentinel; MasterName required).
-	// New reads the mode from the client it is given.
-	Mode string
-	// Addrs are more cluster nodes or sentinels for Dial (upstream's addrs).
-	Addrs []string
-	// MasterName is the master the sentinels monitor, for Dial in sentinel
-	// mode (upstream's master_name).
-	MasterName string
+	// TopologyOptions are how Dial reaches the URL (redisclient's mode,
+	// addrs and master_name, as in the transport's options): single
+	// (default), cluster (URL redis://host:port?addr=host2:port2) or
+	// sentinel (the URL's host is a sentinel; MasterName required). New
+	// reads the mode from the client it is given.
+	rss.TopologyOptions
 	// MinReplicasAcked, when above 0, makes an enqueue, a result lease
 	// (ResultReader.Next) and a result ack return only once that many
 	// replicas of the key's master hold it (Redis WAIT), so a failover
@@ -140,10 +136,10 @@ func New(client redis.UniversalClient, cfg Config) *Producer {
 }
 
 // Dial connects to the Redis URL (redis://, rediss://, with user:password@
-// for AUTH) in cfg.Mode (with cfg.Addrs and cfg.MasterName); Close closes
+// for AUTH) in cfg.TopologyOptions; Close closes
 // the connection.
 func Dial(url string, cfg Config) (*Producer, error) {
-	ro, err := rss.RedisOptions(url, rss.Options{Mode: cfg.Mode, Addrs: cfg.Addrs, MasterName: cfg.MasterName})
+	ro, err := rss.RedisOptions(url, rss.Options{TopologyOptions: cfg.TopologyOptions})
 	if err != nil {
 		return nil, err
 	}

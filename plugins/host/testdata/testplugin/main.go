@@ -10,7 +10,8 @@
 //     lets through;
 //   - "wait": Admit answers Wait (delay 50ms) and labels the request
 //     classification=overflow, removing its "drop" label;
-//   - "flood": every Budget writes 100 lines to stderr.
+//   - "flood": every Budget writes 100 lines to stderr;
+//   - "panic": Budget panics (the runtime writes the trace to fd 2).
 package main
 
 import (
@@ -32,6 +33,8 @@ func (g testGate) Budget(ctx context.Context) (float64, error) {
 		return 0, ctx.Err()
 	case "exit":
 		os.Exit(3)
+	case "panic":
+		panic("planted panic")
 	case "flood":
 		for i := range 100 {
 			fmt.Fprintf(os.Stderr, `{"@level":"warn","@message":"flood line %d"}`+"\n", i)

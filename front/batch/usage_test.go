@@ -1,0 +1,28 @@
+package batch
+
+import "testing"
+
+func TestUsageAdd(t *testing.T) {
+	var u Usage
+	for _, l := range []string{
+		// chat completions and completions
+		`{"custom_id":"a","response":{"status_code":200,"body":{"usage":{"prompt_tokens":10,"completion_tokens":4,"total_tokens":14,"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}}}}`,
+		// the Responses API
+		`{"custom_id":"b","response":{"status_code":200,"body":{"usage":{"input_tokens":7,"output_tokens":2,"total_tokens":9,"input_tokens_details":{"cached_tokens":2},"output_tokens_details":{"reasoning_tokens":1}}}}}`,
+		// embeddings: no completion tokens
+		`{"custom_id":"c","response":{"status_code":200,"body":{"usage":{"prompt_tokens":5,"total_tokens":5}}}}`,
+		// no total given: input + output
+		`{"custom_id":"d","response":{"status_code":200,"body":{"usage":{"prompt_tokens":1,"completion_tokens":1}}}}`,
+		// nothing to add
+		`{"custom_id":"e","response":null,"error":{"code":"batch_expired","message":"x"}}`,
+		`{"custom_id":"f","response":{"status_code":400,"body":"not json"}}`,
+		`not a line`,
+	} {
+		u.add([]byte(l))
+	}
+	want := Usage{InputTokens: 23, OutputTokens: 7, TotalTokens: 30,
+		InputTokensDetails: InputTokensDetails{CachedTokens: 5}, OutputTokensDetails: OutputTokensDetails{ReasoningTokens: 2}}
+	if u != want {
+		t.Errorf("usage = %+v, want %+v", u, want)
+	}
+}

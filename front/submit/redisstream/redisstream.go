@@ -1,0 +1,229 @@
+// Package redisstream is the front/submit adapter of the Redis Streams
+// transport (transports/redisstream): requests are XADDed to the request
+// stream in watermill-redisstream's entry format, pipelined; a job or a
+// request is cancelled through the transport's cancel keys
+// (redisstream.Cancel: queued requests are answered CANCELLED without
+// dispatch when they come up, those in flight aborted); and a route is a
+// Redis result list read durably (a result is leased into the sorted set
+// <route>:pending and comes back to another reader when the one holding it
+// dies before its Ack).
+//
+// Routes are lists: the transport's result_mode must be "list" (its
+// default).
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	wmredis "github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/front/submit"
+	rstream "github.com/sluice-io/sluice/transports/redisstream"
+)
+
+// Options configure a Producer's result readers (Batch default 256: one
+// Next per that many results).
+type Options = submit.ReaderOptions
+
+// defaultBatch is the most results one Next returns when Options say none.
+const defaultBatch = 256
+
+// chunk is how many XADDs one pipeline carries.
+const chunk = 1000
+
+// Producer is the submit.Producer of the Redis Streams transport.
+type Producer struct {
+	client    *redis.Client
+	own       bool
+	cancelKey string
+	o         Options
+	seq       atomic.Uint64
+	prefix    string
+}
+
+var _ submit.Producer = (*Producer)(nil)
+
+// New returns a producer on client, with the transport's options to (for
+// its cancel_key; its result_mode must be "list"); Close leaves client
+// open.
+func New(client *redis.Client, to rstream.Options, o Options) (*Producer, error) {
+	if to.ResultMode != "" && to.ResultMode != rstream.ResultList {
+		return nil, fmt.Errorf("redis-stream result_mode %q: a front reads its routes as lists (result_mode %q)", to.ResultMode, rstream.ResultList)
+	}
+	key := to.CancelKey
+	if key == "" {
+		key = rstream.DefaultCancelKey
+	}
+	return &Producer{client: client, cancelKey: key, o: o.WithDefaults(defaultBatch),
+		prefix: strconv.FormatInt(time.Now().UnixNano(), 36) + "-s"}, nil
+}
+
+// Dial builds a producer on a client of its own for the transport's
+// options to and env (the client redisstream.NewClient builds, as the
+// dispatcher's); Close closes it.
+func Dial(to rstream.Options, env transport.Env, o Options) (*Producer, error) {
+	client, to, err := rstream.NewClient(to, env)
+	if err != nil {
+		return nil, fmt.Errorf("redis-stream producer: %w", err)
+	}
+	p, err := New(client, to, o)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	p.own = true
+	return p, nil
+}
+
+// Enqueue implements submit.Producer: every request encoded first (one
+// that does not encode fails the call before anything is written), then
+// XADDed in order, pipelined. An error part-way leaves the earlier ones
+// queued.
+func (p *Producer) Enqueue(ctx context.Context, queue string, reqs []*wire.Request) error {
+	values := make([]map[string]any, len(reqs))
+	for i, r := range reqs {
+		b, err := wire.EncodeRequest(r)
+		if err != nil {
+			return fmt.Errorf("enqueue to %s: %w", queue, err)
+		}
+		v, err := wmredis.DefaultMarshallerUnmarshaller{}.Marshal(queue, message.NewMessage(p.prefix+strconv.FormatUint(p.seq.Add(1), 36), b))
+		if err != nil {
+			return fmt.Errorf("enqueue to %s: %w", queue, err)
+		}
+		values[i] = v
+	}
+	for len(values) > 0 {
+		n := min(len(values), chunk)
+		if _, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for _, v := range values[:n] {
+				pl.XAdd(ctx, &redis.XAddArgs{Stream: queue, Values: v})
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("enqueue to %s: %w", queue, err)
+		}
+		values = values[n:]
+	}
+	return nil
+}
+
+// Cancel implements submit.Producer (redisstream.Cancel): the requests
+// of the job or the request are answered CANCELLED without dispatch when
+// a dispatcher claims them, and aborted in flight. It cannot count them
+// (-1).
+func (p *Producer) Cancel(ctx context.Context, _ string, c transport.Cancellation) (int, error) {
+	if err := rstream.Cancel(ctx, p.client, p.cancelKey, c, 0); err != nil {
+		return 0, err
+	}
+	return -1, nil
+}
+
+// Results implements submit.Producer: route is a Redis list key.
+func (p *Producer) Results(_ context.Context, route string) (submit.Reader, error) {
+	if route == "" {
+		return nil, errors.New("results: empty route")
+	}
+	return &reader{p: p, list: route, pending: route + ":pending"}, nil
+}
+
+// Capabilities implements submit.Producer: Redis keeps queued requests and
+// unacked results; a request id enqueued twice is queued twice.
+func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
+
+// Close implements submit.Producer.
+func (p *Producer) Close() error {
+	if p.own {
+		return p.client.Close()
+	}
+	return nil
+}
+
+// leaseScript hands out up to ARGV[1] results of list KEYS[1], each leased
+// in sorted set KEYS[2] until now + ARGV[2] ms: first those whose lease
+// lapsed, then the oldest of the list.
+var leaseScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[1])
+local exp = now + tonumber(ARGV[2])
+local out = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, n)
+for _, m in ipairs(out) do
+  redis.call('ZADD', KEYS[2], exp, m)
+end
+while #out < n do
+  local m = redis.call('RPOP', KEYS[1])
+  if not m then break end
+  redis.call('ZADD', KEYS[2], exp, m)
+  out[#out + 1] = m
+end
+return out
+`)
+
+type reader struct {
+	p             *Producer
+	list, pending string
+}
+
+// Next implements submit.Reader: it looks at once, then again after 5 ms,
+// doubling up to 200 ms while the route is empty.
+func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
+	wait := 5 * time.Millisecond
+	for {
+		raw, err := leaseScript.Run(ctx, r.p.client, []string{r.list, r.pending}, r.p.o.Batch, r.p.o.Lease.Milliseconds()).StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("read results from %s: %w", r.list, err)
+		}
+		if len(raw) > 0 {
+			out := make([]submit.Result, len(raw))
+			for i, s := range raw {
+				out[i] = submit.Result{Raw: []byte(s), Lease: s}
+				out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
+				if out[i].Result != nil {
+					out[i].ID = out[i].Result.ID
+				}
+			}
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 200*time.Millisecond)
+	}
+}
+
+// Ack implements submit.Reader.
+func (r *reader) Ack(ctx context.Context, rs ...submit.Result) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	members := make([]any, len(rs))
+	for i, res := range rs {
+		s, ok := res.Lease.(string)
+		if !ok {
+			return fmt.Errorf("ack on %s: result %q has no lease of this reader", r.list, res.ID)
+		}
+		members[i] = s
+	}
+	if err := r.p.client.ZRem(ctx, r.pending, members...).Err(); err != nil {
+		return fmt.Errorf("ack %d result(s) of %s: %w", len(rs), r.list, err)
+	}
+	return nil
+}
+
+// Close implements submit.Reader: what it leased and did not ack comes
+// back after its lease.
+func (r *reader) Close() error { return nil }

@@ -1,0 +1,450 @@
+// Package headroom is the gate of type "pool-headroom": it keeps seats of
+// an inference pool free for the traffic that does not come through sluice
+// (interactive requests sent to the pool directly), reading each model
+// server's own gauges often, without a Prometheus server in between.
+//
+//	{"gate_type":"pool-headroom","evict":true,"gate_params":{
+//	  "endpoints":["http://vllm-0:8000/metrics","http://vllm-1:8000/metrics"],
+//	  "seats_per_pod":16,"reserve":4,"reserve_share":0.25}}
+//
+// One reading: GET every endpoint (in parallel, each bounded by the
+// refresh's context and a 2 s timeout), sum running_metric and
+// waiting_metric (vLLM's vllm:num_requests_running and
+// vllm:num_requests_waiting by default; series filtered by labels, summed
+// when several match) over the pods, then
+//
+//	seats   = pods × seats_per_pod      (a pod's --max-num-seqs)
+//	own     = requests this gate admitted and not yet released
+//	others  = max(0, running + waiting − own)   (the traffic sluice does not send)
+//	held    = the highest others of the readings within hold (default 1s)
+//	keep    = reserve + ceil(reserve_share × held)
+//	allowed = seats − keep − held
+//	budget  = clamp(allowed / max_concurrency, 0, 1)
+//
+// so the queue's in-flight limit, ceil(max_concurrency × budget), is the
+// seats the other traffic leaves minus the reserve. The reserve is what
+// absorbs the other traffic's arrivals between two readings (the default
+// refresh is 50 ms); reserve_share grows it with that traffic, so a burst
+// that is growing finds room. A falling limit stops new claims at once;
+// with the queue's "evict": true it also takes back the youngest requests
+// in flight over it (core/pipeline's evictor), which is what frees seats
+// within a step instead of after a batch generation.
+//
+// A failed reading (an endpoint down, a metric missing) keeps the last
+// budget (failure policy keep-last; an eviction happens only on a reading
+// that worked). The gate is an Admitter only to count what it admitted;
+// it admits every request the credits let through.
+package headroom
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/internal/exposition"
+)
+
+// Type is the gate's registry name.
+const Type = "pool-headroom"
+
+// Defaults of the parameters.
+const (
+	DefaultReserve         = 2
+	DefaultRunningMetric   = "vllm:num_requests_running"
+	DefaultWaitingMetric   = "vllm:num_requests_waiting"
+	DefaultRefreshInterval = 50 * time.Millisecond
+	DefaultHold            = time.Second
+	// ScrapeTimeout bounds one endpoint's GET.
+	ScrapeTimeout = 2 * time.Second
+)
+
+// maxBody bounds a scraped page.
+const maxBody = 16 << 20
+
+// Config configures a Gate.
+type Config struct {
+	// Endpoints are the pods' metrics URLs, one per pod (required).
+	Endpoints []string
+	// SeatsPerPod is each pod's seat count: vLLM's --max-num-seqs (required).
+	SeatsPerPod int
+	// Reserve is how many seats, pool-wide, are kept free (default 2; 0
+	// keeps none beyond reserve_share).
+	Reserve *int
+	// ReserveShare keeps another ceil(ReserveShare × others) seats free, in
+	// [0,1) (default 0).
+	ReserveShare float64
+	// WaitingWeight multiplies the waiting gauge in others (default 1). A
+	// request waiting for a seat waits on one pod, and sluice cannot tell
+	// on which pod the calls it would take back run: a weight of the pod
+	// count takes back enough that one lands on each pod.
+	WaitingWeight float64
+	// Hold is how long a peak of the other traffic is remembered (default
+	// 1s; negative: not at all): the limit follows the highest others of
+	// the last Hold, so it falls at once when that traffic grows and
+	// rises only once it stayed lower for Hold. Without it the limit
+	// follows every arrival and completion of a burst, and each fall and
+	// rise is a batch request aborted and another started: prefill work
+	// that lengthens the pool's steps for everyone.
+	Hold time.Duration
+	// RunningMetric and WaitingMetric are the gauges read per pod.
+	RunningMetric, WaitingMetric string
+	// Labels filter the series read ("" also matches a series without the label).
+	Labels map[string]string
+	// MaxConcurrency is the queue's in-flight limit at budget 1 (gate.Env's).
+	MaxConcurrency int
+	// RefreshInterval is how often the budget is read (default 50ms).
+	RefreshInterval time.Duration
+	// ReleaseGrace is how long a released request still counts as the
+	// queue's own (default two refresh intervals). A request sluice
+	// aborted (evicted, cancelled) is released at once but leaves the
+	// pod's gauges only at the pod's next step: counted as "others" in
+	// between, it would shrink the limit and evict again.
+	ReleaseGrace time.Duration
+}
+
+// SetDefaults fills the zero fields.
+func (c *Config) SetDefaults() {
+	if c.Reserve == nil {
+		r := DefaultReserve
+		c.Reserve = &r
+	}
+	if c.RunningMetric == "" {
+		c.RunningMetric = DefaultRunningMetric
+	}
+	if c.WaitingMetric == "" {
+		c.WaitingMetric = DefaultWaitingMetric
+	}
+	if c.RefreshInterval <= 0 {
+		c.RefreshInterval = DefaultRefreshInterval
+	}
+	if c.MaxConcurrency <= 0 {
+		c.MaxConcurrency = 1
+	}
+	if c.Hold == 0 {
+		c.Hold = DefaultHold
+	}
+	if c.WaitingWeight == 0 {
+		c.WaitingWeight = 1
+	}
+	if c.ReleaseGrace <= 0 {
+		c.ReleaseGrace = 2 * c.RefreshInterval
+	}
+}
+
+// Validate reports every unusable parameter.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("gate_params.endpoints is required: the metrics URL of every pod of the pool"))
+	}
+	for _, e := range c.Endpoints {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("gate_params.endpoints: %q is not an http(s)://host[:port]/path URL", e))
+		}
+	}
+	if c.SeatsPerPod <= 0 {
+		errs = append(errs, fmt.Errorf("gate_params.seats_per_pod: %d, want > 0 (the pods' --max-num-seqs)", c.SeatsPerPod))
+	}
+	if c.Reserve != nil && *c.Reserve < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.reserve: %d is negative", *c.Reserve))
+	}
+	if !(c.WaitingWeight >= 0) || math.IsInf(c.WaitingWeight, 0) {
+		errs = append(errs, fmt.Errorf("gate_params.waiting_weight: %v, want a finite number ≥ 0", c.WaitingWeight))
+	}
+	if !(c.ReserveShare >= 0 && c.ReserveShare < 1) {
+		errs = append(errs, fmt.Errorf("gate_params.reserve_share: %v outside [0,1)", c.ReserveShare))
+	}
+	return errors.Join(errs...)
+}
+
+// Gate is the pool-headroom gate. It is safe for concurrent use.
+type Gate struct {
+	cfg    Config
+	client *http.Client
+	tr     *http.Transport
+	now    func() time.Time
+
+	mu       sync.Mutex
+	peaks    []peak      // others seen within Hold, a falling sequence
+	own      int         // admitted, release not yet seen by a reading
+	releases []time.Time // releases still within ReleaseGrace
+	last     Reading
+}
+
+// peak is one reading's others, kept while no later reading exceeds it
+// and it is younger than Hold.
+type peak struct {
+	at     time.Time
+	others int
+}
+
+// held returns the highest others of the readings within Hold, now's
+// included (a monotonic queue: O(1) amortized per reading).
+func (g *Gate) held(now time.Time, others int) int {
+	if g.cfg.Hold < 0 {
+		return others
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for len(g.peaks) > 0 && g.peaks[len(g.peaks)-1].others <= others {
+		g.peaks = g.peaks[:len(g.peaks)-1]
+	}
+	g.peaks = append(g.peaks, peak{now, others})
+	cut := now.Add(-g.cfg.Hold)
+	n := 0
+	for n < len(g.peaks)-1 && !g.peaks[n].at.After(cut) {
+		n++
+	}
+	g.peaks = append(g.peaks[:0], g.peaks[n:]...)
+	return g.peaks[0].others
+}
+
+// Reading is what the last successful reading saw.
+type Reading struct {
+	At                    time.Time
+	Running, Waiting, Own int
+	// Others is the traffic sluice does not send; Held its peak within Hold.
+	Others, Held         int
+	Keep, Allowed, Seats int
+	Budget               float64
+}
+
+var (
+	_ gate.Gate           = (*Gate)(nil)
+	_ gate.Admitter       = (*Gate)(nil)
+	_ gate.Describer      = (*Gate)(nil)
+	_ gate.Intervaler     = (*Gate)(nil)
+	_ gate.PolicyReporter = (*Gate)(nil)
+)
+
+// New returns the gate; it does no I/O.
+func New(cfg Config) (*Gate, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Gate{cfg: cfg, tr: tr, client: &http.Client{Transport: tr, Timeout: ScrapeTimeout}, now: time.Now}, nil
+}
+
+// Factory builds the gate from gate_params: endpoints (a JSON array or a
+// comma-separated string), seats_per_pod, reserve, reserve_share,
+// running_metric, waiting_metric, labels; the queue's concurrency is
+// max_concurrency.
+func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
+	eps, err := endpoints(p)
+	if err != nil {
+		return nil, err
+	}
+	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency,
+		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", "")}
+	if cfg.SeatsPerPod, err = p.Int("seats_per_pod", 0); err != nil {
+		return nil, err
+	}
+	if p.Has("reserve") {
+		r, err := p.Int("reserve", DefaultReserve)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Reserve = &r
+	}
+	if cfg.ReserveShare, err = p.Float("reserve_share", 0); err != nil {
+		return nil, err
+	}
+	if cfg.WaitingWeight, err = p.Float("waiting_weight", 1); err != nil {
+		return nil, err
+	}
+	if cfg.Hold, err = p.Duration("hold", DefaultHold); err != nil {
+		return nil, err
+	}
+	if cfg.Labels, err = p.StringMap("labels"); err != nil {
+		return nil, err
+	}
+	if err := p.Unused(); err != nil {
+		return nil, err
+	}
+	g, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// endpoints reads gate_params.endpoints: a JSON array of strings, or one
+// string of comma-separated URLs.
+func endpoints(p gate.Params) ([]string, error) {
+	raw := p.Raw("endpoints")
+	if len(raw) > 0 && raw[0] == '[' {
+		var list []string
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return nil, fmt.Errorf("gate_params.endpoints: %w", err)
+		}
+		return list, nil
+	}
+	var out []string
+	for _, e := range strings.Split(p.String("endpoints", ""), ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// Budget reads every pod and returns the share of the queue's concurrency
+// the other traffic leaves beyond the reserve.
+func (g *Gate) Budget(ctx context.Context) (float64, error) {
+	running, waiting, err := g.read(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c := g.cfg
+	r := Reading{At: g.now(), Running: running, Waiting: waiting, Own: g.ownAt(g.now()),
+		Seats: len(c.Endpoints) * c.SeatsPerPod}
+	r.Others = max(0, running+int(math.Ceil(c.WaitingWeight*float64(waiting)))-r.Own)
+	r.Held = g.held(r.At, r.Others)
+	r.Keep = *c.Reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
+	r.Allowed = max(0, r.Seats-r.Keep-r.Held)
+	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
+	g.mu.Lock()
+	g.last = r
+	g.mu.Unlock()
+	return r.Budget, nil
+}
+
+// read sums the running and waiting gauges over the pods.
+func (g *Gate) read(ctx context.Context) (running, waiting int, err error) {
+	type page struct {
+		run, wait float64
+		err       error
+	}
+	pages := make([]page, len(g.cfg.Endpoints))
+	var wg sync.WaitGroup
+	for i, u := range g.cfg.Endpoints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fams, err := exposition.Scrape(ctx, g.client, u, maxBody)
+			if err != nil {
+				pages[i].err = err
+				return
+			}
+			pages[i].run, pages[i].err = sum(fams[g.cfg.RunningMetric], g.cfg.Labels, u, g.cfg.RunningMetric)
+			if pages[i].err == nil {
+				pages[i].wait, pages[i].err = sum(fams[g.cfg.WaitingMetric], g.cfg.Labels, u, g.cfg.WaitingMetric)
+			}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	var run, wait float64
+	for _, p := range pages {
+		errs = append(errs, p.err)
+		run += p.run
+		wait += p.wait
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, err
+	}
+	return int(math.Round(run)), int(math.Round(wait)), nil
+}
+
+// ErrNoSample means a page had no series of a metric matching the labels.
+var ErrNoSample = errors.New("no sample")
+
+// sum adds the matching series of one family; none is an error.
+func sum(mf *dto.MetricFamily, labels map[string]string, u, metric string) (float64, error) {
+	vs := exposition.Values(mf, labels)
+	if len(vs) == 0 {
+		return 0, fmt.Errorf("scrape %s: %s: %w", u, metric, ErrNoSample)
+	}
+	var t float64
+	for _, v := range vs {
+		t += v
+	}
+	if math.IsNaN(t) || math.IsInf(t, 0) {
+		return 0, fmt.Errorf("scrape %s: %s is %v", u, metric, t)
+	}
+	return t, nil
+}
+
+// ownAt applies the releases older than the grace and returns what is
+// still the queue's own.
+func (g *Gate) ownAt(now time.Time) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	cut := now.Add(-g.cfg.ReleaseGrace)
+	n := 0
+	for n < len(g.releases) && !g.releases[n].After(cut) {
+		n++
+	}
+	g.own -= n
+	g.releases = append(g.releases[:0], g.releases[n:]...)
+	return g.own
+}
+
+// Admit admits every request and counts it as the queue's own until the
+// grace after its Release.
+func (g *Gate) Admit(context.Context, *wire.Request) (gate.Decision, error) {
+	g.mu.Lock()
+	g.own++
+	g.mu.Unlock()
+	var once sync.Once
+	return gate.Decision{Verdict: gate.Admit, Release: func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.releases = append(g.releases, g.now())
+			g.mu.Unlock()
+		})
+	}}, nil
+}
+
+// Last returns the last successful reading (zero before the first).
+func (g *Gate) Last() Reading {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.last
+}
+
+// RefreshInterval implements gate.Intervaler.
+func (g *Gate) RefreshInterval() time.Duration { return g.cfg.RefreshInterval }
+
+// FailurePolicy implements gate.PolicyReporter: a failed reading keeps the
+// last budget.
+func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.FailKeepLast }
+
+// Describe implements gate.Describer.
+func (g *Gate) Describe() string {
+	return fmt.Sprintf("keeps %d seats (+%g of the other traffic's) free of %d×%d on %s", *g.cfg.Reserve, g.cfg.ReserveShare,
+		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, strings.Join(g.cfg.Endpoints, ","))
+}
+
+// Close drops the idle connections.
+func (g *Gate) Close() error {
+	g.tr.CloseIdleConnections()
+	return nil
+}
+
+// SetClock replaces the gate's clock (tests).
+func (g *Gate) SetClock(now func() time.Time) {
+	g.mu.Lock()
+	g.now = now
+	g.mu.Unlock()
+}
