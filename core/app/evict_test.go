@@ -93,14 +93,11 @@ func (g *holdingGateway) snapshot() (holding int, arrivals []string, aborted map
 	return g.holding, slices.Clone(g.arrivals), ab
 }
 
-// TestEvictOnBudgetDrop: with the queue's evict option, a measured fall of
-// the gate's budget aborts the youngest calls over the new limit at once
-// and re-queues them without counting an attempt; a failing gate (fail
-// closed: budget 0) aborts nothing; every request still ends in exactly
-// one 200 result.
-func TestEvictOnBudgetDrop(t *testing.T) {
-	const mc, requests = 8, 20
-	gw, url := newHoldingGateway(t)
+// startEvictApp runs a deployment of one queue (max_concurrency mc, evict
+// on, evict_limit limit) against the gateway at url, whose gate is the
+// returned dial, at budget 1.
+func startEvictApp(t *testing.T, url string, mc, limit int) (*dialGate, *harness) {
+	t.Helper()
 	dg := &dialGate{}
 	dg.budget.Store(1.0)
 	ad := testAdapters(t)
@@ -112,10 +109,20 @@ func TestEvictOnBudgetDrop(t *testing.T) {
 		DrainTimeout: config.Duration(2 * time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
 			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: mc}, IGWBaseURL: url,
-				GateType: "dial", Evict: true}}},
+				GateType: "dial", Evict: true, EvictLimit: limit}}},
 	}
-	reg := prometheus.NewRegistry()
-	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: reg})
+	return dg, startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+}
+
+// TestEvictOnBudgetDrop: with the queue's evict option, a measured fall of
+// the gate's budget aborts the youngest calls over the new limit at once
+// and re-queues them without counting an attempt; a failing gate (fail
+// closed: budget 0) aborts nothing; every request still ends in exactly
+// one 200 result.
+func TestEvictOnBudgetDrop(t *testing.T) {
+	const mc, requests = 8, 20
+	gw, url := newHoldingGateway(t)
+	dg, h := startEvictApp(t, url, mc, 0)
 	far := time.Now().Add(2 * time.Minute)
 	// the first 8 one by one, so their ages are known
 	for i := range requests {
@@ -188,20 +195,7 @@ func TestEvictOnBudgetDrop(t *testing.T) {
 func TestEvictLimit(t *testing.T) {
 	const mc = 4
 	gw, url := newHoldingGateway(t)
-	dg := &dialGate{}
-	dg.budget.Store(1.0)
-	ad := testAdapters(t)
-	if err := ad.Gates.Register("dial", func(gate.Params, gate.Env) (gate.Gate, error) { return dg, nil }); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &config.Config{
-		Transport: memory.Name, Concurrency: mc, MetricsPort: -1, HealthPort: -1,
-		DrainTimeout: config.Duration(2 * time.Second),
-		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
-			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: mc}, IGWBaseURL: url,
-				GateType: "dial", Evict: true, EvictLimit: 1}}},
-	}
-	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+	dg, h := startEvictApp(t, url, mc, 1)
 	far := time.Now().Add(2 * time.Minute)
 	for i := range mc {
 		if err := h.mem.Enqueue(e2eQueue, request(fmt.Sprintf("r%d", i), far, nil)); err != nil {

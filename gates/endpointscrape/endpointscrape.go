@@ -48,7 +48,6 @@ import (
 	"io"
 	"maps"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -272,14 +271,8 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	// An own transport, so that Close can drop its idle connections.
-	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout: 5 * time.Second,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     90 * time.Second,
-	}
-	return &Gate{cfg: cfg, tr: tr, client: &http.Client{Transport: tr, Timeout: ScrapeTimeout}}, nil
+	client, tr := exposition.NewClient(5*time.Second, ScrapeTimeout)
+	return &Gate{cfg: cfg, tr: tr, client: client}, nil
 }
 
 // Factory builds the gate from gate_params: url, metric (required), labels,

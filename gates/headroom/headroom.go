@@ -42,7 +42,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -236,13 +235,8 @@ func New(cfg Config) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tr := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
-		DialContext:         (&net.Dialer{Timeout: time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 2,
-		IdleConnTimeout:     90 * time.Second,
-	}
-	return &Gate{cfg: cfg, tr: tr, client: &http.Client{Transport: tr, Timeout: ScrapeTimeout}, now: time.Now}, nil
+	client, tr := exposition.NewClient(time.Second, ScrapeTimeout)
+	return &Gate{cfg: cfg, tr: tr, client: client, now: time.Now}, nil
 }
 
 // Factory builds the gate from gate_params: endpoints (a JSON array or a

@@ -7,7 +7,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -114,4 +116,19 @@ func matches(m *dto.Metric, filters map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// NewClient returns an HTTP client for scraping, with a transport of its
+// own (so that its owner can drop the idle connections on Close): dials
+// and TLS handshakes bounded by connect, each request by timeout, two idle
+// connections kept per host.
+func NewClient(connect, timeout time.Duration) (*http.Client, *http.Transport) {
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: connect,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &http.Client{Transport: tr, Timeout: timeout}, tr
 }
