@@ -217,28 +217,7 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 	}
 	body, _ := io.ReadAll(obj.Body)
 	obj.Body.Close()
-	seen := map[string]bool{}
-	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
-		var o struct {
-			CustomID string `json:"custom_id"`
-			Response struct {
-				StatusCode int `json:"status_code"`
-				Body       struct {
-					Choices []struct {
-						Message struct{ Content string } `json:"message"`
-					} `json:"choices"`
-				} `json:"body"`
-			} `json:"response"`
-		}
-		if err := json.Unmarshal([]byte(l), &o); err != nil || o.Response.StatusCode != 200 || len(o.Response.Body.Choices) != 1 ||
-			o.Response.Body.Choices[0].Message.Content != "echo: line "+strings.TrimPrefix(o.CustomID, "c") || seen[o.CustomID] {
-			t.Errorf("output line %s (%v)", l, err)
-		}
-		seen[o.CustomID] = true
-	}
-	if len(seen) != n {
-		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
-	}
+	checkEchoOutput(t, body, n)
 	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + file.ID)}); err != nil {
 		t.Errorf("input object files/%s: %v", file.ID, err)
 	}
@@ -330,6 +309,19 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	checkEchoOutput(t, body, n)
+	chat(t, openaiAddr, "on a stream")
+	if got := calls.Load(); got != n+1 {
+		t.Errorf("gateway got %d calls, want %d", got, n+1)
+	}
+	stop()
+}
+
+// checkEchoOutput checks a batch output file of n lines c0..c<n-1> answered
+// by the echo gateway: each custom_id once, each a 200 whose one choice
+// echoes its line.
+func checkEchoOutput(t *testing.T, body []byte, n int) {
+	t.Helper()
 	seen := map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
 		var o struct {
@@ -352,9 +344,4 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	if len(seen) != n {
 		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
 	}
-	chat(t, openaiAddr, "on a stream")
-	if got := calls.Load(); got != n+1 {
-		t.Errorf("gateway got %d calls, want %d", got, n+1)
-	}
-	stop()
 }
