@@ -81,7 +81,8 @@ func TestHas(t *testing.T) {
 }
 
 // TestWatch runs Watch against a real Redis: a reload reports what the
-// copy did not hold (not forgotten entries, not strings of neither kind),
+// copy did not hold (not held entries, forgotten ones or strings of
+// neither kind),
 // an announcement of a held entry is reported only with ReportRepeats, a
 // new one always (and is then in the copy); Watch ends when closed closes
 // and when its context ends.
@@ -90,7 +91,8 @@ func TestWatch(t *testing.T) {
 	c := testenv.RedisClient(t, r.URL)
 	ctx := context.Background()
 	now := time.Now()
-	if err := c.ZAdd(ctx, "cs", redis.Z{Score: float64(now.Add(time.Hour).UnixMilli()), Member: "job:j1"},
+	if err := c.ZAdd(ctx, "cs", redis.Z{Score: float64(now.Add(time.Hour).UnixMilli()), Member: "job:j0"},
+		redis.Z{Score: float64(now.Add(time.Hour).UnixMilli()), Member: "job:j1"},
 		redis.Z{Score: float64(now.Add(time.Hour).UnixMilli()), Member: "noise"},
 		redis.Z{Score: float64(now.Add(-time.Hour).UnixMilli()), Member: "req:gone"}).Err(); err != nil {
 		t.Fatal(err)
@@ -99,7 +101,7 @@ func TestWatch(t *testing.T) {
 		t.Run("ReportRepeats="+strconv.FormatBool(repeats), func(t *testing.T) {
 			s := Set{ReportRepeats: repeats}
 			channel := "cs:notify:" + strconv.FormatBool(repeats) // a channel of its own: the last subtest's subscriber may linger
-			s.Replace("1", []string{"req:held"})
+			s.Replace("1", []string{"req:held", "job:j0"})
 			got := make(chan transport.Cancellation, 16)
 			closed := make(chan struct{})
 			done := make(chan error, 1)
@@ -124,7 +126,8 @@ func TestWatch(t *testing.T) {
 			if ca := next(); ca != (transport.Cancellation{JobID: "j1"}) {
 				t.Fatalf("the reload reported %+v, want job j1", ca)
 			}
-			if !s.Current("2") || s.Has(&wire.Request{ID: "gone"}) || s.Has(&wire.Request{ID: "held"}) {
+			if !s.Current("2") || !s.Has(&wire.Request{ID: "x", Metadata: map[string]string{"job_id": "j0"}}) ||
+				s.Has(&wire.Request{ID: "gone"}) || s.Has(&wire.Request{ID: "held"}) {
 				t.Fatal("the reload did not install the set at its epoch")
 			}
 
