@@ -368,8 +368,9 @@ func poolLine(now, start time.Time, bursts [][2]time.Duration, recs *records, fl
 		batchRunning += g.RunningByClass[poolsim.ClassBatch]
 		interRunning += g.RunningByClass[poolsim.ClassInteractive]
 	}
-	return fmt.Sprintf("t=%3.0fs %s | interactive TTFT p99 %s%s, %2d running | batch %d/%d done, %2d running | sluice in-flight limit %.0f",
-		now.Sub(start).Seconds(), phase, ttft, ratio, interRunning, done, total, batchRunning, familySum(reg, "sluice_inflight_limit"))
+	return fmt.Sprintf("t=%3.0fs %s | interactive TTFT p99 %s%s, %2d running | batch %d/%d done, %2d running | sluice in-flight limit %.0f, %.0f taken back",
+		now.Sub(start).Seconds(), phase, ttft, ratio, interRunning, done, total, batchRunning, familySum(reg, "sluice_inflight_limit"),
+		familySum(reg, "sluice_evicted_total"))
 }
 
 // records collects the simulator's records of finished requests.
@@ -423,6 +424,7 @@ func poolFigures(now, start time.Time, bursts [][2]time.Duration, recs *records,
 		{Label: "phase", Value: phase},
 		{Label: "interactive TTFT p99, last 2 s", Value: p99},
 		{Label: "batch done", Value: fmt.Sprintf("%d of %d (%d running in the pool)", done, total, batchRunning)},
+		{Label: "batch calls taken back (evict)", Value: fmt.Sprintf("%.0f", familySum(reg, "sluice_evicted_total"))},
 		{Label: "sluice in-flight limit", Value: fmt.Sprintf("%.0f", familySum(reg, "sluice_inflight_limit"))},
 	}
 }
