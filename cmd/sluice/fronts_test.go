@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -357,4 +358,66 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 		t.Errorf("gateway got %d calls, want %d", got, n+1)
 	}
 	stop()
+}
+
+// TestServeFrontsOverTLS: the fronts reach a redis-server that listens only
+// on TLS, with a private CA and client certificates, as the dispatcher
+// does: through the deployment's redis_tls, or redis-sortedset's own tls_*
+// options. A batch completes (its state in Redis too, through redis_tls)
+// and a chat completion is answered.
+func TestServeFrontsOverTLS(t *testing.T) {
+	srv := testenv.StartRedisTLS(t)
+	gw, _ := echoGateway(t)
+	redisTLS := fmt.Sprintf(`{"ca_cert": %q, "cert": %q, "key": %q}`, srv.CAFile, srv.CertFile, srv.KeyFile)
+	for i, tc := range []struct{ name, deployment, options, state string }{
+		{"redis-sortedset, redis_tls", fmt.Sprintf(`"redis_tls": %s,`, redisTLS), `"prefix": "tls-rss"`, "redis"},
+		// The batch state store takes redis_url and redis_tls alone: here on disk.
+		{"redis-sortedset, tls_* options", "", fmt.Sprintf(`"prefix": "tls-own", "tls_ca_cert": %q, "tls_cert": %q, "tls_key": %q`,
+			srv.CAFile, srv.CertFile, srv.KeyFile), "bolt"},
+		{"redis-stream, redis_tls", fmt.Sprintf(`"redis_tls": %s,`, redisTLS), `"block_ms": 50`, "redis"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := strings.SplitN(tc.name, ",", 2)[0]
+			batchAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			openaiAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			queue := "tls-" + strings.NewReplacer(" ", "", ",", "-", "*", "").Replace(tc.name)
+			_, stop := serveConfig(t, fmt.Sprintf(`{
+  "transport": %q, "redis_url": %q, %s
+  "transport_config": {"result_queue_name": "results", %s,
+    "queues": [{"id": "batch", "queue_name": %q, "igw_base_url": %q}]},
+  "batch_api": {"enabled": true, "listen": %q, "files": {"dir": %q}, "state": {"store": %q, "prefix": "tls-state-%d:", "path": %q}},
+  "openai_api": {"enabled": true, "listen": %q}
+}`, tr, srv.URL, tc.deployment, tc.options, queue, gw, batchAddr, t.TempDir(), tc.state, i, filepath.Join(t.TempDir(), "state.db"), openaiAddr),
+				batchAddr, openaiAddr)
+			chat(t, openaiAddr, "over TLS")
+			const n = 3
+			var input bytes.Buffer
+			for i := range n {
+				fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
+			}
+			ctx := context.Background()
+			c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+			file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
+			if err != nil {
+				t.Fatalf("upload: %v", err)
+			}
+			job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
+			if err != nil {
+				t.Fatalf("create batch: %v", err)
+			}
+			for deadline := time.Now().Add(20 * time.Second); job.Status != oa.BatchStatusCompleted; {
+				if time.Now().After(deadline) {
+					t.Fatalf("batch status %s %+v after 20s", job.Status, job.RequestCounts)
+				}
+				time.Sleep(100 * time.Millisecond)
+				if job, err = c.Batches.Get(ctx, job.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if job.RequestCounts.Completed != n {
+				t.Errorf("batch %+v, want %d completed", job.RequestCounts, n)
+			}
+			stop()
+		})
+	}
 }
