@@ -184,29 +184,7 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 }`, gw, batchAddr, bucket, fake.URL, t.TempDir()+"/state.db", openaiAddr), batchAddr, openaiAddr)
 
 	const n = 4
-	var input bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
-	}
-	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
-	if err != nil {
-		t.Fatalf("upload: %v", err)
-	}
-	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
-	if err != nil {
-		t.Fatalf("create batch: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for job.Status != oa.BatchStatusCompleted {
-		if time.Now().After(deadline) {
-			t.Fatalf("batch status %s after 30s", job.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, job := completeBatch(t, batchAddr, n, 30*time.Second)
 	if job.RequestCounts.Completed != n || job.OutputFileID == "" {
 		t.Fatalf("batch %+v", job)
 	}
@@ -240,8 +218,8 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 	if len(seen) != n {
 		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
 	}
-	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + file.ID)}); err != nil {
-		t.Errorf("input object files/%s: %v", file.ID, err)
+	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.InputFileID)}); err != nil {
+		t.Errorf("input object files/%s: %v", job.InputFileID, err)
 	}
 
 	chat(t, openaiAddr, "beside a batch")
@@ -298,30 +276,8 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	_, stop := serveConfig(t, doc("list"), batchAddr, openaiAddr)
 
 	const n = 20
-	var input bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
-	}
 	ctx := context.Background()
-	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
-	if err != nil {
-		t.Fatalf("upload: %v", err)
-	}
-	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
-	if err != nil {
-		t.Fatalf("create batch: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for job.Status != oa.BatchStatusCompleted {
-		if time.Now().After(deadline) {
-			t.Fatalf("batch status %s %+v after 30s", job.Status, job.RequestCounts)
-		}
-		time.Sleep(100 * time.Millisecond)
-		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, job := completeBatch(t, batchAddr, n, 30*time.Second)
 	if job.RequestCounts.Completed != n || job.OutputFileID == "" || job.Usage.TotalTokens != 5*n {
 		t.Fatalf("batch %s %+v, usage %+v", job.Status, job.RequestCounts, job.Usage)
 	}
@@ -391,33 +347,42 @@ func TestServeFrontsOverTLS(t *testing.T) {
 				batchAddr, openaiAddr)
 			chat(t, openaiAddr, "over TLS")
 			const n = 3
-			var input bytes.Buffer
-			for i := range n {
-				fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
-			}
-			ctx := context.Background()
-			c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-			file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
-			if err != nil {
-				t.Fatalf("upload: %v", err)
-			}
-			job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
-			if err != nil {
-				t.Fatalf("create batch: %v", err)
-			}
-			for deadline := time.Now().Add(20 * time.Second); job.Status != oa.BatchStatusCompleted; {
-				if time.Now().After(deadline) {
-					t.Fatalf("batch status %s %+v after 20s", job.Status, job.RequestCounts)
-				}
-				time.Sleep(100 * time.Millisecond)
-				if job, err = c.Batches.Get(ctx, job.ID); err != nil {
-					t.Fatal(err)
-				}
-			}
+			_, job := completeBatch(t, batchAddr, n, 20*time.Second)
 			if job.RequestCounts.Completed != n {
 				t.Errorf("batch %+v, want %d completed", job.RequestCounts, n)
 			}
 			stop()
 		})
 	}
+}
+
+// completeBatch runs a batch of n chat completions ("line <i>", custom_id
+// c<i>) through the Batch API at addr with the official client and waits
+// up to within for it to complete.
+func completeBatch(t *testing.T, addr string, n int, within time.Duration) (oa.Client, *oa.Batch) {
+	t.Helper()
+	var input bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
+	}
+	ctx := context.Background()
+	c := oa.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
+	if err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatalf("create batch: %v", err)
+	}
+	for deadline := time.Now().Add(within); job.Status != oa.BatchStatusCompleted; {
+		if time.Now().After(deadline) {
+			t.Fatalf("batch status %s %+v after %s", job.Status, job.RequestCounts, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, job
 }
