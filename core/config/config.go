@@ -25,9 +25,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-io/sluice/core/redistopology"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/redisclient/topology"
 )
 
 // Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
@@ -1009,7 +1009,7 @@ func (c *Config) Validate(k Known) error {
 		// Only the Redis transports read it; it would change nothing.
 		add("redis_tls", "applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is %s; the Redis gates take tls, tls_ca_cert, tls_cert, tls_key in gate_params", c.Transport)
 	}
-	_, redisTopology := topology.Check(deploymentRedisKeys, c.RedisMode, c.RedisAddrs, c.RedisMasterName)
+	_, redisTopology := redistopology.Check(deploymentRedisKeys, c.RedisMode, c.RedisAddrs, c.RedisMasterName)
 	for _, p := range redisTopology {
 		add(p.Key, "%s", p.What)
 	}
@@ -1335,6 +1335,6 @@ func editDistance(a, b string) int {
 }
 
 // deploymentRedisKeys name the deployment's Redis topology in problems:
-// topology.Check holds the rules, the same as a Redis transport's or
+// redistopology.Check holds the rules, the same as a Redis transport's or
 // gate's mode, addrs and master_name.
-var deploymentRedisKeys = topology.Keys{Mode: "redis_mode", Addrs: "redis_addrs", MasterName: "redis_master_name"}
+var deploymentRedisKeys = redistopology.Keys{Mode: "redis_mode", Addrs: "redis_addrs", MasterName: "redis_master_name"}

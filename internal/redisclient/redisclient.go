@@ -36,7 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
-	"github.com/sluice-io/sluice/internal/redisclient/topology"
+	"github.com/sluice-io/sluice/core/redistopology"
 )
 
 // DefaultURL is the Redis a transport uses when neither its options nor
@@ -55,25 +55,25 @@ func URL(own, deployment string) string {
 	return DefaultURL
 }
 
-// Mode is how a Redis URL is reached (the topology package's).
-type Mode = topology.Mode
+// Mode is how a Redis URL is reached (core/redistopology's).
+type Mode = redistopology.Mode
 
 // Modes.
 const (
 	// Single is one server (default): every key on one node.
-	Single = topology.Single
+	Single = redistopology.Single
 	// Cluster is a Redis Cluster: keys spread over the nodes by hash slot;
 	// the client follows MOVED/ASK redirections and failovers.
-	Cluster = topology.Cluster
+	Cluster = redistopology.Cluster
 	// Sentinel is one master with replicas watched by Redis Sentinel: the
 	// client asks the sentinels for the master of Topology.MasterName and
 	// follows it when they promote a replica. Keys are as in Single.
-	Sentinel = topology.Sentinel
+	Sentinel = redistopology.Sentinel
 )
 
 // ParseMode reads a mode; "" is Single, and "standalone" (upstream's name)
-// is accepted for it (topology.ParseMode).
-func ParseMode(s string) (Mode, error) { return topology.ParseMode(s) }
+// is accepted for it (redistopology.ParseMode).
+func ParseMode(s string) (Mode, error) { return redistopology.ParseMode(s) }
 
 // Topology is how a Redis URL is reached, beyond the URL itself: upstream's
 // mode, addrs and master_name. The zero value is a single server.
@@ -109,8 +109,8 @@ func (t Topology) Or(def Topology) Topology {
 	return t
 }
 
-// Validate checks the fields against each other with the topology
-// package's rules (upstream's): addrs need cluster or sentinel,
+// Validate checks the fields against each other with core/redistopology's
+// rules (upstream's): addrs need cluster or sentinel,
 // master_name needs sentinel, sentinel needs master_name, and every
 // address is host:port.
 func (t Topology) Validate() error {
@@ -124,7 +124,7 @@ func (t Topology) check() (Mode, error) {
 	if _, err := ParseMode(string(t.Mode)); err != nil {
 		return "", err
 	}
-	m, ps := topology.Check(topology.Options, string(t.Mode), t.Addrs, t.MasterName)
+	m, ps := redistopology.Check(redistopology.Options, string(t.Mode), t.Addrs, t.MasterName)
 	errs := make([]error, len(ps))
 	for i, p := range ps {
 		errs[i] = errors.New(p.String())

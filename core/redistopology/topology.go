@@ -1,12 +1,14 @@
-// Package topology holds the rules of a Redis topology — the mode names
+// Package redistopology holds the rules of a Redis topology — the mode names
 // and which of addrs and master_name each mode needs — without go-redis,
 // so that core/config checks the deployment's redis_mode, redis_addrs and
 // redis_master_name with the same rules (and words) as
 // internal/redisclient checks a component's mode, addrs and master_name.
-// The rules are upstream's (llm-d-async after #491): addrs need cluster
+// It is in core because core links only core (core/app checks it); it
+// imports only the standard library. The rules are upstream's (llm-d-async
+// after #491): addrs need cluster
 // or sentinel, master_name needs sentinel, sentinel needs master_name, and
 // every address is host:port.
-package topology
+package redistopology
 
 import (
 	"fmt"
