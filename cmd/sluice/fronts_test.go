@@ -196,28 +196,7 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 	}
 	body, _ := io.ReadAll(obj.Body)
 	obj.Body.Close()
-	seen := map[string]bool{}
-	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
-		var o struct {
-			CustomID string `json:"custom_id"`
-			Response struct {
-				StatusCode int `json:"status_code"`
-				Body       struct {
-					Choices []struct {
-						Message struct{ Content string } `json:"message"`
-					} `json:"choices"`
-				} `json:"body"`
-			} `json:"response"`
-		}
-		if err := json.Unmarshal([]byte(l), &o); err != nil || o.Response.StatusCode != 200 || len(o.Response.Body.Choices) != 1 ||
-			o.Response.Body.Choices[0].Message.Content != "echo: line "+strings.TrimPrefix(o.CustomID, "c") || seen[o.CustomID] {
-			t.Errorf("output line %s (%v)", l, err)
-		}
-		seen[o.CustomID] = true
-	}
-	if len(seen) != n {
-		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
-	}
+	checkEchoOutput(t, body, n)
 	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.InputFileID)}); err != nil {
 		t.Errorf("input object files/%s: %v", job.InputFileID, err)
 	}
@@ -287,6 +266,19 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	checkEchoOutput(t, body, n)
+	chat(t, openaiAddr, "on a stream")
+	if got := calls.Load(); got != n+1 {
+		t.Errorf("gateway got %d calls, want %d", got, n+1)
+	}
+	stop()
+}
+
+// checkEchoOutput checks a batch output file of n lines c0..c<n-1> answered
+// by the echo gateway: each custom_id once, each a 200 whose one choice
+// echoes its line.
+func checkEchoOutput(t *testing.T, body []byte, n int) {
+	t.Helper()
 	seen := map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(string(body)), "\n") {
 		var o struct {
@@ -309,11 +301,6 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	if len(seen) != n {
 		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
 	}
-	chat(t, openaiAddr, "on a stream")
-	if got := calls.Load(); got != n+1 {
-		t.Errorf("gateway got %d calls, want %d", got, n+1)
-	}
-	stop()
 }
 
 // TestServeFrontsOverTLS: the fronts reach a redis-server that listens only
@@ -347,10 +334,17 @@ func TestServeFrontsOverTLS(t *testing.T) {
 				batchAddr, openaiAddr)
 			chat(t, openaiAddr, "over TLS")
 			const n = 3
-			_, job := completeBatch(t, batchAddr, n, 20*time.Second)
-			if job.RequestCounts.Completed != n {
-				t.Errorf("batch %+v, want %d completed", job.RequestCounts, n)
+			c, job := completeBatch(t, batchAddr, n, 20*time.Second)
+			if job.RequestCounts.Completed != n || job.OutputFileID == "" {
+				t.Fatalf("batch %+v, want %d completed", job.RequestCounts, n)
 			}
+			resp, err := c.Files.Content(context.Background(), job.OutputFileID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			checkEchoOutput(t, body, n)
 			stop()
 		})
 	}

@@ -216,16 +216,6 @@ func laneObjectives(params json.RawMessage) (out [pipeline.NumLanes]string, err 
 	return out, nil
 }
 
-// maxConcurrency is the most requests in flight at once over all queues,
-// at least the config's concurrency: the idle connections kept per gateway.
-func maxConcurrency(cfg *config.Config) int {
-	n := 0
-	for _, p := range cfg.WorkerPools {
-		n += p.Workers
-	}
-	return max(n, cfg.Concurrency)
-}
-
 // newTransport builds the config's transport from the registry (a nil log
 // discards the transport's logs).
 func newTransport(cfg *config.Config, transports *transport.Registry, log *slog.Logger) (transport.Transport, error) {

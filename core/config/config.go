@@ -1069,6 +1069,9 @@ func (c *Config) Validate(k Known) error {
 		if q.Name == "" {
 			add(where+".queue_name", "required")
 		}
+		if q.Evict && c.MergePolicy.Type == PolicyTierPriority {
+			add(where+".evict", "not supported under merge_policy %s (its lanes, not the queue's credits, bound what runs)", PolicyTierPriority)
+		}
 		if prev, dup := ids[q.ID]; dup && q.ID != "" {
 			add(where+".id", "duplicate queue id %q: queues[%d] and queues[%d] both use it", q.ID, prev, i)
 		} else {

@@ -414,3 +414,17 @@ func TestValidateDuplicateQueues(t *testing.T) {
 		})
 	}
 }
+
+// evict is refused under tier-priority, accepted otherwise.
+func TestValidateEvict(t *testing.T) {
+	for _, policy := range []string{"", PolicyTierPriority} {
+		c := &Config{MergePolicy: MergePolicy{Type: policy}, TransportConfig: TransportConfig{ResultQueueName: "r",
+			Queues: []Queue{{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "http://gw", Evict: true, EvictLimit: -1}}}}
+		c.SetDefaults()
+		err := c.Validate(known())
+		refused := err != nil && strings.Contains(err.Error(), "transport_config.queues[0].evict: not supported under merge_policy tier-priority")
+		if refused != (policy == PolicyTierPriority) {
+			t.Errorf("merge_policy %q: err %v", policy, err)
+		}
+	}
+}

@@ -41,6 +41,7 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
+	"github.com/sluice-io/sluice/transports/internal/cancelset"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
@@ -168,7 +169,12 @@ type Transport struct {
 	closed   bool
 	adopting bool // the loop adopting upstream's retry set runs
 
-	cancels cancelCache
+	// cancels is this replica's copy of the cancellations (P:cancelled),
+	// refreshed whenever a claim sees the cancel epoch move, so a request
+	// claimed after a cancellation was recorded is always checked against
+	// it, without a round trip per request. Its watcher is told of every
+	// announcement on P:cancel, also of an entry it holds.
+	cancels cancelset.Set
 
 	// faultHook, when set (by tests), is called before each step of a
 	// cross-slot settle; an error it returns fails the step (see fault).
@@ -224,6 +230,7 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 		queues:   map[string]*queueState{},
 		batchers: map[[2]string]*settler{},
 		warned:   map[[2]string]bool{},
+		cancels:  cancelset.Set{ReportRepeats: true},
 	}, nil
 }
 

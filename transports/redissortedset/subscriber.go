@@ -220,7 +220,7 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 			s.epochRead = time.Now()
 			t.refreshCancels(ctx, "")
 		}
-	} else if res.epoch != t.cancels.currentEpoch() {
+	} else if !t.cancels.Current(res.epoch) {
 		t.refreshCancels(ctx, res.epoch)
 	}
 	s.qs.hold(res.items)

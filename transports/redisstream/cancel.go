@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/transports/internal/cancelset"
 )
 
 // Cancellations through sluice (a producer's Cancel, front/submit/redisstream)
@@ -31,9 +29,6 @@ const (
 	// DefaultCancelTTL is how long Cancel remembers a cancellation when
 	// it is given no TTL (as upstream: 7 days).
 	DefaultCancelTTL = 7 * 24 * time.Hour
-
-	jobEntry     = "job:"
-	requestEntry = "req:"
 )
 
 // cancelScript records entry ARGV[1] in set KEYS[1] until ARGV[2] (Unix
@@ -59,13 +54,7 @@ func Cancel(ctx context.Context, c redis.Cmdable, cancelKey string, ca transport
 	if ttl <= 0 {
 		ttl = DefaultCancelTTL
 	}
-	var entries []string
-	if ca.JobID != "" {
-		entries = append(entries, jobEntry+ca.JobID)
-	}
-	if ca.RequestID != "" {
-		entries = append(entries, requestEntry+ca.RequestID)
-	}
+	entries := cancelset.Entries(ca)
 	if len(entries) == 0 {
 		return errors.New("cancel: neither a job nor a request id")
 	}
@@ -77,56 +66,6 @@ func Cancel(ctx context.Context, c redis.Cmdable, cancelKey string, ca transport
 		}
 	}
 	return nil
-}
-
-// parseEntry turns "job:<id>" / "req:<id>" into a Cancellation.
-func parseEntry(e string) (transport.Cancellation, bool) {
-	switch {
-	case strings.HasPrefix(e, jobEntry):
-		return transport.Cancellation{JobID: e[len(jobEntry):]}, true
-	case strings.HasPrefix(e, requestEntry):
-		return transport.Cancellation{RequestID: e[len(requestEntry):]}, true
-	}
-	return transport.Cancellation{}, false
-}
-
-// cancelCache is this replica's copy of the cancel set, reloaded when a
-// claim finds the epoch moved.
-type cancelCache struct {
-	mu      sync.RWMutex
-	epoch   string
-	loaded  bool
-	entries map[string]struct{}
-	fn      func(transport.Cancellation)
-}
-
-func (c *cancelCache) has(req *wire.Request) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if len(c.entries) == 0 {
-		return false
-	}
-	if job := req.JobID(); job != "" {
-		if _, ok := c.entries[jobEntry+job]; ok {
-			return true
-		}
-	}
-	_, ok := c.entries[requestEntry+req.ID]
-	return ok
-}
-
-// add records entry and reports whether it is new.
-func (c *cancelCache) add(entry string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.entries[entry]; ok {
-		return false
-	}
-	if c.entries == nil {
-		c.entries = map[string]struct{}{}
-	}
-	c.entries[entry] = struct{}{}
-	return true
 }
 
 // refreshCancels reads the cancel epoch and reloads the cancel set when it
@@ -143,38 +82,10 @@ func (t *Transport) refreshCancels(ctx context.Context) error {
 // applyEpoch reloads the cancel set unless epoch (as just read) is the one
 // this copy was loaded at.
 func (t *Transport) applyEpoch(ctx context.Context, epoch string) error {
-	key := t.opts.CancelKey
-	t.cancels.mu.RLock()
-	same := t.cancels.loaded && t.cancels.epoch == epoch
-	t.cancels.mu.RUnlock()
-	if same {
+	if t.cancels.Current(epoch) {
 		return nil
 	}
-	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	entries, err := t.client.ZRangeArgs(ctx, redis.ZRangeArgs{Key: key, ByScore: true, Start: now, Stop: "+inf"}).Result()
-	if err != nil {
-		return fmt.Errorf("read cancellations: %w", err)
-	}
-	fresh := make(map[string]struct{}, len(entries))
-	var added []string
-	t.cancels.mu.Lock()
-	for _, e := range entries {
-		fresh[e] = struct{}{}
-		if _, ok := t.cancels.entries[e]; !ok {
-			added = append(added, e)
-		}
-	}
-	t.cancels.entries, t.cancels.epoch, t.cancels.loaded = fresh, epoch, true
-	fn := t.cancels.fn
-	t.cancels.mu.Unlock()
-	if fn != nil {
-		for _, e := range added {
-			if c, ok := parseEntry(e); ok {
-				fn(c)
-			}
-		}
-	}
-	return nil
+	return t.cancels.Reload(ctx, t.client, t.opts.CancelKey, epoch)
 }
 
 // Cancelled implements transport.CancelChecker: the request's job or id was
@@ -182,7 +93,7 @@ func (t *Transport) applyEpoch(ctx context.Context, epoch string) error {
 // reloaded by the claim that delivered it), or upstream's key
 // request-cancel:<id> holds the request's token.
 func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.Request) (bool, error) {
-	if t.cancels.has(req) {
+	if t.cancels.Has(req) {
 		return true, nil
 	}
 	return t.upCancel.Cancelled(ctx, req)
@@ -192,32 +103,7 @@ func (t *Transport) Cancelled(ctx context.Context, _ transport.Queue, req *wire.
 // cancellations announced on <cancel_key>:notify, and those a claim finds
 // new, until ctx ends or the transport closes.
 func (t *Transport) WatchCancellations(ctx context.Context, fn func(transport.Cancellation)) error {
-	t.cancels.mu.Lock()
-	t.cancels.fn = fn
-	t.cancels.mu.Unlock()
-	defer func() {
-		t.cancels.mu.Lock()
-		t.cancels.fn = nil
-		t.cancels.mu.Unlock()
-	}()
-	ps := t.client.Subscribe(ctx, t.opts.CancelKey+":notify")
-	defer ps.Close()
-	ch := ps.Channel()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.ctx.Done():
-			return nil
-		case m, ok := <-ch:
-			if !ok {
-				return nil
-			}
-			if c, ok := parseEntry(m.Payload); ok && t.cancels.add(m.Payload) {
-				fn(c)
-			}
-		}
-	}
+	return t.cancels.Watch(ctx, t.client, t.opts.CancelKey+":notify", t.ctx.Done(), fn)
 }
 
 var (

@@ -49,6 +49,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
+	"github.com/sluice-io/sluice/transports/internal/cancelset"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 )
 
@@ -219,7 +220,7 @@ type Transport struct {
 	subs     []*source
 	groups   map[string]bool
 
-	cancels cancelCache
+	cancels cancelset.Set // this replica's copy of the cancel set
 }
 
 // delivery is one entry handed to the core and not yet settled.

@@ -32,6 +32,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/transports/internal/cancelset"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
@@ -360,7 +361,7 @@ func (p *Producer) CancelJob(ctx context.Context, job string) (int, error) {
 		jobq = "" // the job's queues are in other slots: fronted one by one below
 	}
 	n, err := keys.Cancel.Run(ctx, p.client, []string{p.names.Cancelled(), p.names.CancelEpoch()},
-		keys.JobEntry+job, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), jobq, ":job:"+job).Int()
+		cancelset.JobEntry(job), p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), jobq, ":job:"+job).Int()
 	if err != nil {
 		return 0, fmt.Errorf("cancel job %s: %w", job, err)
 	}
@@ -392,7 +393,7 @@ func (p *Producer) CancelRequest(ctx context.Context, id string) error {
 		return errors.New("cancel request: empty id")
 	}
 	err := keys.Cancel.Run(ctx, p.client, []string{p.names.Cancelled(), p.names.CancelEpoch()},
-		keys.RequestEntry+id, p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), "", "").Err()
+		cancelset.RequestEntry(id), p.cfg.CancelTTL.Milliseconds(), p.names.CancelChannel(), "", "").Err()
 	if err != nil {
 		return fmt.Errorf("cancel request %s: %w", id, err)
 	}

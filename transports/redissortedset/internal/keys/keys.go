@@ -25,7 +25,7 @@
 //	P:requests:<pool>         request queue of a pool (naming convention)
 //	P:results:<pool>:<tenant> result list of a pool and tenant
 //	P:queues                  set of the request queues in use (for `sluice queues`)
-//	P:cancelled               cancellations "job:<id>" / "req:<id>" -> expiry (Unix ms)
+//	P:cancelled               cancellations "job:<id>" / "req:<id>" -> expiry (Unix ms) (transports/internal/cancelset)
 //	P:cancel-epoch            incremented by every cancellation
 //	P:cancel                  pub/sub channel of cancellations
 //	P:jobq:<job>              request queues holding waiting messages of a job
@@ -239,12 +239,6 @@ type Queue struct {
 	// CallMarks prefixes the marks that make an enqueue call run once.
 	CallMarks string
 }
-
-// Cancellation entries in Names.Cancelled.
-const (
-	JobEntry     = "job:"
-	RequestEntry = "req:"
-)
 
 // MemberTag opens a message written by the producer: {"_sluice":"<seq>/<job>",
 // followed by the flat request's members. The tag makes members with equal
