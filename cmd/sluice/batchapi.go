@@ -28,7 +28,6 @@ import (
 	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/transports/memory"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
-	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
@@ -59,25 +58,22 @@ func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.
 		}
 		return submitmem.New(mem, submitmem.Options{}), mem, nil
 	case rss.Name:
-		// The queues the transport reads: its prefix, url and topology, or
-		// the deployment's url and topology as the transport takes them.
-		var o struct {
-			Prefix string `json:"prefix"`
-			rss.Server
-			rss.TopologyOptions
-		}
+		// The queues the transport reads, reached as the transport reaches
+		// them: its options (checked strictly by the transport itself) and
+		// the deployment's Redis settings (url, topology, redis_tls).
+		var o rss.Options
 		if len(cfg.TransportConfig.Options) > 0 {
-			_ = json.Unmarshal(cfg.TransportConfig.Options, &o) // the transport checks its options strictly
+			_ = json.Unmarshal(cfg.TransportConfig.Options, &o)
 		}
-		if o.URL == "" {
-			o.URL = cfg.RedisURL
-		}
-		top := o.Or(rss.TopologyOptions{Mode: cfg.RedisMode, Addrs: cfg.RedisAddrs, MasterName: cfg.RedisMasterName})
-		p, err := producer.Dial(o.URL, producer.Config{Prefix: o.Prefix, TopologyOptions: top})
+		env, err := app.TransportEnv(cfg, log)
 		if err != nil {
 			return nil, nil, fmt.Errorf("fronts: %w", err)
 		}
-		return submitrss.New(p, submitrss.Options{}), nil, nil
+		p, err := submitrss.Dial(o, env, submitrss.Options{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("fronts: %w", err)
+		}
+		return p, nil, nil
 	case rstream.Name:
 		o, err := streamOptions(cfg)
 		if err != nil {
@@ -152,7 +148,10 @@ func newBatchAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*b
 	}
 	var state batch.State
 	if b.State.Store == "redis" {
-		state, err = redisstate.Dial(cfg.RedisURL, b.State.Prefix)
+		var env transport.Env
+		if env, err = app.TransportEnv(cfg, log); err == nil {
+			state, err = redisstate.Dial(cfg.RedisURL, b.State.Prefix, env)
+		}
 	} else {
 		state, err = boltstate.Open(b.State.Path)
 	}

@@ -47,3 +47,29 @@ func TestFrontsProducerUsesTransportURL(t *testing.T) {
 		t.Error("the transport config's Redis holds no key of prefix fronts after an enqueue")
 	}
 }
+
+// Without the private CA the fronts' producer cannot reach a TLS-only
+// redis-server (the system CAs do not trust it); with the deployment's
+// redis_tls it enqueues where the transport reads.
+func TestFrontsProducerUsesRedisTLS(t *testing.T) {
+	srv := testenv.StartRedisTLS(t)
+	for _, withTLS := range []bool{false, true} {
+		cfg := &config.Config{Transport: rss.Name, RedisURL: srv.URL,
+			TransportConfig: config.TransportConfig{Options: json.RawMessage(`{"prefix": "fronts-tls"}`)}}
+		if withTLS {
+			cfg.RedisTLS = config.TLS{CACert: srv.CAFile, Cert: srv.CertFile, Key: srv.KeyFile}
+		}
+		p, _, err := newProducer(cfg, app.Adapters{}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req := &wire.Request{ID: "r1", Deadline: time.Now().Add(time.Hour), Payload: json.RawMessage(`{}`)}
+		err = p.Enqueue(ctx, "q", []*wire.Request{req})
+		cancel()
+		_ = p.Close()
+		if withTLS != (err == nil) {
+			t.Errorf("redis_tls set %v: Enqueue: %v", withTLS, err)
+		}
+	}
+}

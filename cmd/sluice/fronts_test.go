@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -183,29 +184,7 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 }`, gw, batchAddr, bucket, fake.URL, t.TempDir()+"/state.db", openaiAddr), batchAddr, openaiAddr)
 
 	const n = 4
-	var input bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
-	}
-	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
-	if err != nil {
-		t.Fatalf("upload: %v", err)
-	}
-	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
-	if err != nil {
-		t.Fatalf("create batch: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for job.Status != oa.BatchStatusCompleted {
-		if time.Now().After(deadline) {
-			t.Fatalf("batch status %s after 30s", job.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, job := completeBatch(t, batchAddr, n, 30*time.Second)
 	if job.RequestCounts.Completed != n || job.OutputFileID == "" {
 		t.Fatalf("batch %+v", job)
 	}
@@ -218,8 +197,8 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 	body, _ := io.ReadAll(obj.Body)
 	obj.Body.Close()
 	checkEchoOutput(t, body, n)
-	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + file.ID)}); err != nil {
-		t.Errorf("input object files/%s: %v", file.ID, err)
+	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.InputFileID)}); err != nil {
+		t.Errorf("input object files/%s: %v", job.InputFileID, err)
 	}
 
 	chat(t, openaiAddr, "beside a batch")
@@ -276,30 +255,8 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 	_, stop := serveConfig(t, doc("list"), batchAddr, openaiAddr)
 
 	const n = 20
-	var input bytes.Buffer
-	for i := range n {
-		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
-	}
 	ctx := context.Background()
-	c := oa.NewClient(option.WithBaseURL("http://"+batchAddr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
-	if err != nil {
-		t.Fatalf("upload: %v", err)
-	}
-	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
-	if err != nil {
-		t.Fatalf("create batch: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for job.Status != oa.BatchStatusCompleted {
-		if time.Now().After(deadline) {
-			t.Fatalf("batch status %s %+v after 30s", job.Status, job.RequestCounts)
-		}
-		time.Sleep(100 * time.Millisecond)
-		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, job := completeBatch(t, batchAddr, n, 30*time.Second)
 	if job.RequestCounts.Completed != n || job.OutputFileID == "" || job.Usage.TotalTokens != 5*n {
 		t.Fatalf("batch %s %+v, usage %+v", job.Status, job.RequestCounts, job.Usage)
 	}
@@ -344,4 +301,82 @@ func checkEchoOutput(t *testing.T, body []byte, n int) {
 	if len(seen) != n {
 		t.Errorf("output holds %d custom_ids, want %d:\n%s", len(seen), n, body)
 	}
+}
+
+// TestServeFrontsOverTLS: the fronts reach a redis-server that listens only
+// on TLS, with a private CA and client certificates, as the dispatcher
+// does: through the deployment's redis_tls, or redis-sortedset's own tls_*
+// options. A batch completes (its state in Redis too, through redis_tls)
+// and a chat completion is answered.
+func TestServeFrontsOverTLS(t *testing.T) {
+	srv := testenv.StartRedisTLS(t)
+	gw, _ := echoGateway(t)
+	redisTLS := fmt.Sprintf(`{"ca_cert": %q, "cert": %q, "key": %q}`, srv.CAFile, srv.CertFile, srv.KeyFile)
+	for i, tc := range []struct{ name, deployment, options, state string }{
+		{"redis-sortedset, redis_tls", fmt.Sprintf(`"redis_tls": %s,`, redisTLS), `"prefix": "tls-rss"`, "redis"},
+		// The batch state store takes redis_url and redis_tls alone: here on disk.
+		{"redis-sortedset, tls_* options", "", fmt.Sprintf(`"prefix": "tls-own", "tls_ca_cert": %q, "tls_cert": %q, "tls_key": %q`,
+			srv.CAFile, srv.CertFile, srv.KeyFile), "bolt"},
+		{"redis-stream, redis_tls", fmt.Sprintf(`"redis_tls": %s,`, redisTLS), `"block_ms": 50`, "redis"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := strings.SplitN(tc.name, ",", 2)[0]
+			batchAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			openaiAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			queue := "tls-" + strings.NewReplacer(" ", "", ",", "-", "*", "").Replace(tc.name)
+			_, stop := serveConfig(t, fmt.Sprintf(`{
+  "transport": %q, "redis_url": %q, %s
+  "transport_config": {"result_queue_name": "results", %s,
+    "queues": [{"id": "batch", "queue_name": %q, "igw_base_url": %q}]},
+  "batch_api": {"enabled": true, "listen": %q, "files": {"dir": %q}, "state": {"store": %q, "prefix": "tls-state-%d:", "path": %q}},
+  "openai_api": {"enabled": true, "listen": %q}
+}`, tr, srv.URL, tc.deployment, tc.options, queue, gw, batchAddr, t.TempDir(), tc.state, i, filepath.Join(t.TempDir(), "state.db"), openaiAddr),
+				batchAddr, openaiAddr)
+			chat(t, openaiAddr, "over TLS")
+			const n = 3
+			c, job := completeBatch(t, batchAddr, n, 20*time.Second)
+			if job.RequestCounts.Completed != n || job.OutputFileID == "" {
+				t.Fatalf("batch %+v, want %d completed", job.RequestCounts, n)
+			}
+			resp, err := c.Files.Content(context.Background(), job.OutputFileID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			checkEchoOutput(t, body, n)
+			stop()
+		})
+	}
+}
+
+// completeBatch runs a batch of n chat completions ("line <i>", custom_id
+// c<i>) through the Batch API at addr with the official client and waits
+// up to within for it to complete.
+func completeBatch(t *testing.T, addr string, n int, within time.Duration) (oa.Client, *oa.Batch) {
+	t.Helper()
+	var input bytes.Buffer
+	for i := range n {
+		fmt.Fprintf(&input, `{"custom_id":"c%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
+	}
+	ctx := context.Background()
+	c := oa.NewClient(option.WithBaseURL("http://"+addr+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	file, err := c.Files.New(ctx, oa.FileNewParams{File: oa.File(bytes.NewReader(input.Bytes()), "in.jsonl", "application/jsonl"), Purpose: oa.FilePurposeBatch})
+	if err != nil {
+		t.Fatalf("upload: %v", err)
+	}
+	job, err := c.Batches.New(ctx, oa.BatchNewParams{InputFileID: file.ID, Endpoint: oa.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: oa.BatchNewParamsCompletionWindow24h})
+	if err != nil {
+		t.Fatalf("create batch: %v", err)
+	}
+	for deadline := time.Now().Add(within); job.Status != oa.BatchStatusCompleted; {
+		if time.Now().After(deadline) {
+			t.Fatalf("batch status %s %+v after %s", job.Status, job.RequestCounts, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if job, err = c.Batches.Get(ctx, job.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, job
 }

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-io/sluice/core/redistopology"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -1008,8 +1009,9 @@ func (c *Config) Validate(k Known) error {
 		// Only the Redis transports read it; it would change nothing.
 		add("redis_tls", "applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is %s; the Redis gates take tls, tls_ca_cert, tls_cert, tls_key in gate_params", c.Transport)
 	}
-	for _, p := range redisTopologyProblems(c.RedisMode, c.RedisAddrs, c.RedisMasterName) {
-		add(p.Where, "%s", p.What)
+	_, redisTopology := redistopology.Check(deploymentRedisKeys, c.RedisMode, c.RedisAddrs, c.RedisMasterName)
+	for _, p := range redisTopology {
+		add(p.Key, "%s", p.What)
 	}
 	for _, f := range []struct{ where, path string }{{"tls.ca_cert", c.TLS.CACert}, {"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key},
 		{"redis_tls.ca_cert", c.RedisTLS.CACert}, {"redis_tls.cert", c.RedisTLS.Cert}, {"redis_tls.key", c.RedisTLS.Key}} {
@@ -1335,35 +1337,7 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// redisTopologyProblems checks the deployment's Redis topology with the
-// rules of internal/redisclient's Topology.Validate (upstream's: addrs need
-// cluster or sentinel, master_name needs sentinel, sentinel needs
-// master_name, addresses are host:port). They are repeated here because
-// core links only core; internal/redisclient's tests check that both agree.
-func redisTopologyProblems(mode string, addrs []string, masterName string) []Problem {
-	var ps []Problem
-	add := func(where, format string, a ...any) { ps = append(ps, Problem{where, fmt.Sprintf(format, a...)}) }
-	m := strings.ToLower(strings.TrimSpace(mode))
-	switch m {
-	case "", "single", "standalone", "cluster", "sentinel":
-	default:
-		add("redis_mode", "%q: want single (or standalone), cluster or sentinel", mode)
-		return ps
-	}
-	masterName = strings.TrimSpace(masterName)
-	if m == "sentinel" && masterName == "" {
-		add("redis_master_name", "required with redis_mode sentinel (the name the sentinels monitor the master under)")
-	}
-	if m != "sentinel" && masterName != "" {
-		add("redis_master_name", "%q needs redis_mode sentinel", masterName)
-	}
-	if (m == "" || m == "single" || m == "standalone") && len(addrs) > 0 {
-		add("redis_addrs", "%v need redis_mode cluster or sentinel", addrs)
-	}
-	for _, a := range addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			add("redis_addrs", "%q is not host:port", a)
-		}
-	}
-	return ps
-}
+// deploymentRedisKeys name the deployment's Redis topology in problems:
+// redistopology.Check holds the rules, the same as a Redis transport's or
+// gate's mode, addrs and master_name.
+var deploymentRedisKeys = redistopology.Keys{Mode: "redis_mode", Addrs: "redis_addrs", MasterName: "redis_master_name"}

@@ -35,7 +35,7 @@ func TestRedisTopology(t *testing.T) {
 		want         string
 	}{
 		"standalone":               {"standalone", "", nil, ""},
-		"sentinel without name":    {"sentinel", "", nil, "redis_master_name: required with redis_mode sentinel"},
+		"sentinel without name":    {"sentinel", "", nil, "redis_mode: sentinel needs redis_master_name"},
 		"name without sentinel":    {"cluster", "m", nil, "redis_master_name: \"m\" needs redis_mode sentinel"},
 		"addrs in single mode":     {"", "", []string{"h:1"}, "redis_addrs: [h:1] need redis_mode cluster or sentinel"},
 		"an address not host:port": {"cluster", "", []string{"h"}, `redis_addrs: "h" is not host:port`},

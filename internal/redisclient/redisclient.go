@@ -35,6 +35,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/sluice-io/sluice/core/redistopology"
 )
 
 // DefaultURL is the Redis a transport uses when neither its options nor
@@ -53,38 +55,25 @@ func URL(own, deployment string) string {
 	return DefaultURL
 }
 
-// Mode is how a Redis URL is reached.
-type Mode string
+// Mode is how a Redis URL is reached (core/redistopology's).
+type Mode = redistopology.Mode
 
 // Modes.
 const (
 	// Single is one server (default): every key on one node.
-	Single Mode = "single"
+	Single = redistopology.Single
 	// Cluster is a Redis Cluster: keys spread over the nodes by hash slot;
 	// the client follows MOVED/ASK redirections and failovers.
-	Cluster Mode = "cluster"
+	Cluster = redistopology.Cluster
 	// Sentinel is one master with replicas watched by Redis Sentinel: the
 	// client asks the sentinels for the master of Topology.MasterName and
 	// follows it when they promote a replica. Keys are as in Single.
-	Sentinel Mode = "sentinel"
+	Sentinel = redistopology.Sentinel
 )
 
-// modes is the wording of errors about a mode.
-const modes = "single (or standalone), cluster or sentinel"
-
 // ParseMode reads a mode; "" is Single, and "standalone" (upstream's name)
-// is accepted for it.
-func ParseMode(s string) (Mode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "single", "standalone":
-		return Single, nil
-	case "cluster":
-		return Cluster, nil
-	case "sentinel":
-		return Sentinel, nil
-	}
-	return "", fmt.Errorf("redis mode %q: want %s", s, modes)
-}
+// is accepted for it (redistopology.ParseMode).
+func ParseMode(s string) (Mode, error) { return redistopology.ParseMode(s) }
 
 // Topology is how a Redis URL is reached, beyond the URL itself: upstream's
 // mode, addrs and master_name. The zero value is a single server.
@@ -120,36 +109,27 @@ func (t Topology) Or(def Topology) Topology {
 	return t
 }
 
-// Validate checks the fields against each other, as upstream does: addrs
-// need cluster or sentinel, master_name needs sentinel, sentinel needs
-// master_name, and every address is host:port.
+// Validate checks the fields against each other with core/redistopology's
+// rules (upstream's): addrs need cluster or sentinel,
+// master_name needs sentinel, sentinel needs master_name, and every
+// address is host:port.
 func (t Topology) Validate() error {
-	var errs []error
-	switch t.Mode {
-	case "", Single:
-		if len(t.Addrs) > 0 {
-			errs = append(errs, fmt.Errorf("addrs %v need mode cluster or sentinel (the mode is single)", t.Addrs))
-		}
-		if t.MasterName != "" {
-			errs = append(errs, fmt.Errorf("master_name %q needs mode sentinel (the mode is single)", t.MasterName))
-		}
-	case Cluster:
-		if t.MasterName != "" {
-			errs = append(errs, fmt.Errorf("master_name %q needs mode sentinel (the mode is cluster)", t.MasterName))
-		}
-	case Sentinel:
-		if t.MasterName == "" {
-			errs = append(errs, errors.New("mode sentinel needs master_name (the name the sentinels monitor the master under)"))
-		}
-	default:
-		errs = append(errs, fmt.Errorf("redis mode %q: want %s", t.Mode, modes))
+	_, err := t.check()
+	return err
+}
+
+// check validates t and returns its mode read as ParseMode does (so that
+// "" and "standalone" are Single).
+func (t Topology) check() (Mode, error) {
+	if _, err := ParseMode(string(t.Mode)); err != nil {
+		return "", err
 	}
-	for _, a := range t.Addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			errs = append(errs, fmt.Errorf("addrs: %q is not host:port", a))
-		}
+	m, ps := redistopology.Check(redistopology.Options, string(t.Mode), t.Addrs, t.MasterName)
+	errs := make([]error, len(ps))
+	for i, p := range ps {
+		errs[i] = errors.New(p.String())
 	}
-	return errors.Join(errs...)
+	return m, errors.Join(errs...)
 }
 
 // ClusterStateReload is how often a cluster client re-reads the slot map
@@ -190,10 +170,11 @@ func (t Topology) Parse(url string) (*Options, error) {
 	if url == "" {
 		return nil, errors.New("no Redis URL")
 	}
-	if err := t.Validate(); err != nil {
+	m, err := t.check()
+	if err != nil {
 		return nil, err
 	}
-	switch t.Mode {
+	switch m {
 	case Cluster:
 		co, err := redis.ParseClusterURL(url)
 		if err != nil {
@@ -282,10 +263,11 @@ func FromAddr(addr, username, password string, db int, mode Mode) (*Options, err
 // and db apply to every mode (db must be 0 in a cluster); in sentinel mode
 // they are the master's.
 func (t Topology) FromAddr(addr, username, password string, db int) (*Options, error) {
-	if err := t.Validate(); err != nil {
+	m, err := t.check()
+	if err != nil {
 		return nil, err
 	}
-	switch t.Mode {
+	switch m {
 	case Cluster:
 		if db != 0 {
 			return nil, errors.New("db must be 0 with a Redis Cluster (a cluster has one database)")

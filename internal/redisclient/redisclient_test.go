@@ -118,6 +118,14 @@ func TestSentinel(t *testing.T) {
 	if err != nil || strings.Join(co.Cluster.Addrs, ",") != "n1:7000,n3:7000,n2:7000" {
 		t.Errorf("cluster with addrs = %+v, %v", co, err)
 	}
+	// A mode written as configuration may write it (upstream's
+	// "standalone", any case) is read, not taken for single.
+	if co, err := (Topology{Mode: "Cluster"}).Parse("redis://n1:7000"); err != nil || co.Mode() != Cluster {
+		t.Errorf(`Topology{Mode: "Cluster"}.Parse = %+v, %v; want cluster options`, co, err)
+	}
+	if _, err := (Topology{Mode: "replicated"}).Parse("redis://n1:7000"); err == nil || !strings.Contains(err.Error(), `redis mode "replicated"`) {
+		t.Errorf("unknown mode: %v", err)
+	}
 	if got := (Topology{}).Or(top); got.MasterName != "mymaster" {
 		t.Errorf("empty topology Or deployment's = %+v", got)
 	}

@@ -86,16 +86,40 @@ func Factory(options json.RawMessage, env transport.Env) (transport.Transport, e
 	if err := transport.DecodeOptions(options, &o); err != nil {
 		return nil, err
 	}
+	t, err := New(o.withEnv(env), env.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// withEnv is o with what it leaves to the deployment taken from env: the
+// url (REDIS_URL), the topology as a whole (redis_mode, redis_addrs,
+// redis_master_name) and redis_tls (used when o has no tls_* option).
+func (o Options) withEnv(env transport.Env) Options {
 	if o.URL == "" {
 		o.URL = env.RedisURL
 	}
 	o.TopologyOptions = o.Or(TopologyOptions{Mode: env.RedisMode, Addrs: env.RedisAddrs, MasterName: env.RedisMasterName})
 	o.deploymentTLS = env.RedisTLS
-	t, err := New(o, env.Logger)
-	if err != nil {
-		return nil, err
+	return o
+}
+
+// NewClient returns the client the transport of options o in env (as
+// Factory gets them) runs on — url, topology, tls_* and pool_size, else
+// the deployment's — for a producer beside the dispatcher, and o with
+// env's settings and the defaults applied.
+func NewClient(o Options, env transport.Env) (redis.UniversalClient, Options, error) {
+	o = o.withEnv(env)
+	o.SetDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, o, err
 	}
-	return t, nil
+	ro, err := RedisOptions(o.URL, o)
+	if err != nil {
+		return nil, o, err
+	}
+	return ro.New(), o, nil
 }
 
 // Stats are the transport's counters since it started.

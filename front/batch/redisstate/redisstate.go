@@ -21,6 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 )
 
@@ -42,12 +43,15 @@ func New(client redis.UniversalClient, prefix string) *Store {
 	return &Store{c: client, prefix: prefix}
 }
 
-// Dial connects to the Redis URL; Close closes the connection.
-func Dial(url, prefix string) (*Store, error) {
+// Dial connects to the Redis URL; Close closes the connection. A rediss://
+// URL takes its TLS from env.RedisTLS (the deployment's redis_tls) when set,
+// as the Redis transports do (transport.Env.RedisTLSFor).
+func Dial(url, prefix string, env transport.Env) (*Store, error) {
 	o, err := redis.ParseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("batch state: %w", err)
 	}
+	o.TLSConfig = env.RedisTLSFor(o.TLSConfig)
 	s := New(redis.NewClient(o), prefix)
 	s.own = true
 	return s, nil

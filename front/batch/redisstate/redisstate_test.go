@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/batch/statetest"
@@ -16,7 +17,7 @@ func TestConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	var n atomic.Int64
 	statetest.Run(t, func(t testing.TB) batch.State {
-		s, err := redisstate.Dial(r.URL, fmt.Sprintf("t%d:", n.Add(1)))
+		s, err := redisstate.Dial(r.URL, fmt.Sprintf("t%d:", n.Add(1)), transport.Env{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/submit"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
@@ -38,6 +39,18 @@ var _ submit.Producer = (*Producer)(nil)
 func New(p *producer.Producer, o Options) *Producer {
 	o = o.WithDefaults(defaultBatch)
 	return &Producer{p: p, o: o}
+}
+
+// Dial returns a producer on a connection of its own, made as the
+// redis-sortedset transport of options to makes its connection in env
+// (producer.DialTransport: the dispatcher's url, topology and TLS, and its
+// prefix); Close closes it.
+func Dial(to rss.Options, env transport.Env, o Options) (*Producer, error) {
+	p, err := producer.DialTransport(to, env, producer.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("redis-sortedset producer: %w", err)
+	}
+	return New(p, o), nil
 }
 
 // Enqueue implements submit.Producer (producer.EnqueueMany: validated

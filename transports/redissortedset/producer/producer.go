@@ -30,6 +30,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/transports/internal/cancelset"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
@@ -145,6 +146,22 @@ func Dial(url string, cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	p := New(ro.New(), cfg)
+	p.own = true
+	return p, nil
+}
+
+// DialTransport connects as the redis-sortedset transport of options to
+// does in env (rss.NewClient: its url, topology, tls_* and pool_size, else
+// the deployment's REDIS_URL, topology and redis_tls), writing under the
+// transport's prefix (cfg.Prefix and cfg.TopologyOptions are ignored);
+// Close closes the connection.
+func DialTransport(to rss.Options, env transport.Env, cfg Config) (*Producer, error) {
+	client, to, err := rss.NewClient(to, env)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Prefix, cfg.TopologyOptions = to.Prefix, to.TopologyOptions
+	p := New(client, cfg)
 	p.own = true
 	return p, nil
 }
