@@ -145,7 +145,7 @@ func killDispatcherMidJob(t *testing.T, bin, transportName string, options map[s
 	const queue, n = "dkill-q", 300
 
 	// The front, in this process: Redis state, the transport's producer.
-	state, err := redisstate.Dial(r.URL, "")
+	state, err := redisstate.Dial(r.URL, "", transport.Env{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 // shared file directory, until it is killed; stream chooses the
 // redis-stream producer over the sorted-set one.
 func runFront(url, dir, listen string, stream bool) error {
-	state, err := redisstate.Dial(url, "")
+	state, err := redisstate.Dial(url, "", transport.Env{})
 	if err != nil {
 		return err
 	}
