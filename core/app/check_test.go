@@ -77,9 +77,11 @@ func TestNewWithoutAdapters(t *testing.T) {
 }
 
 // core/app links no adapter, no demo, no simulator, no bench: only core,
-// and internal/mutant, the planted-bug switch of the protocol tests
-// (docs/verification.md), which imports only the standard library and is a
-// constant false outside `-tags sluice_mutants`.
+// and two ground-floor libraries that import only the standard library:
+// internal/mutant, the planted-bug switch of the protocol tests
+// (docs/verification.md), a constant false outside `-tags sluice_mutants`,
+// and internal/redistopology, the Redis topology rules config.Validate and
+// internal/redisclient share.
 func TestLinksOnlyCore(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
@@ -87,7 +89,7 @@ func TestLinksOnlyCore(t *testing.T) {
 	}
 	const module = "github.com/sluice-io/sluice/"
 	for _, pkg := range strings.Fields(string(out)) {
-		if rest, ok := strings.CutPrefix(pkg, module); ok && !strings.HasPrefix(rest, "core/") && rest != "internal/mutant" {
+		if rest, ok := strings.CutPrefix(pkg, module); ok && !strings.HasPrefix(rest, "core/") && rest != "internal/mutant" && rest != "internal/redistopology" {
 			t.Errorf("core/app links %s", pkg)
 		}
 	}

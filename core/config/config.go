@@ -25,9 +25,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-io/sluice/core/redistopology"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/redistopology"
 )
 
 // Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.

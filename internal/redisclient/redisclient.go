@@ -36,7 +36,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
-	"github.com/sluice-io/sluice/core/redistopology"
+	"github.com/sluice-io/sluice/internal/redistopology"
 )
 
 // DefaultURL is the Redis a transport uses when neither its options nor
@@ -55,7 +55,7 @@ func URL(own, deployment string) string {
 	return DefaultURL
 }
 
-// Mode is how a Redis URL is reached (core/redistopology's).
+// Mode is how a Redis URL is reached (internal/redistopology's).
 type Mode = redistopology.Mode
 
 // Modes.
@@ -109,7 +109,7 @@ func (t Topology) Or(def Topology) Topology {
 	return t
 }
 
-// Validate checks the fields against each other with core/redistopology's
+// Validate checks the fields against each other with internal/redistopology's
 // rules (upstream's): addrs need cluster or sentinel,
 // master_name needs sentinel, sentinel needs master_name, and every
 // address is host:port.

@@ -3,8 +3,9 @@
 // so that core/config checks the deployment's redis_mode, redis_addrs and
 // redis_master_name with the same rules (and words) as
 // internal/redisclient checks a component's mode, addrs and master_name.
-// It is in core because core links only core (core/app checks it); it
-// imports only the standard library. The rules are upstream's (llm-d-async
+// It imports only the standard library, so it stands on the ground floor
+// with internal/mutant: core may link it (core/app's TestLinksOnlyCore
+// names both) and nothing in internal/ imports core. The rules are upstream's (llm-d-async
 // after #491): addrs need cluster
 // or sentinel, master_name needs sentinel, sentinel needs master_name, and
 // every address is host:port.
