@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testenv/headless"
 )
 
 // batchAPIExample is the Batch API example config (examples/batch-api).
@@ -172,11 +173,8 @@ func watchBatchInChromium(t *testing.T, browser, url string, ids <-chan string, 
 		defer func() { out <- v }()
 		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 		defer cancel()
-		opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Flag("headless", "new"))
-		actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-		defer cancelAlloc()
-		bctx, cancelBrowser := chromedp.NewContext(actx)
-		defer cancelBrowser()
+		bctx, closeBrowser := headless.Browser(ctx, browser, nil)
+		defer closeBrowser()
 		if v.err = chromedp.Do(bctx, chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(`#extra tr[data-extra="Batch API"]`))); v.err != nil {
 			v.err = fmt.Errorf("the page lists no Batch API: %w", v.err)
 			return

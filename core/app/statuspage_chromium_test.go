@@ -5,7 +5,6 @@ import (
 	"context"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,20 +12,10 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-)
 
-// chromiumPath finds the headless browser the status page test drives. It
-// fails the test, naming the Debian package, when there is none.
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Fatal("chromium not found in PATH: install the Debian package chromium (apt-get install -y chromium; .ci/run does)")
-	return ""
-}
+	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testenv/headless"
+)
 
 // pageView is what a person sees of one queue on the page.
 type pageView struct {
@@ -74,7 +63,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts headless Chromium; skipped with -short")
 	}
-	browser := chromiumPath(t)
+	browser := testenv.LookPath(t, "chromium", "chromium")
 	_, url := newGateway(t)
 	h := startStatusApp(t, url, nil)
 	traffic(t, h, 4*time.Millisecond, 15)
@@ -83,16 +72,8 @@ func TestStatusPageInChromium(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser),
-		chromedp.NoSandbox, // tests run as root in containers, where the sandbox cannot start
-		chromedp.WindowSize(1280, 900),
-		chromedp.Flag("headless", "new"),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
-	defer cancelBrowser()
+	bctx, closeBrowser := headless.Browser(ctx, browser, t.Logf, chromedp.WindowSize(1280, 900))
+	defer closeBrowser()
 
 	if err := chromedp.Do(bctx,
 		chromedp.Navigate(base+"/"),

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/internal/poolsim"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/internal/testenv/headless"
 )
 
 // The purpose demo's status page shows the live line's figures: in
@@ -47,11 +48,8 @@ func TestPoolDemoStatusPage(t *testing.T) {
 				s.json = snap.Extra
 				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 				defer cancel()
-				opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Flag("headless", "new"))
-				actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-				defer cancelAlloc()
-				bctx, cancelBrowser := chromedp.NewContext(actx)
-				defer cancelBrowser()
+				bctx, closeBrowser := headless.Browser(ctx, browser, nil)
+				defer closeBrowser()
 				if err := chromedp.Do(bctx, chromedp.Navigate(url),
 					chromedp.WaitVisible(chromedp.CSS(`#extra tr[data-extra="batch done"]`))); err != nil {
 					if s.err == nil {
