@@ -404,6 +404,7 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			Labels:     q.Labels,
 			Evict:      q.Evict,
 			EvictLimit: q.EvictLimit,
+			Resume:     q.Resume,
 		})
 	}
 	return queues, built, nil

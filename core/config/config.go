@@ -501,6 +501,12 @@ type Queue struct {
 	// default, 2; negative: no limit); a request taken back that often runs
 	// to its end.
 	EvictLimit int `json:"evict_limit,omitempty"`
+	// Resume (with evict; off by default) lets a request taken back
+	// continue from the tokens its aborted call had made instead of
+	// starting again: the call streams, and the next attempt sends the text
+	// made as the prompt's continuation (core/resume). The answer written is
+	// the non-streamed one the producer asked for.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // Retry is the retry policy. Zero fields take core/pipeline's defaults
@@ -1071,6 +1077,9 @@ func (c *Config) Validate(k Known) error {
 		}
 		if q.Evict && c.MergePolicy.Type == PolicyTierPriority {
 			add(where+".evict", "not supported under merge_policy %s (its lanes, not the queue's credits, bound what runs)", PolicyTierPriority)
+		}
+		if q.Resume && !q.Evict {
+			add(where+".resume", "needs evict: true (only a request taken back is resumed)")
 		}
 		if prev, dup := ids[q.ID]; dup && q.ID != "" {
 			add(where+".id", "duplicate queue id %q: queues[%d] and queues[%d] both use it", q.ID, prev, i)

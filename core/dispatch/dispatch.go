@@ -179,6 +179,12 @@ type Overrides struct {
 	// "multipart/form-data; boundary=..."). It must be a valid header
 	// value, or the call is Fatal without being sent.
 	ContentType string
+	// ReadBody, when non-nil, reads a 2xx response's body instead of the
+	// client (the reader stops with ErrResponseTooLarge past
+	// MaxResponseBytes) and returns the Outcome's Body: core/resume's
+	// assembly of a stream, for one. Its error ends the call as a failure
+	// does (the call's own cause first: a cancelled call is Cancelled).
+	ReadBody func(io.Reader) ([]byte, error)
 	// Headers are set after the message's headers and the fairness stamp,
 	// and win over both: each replaces the header of the same name in any
 	// letter case. A name the client refuses (see Client.CheckHeaderName)
@@ -265,7 +271,7 @@ func (c *Client) DoWith(ctx context.Context, t Target, req *wire.Request, o Over
 		out.Refused = refused
 		return out
 	}
-	out := c.response(ctx, callCtx, dl, ep, resp)
+	out := c.response(ctx, callCtx, dl, ep, resp, o.ReadBody)
 	out.Refused = refused
 	return out
 }
@@ -350,7 +356,7 @@ func (c *Client) headers(pt *preparedTarget, req *wire.Request, o *Overrides, dl
 }
 
 // response reads and classifies a response; it always closes the body.
-func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoint, resp *http.Response) Outcome {
+func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoint, resp *http.Response, read func(io.Reader) ([]byte, error)) Outcome {
 	defer resp.Body.Close()
 	out := Outcome{
 		Class:         classifyStatus(resp.StatusCode),
@@ -361,7 +367,13 @@ func (c *Client) response(parent, call context.Context, dl time.Time, ep *endpoi
 	if ra := headerValue(resp.Header, headerRetryAfter); ra != "" {
 		out.RetryAfter = parseRetryAfter(ra, time.Now())
 	}
-	body, err := c.readBody(resp.Body, resp.ContentLength)
+	var body []byte
+	var err error
+	if read != nil && out.Class == Success {
+		body, err = read(&capReader{r: resp.Body, left: c.cfg.MaxResponseBytes})
+	} else {
+		body, err = c.readBody(resp.Body, resp.ContentLength)
+	}
 	if errors.Is(err, ErrResponseTooLarge) {
 		out.Class = Fatal
 		out.Err = fmt.Errorf("post %s: status %d: %w", ep.s, resp.StatusCode, err)
@@ -447,6 +459,22 @@ func (c *Client) readBody(r io.Reader, length int64) ([]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// capReader is r failing with ErrResponseTooLarge once more than left
+// bytes were read.
+type capReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *capReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	if c.left < 0 || isMaxBytes(err) {
+		return n, fmt.Errorf("%w: more than the response cap", ErrResponseTooLarge)
+	}
+	return n, err
 }
 
 // isMaxBytes reports whether err says a Poster cut the body at its bound.

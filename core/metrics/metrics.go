@@ -114,6 +114,7 @@ type Metrics struct {
 	HandedBack     *prometheus.CounterVec
 	Deferred       *prometheus.CounterVec
 	Evicted        *prometheus.CounterVec
+	Resumed        *prometheus.CounterVec
 	GateVerdicts   *prometheus.CounterVec
 	GatewayDropped *prometheus.CounterVec
 	WaitMs         *prometheus.HistogramVec
@@ -168,6 +169,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		HandedBack:     cv("sluice_handed_back_total", "Deliveries handed back to the transport unfinished (shutdown; a result that could not be written, kept in the message)."),
 		Deferred:       cv("sluice_deferred_total", "Requests a gate deferred (re-queued without counting an attempt)."),
 		Evicted:        cv("sluice_evicted_total", "Gateway calls aborted because the queue's gate budget fell below what it had in flight (queue option evict); their requests were re-queued without counting an attempt."),
+		Resumed:        cv("sluice_resumed_tokens_total", "Completion tokens of evicted calls kept for the request's next attempt (queue option resume) instead of being made again."),
 		GateVerdicts:   cv("sluice_gate_verdicts_total", "Per-request gate verdicts, admissions included (admit, defer, reject, wait, error).", "verdict"),
 		GatewayDropped: cv("sluice_gateway_dropped_total", "Gateway responses that carried x-llm-d-request-dropped-reason."),
 		WaitMs:         hv("sluice_dispatch_wait_millis", "Time from the request's creation to the start of its last dispatch, in milliseconds.", waitBuckets),
@@ -200,7 +202,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Requests, m.Retries, m.Succeeded, m.Failed, m.Expired, m.Shedded, m.GateDecisions,
 		m.InferenceMs, m.ResidenceMs, m.MessageMs, m.QueueDepth, m.Inflight, m.BrokerBacklog, m.DispatchBudget,
 		m.PoolWorkerLimit, m.GateMetricValue, m.GateMetricThreshold, m.GateMetricAvailable,
-		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.Evicted, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
+		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.Evicted, m.Resumed, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
 		m.ResultWriteErrors,
 		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.QueueConfigLastSuccess, m.GateWaitRequeues, m.GateWaiting,
@@ -221,6 +223,7 @@ type Queue struct {
 	Requests, Retries, Succeeded, Failed, Expired, Shedded prometheus.Counter
 	DeadLettered, HandedBack, Deferred, GatewayDropped     prometheus.Counter
 	Evicted                                                prometheus.Counter
+	Resumed                                                prometheus.Counter
 	InferenceMs, ResidenceMs, MessageMs, WaitMs            prometheus.Observer
 	QueueDepth, Inflight, BrokerBacklog, DispatchBudget    prometheus.Gauge
 	Claimed, Delayed, InflightMax, CreditLimit             prometheus.Gauge
@@ -246,7 +249,7 @@ func (m *Metrics) For(l Labels) *Queue {
 		Succeeded: m.Succeeded.WithLabelValues(v...), Failed: m.Failed.WithLabelValues(v...),
 		Expired: m.Expired.WithLabelValues(v...), Shedded: m.Shedded.WithLabelValues(v...),
 		DeadLettered: m.DeadLettered.WithLabelValues(v...), HandedBack: m.HandedBack.WithLabelValues(v...),
-		Deferred: m.Deferred.WithLabelValues(v...), Evicted: m.Evicted.WithLabelValues(v...), GatewayDropped: m.GatewayDropped.WithLabelValues(v...),
+		Deferred: m.Deferred.WithLabelValues(v...), Evicted: m.Evicted.WithLabelValues(v...), Resumed: m.Resumed.WithLabelValues(v...), GatewayDropped: m.GatewayDropped.WithLabelValues(v...),
 		InferenceMs: m.InferenceMs.WithLabelValues(v...), ResidenceMs: m.ResidenceMs.WithLabelValues(v...),
 		MessageMs: m.MessageMs.WithLabelValues(v...), WaitMs: m.WaitMs.WithLabelValues(v...),
 		QueueDepth: m.QueueDepth.WithLabelValues(v...), Inflight: m.Inflight.WithLabelValues(v...),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/metrics"
+	"github.com/sluice-io/sluice/core/resume"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -236,6 +237,17 @@ func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.Han
 				ov.Body, ov.ContentType = body, ct
 			}
 		}
+		var rc *resume.Call
+		if d.Queue.Resume && ov.Body == nil {
+			var answered []byte
+			if rc, answered = resumeCall(d); answered != nil {
+				// the earlier attempts made every token allowed
+				return finish(d, answer(d.Req, dispatch.Outcome{Class: dispatch.Success, StatusCode: http.StatusOK, Body: answered})), nil
+			}
+			if rc != nil {
+				ov.Body, ov.ReadBody = rc.Body(), rc.Read
+			}
+		}
 		mq := d.mq()
 		mq.Inflight.Inc()
 		mq.Dispatched.Inc()
@@ -247,6 +259,14 @@ func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.Han
 		}
 		o := client.DoWith(ctx, d.Queue.Target, req, ov)
 		untrack()
+		if rc != nil && o.Class == dispatch.Cancelled && errors.Is(o.Err, errEvicted) {
+			// keep what the aborted call made for the next attempt
+			s := rc.State()
+			d.Req.SetLabel(resume.StateLabel, s.Encode())
+			if made := s.Tokens - rc.Prior().Tokens; made > 0 {
+				d.mq().Resumed.Add(float64(made))
+			}
+		}
 		mq.InferenceMs.Observe(metrics.Millis(time.Since(d.Dispatched)))
 		mq.Inflight.Dec()
 		end(o.StatusCode)
@@ -293,4 +313,26 @@ func dispatchHandler(client Dispatcher, transforms *transform.Chain) message.Han
 		}
 		return nil, &retryableError{Outcome: o}
 	}
+}
+
+// resumeCall prepares d's attempt under Queue.Resume: the call that
+// streams and continues from the request's StateLabel, or nil when the
+// request cannot be resumed (it is sent as it is); answered is the final
+// answer when the earlier attempts already made every token allowed. A
+// label that does not decode is dropped: the request starts again.
+func resumeCall(d *delivery) (rc *resume.Call, answered []byte) {
+	prior, err := resume.Decode(d.Req.Label(resume.StateLabel))
+	if err != nil {
+		// only sluice writes the label: a damaged one costs the tokens it
+		// held, not the request
+		prior = resume.State{}
+	}
+	rc, ok := resume.Start(d.Req.Payload, prior)
+	if !ok {
+		return nil, nil
+	}
+	if b, done := rc.Finished(); done {
+		return nil, b
+	}
+	return rc, nil
 }

@@ -85,6 +85,9 @@ type Queue struct {
 	// restarted after one burst is among the youngest calls at the next,
 	// and may never finish.
 	EvictLimit int
+	// Resume (with Evict) continues a request taken back from the tokens
+	// its aborted call had made (core/resume) instead of starting it again.
+	Resume bool
 
 	evictor  *evictor      // with Evict: the calls it may take back
 	pool     *Pool         // the worker pool (nil: none configured)
@@ -110,16 +113,17 @@ type queueSpec struct {
 	labels map[string]string
 	evict  bool
 	limit  int
+	resume bool
 }
 
 func specOf(q Queue) queueSpec {
-	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict, limit: q.EvictLimit}
+	return queueSpec{queue: q.Queue, target: q.Target, gate: q.Gate, ramp: q.Ramp, pool: q.WorkerPool, labels: q.Labels, evict: q.Evict, limit: q.EvictLimit, resume: q.Resume}
 }
 
 // equal reports whether s and o configure the queue alike.
 func (s queueSpec) equal(o queueSpec) bool {
 	return s.queue == o.queue && s.target == o.target && s.gate == o.gate && s.ramp == o.ramp &&
-		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict && s.limit == o.limit
+		s.pool == o.pool && maps.Equal(s.labels, o.labels) && s.evict == o.evict && s.limit == o.limit && s.resume == o.resume
 }
 
 // defaultWorkerPool is the worker pool of a queue that names none.
@@ -335,6 +339,9 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 	}
 	if q.Evict && q.pool != nil && q.pool.lanes != nil {
 		return nil, fmt.Errorf("pipeline: queue %q: evict is not supported in worker pool %q under the tier-priority policy (its lanes, not the queue's credits, bound what runs)", q.ID, q.WorkerPool)
+	}
+	if q.Resume && !q.Evict {
+		return nil, fmt.Errorf("pipeline: queue %q: resume needs evict (only a request taken back is resumed)", q.ID)
 	}
 	claims := q.MaxConcurrency
 	if q.pool != nil && q.pool.lanes != nil {
