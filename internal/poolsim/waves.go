@@ -87,6 +87,19 @@ func InBurst(bursts [][2]time.Duration, t time.Duration) bool {
 	return false
 }
 
+// TextPrompt is a JSON string prompt the pool counts as n tokens (4 bytes
+// each, as estimateTokens reads text): a prompt a client can continue by
+// appending text, as core/resume does.
+func TextPrompt(n int) string {
+	b := make([]byte, 0, 4*n+2)
+	b = append(b, '"')
+	for i := range n {
+		b = append(b, " w"...)
+		b = append(b, byte('a'+i%26), byte('a'+(i/26)%26))
+	}
+	return string(append(b, '"'))
+}
+
 // TokenPrompt is a JSON prompt of n token ids: the simulator counts a
 // token array exactly (a text prompt is estimated at four bytes a token).
 func TokenPrompt(n int) string {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/gates/constant"
@@ -132,8 +133,8 @@ type ipArm struct {
 	scrape time.Duration
 	// claimBatch > 0 sets the memory transport's claim batch size.
 	claimBatch int
-	// evict sets the batch queue's evict option.
-	evict bool
+	// evict sets the batch queue's evict option, resume its resume option.
+	evict, resume bool
 }
 
 func ipArmByName(name string, seats int) (ipArm, error) {
@@ -192,7 +193,8 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 	if rest, ok := strings.CutPrefix(name, "headroom"); ok {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
 		// reserve of seats kept free; "-evict" takes batch requests back
-		// when the reserve is eaten. Names: headroom[-evict][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>].
+		// when the reserve is eaten. "-resume" (implies evict) continues
+		// them from the tokens they had made. Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold := 4, 0.0, 1.0, "1s"
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
@@ -200,6 +202,8 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 			case part == "":
 			case part == "evict":
 				a.evict = true
+			case part == "resume":
+				a.evict, a.resume = true, true
 			case strings.HasPrefix(part, "r"):
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n < 0 {
@@ -291,7 +295,8 @@ type ipRun struct {
 	queued                 []float64 // ms from arrival to first scheduling, burst-phase interactive requests
 	interactiveSeatS       float64   // seat-seconds the interactive requests took
 	interactiveErrors      int
-	batchTokens            float64 // output tokens of batch requests finished in the window
+	batchTokens            float64 // completion tokens of the batch's ok results written in the window
+	engineTokens           float64 // output tokens of the batch's engine calls that finished in the window
 	window                 time.Duration
 	judged, missed         [3]int
 	preemptions            uint64
@@ -475,6 +480,7 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 		return f
 	}
 	f["batch_tokens"] = r.batchTokens
+	f["batch_engine_tokens"] = r.engineTokens
 	if slack > 0 {
 		f["batch_goodput_share"] = r.batchTokens / slack
 	}
@@ -673,7 +679,7 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 		DrainTimeout: config.Duration(time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: ipResults, Queues: []config.Queue{{
 			Queue: transport.Queue{Name: ipQueue}, IGWBaseURL: front, RequestPathURL: "/v1/completions",
-			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw, Evict: evict,
+			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw, Evict: evict, Resume: a.resume,
 		}}},
 	}
 	reg := prometheus.NewRegistry()
@@ -682,7 +688,9 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 		return nil, err
 	}
 	s := &ipSluice{app: ap, mem: mem, reg: reg, ids: map[string]int{}, start: start}
-	prompt := poolsim.TokenPrompt(prof.batchPrompt)
+	// a text prompt, which a resumed request continues by appending the
+	// text made (token ids could not be)
+	prompt := poolsim.TextPrompt(prof.batchPrompt)
 	enqueue := func(id string, job int, deadline time.Time) error {
 		s.ids[id] = job
 		b := fmt.Appendf(nil, `{"id":%q,"deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
@@ -848,7 +856,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 		case poolsim.ClassBatch:
 			fin := rec.Finished.Sub(start)
 			if rec.FinishReason != "abort" && fin >= prof.warmup && fin <= end {
-				r.batchTokens += float64(rec.OutputTokens)
+				r.engineTokens += float64(rec.OutputTokens)
 			}
 			if rec.FinishReason == "abort" && fin <= end {
 				r.abortedTokens += float64(rec.OutputTokens)
@@ -859,6 +867,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 	mu.Unlock()
 	if sl != nil {
 		ipJudge(r, sl, res, resultAt, jobs, end)
+		r.batchTokens = ipResultTokens(res, resultAt, prof.warmup, end)
 		r.reaction, r.recovery = ipReaction(samples, bursts)
 		r.seatsIdle, r.seatsBurst = ipOccupancy(samples, bursts, prof.warmup)
 	}
@@ -938,6 +947,28 @@ func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recove
 		recovery = append(recovery, back)
 	}
 	return reaction, recovery
+}
+
+// ipResultTokens is the batch's goodput in tokens: the completion tokens
+// (usage) of the ok results written within [from, to]. It is what the
+// batch's owner receives, so a resumed request counts the tokens its
+// aborted calls made (they are in its answer) and a restarted one counts
+// its tokens once; the engines' own count (engineTokens) is the
+// cross-check for the arms that do not resume.
+func ipResultTokens(res []*wire.Result, at map[string]time.Duration, from, to time.Duration) float64 {
+	n := 0.0
+	seen := map[string]bool{}
+	for _, x := range res {
+		t, ok := at[x.ID]
+		if !x.OK() || !ok || t < from || t > to || seen[x.ID] {
+			continue
+		}
+		seen[x.ID] = true
+		if _, out, ok := dispatch.ParseUsage([]byte(x.Payload)); ok {
+			n += float64(out)
+		}
+	}
+	return n
 }
 
 // ipJudge counts the judged jobs' misses and checks exactly one result per
