@@ -9,6 +9,7 @@ import (
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/batch/statetest"
+	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -22,5 +23,20 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return s
+	})
+}
+
+// The suite against a real three-master Redis Cluster: a job's scripts and
+// transactions must stay in one hash slot (CROSSSLOT otherwise).
+func TestConformanceCluster(t *testing.T) {
+	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 3, NoReplicas: true})
+	client, err := redisclient.New(c.URL, redisclient.Cluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	var n atomic.Int64
+	statetest.Run(t, func(t testing.TB) batch.State {
+		return redisstate.New(client, fmt.Sprintf("c%d:", n.Add(1)))
 	})
 }
