@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Store is a Redis-backed batch.State.
@@ -50,16 +51,26 @@ func New(client redis.UniversalClient, prefix string) *Store {
 	return &Store{c: client, prefix: prefix}
 }
 
-// Dial connects to the Redis URL; Close closes the connection. A rediss://
-// URL takes its TLS from env.RedisTLS (the deployment's redis_tls) when set,
-// as the Redis transports do (transport.Env.RedisTLSFor).
+// Dial connects to the Redis URL in the deployment's topology (env's
+// RedisMode, RedisAddrs and RedisMasterName, read by redisclient as the
+// Redis transports read them: single, cluster or sentinel); Close closes
+// the connection. A rediss:// URL takes its TLS from env.RedisTLS (the
+// deployment's redis_tls) when set, as the Redis transports do
+// (transport.Env.RedisTLSFor).
 func Dial(url, prefix string, env transport.Env) (*Store, error) {
-	o, err := redis.ParseURL(url)
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("batch state: prefix %q: must not contain '{' or '}' (the job id is the keys' hash tag)", prefix)
+	}
+	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+	if err != nil {
+		return nil, fmt.Errorf("batch state: redis_mode, redis_addrs, redis_master_name: %w", err)
+	}
+	o, err := top.Parse(url)
 	if err != nil {
 		return nil, fmt.Errorf("batch state: %w", err)
 	}
-	o.TLSConfig = env.RedisTLSFor(o.TLSConfig)
-	s := New(redis.NewClient(o), prefix)
+	o.Tune(func(c *redisclient.Common) { c.TLSConfig = env.RedisTLSFor(c.TLSConfig) })
+	s := New(o.New(), prefix)
 	s.own = true
 	return s, nil
 }

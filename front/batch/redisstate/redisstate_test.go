@@ -9,7 +9,6 @@ import (
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/batch/statetest"
-	"github.com/sluice-io/sluice/internal/redisclient"
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
@@ -30,13 +29,12 @@ func TestConformance(t *testing.T) {
 // transactions must stay in one hash slot (CROSSSLOT otherwise).
 func TestConformanceCluster(t *testing.T) {
 	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 3, NoReplicas: true})
-	client, err := redisclient.New(c.URL, redisclient.Cluster)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
 	var n atomic.Int64
 	statetest.Run(t, func(t testing.TB) batch.State {
-		return redisstate.New(client, fmt.Sprintf("c%d:", n.Add(1)))
+		s, err := redisstate.Dial(c.URL, fmt.Sprintf("c%d:", n.Add(1)), transport.Env{RedisMode: "cluster"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
 	})
 }
