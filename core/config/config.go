@@ -685,11 +685,15 @@ type BatchFiles struct {
 // BatchState is batch_api.state.
 type BatchState struct {
 	// Store is "bolt" (default: a local embedded file, single node) or
-	// "redis" (the deployment's redis_url: several front replicas).
+	// "redis" (the deployment's redis_url, redis_mode, redis_addrs,
+	// redis_master_name and redis_tls: several front replicas; single,
+	// cluster or sentinel).
 	Store string `json:"store,omitempty"`
 	// Path is the bolt file (default sluice-batch.db).
 	Path string `json:"path,omitempty"`
-	// Prefix starts the redis store's keys (default sluice-batch:).
+	// Prefix starts the redis store's keys (default sluice-batch:); no
+	// '{' or '}': a job's keys are <prefix>{<job id>}:<kind>, one hash
+	// slot per job on a Redis Cluster.
 	Prefix string `json:"prefix,omitempty"`
 }
 
@@ -755,6 +759,9 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	case "redis":
 		if c.RedisURL == "" {
 			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL)")
+		}
+		if strings.ContainsAny(b.State.Prefix, "{}") {
+			add("batch_api.state.prefix", "%q: must not contain '{' or '}' (each job's keys take its id as hash tag, for Redis Cluster)", b.State.Prefix)
 		}
 	default:
 		add("batch_api.state.store", "%q: want bolt or redis", b.State.Store)

@@ -5,8 +5,15 @@
 // recorded) and its counts a hash changed in the same script, ownership a
 // key with a TTL set only by its owner or when it is free.
 //
-// Single node (or one hash slot): the keys of one job share no tag, so a
-// Redis Cluster is not supported yet.
+// Redis Cluster: every key of one job carries the job id as hash tag
+// (<prefix>{<job id>}:job, :rec, :counts, :owner), so each script and
+// transaction on one job touches one hash slot. Listing goes through index
+// keys (<prefix>jobs and <prefix>files, sorted sets; <prefix>active, a set),
+// each one key and so one slot: SCAN per master would need every master,
+// walks the whole keyspace and gives no order for paging, where a sorted
+// set pages by id directly. An index is written next to, not in the same
+// transaction as, the record it points to: a reader skips an id whose
+// record is gone. The prefix must not contain '{' or '}'.
 package redisstate
 
 import (
@@ -23,6 +30,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
+	"github.com/sluice-io/sluice/internal/redisclient"
 )
 
 // Store is a Redis-backed batch.State.
@@ -43,16 +51,26 @@ func New(client redis.UniversalClient, prefix string) *Store {
 	return &Store{c: client, prefix: prefix}
 }
 
-// Dial connects to the Redis URL; Close closes the connection. A rediss://
-// URL takes its TLS from env.RedisTLS (the deployment's redis_tls) when set,
-// as the Redis transports do (transport.Env.RedisTLSFor).
+// Dial connects to the Redis URL in the deployment's topology (env's
+// RedisMode, RedisAddrs and RedisMasterName, read by redisclient as the
+// Redis transports read them: single, cluster or sentinel); Close closes
+// the connection. A rediss:// URL takes its TLS from env.RedisTLS (the
+// deployment's redis_tls) when set, as the Redis transports do
+// (transport.Env.RedisTLSFor).
 func Dial(url, prefix string, env transport.Env) (*Store, error) {
-	o, err := redis.ParseURL(url)
+	if strings.ContainsAny(prefix, "{}") {
+		return nil, fmt.Errorf("batch state: prefix %q: must not contain '{' or '}' (the job id is the keys' hash tag)", prefix)
+	}
+	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+	if err != nil {
+		return nil, fmt.Errorf("batch state: redis_mode, redis_addrs, redis_master_name: %w", err)
+	}
+	o, err := top.Parse(url)
 	if err != nil {
 		return nil, fmt.Errorf("batch state: %w", err)
 	}
-	o.TLSConfig = env.RedisTLSFor(o.TLSConfig)
-	s := New(redis.NewClient(o), prefix)
+	o.Tune(func(c *redisclient.Common) { c.TLSConfig = env.RedisTLSFor(c.TLSConfig) })
+	s := New(o.New(), prefix)
 	s.own = true
 	return s, nil
 }
@@ -76,6 +94,12 @@ func (s *Store) k(parts ...string) string {
 	return k
 }
 
+// jk is the key of kind for job id, tagged by the id so that all keys of
+// one job share a hash slot.
+func (s *Store) jk(kind, id string) string {
+	return s.prefix + "{" + id + "}:" + kind
+}
+
 func (s *Store) getJSON(ctx context.Context, key, what, id string, v any) error {
 	b, err := s.c.Get(ctx, key).Bytes()
 	if errors.Is(err, redis.Nil) {
@@ -93,7 +117,7 @@ func (s *Store) PutFile(ctx context.Context, f batch.File) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, s.k("file", f.ID), b, 0)
 		p.ZAdd(ctx, s.k("files"), redis.Z{Member: f.ID})
 		return nil
@@ -109,7 +133,7 @@ func (s *Store) GetFile(ctx context.Context, id string) (batch.File, error) {
 
 // DeleteFile implements batch.State.
 func (s *Store) DeleteFile(ctx context.Context, id string) error {
-	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, s.k("file", id))
 		p.ZRem(ctx, s.k("files"), id)
 		return nil
@@ -160,14 +184,14 @@ func (s *Store) CreateJob(ctx context.Context, j batch.Job) error {
 	if err != nil {
 		return err
 	}
-	ok, err := s.c.SetNX(ctx, s.k("job", j.ID), b, 0).Result()
+	ok, err := s.c.SetNX(ctx, s.jk("job", j.ID), b, 0).Result()
 	if err != nil {
 		return fmt.Errorf("create job %s: %w", j.ID, err)
 	}
 	if !ok {
 		return fmt.Errorf("job %s exists", j.ID)
 	}
-	_, err = s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, s.k("jobs"), redis.Z{Member: j.ID})
 		if !batch.Final(j.Status) {
 			p.SAdd(ctx, s.k("active"), j.ID)
@@ -179,7 +203,7 @@ func (s *Store) CreateJob(ctx context.Context, j batch.Job) error {
 
 // counts reads job id's recorded counts.
 func (s *Store) counts(ctx context.Context, c redis.Cmdable, id string) (completed, failed int64, err error) {
-	v, err := c.HMGet(ctx, s.k("counts", id), "completed", "failed").Result()
+	v, err := c.HMGet(ctx, s.jk("counts", id), "completed", "failed").Result()
 	if err != nil {
 		return 0, 0, err
 	}
@@ -196,7 +220,7 @@ func (s *Store) counts(ctx context.Context, c redis.Cmdable, id string) (complet
 // GetJob implements batch.State.
 func (s *Store) GetJob(ctx context.Context, id string) (batch.Job, error) {
 	var j batch.Job
-	if err := s.getJSON(ctx, s.k("job", id), "job", id, &j); err != nil {
+	if err := s.getJSON(ctx, s.jk("job", id), "job", id, &j); err != nil {
 		return j, err
 	}
 	var err error
@@ -207,7 +231,7 @@ func (s *Store) GetJob(ctx context.Context, id string) (batch.Job, error) {
 // UpdateJob implements batch.State: an optimistic transaction on the
 // job's key (WATCH), retried when another writer got there first.
 func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*batch.Job) error) (batch.Job, error) {
-	key := s.k("job", id)
+	key := s.jk("job", id)
 	var j batch.Job
 	for attempt := 0; ; attempt++ {
 		err := s.c.Watch(ctx, func(tx *redis.Tx) error {
@@ -234,15 +258,19 @@ func (s *Store) UpdateJob(ctx context.Context, id string, fn func(*batch.Job) er
 			}
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Set(ctx, key, nb, 0)
-				if batch.Final(j.Status) {
-					p.SRem(ctx, s.k("active"), id)
-				}
 				return nil
 			})
 			return err
 		}, key)
 		if errors.Is(err, redis.TxFailedErr) && attempt < 50 {
 			continue
+		}
+		if err == nil && batch.Final(j.Status) {
+			// The active index is another slot on a cluster: it is
+			// updated after the job's own transaction.
+			if err = s.c.SRem(ctx, s.k("active"), id).Err(); err != nil {
+				err = fmt.Errorf("job %s: drop from active index: %w", id, err)
+			}
 		}
 		return j, err
 	}
@@ -295,7 +323,7 @@ func (s *Store) Record(ctx context.Context, id string, recs []batch.Record) (bat
 		}
 		args = append(args, r.Index, ok, ok+string(r.Line))
 	}
-	err := recordScript.Run(ctx, s.c, []string{s.k("job", id), s.k("rec", id), s.k("counts", id)}, args...).Err()
+	err := recordScript.Run(ctx, s.c, []string{s.jk("job", id), s.jk("rec", id), s.jk("counts", id)}, args...).Err()
 	if err != nil && strings.Contains(err.Error(), "NOJOB") {
 		return batch.Counts{}, fmt.Errorf("job %s: %w", id, batch.ErrNotFound)
 	}
@@ -308,7 +336,7 @@ func (s *Store) Record(ctx context.Context, id string, recs []batch.Record) (bat
 
 // Records implements batch.State.
 func (s *Store) Records(ctx context.Context, id string, fn func(batch.Record) error) error {
-	m, err := s.c.HGetAll(ctx, s.k("rec", id)).Result()
+	m, err := s.c.HGetAll(ctx, s.jk("rec", id)).Result()
 	if err != nil {
 		return fmt.Errorf("records of %s: %w", id, err)
 	}
@@ -331,13 +359,20 @@ func (s *Store) Records(ctx context.Context, id string, fn func(batch.Record) er
 
 // DeleteJob implements batch.State.
 func (s *Store) DeleteJob(ctx context.Context, id string) error {
-	_, err := s.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, s.k("job", id), s.k("rec", id), s.k("counts", id), s.k("owner", id))
+	// One DEL for the job's own keys (one slot); the indexes, other
+	// slots on a cluster, each in its own command.
+	if err := s.c.Del(ctx, s.jk("job", id), s.jk("rec", id), s.jk("counts", id), s.jk("owner", id)).Err(); err != nil {
+		return fmt.Errorf("delete job %s: %w", id, err)
+	}
+	_, err := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZRem(ctx, s.k("jobs"), id)
 		p.SRem(ctx, s.k("active"), id)
 		return nil
 	})
-	return err
+	if err != nil {
+		return fmt.Errorf("delete job %s: indexes: %w", id, err)
+	}
+	return nil
 }
 
 var ownScript = redis.NewScript(`
@@ -354,7 +389,7 @@ return 0`)
 
 // Own implements batch.State.
 func (s *Store) Own(ctx context.Context, id, owner string, ttl time.Duration) (bool, error) {
-	n, err := ownScript.Run(ctx, s.c, []string{s.k("owner", id)}, owner, ttl.Milliseconds()).Int()
+	n, err := ownScript.Run(ctx, s.c, []string{s.jk("owner", id)}, owner, ttl.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("own %s: %w", id, err)
 	}
@@ -363,5 +398,5 @@ func (s *Store) Own(ctx context.Context, id, owner string, ttl time.Duration) (b
 
 // Release implements batch.State.
 func (s *Store) Release(ctx context.Context, id, owner string) error {
-	return releaseScript.Run(ctx, s.c, []string{s.k("owner", id)}, owner).Err()
+	return releaseScript.Run(ctx, s.c, []string{s.jk("owner", id)}, owner).Err()
 }

@@ -24,3 +24,17 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+// The suite against a real three-master Redis Cluster: a job's scripts and
+// transactions must stay in one hash slot (CROSSSLOT otherwise).
+func TestConformanceCluster(t *testing.T) {
+	c := testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 3, NoReplicas: true})
+	var n atomic.Int64
+	statetest.Run(t, func(t testing.TB) batch.State {
+		s, err := redisstate.Dial(c.URL, fmt.Sprintf("c%d:", n.Add(1)), transport.Env{RedisMode: "cluster"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
