@@ -48,7 +48,7 @@ func (r *rawJSON) UnmarshalJSON(b []byte) error {
 // absent instead of failing the whole message (the core decides whether the
 // message is valid).
 type envelopeInfo struct {
-	RequestKind rawJSON `json:"request_kind"`
+	RequestKind rawJSON           `json:"request_kind"`
 	Internal    *envelopeInternal `json:"internal"`
 	Data        *envelopeData     `json:"data"`
 }
