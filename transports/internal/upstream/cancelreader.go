@@ -22,8 +22,8 @@ const maxCancelBatch = 256
 
 // CancelReader answers Cancelled for many concurrent callers with few round
 // trips: the checks that arrive while one read is on the wire are read
-// together in the next one (a pipeline of GETs, so the keys may live on
-// different nodes of a Redis Cluster). Each check still reads its key
+// together in the next one (one MGET on a single node; a pipeline of GETs
+// on a Redis Cluster, where the keys live on different nodes). Each check still reads its key
 // after it was asked, as a lone GET would: nothing is cached, so a
 // cancellation written before a check started is always seen. A check
 // alone costs one round trip, as before; under load the round trips per
