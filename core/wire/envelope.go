@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 )
@@ -78,3 +79,84 @@ func WithPayload(raw, payload []byte) ([]byte, error) {
 	out = append(out, payload...)
 	return append(out, raw[inner[at].end:]...), nil
 }
+
+// EnvelopeScan is what ScanEnvelope read: raw values, as encoding/json
+// would store them in json.RawMessage fields (a null member reads
+// "null"; an absent one nil).
+type EnvelopeScan struct {
+	// Kind is the raw request_kind.
+	Kind []byte
+	// HasInternal and HasData report an internal and a data object (absent
+	// or null: false).
+	HasInternal, HasData bool
+	// Internal and Data hold the raw values of the member names asked for,
+	// index by index.
+	Internal, Data [][]byte
+}
+
+// ScanEnvelope reads, in one pass and without reflection, the raw values of
+// request_kind and of the named members of an envelope's internal and data
+// objects: what encoding/json reads into a struct of json.RawMessage
+// fields (a pointer to a struct for internal and for data). It costs a
+// json.Valid and one walk of the top two levels, with two allocations for
+// the value slices. ok is false when encoding/json must decide: b is not
+// valid JSON or not an object, internal or data is neither an object nor
+// null, a member it reads is repeated or spelled in a way encoding/json
+// folds (another case, escapes, non-ASCII). The caller then decodes b with
+// encoding/json, whose answer defines the result.
+func ScanEnvelope(b []byte, internal, data []string) (v EnvelopeScan, ok bool) {
+	if len(internal) > 16 || len(data) > 16 || !json.Valid(b) {
+		return v, false
+	}
+	v.Internal, v.Data = make([][]byte, len(internal)), make([][]byte, len(data))
+	var seen uint16
+	var in, dt []byte
+	ok = eachMember(b, skipSpace(b, 0), func(name, val []byte) bool {
+		var f int
+		switch string(name) {
+		case "request_kind":
+			f = 0
+			v.Kind = val
+		case "internal":
+			f = 1
+			in = val
+		case "data":
+			f = 2
+			dt = val
+		default:
+			return !foldsTo(name, scanTopNames)
+		}
+		return once(&seen, f)
+	})
+	if !ok {
+		return v, false
+	}
+	obj := func(val []byte, names []string, out [][]byte) (present, ok bool) {
+		if val == nil || val[0] == 'n' {
+			return false, true
+		}
+		if val[0] != '{' {
+			return false, false
+		}
+		var seen uint16
+		return true, eachMember(val, 0, func(name, m []byte) bool {
+			for i, n := range names {
+				if string(name) == n {
+					out[i] = m
+					return once(&seen, i)
+				}
+			}
+			return !foldsTo(name, names)
+		})
+	}
+	if v.HasInternal, ok = obj(in, internal, v.Internal); !ok {
+		return v, false
+	}
+	if v.HasData, ok = obj(dt, data, v.Data); !ok {
+		return v, false
+	}
+	return v, true
+}
+
+// scanTopNames are the top-level members ScanEnvelope reads.
+var scanTopNames = []string{"request_kind", "internal", "data"}

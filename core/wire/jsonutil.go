@@ -1,9 +1,9 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -155,7 +155,7 @@ func skipValue(b []byte, i int) (int, error) {
 
 // member is one name/value pair of a JSON object, located by byte offsets.
 type member struct {
-	name       string // the unquoted name
+	name       []byte // the unquoted name (aliasing the input when it has no escapes)
 	start, end int    // the value is b[start:end]
 }
 
@@ -165,7 +165,7 @@ func objectMembers(b []byte, i int) ([]member, int, error) {
 	if i >= len(b) || b[i] != '{' {
 		return nil, 0, errSyntax
 	}
-	var ms []member
+	ms := make([]member, 0, 8) // one allocation for the usual object
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return nil, i + 1, nil
@@ -188,7 +188,7 @@ func objectMembers(b []byte, i int) ([]member, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		ms = append(ms, member{name: string(name), start: i, end: end})
+		ms = append(ms, member{name: name, start: i, end: end})
 		i = skipSpace(b, end)
 		if i >= len(b) {
 			return nil, 0, errSyntax
@@ -206,8 +206,8 @@ func objectMembers(b []byte, i int) ([]member, int, error) {
 
 // matchesField reports whether encoding/json decodes an object member named
 // name into the struct field tagged field: an exact or case-folded match.
-func matchesField(name, field string) bool {
-	return name == field || strings.EqualFold(name, field)
+func matchesField(name []byte, field string) bool {
+	return string(name) == field || bytes.EqualFold(name, []byte(field))
 }
 
 const hexDigits = "0123456789abcdef"

@@ -48,21 +48,30 @@ func (r *rawJSON) UnmarshalJSON(b []byte) error {
 // absent instead of failing the whole message (the core decides whether the
 // message is valid).
 type envelopeInfo struct {
-	RequestKind rawJSON `json:"request_kind"`
-	Internal    *struct {
-		QueueID               rawJSON `json:"queue_id"`
-		RequestQueueName      rawJSON `json:"request_queue_name"`
-		ResultQueueName       rawJSON `json:"result_queue_name"`
-		ResultTTLSeconds      rawJSON `json:"result_ttl_seconds"`
-		ResultRoutingResolved rawJSON `json:"result_routing_resolved"`
-		EnqueueSeq            rawJSON `json:"enqueue_seq"`
-		PayloadRef            rawJSON `json:"payload_ref"`
-		KeptResult            rawJSON `json:"kept_result"`
-	} `json:"internal"`
-	Data *struct {
-		ID       rawJSON `json:"id"`
-		Deadline rawJSON `json:"deadline"`
-	} `json:"data"`
+	RequestKind rawJSON           `json:"request_kind"`
+	Internal    *envelopeInternal `json:"internal"`
+	Data        *envelopeData     `json:"data"`
+}
+
+// envelopeInternal is the part of an envelope's internal object the
+// transport reads.
+type envelopeInternal struct {
+	QueueID               rawJSON `json:"queue_id"`
+	RequestQueueName      rawJSON `json:"request_queue_name"`
+	ResultQueueName       rawJSON `json:"result_queue_name"`
+	ResultTTLSeconds      rawJSON `json:"result_ttl_seconds"`
+	ResultRoutingResolved rawJSON `json:"result_routing_resolved"`
+	EnqueueSeq            rawJSON `json:"enqueue_seq"`
+	PayloadRef            rawJSON `json:"payload_ref"`
+	KeptResult            rawJSON `json:"kept_result"`
+	RequestToken          rawJSON `json:"request_token"`
+}
+
+// envelopeData is the part of an envelope's data object the transport
+// reads.
+type envelopeData struct {
+	ID       rawJSON `json:"id"`
+	Deadline rawJSON `json:"deadline"`
 }
 
 // maybeEnvelope is a byte search telling a message that may be an envelope
@@ -72,12 +81,70 @@ func maybeEnvelope(b []byte) bool {
 }
 
 // parseEnvelope reads the envelope fields of b; ok is false for a message
-// that is not an envelope (as the core's decoder tells them apart).
+// that is not an envelope (as the core's decoder tells them apart). The
+// shape producers write is read by wire.ScanEnvelope (no reflection, no
+// allocation per field); encoding/json decides the rest.
 func parseEnvelope(b []byte) (e envelopeInfo, ok bool) {
-	if !maybeEnvelope(b) || json.Unmarshal(b, &e) != nil || e.Data == nil {
+	if !maybeEnvelope(b) {
+		return e, false
+	}
+	if !scanEnvelope(b, &e) && json.Unmarshal(b, &e) != nil {
+		return e, false
+	}
+	if e.Data == nil {
 		return e, false
 	}
 	return e, e.Internal != nil || (len(e.RequestKind) > 0 && string(e.RequestKind) != "null")
+}
+
+// The members of internal and data that envelopeInfo holds, in the order
+// scanEnvelope stores them.
+var (
+	envelopeInternalNames = []string{"queue_id", "request_queue_name", "result_queue_name", "result_ttl_seconds",
+		"result_routing_resolved", "enqueue_seq", "payload_ref", "kept_result", "request_token"}
+	envelopeDataNames = []string{"id", "deadline"}
+)
+
+// scanEnvelope fills e from b as json.Unmarshal would, through
+// wire.ScanEnvelope; false means the shape needs json.Unmarshal (e is then
+// left as it was).
+func scanEnvelope(b []byte, e *envelopeInfo) bool {
+	v, ok := wire.ScanEnvelope(b, envelopeInternalNames, envelopeDataNames)
+	if !ok {
+		return false
+	}
+	e.RequestKind = v.Kind
+	if v.HasInternal {
+		in := &envelopeInternal{}
+		for i, p := range []*rawJSON{&in.QueueID, &in.RequestQueueName, &in.ResultQueueName, &in.ResultTTLSeconds,
+			&in.ResultRoutingResolved, &in.EnqueueSeq, &in.PayloadRef, &in.KeptResult, &in.RequestToken} {
+			*p = v.Internal[i]
+		}
+		e.Internal = in
+	}
+	if v.HasData {
+		e.Data = &envelopeData{ID: v.Data[0], Deadline: v.Data[1]}
+	}
+	return true
+}
+
+// keys is upstreamKeysOf(b) for the envelope e read from b: its plain
+// string data.id and internal.request_token as they stand, else
+// (escapes, other types, a shape the scan left to encoding/json) what
+// upstreamKeysOf reads.
+func (e *envelopeInfo) keys(b []byte) (id, token string) {
+	if e.Internal == nil || len(e.Internal.RequestToken) == 0 {
+		if !bytes.Contains(b, []byte(`"request_token"`)) {
+			return "", ""
+		}
+		return upstreamKeysOf(b)
+	}
+	rid, rtok := e.Data.ID, e.Internal.RequestToken
+	if len(rid) > 2 && len(rtok) > 2 && rid[0] == '"' && rtok[0] == '"' &&
+		plainJSON(rid[1:len(rid)-1]) && plainJSON(rtok[1:len(rtok)-1]) {
+		return string(rid[1 : len(rid)-1]), string(rtok[1 : len(rtok)-1])
+	}
+	return upstreamKeysOf(b)
 }
 
 func (e *envelopeInfo) str(raw func() rawJSON) string {
@@ -85,6 +152,18 @@ func (e *envelopeInfo) str(raw func() rawJSON) string {
 		return ""
 	}
 	return jsonString(json.RawMessage(raw()))
+}
+
+// empty is e.str(raw) == "" without making the string.
+func (e *envelopeInfo) empty(raw func() rawJSON) bool {
+	if e.Internal == nil {
+		return true
+	}
+	r := raw()
+	if len(r) >= 2 && r[0] == '"' && r[len(r)-1] == '"' && plainJSON(r[1:len(r)-1]) {
+		return len(r) == 2
+	}
+	return jsonString(json.RawMessage(r)) == ""
 }
 
 func (e *envelopeInfo) int(raw rawJSON) int64 {
@@ -187,15 +266,15 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 		}
 		return false
 	}
-	if id, tok := upstreamKeysOf(m.Payload); tok != "" {
+	if id, tok := e.keys(m.Payload); tok != "" {
 		m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
 	}
 	var set []wire.InternalMember
 	str := quoteJSON
-	if e.str(func() rawJSON { return e.Internal.RequestQueueName }) == "" {
+	if e.empty(func() rawJSON { return e.Internal.RequestQueueName }) {
 		set = append(set, wire.InternalMember{Name: "request_queue_name", Value: str(q.Name)})
 	}
-	if q.ID != "" && e.str(func() rawJSON { return e.Internal.QueueID }) == "" {
+	if q.ID != "" && e.empty(func() rawJSON { return e.Internal.QueueID }) {
 		set = append(set, wire.InternalMember{Name: "queue_id", Value: str(q.ID)})
 	}
 	route := e.str(func() rawJSON { return e.Internal.ResultQueueName })

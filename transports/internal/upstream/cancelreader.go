@@ -22,8 +22,8 @@ const maxCancelBatch = 256
 
 // CancelReader answers Cancelled for many concurrent callers with few round
 // trips: the checks that arrive while one read is on the wire are read
-// together in the next one (a pipeline of GETs, so the keys may live on
-// different nodes of a Redis Cluster). Each check still reads its key
+// together in the next one (one MGET on a single node; a pipeline of GETs
+// on a Redis Cluster, where the keys live on different nodes). Each check still reads its key
 // after it was asked, as a lone GET would: nothing is cached, so a
 // cancellation written before a check started is always seen. A check
 // alone costs one round trip, as before; under load the round trips per
@@ -32,6 +32,9 @@ const maxCancelBatch = 256
 // waiting.
 type CancelReader struct {
 	c redis.Cmdable
+	// mget: c is one node (not a Cluster client), so a batch is one MGET,
+	// a single command to encode and parse instead of one GET each.
+	mget bool
 
 	mu      sync.Mutex
 	waiting []*cancelAsk
@@ -46,7 +49,10 @@ type cancelAsk struct {
 }
 
 // NewCancelReader returns a reader of upstream's cancel keys on c.
-func NewCancelReader(c redis.Cmdable) *CancelReader { return &CancelReader{c: c} }
+func NewCancelReader(c redis.Cmdable) *CancelReader {
+	_, cluster := c.(*redis.ClusterClient)
+	return &CancelReader{c: c, mget: !cluster}
+}
 
 // Cancelled reports whether upstream's producer cancelled req: its cancel
 // key holds req's token (a key holding another token cancelled an older
@@ -99,6 +105,10 @@ func (r *CancelReader) readAll(ctx context.Context) {
 func (r *CancelReader) read(ctx context.Context, batch []*cancelAsk) {
 	ctx, cancel := context.WithTimeout(ctx, cancelReadTimeout)
 	defer cancel()
+	if r.mget {
+		r.readMGet(ctx, batch)
+		return
+	}
 	cmds := make([]*redis.StringCmd, len(batch))
 	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, a := range batch {
@@ -114,6 +124,29 @@ func (r *CancelReader) read(ctx context.Context, batch []*cancelAsk) {
 			a.err = fmt.Errorf("check %s: %w", a.key, err)
 		default:
 			a.cancelled = v == a.token
+		}
+		close(a.done)
+	}
+}
+
+// readMGet answers one batch with one MGET (a single node: the keys carry
+// no hash tag, so a Cluster would refuse them together).
+func (r *CancelReader) readMGet(ctx context.Context, batch []*cancelAsk) {
+	names := make([]string, len(batch))
+	for i, a := range batch {
+		names[i] = a.key
+	}
+	vals, err := r.c.MGet(ctx, names...).Result()
+	if err == nil && len(vals) != len(batch) {
+		err = fmt.Errorf("MGET answered %d values for %d keys", len(vals), len(batch))
+	}
+	for i, a := range batch {
+		switch {
+		case err != nil:
+			a.err = fmt.Errorf("check %s: %w", a.key, err)
+		default:
+			v, ok := vals[i].(string)
+			a.cancelled = ok && v == a.token
 		}
 		close(a.done)
 	}
