@@ -428,3 +428,17 @@ func TestValidateEvict(t *testing.T) {
 		}
 	}
 }
+
+// resume needs evict: only a request taken back is resumed.
+func TestValidateResume(t *testing.T) {
+	for _, evict := range []bool{false, true} {
+		c := &Config{TransportConfig: TransportConfig{ResultQueueName: "r",
+			Queues: []Queue{{Queue: transport.Queue{Name: "a"}, IGWBaseURL: "http://gw", Evict: evict, Resume: true}}}}
+		c.SetDefaults()
+		err := c.Validate(known())
+		refused := err != nil && strings.Contains(err.Error(), "transport_config.queues[0].resume: needs evict: true")
+		if refused == evict {
+			t.Errorf("evict %v: err %v", evict, err)
+		}
+	}
+}

@@ -642,6 +642,11 @@ func testBodyCap(t *testing.T, proto string) {
 			if out.Class != tt.class || out.StatusCode != tt.status {
 				t.Fatalf("outcome = %+v, want %v with status %d", out, tt.class, tt.status)
 			}
+			// a caller's body reader (core/resume's) is held to the same cap
+			own := c.DoWith(t.Context(), Target{BaseURL: srv.URL}, newRequest(time.Minute), Overrides{ReadBody: io.ReadAll})
+			if own.Class != tt.class || (tt.class == Fatal && !errors.Is(own.Err, ErrResponseTooLarge)) {
+				t.Fatalf("with ReadBody: outcome = %+v, want %v", own, tt.class)
+			}
 			if tt.class == Fatal {
 				if !errors.Is(out.Err, ErrResponseTooLarge) || out.Body != nil {
 					t.Errorf("err = %v, body %d bytes", out.Err, len(out.Body))
