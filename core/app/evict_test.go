@@ -98,6 +98,12 @@ func (g *holdingGateway) snapshot() (holding int, arrivals []string, aborted map
 // returned dial, at budget 1.
 func startEvictApp(t *testing.T, url string, mc, limit int) (*dialGate, *harness) {
 	t.Helper()
+	return startEvictAppResume(t, url, mc, limit, false)
+}
+
+// startEvictAppResume is startEvictApp with the queue's resume option.
+func startEvictAppResume(t *testing.T, url string, mc, limit int, resume bool) (*dialGate, *harness) {
+	t.Helper()
 	dg := &dialGate{}
 	dg.budget.Store(1.0)
 	ad := testAdapters(t)
@@ -109,7 +115,7 @@ func startEvictApp(t *testing.T, url string, mc, limit int) (*dialGate, *harness
 		DrainTimeout: config.Duration(2 * time.Second),
 		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
 			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: mc}, IGWBaseURL: url,
-				GateType: "dial", Evict: true, EvictLimit: limit}}},
+				GateType: "dial", Evict: true, EvictLimit: limit, Resume: resume}}},
 	}
 	return dg, startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
 }

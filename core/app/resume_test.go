@@ -11,13 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/sluice-io/sluice/core/config"
-	"github.com/sluice-io/sluice/core/gate"
-	"github.com/sluice-io/sluice/core/transport"
-	"github.com/sluice-io/sluice/transports/memory"
 )
 
 // streamingGateway answers /v1/completions as a streaming server does: one
@@ -90,20 +84,7 @@ func TestEvictResume(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(gw.serve))
 	t.Cleanup(srv.Close)
 
-	dg := &dialGate{}
-	dg.budget.Store(1.0)
-	ad := testAdapters(t)
-	if err := ad.Gates.Register("dial", func(gate.Params, gate.Env) (gate.Gate, error) { return dg, nil }); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &config.Config{
-		Transport: memory.Name, Concurrency: 2, MetricsPort: -1, HealthPort: -1,
-		DrainTimeout: config.Duration(2 * time.Second),
-		TransportConfig: config.TransportConfig{ResultQueueName: e2eResults,
-			Queues: []config.Queue{{Queue: transport.Queue{Name: e2eQueue, MaxConcurrency: 2}, IGWBaseURL: srv.URL,
-				GateType: "dial", Evict: true, Resume: true}}},
-	}
-	h := startAppWith(t, cfg, Options{Adapters: ad, Transport: memory.New(memory.Options{}), Registry: prometheus.NewRegistry()})
+	dg, h := startEvictAppResume(t, srv.URL, 2, 0, true)
 	far := time.Now().Add(2 * time.Minute)
 	if err := h.mem.Enqueue(e2eQueue, request("r1", far, map[string]any{"prompt": "go:", "max_tokens": tokens})); err != nil {
 		t.Fatal(err)
