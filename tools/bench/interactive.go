@@ -89,7 +89,7 @@ const (
 	ipSampleEvery      = 50 * time.Millisecond
 	ipInteractiveObj   = "interactive-default"
 	ipBatchObj         = "batch-sheddable"
-	ipRecommendedArm   = "headroom-evict-w2"
+	ipRecommendedArm   = "headroom-resume-w2"
 	ipUpstreamArm      = "endpoint-scrape-upstream"
 	ipRouterArm        = "router-flow-control"
 	ipPodSeats         = poolsim.DefaultMaxNumSeqs
@@ -110,10 +110,10 @@ func ipProfiles() []ipProfile {
 		{name: "short", batchPrompt: 512, batchOutput: 256, warmup: 6 * time.Second, arms: []string{
 			"floor", "ungated", "saturation-default", "saturation-tuned", "budget", "aimd", "aimd-tuned",
 			ipUpstreamArm, ipRouterArm, "engine-priority", "engine-seat-preempt", "reserve-25", "reserve-40",
-			"headroom", "headroom-evict-w2", "headroom-evict-w2-r6",
+			"headroom", "headroom-evict-w2", "headroom-evict-w2-r6", "headroom-resume-w2",
 		}},
 		{name: "long", batchPrompt: 512, batchOutput: 1024, warmup: 30 * time.Second, arms: []string{
-			"floor", "ungated", "aimd-tuned", "headroom-evict-w2", "reserve-25", "reserve-50",
+			"floor", "ungated", "aimd-tuned", "headroom-evict-w2", "headroom-resume-w2", "reserve-25", "reserve-50",
 		}},
 	}
 }
