@@ -103,7 +103,6 @@ type Call struct {
 	id, model  string
 	created    int64
 	finish     string
-	sawChoices bool
 }
 
 // Start prepares the attempt of payload (the request's JSON body)
@@ -310,7 +309,6 @@ func (c *Call) event(line []byte) (done bool, err error) {
 		if x.Index != 0 {
 			continue
 		}
-		c.sawChoices = true
 		t := x.Delta.Content
 		if !c.chat {
 			t = x.Text
