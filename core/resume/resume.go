@@ -96,13 +96,13 @@ type Call struct {
 	prior     State
 
 	// what this attempt made
-	text       strings.Builder
-	tokens     int
-	usageSeen  bool // tokens come from the stream's usage, not a chunk count
-	prompt     int
-	id, model  string
-	created    int64
-	finish     string
+	text      strings.Builder
+	tokens    int
+	usageSeen bool // tokens come from the stream's usage, not a chunk count
+	prompt    int
+	id, model string
+	created   int64
+	finish    string
 }
 
 // Start prepares the attempt of payload (the request's JSON body)
