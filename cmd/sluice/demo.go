@@ -26,9 +26,10 @@ func newDemo() *cobra.Command {
 		Long: `With no flags (--mode purpose): what sluice is for. A simulated inference pool
 (two vLLM-like pods of 16 seats behind an EPP-like front) serves interactive
 traffic, first alone (its floor), then in bursts while sluice sends a batch
-through the pool-headroom gate with evict: it reads every pod's own gauges
-each 50 ms, keeps 4 seats free and takes batch requests back when a burst
-eats them. One line a
+through the pool-headroom gate with evict and resume: it reads every pod's
+own gauges each 50 ms, keeps 4 seats free and takes batch requests back when
+a burst eats them; a request taken back continues later from the tokens it
+had made. One line a
 second shows interactive TTFT p99 against the floor, the batch's progress and
 sluice's in-flight limit; a table closes the run. --ungated runs the same
 batch without a gate, to show what the gate prevents.
@@ -102,7 +103,7 @@ func printPoolSummary(w io.Writer, s demo.PoolSummary) {
 	}
 	fmt.Fprintf(w, "  batch: %d requests, %d ok, %d failed, %d missing, %d duplicated; %d tokens in %.1fs (%.0f tokens/s)\n",
 		s.Batch, s.BatchOK, s.BatchFailed, s.Missing, s.Duplicates, s.BatchTokens, s.BatchSeconds, rate)
-	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, answered later)\n", s.Evicted)
+	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, resumed from the tokens they had made; %d tokens kept)\n", s.Evicted, s.ResumedTokens)
 	if s.Rejections > 0 {
 		fmt.Fprintf(w, "  front refused %d batch requests (429 rejected-saturated; each came back after backoff)\n", s.Rejections)
 	}

@@ -139,6 +139,12 @@ type EngineConfig struct {
 	// seat is taken, as the open vLLM PRs #45561/#54530 propose; vLLM V1
 	// does not. An upper-bound arm for engine-side protection.
 	SeatPreempt bool
+	// PreemptKeep lets a preempted sequence keep its computed tokens (as
+	// if its KV were swapped out and back in at no cost), so it resumes
+	// where it stopped instead of recomputing its prompt and output. No
+	// vLLM V1 engine does this for free: with SeatPreempt it is the
+	// oracle arm, the best any dispatcher or engine could do on this pool.
+	PreemptKeep bool
 	// ITL is ITL0, the step time with one sequence and no prefill
 	// (inference-sim's inter-token-latency; default DefaultITL).
 	ITL time.Duration
@@ -426,6 +432,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&e.KVTokens, "kv-tokens", e.KVTokens, "KV capacity of one pod in tokens (rounded down to whole blocks)")
 	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "largest prompt + max_tokens; longer requests get 400")
 	fs.StringVar(&e.Policy, "scheduling-policy", e.Policy, "waiting queue order: fcfs or priority (lower priority value first, then arrival)")
+	fs.BoolVar(&e.PreemptKeep, "preempt-keep", e.PreemptKeep, "a preempted request keeps its computed tokens (free swap; an idealised upper bound, not vLLM)")
 	fs.BoolVar(&e.SeatPreempt, "seat-preempt", e.SeatPreempt, "priority policy: a waiting request of strictly higher priority preempts the lowest-priority running one when every seat is taken (vLLM PRs #45561/#54530; not in vLLM V1)")
 	fs.DurationVar(&e.ITL, "itl", e.ITL, "ITL0: step time with one sequence and no prefill")
 	fs.Float64Var(&e.LoadFactor, "time-factor-under-load", e.LoadFactor, "F: decode step time factor at max-num-seqs sequences (>= 1)")

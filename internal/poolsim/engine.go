@@ -308,13 +308,16 @@ func (e *engine) victim() int {
 	return v
 }
 
-// preempt frees the blocks of running[i], resets its computed tokens and
-// puts it back at the head of the waiting queue.
+// preempt frees the blocks of running[i], resets its computed tokens
+// (unless EngineConfig.PreemptKeep) and puts it back at the head of the
+// waiting queue.
 func (e *engine) preempt(i int) *seq {
 	s := e.running[i]
 	e.running = slices.Delete(e.running, i, i+1)
 	e.free(s)
-	s.computed = 0
+	if !e.cfg.PreemptKeep {
+		s.computed = 0
+	}
 	s.preemptions++
 	s.state = stateWaiting
 	s.stepTokens, s.stepNew = 0, false

@@ -397,3 +397,27 @@ func TestSeatPreempt(t *testing.T) {
 		}
 	}
 }
+
+func TestPreemptKeepResumesWithoutRecompute(t *testing.T) {
+	e := testEngine(func(c *EngineConfig) { c.KVTokens = 64; c.MaxModelLen = 64; c.PreemptKeep = true })
+	a, b := mkSeq(1, 31, 3, 0, 0), mkSeq(2, 31, 20, 0, 1)
+	e.add(a)
+	e.add(b)
+	now := t0
+	for range 3 {
+		st := runStep(e, now)
+		now = now.Add(st.duration)
+	}
+	// As in TestPreemptedRecomputesAndResumes, step 3 preempted b; here it
+	// keeps what it had computed.
+	if b.preemptions != 1 || a.state != stateDone {
+		t.Fatalf("b preemptions %d, a state %d; want 1 and done", b.preemptions, a.state)
+	}
+	if b.computed == 0 {
+		t.Fatal("b lost its computed tokens on preemption")
+	}
+	st := runStep(e, now)
+	if got := scheduled(st); got[2] != 1 || st.prefillTokens != 0 || st.newPrefills != 0 {
+		t.Fatalf("resume: scheduled %v, prefill tokens %d, new prefills %d; want b to decode one token with no prefill", got, st.prefillTokens, st.newPrefills)
+	}
+}

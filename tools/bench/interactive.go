@@ -63,7 +63,7 @@ import (
 //     to the first fall of the batch's occupancy of the pool (batch requests
 //     running or waiting in the engines); gate_recovery_ms: from the
 //     burst's end until the occupancy is back at its pre-burst level. A
-//     burst with no fall counts as a whole phase (ipPhase).
+//     burst with no fall counts as a whole phase.
 //   - step_lag_p99_ms: how late the simulator's engine steps ran; an arm the
 //     machine could not keep up with misses its step-lag target.
 //
@@ -77,7 +77,7 @@ const (
 	ipScenario         = "interactive-protection"
 	ipBurstRate        = 10.0 // interactive requests/s in a burst
 	ipIdleRate         = 1.0  // interactive requests/s between bursts
-	ipPhase            = 5 * time.Second
+	ipPhase            = 5 * time.Second // a profile's default phase length
 	ipCycles           = 3
 	ipInteractivePT    = 256
 	ipInteractiveOut   = 64
@@ -102,7 +102,18 @@ type ipProfile struct {
 	// warmup is the idle phase before the first burst, long enough for the
 	// batch to reach its steady state (about one batch service time).
 	warmup time.Duration
-	arms   []string
+	// phase is the length of one burst and of one idle phase (0:
+	// ipPhase; SLUICE_BENCH_IP_PHASE overrides every profile's).
+	phase time.Duration
+	arms  []string
+}
+
+// phaseLen is the profile's phase length.
+func (p ipProfile) phaseLen() time.Duration {
+	if p.phase > 0 {
+		return p.phase
+	}
+	return ipPhase
 }
 
 func ipProfiles() []ipProfile {
@@ -189,6 +200,23 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		return ipArm{batch: true, pool: func(c *poolsim.Config) {
 			c.Engine.Policy, c.Engine.SeatPreempt = poolsim.PolicyPriority, true
 		}}, nil
+	case "oracle":
+		// no dispatcher can do better: the batch fills every seat, an
+		// interactive arrival takes one at the next step, and the batch
+		// request it displaced loses nothing (engine.PreemptKeep).
+		return ipArm{batch: true, pool: func(c *poolsim.Config) {
+			c.Engine.Policy, c.Engine.SeatPreempt, c.Engine.PreemptKeep = poolsim.PolicyPriority, true, true
+		}}, nil
+	}
+	if rest, ok := strings.CutPrefix(name, "oracle-r"); ok {
+		// the oracle with r seats held back from the batch (its queue capped)
+		r, err := strconv.Atoi(rest)
+		if err != nil || r <= 0 || r >= seats {
+			return ipArm{}, fmt.Errorf("arm %q: oracle-r<n> needs 0 < n < %d seats", name, seats)
+		}
+		a, _ := ipArmByName("oracle", seats)
+		a.concurrency = seats - r
+		return a, nil
 	}
 	if rest, ok := strings.CutPrefix(name, "headroom"); ok {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
@@ -258,7 +286,7 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 // ipWaves is the interactive traffic of every arm: one seed, so every arm
 // of every repetition sees the same arrivals.
 func ipWaves(prof ipProfile) poolsim.Waves {
-	return poolsim.Waves{Warmup: prof.warmup, Burst: ipPhase, Idle: ipPhase, Cycles: ipCycles,
+	return poolsim.Waves{Warmup: prof.warmup, Burst: prof.phaseLen(), Idle: prof.phaseLen(), Cycles: ipCycles,
 		BurstRate: ipBurstRate, IdleRate: ipIdleRate, Seed: ipSeed}
 }
 
@@ -310,7 +338,8 @@ type ipRun struct {
 }
 
 // ipSelect applies SLUICE_BENCH_IP_PROFILES and SLUICE_BENCH_IP_ARMS (comma
-// lists; empty: all) for exploratory runs. The floor arm always runs: every
+// lists; empty: all) and SLUICE_BENCH_IP_PHASE (a phase length) for
+// exploratory runs. The floor arm always runs: every
 // ratio is to it.
 func ipSelect(all []ipProfile) ([]ipProfile, error) {
 	profs, arms := names.Set(os.Getenv("SLUICE_BENCH_IP_PROFILES")), names.Set(os.Getenv("SLUICE_BENCH_IP_ARMS"))
@@ -331,6 +360,13 @@ func ipSelect(all []ipProfile) ([]ipProfile, error) {
 					p.arms = append(p.arms, a)
 				}
 			}
+		}
+		if v := os.Getenv("SLUICE_BENCH_IP_PHASE"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < time.Second {
+				return nil, fmt.Errorf("SLUICE_BENCH_IP_PHASE=%q: want a duration of at least 1s", v)
+			}
+			p.phase = d
 		}
 		out = append(out, p)
 	}
@@ -381,7 +417,7 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 		}
 		arms[n] = a
 	}
-	window := time.Duration(ipCycles) * 2 * ipPhase
+	window := time.Duration(ipCycles) * 2 * prof.phaseLen()
 	perArm := map[string][]figures{}
 	for rep := range ipReps(o) {
 		capy, err := ipCalibrate(ctx, base, prof)
@@ -868,7 +904,7 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 	if sl != nil {
 		ipJudge(r, sl, res, resultAt, jobs, end)
 		r.batchTokens = ipResultTokens(res, resultAt, prof.warmup, end)
-		r.reaction, r.recovery = ipReaction(samples, bursts)
+		r.reaction, r.recovery = ipReaction(samples, bursts, prof.phaseLen())
 		r.seatsIdle, r.seatsBurst = ipOccupancy(samples, bursts, prof.warmup)
 	}
 	return r, nil
@@ -905,7 +941,7 @@ type ipSample struct {
 // and to come back to its pre-burst level after the burst ended. It is
 // the pool's view, so it holds for every arm: an arm that never yields
 // seats scores a whole phase.
-func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recovery []float64) {
+func ipReaction(samples []ipSample, bursts [][2]time.Duration, phase time.Duration) (reaction, recovery []float64) {
 	at := func(t time.Duration) (float64, int) {
 		for i, s := range samples {
 			if s.at >= t {
@@ -919,7 +955,7 @@ func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recove
 		if i < 0 {
 			continue
 		}
-		fell := float64(ipPhase.Milliseconds())
+		fell := float64(phase.Milliseconds())
 		for _, s := range samples[i:] {
 			if s.at >= b[1] {
 				break
@@ -934,9 +970,9 @@ func ipReaction(samples []ipSample, bursts [][2]time.Duration) (reaction, recove
 		if j < 0 {
 			continue
 		}
-		back := float64(ipPhase.Milliseconds())
+		back := float64(phase.Milliseconds())
 		for _, s := range samples[j:] {
-			if s.at >= b[1]+ipPhase {
+			if s.at >= b[1]+phase {
 				break
 			}
 			if s.limit >= before {

@@ -25,7 +25,7 @@ func TestIPReaction(t *testing.T) {
 		}
 		samples = append(samples, ipSample{at: at, limit: occ})
 	}
-	reaction, recovery := ipReaction(samples, bursts)
+	reaction, recovery := ipReaction(samples, bursts, ipPhase)
 	if len(reaction) != 2 || reaction[0] != 300 || reaction[1] != float64(ipPhase.Milliseconds()) {
 		t.Fatalf("reaction %v, want [300 %d]", reaction, ipPhase.Milliseconds())
 	}

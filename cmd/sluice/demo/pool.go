@@ -122,6 +122,9 @@ type PoolSummary struct {
 	// Evicted are the batch calls sluice took back for the gate (each
 	// re-queued and answered later).
 	Evicted int `json:"batch_evicted"`
+	// ResumedTokens are the output tokens evicted calls had made that
+	// their next attempts kept (resume) instead of making again.
+	ResumedTokens int `json:"batch_resumed_tokens"`
 	// StepLagP99Ms is how late the simulator's steps ran (a large value: the
 	// machine was too busy for the figures to mean much).
 	StepLagP99Ms float64 `json:"step_lag_p99_ms"`
@@ -137,9 +140,10 @@ const (
 // pods of 16 seats behind an EPP-like front, internal/poolsim) serves
 // interactive traffic straight to the front, first alone (the floor), then
 // in bursts while sluice sends a batch through the pool-headroom gate with
-// evict (it reads every pod's own gauges each 50 ms, keeps 4 seats free and
-// takes batch requests back when a burst eats them) — no Prometheus, no
-// server. It returns when every batch request has its result.
+// evict and resume (it reads every pod's own gauges each 50 ms, keeps 4
+// seats free and takes batch requests back when a burst eats them; a
+// request taken back continues later from the tokens it had made) — no
+// Prometheus, no server. It returns when every batch request has its result.
 func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	o.setDefaults()
 	sum := PoolSummary{Gate: headroom.Type, Batch: o.Batch}
@@ -189,7 +193,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 
 	// The batch, through sluice.
 	mem := memory.New(memory.Options{})
-	gateType, params, evict := constant.Type, map[string]json.RawMessage{}, false
+	gateType, params, evict, resume := constant.Type, map[string]json.RawMessage{}, false, false
 	if !o.Ungated {
 		// the recommended arm of the interactive-protection benchmark
 		eps := make([]string, pcfg.Pods)
@@ -200,7 +204,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		if err != nil {
 			return sum, err
 		}
-		gateType, evict = headroom.Type, true
+		gateType, evict, resume = headroom.Type, true, true
 		params = map[string]json.RawMessage{"endpoints": b, "seats_per_pod": json.RawMessage(strconv.Itoa(pcfg.Engine.MaxNumSeqs)),
 			"reserve": json.RawMessage("4"), "waiting_weight": json.RawMessage(strconv.Itoa(pcfg.Pods))}
 	}
@@ -210,7 +214,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(2 * time.Second)},
 		TransportConfig: config.TransportConfig{ResultQueueName: demoPoolResults, Queues: []config.Queue{{
 			Queue: transport.Queue{Name: demoPoolQueue}, IGWBaseURL: front, RequestPathURL: "/v1/completions",
-			InferenceObjective: "batch-sheddable", GateType: gateType, GateParams: params, Evict: evict,
+			InferenceObjective: "batch-sheddable", GateType: gateType, GateParams: params, Evict: evict, Resume: resume,
 		}}},
 	}
 	ad, err := adapters()
@@ -240,7 +244,9 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		return sum, err
 	}
 	batchStart := time.Now()
-	prompt := poolsim.TokenPrompt(o.BatchPrompt)
+	// a text prompt (the simulator counts one token per word), so that a
+	// request taken back can resume: its continuation appends to it
+	prompt := poolsim.TextPrompt(o.BatchPrompt)
 	deadline := float64(batchStart.Add(o.Timeout).UnixMilli()) / 1000
 	for i := range o.Batch {
 		b := fmt.Appendf(nil, `{"id":"batch-%d","deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
@@ -336,6 +342,7 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	st := pool.Stats()
 	sum.Rejections = st.Classes[poolsim.ClassBatch].Rejected
 	sum.Evicted = int(familySum(reg, "sluice_evicted_total"))
+	sum.ResumedTokens = int(familySum(reg, "sluice_resumed_tokens_total"))
 	sum.StepLagP99Ms = float64(pool.StepLag().P99) / float64(time.Millisecond)
 	if sum.Missing > 0 {
 		return sum, fmt.Errorf("demo: %d batch requests have no result after %s", sum.Missing, o.Timeout)
