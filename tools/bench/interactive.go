@@ -75,8 +75,8 @@ import (
 
 const (
 	ipScenario         = "interactive-protection"
-	ipBurstRate        = 10.0 // interactive requests/s in a burst
-	ipIdleRate         = 1.0  // interactive requests/s between bursts
+	ipBurstRate        = 10.0            // interactive requests/s in a burst
+	ipIdleRate         = 1.0             // interactive requests/s between bursts
 	ipPhase            = 5 * time.Second // a profile's default phase length
 	ipCycles           = 3
 	ipInteractivePT    = 256
