@@ -85,6 +85,10 @@ type seq struct {
 	stepTokens int  // tokens scheduled in the step in flight
 	stepNew    bool // the step in flight starts its prefill
 
+	// eng is the engine it was last added to: a step in flight on another
+	// (a replay's backlog resumes a parked sequence elsewhere) skips it.
+	eng *engine
+
 	req  *request // what the front knows; never nil
 	sink *stream  // nil in replays
 	// tokenTimes records every token's time when non-nil (replays).
@@ -231,6 +235,7 @@ func (e *engine) hasWork() bool { return len(e.running) > 0 || e.waiting.len() >
 
 // add queues a new sequence.
 func (e *engine) add(s *seq) {
+	s.eng = e
 	s.state = stateWaiting
 	s.heapIndex = -1
 	e.waiting.push(s)
@@ -443,6 +448,9 @@ func (e *engine) stepTime(n, p, k int) time.Duration {
 func (e *engine) complete(st step, end time.Time, emit func(s *seq)) {
 	finished := false
 	for _, s := range st.seqs {
+		if s.eng != e {
+			continue // parked and resumed on another engine since
+		}
 		if s.state != stateRunning || s.stepTokens == 0 {
 			s.stepTokens, s.stepNew = 0, false
 			continue // cancelled or preempted since
@@ -493,6 +501,30 @@ func (e *engine) cancel(s *seq) bool {
 	}
 	s.state = stateDone
 	s.stepTokens = 0
+	return true
+}
+
+// park takes s out of the engine keeping its computed tokens and output
+// (a Backlog's costless eviction): it frees its blocks and leaves the
+// running list or the waiting queue. It reports whether s was there.
+func (e *engine) park(s *seq) bool {
+	switch s.state {
+	case stateWaiting:
+		if !e.waiting.remove(s) {
+			return false
+		}
+	case stateRunning:
+		i := slices.Index(e.running, s)
+		if i < 0 {
+			return false
+		}
+		e.running = slices.Delete(e.running, i, i+1)
+		e.free(s)
+	default:
+		return false
+	}
+	s.state = stateWaiting
+	s.stepTokens, s.stepNew = 0, false
 	return true
 }
 

@@ -47,11 +47,54 @@ func (t Trace) TTFT(a Arrival) time.Duration {
 // It returns one trace per arrival, in the order given. With a non-zero
 // Config.Seed the result is a function of cfg and arrivals alone.
 func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
+	traces, _, err := ReplayBacklog(cfg, arrivals, Backlog{})
+	return traces, err
+}
+
+// Backlog is a closed-loop batch for ReplayBacklog: the batch an ideal
+// dispatcher keeps in the pool, with no delay of its own. At every event
+// of the replay (an arrival, a step's end) it holds Limit(now) batch
+// requests in the pool, adding new ones (or resuming parked ones) when
+// there are fewer and parking the youngest when there are more. A parked
+// request leaves its engine at once, keeps every token it had made and
+// resumes later with no prefill to redo, on the pod the front routes it
+// to: an eviction that costs nothing, which no real dispatcher has.
+type Backlog struct {
+	// Limit is the batch's size in the pool at a time since the start; nil:
+	// no backlog.
+	Limit func(at time.Duration) int
+	// PromptTokens and MaxTokens are every batch request's sizes.
+	PromptTokens, MaxTokens int
+	// Until is when the backlog stops adding and resuming requests; the
+	// replay then runs until the pool is empty.
+	Until time.Duration
+}
+
+// BatchTrace is what happened to one request of a Backlog.
+type BatchTrace struct {
+	// Start is when it first entered the pool.
+	Start time.Duration
+	// Tokens are the times of its tokens, in order.
+	Tokens []time.Duration
+	// Parked is how often the backlog took it out of the pool.
+	Parked int
+	// Done reports whether it made all its tokens.
+	Done bool
+}
+
+// ReplayBacklog is Replay with a closed-loop batch beside the arrivals
+// (b.Limit nil: none). It returns the arrivals' traces in the order given
+// and the batch's in the order its requests first entered the pool.
+func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchTrace, error) {
 	p, err := New(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg = p.cfg
+	if b.Limit != nil && (b.PromptTokens < 1 || b.MaxTokens < 1 || b.PromptTokens+b.MaxTokens > cfg.Engine.MaxModelLen) {
+		return nil, nil, fmt.Errorf("poolsim replay: backlog prompt %d + max tokens %d must be in [2, max-model-len %d]",
+			b.PromptTokens, b.MaxTokens, cfg.Engine.MaxModelLen)
+	}
 	t0 := time.Unix(0, 0)
 	order := make([]int, len(arrivals))
 	seqs := make([]*seq, len(arrivals))
@@ -59,11 +102,11 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 	for i, a := range arrivals {
 		order[i] = i
 		if a.PromptTokens < 1 || a.MaxTokens < 1 || a.PromptTokens+a.MaxTokens > cfg.Engine.MaxModelLen {
-			return nil, fmt.Errorf("poolsim replay: arrival %d: prompt %d + max tokens %d must be in [2, max-model-len %d]",
+			return nil, nil, fmt.Errorf("poolsim replay: arrival %d: prompt %d + max tokens %d must be in [2, max-model-len %d]",
 				i, a.PromptTokens, a.MaxTokens, cfg.Engine.MaxModelLen)
 		}
 		if a.Class >= numClasses || a.At < 0 {
-			return nil, fmt.Errorf("poolsim replay: arrival %d: bad class %d or negative time %v", i, a.Class, a.At)
+			return nil, nil, fmt.Errorf("poolsim replay: arrival %d: bad class %d or negative time %v", i, a.Class, a.At)
 		}
 	}
 	slices.SortStableFunc(order, func(x, y int) int { return cmp.Compare(arrivals[x].At, arrivals[y].At) })
@@ -76,6 +119,79 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 	steps := make([]inFlight, len(p.pods))
 	next := 0
 	now := t0
+	route := func() int {
+		f := p.front
+		for j, d := range p.pods {
+			g := d.gaugesLocked()
+			f.snaps[j] = snap{at: now, running: g.Running, waiting: g.Waiting, kv: g.KVUsage}
+			f.sinceRead[j] = 0
+		}
+		return f.routeLocked(now)
+	}
+	newSeq := func(id uint64, class Class, prompt, maxTokens int, prio *int) *seq {
+		req := &request{id: id, class: class, prompt: prompt, maxTokens: maxTokens,
+			genTokens: maxTokens, arrival: now, enginePriority: cfg.Engine.InteractivePriority}
+		if class == ClassBatch {
+			req.enginePriority = cfg.Engine.BatchPriority
+		}
+		if prio != nil {
+			req.enginePriority = *prio
+		}
+		return &seq{id: req.id, class: class, priority: req.enginePriority, arrival: now, prompt: prompt,
+			maxTokens: maxTokens, heapIndex: -1, req: req, tokenTimes: []time.Time{}}
+	}
+
+	// The backlog: its requests in the pool (youngest last), parked ones
+	// (oldest first) and every one's trace.
+	type member struct {
+		s      *seq
+		pod    int
+		trace  int
+		parked int
+	}
+	var inPool, parked []*member
+	var batch []BatchTrace
+	var batchSeqs []*seq
+	nextID := uint64(len(arrivals)) + 1
+	balance := func() {
+		if b.Limit == nil {
+			return
+		}
+		at := now.Sub(t0)
+		want := b.Limit(at)
+		if at >= b.Until {
+			want = min(want, len(inPool)) // nothing new, nothing resumed
+		}
+		for len(inPool) > max(want, 0) {
+			m := inPool[len(inPool)-1]
+			inPool = inPool[:len(inPool)-1]
+			if p.pods[m.pod].eng.park(m.s) {
+				m.parked++
+				parked = append(parked, m)
+			}
+		}
+		for len(inPool) < want {
+			var m *member
+			if len(parked) > 0 {
+				m, parked = parked[0], parked[1:]
+			} else {
+				s := newSeq(nextID, ClassBatch, b.PromptTokens, b.MaxTokens, nil)
+				nextID++
+				m = &member{s: s, trace: len(batch)}
+				batch = append(batch, BatchTrace{Start: at})
+				batchSeqs = append(batchSeqs, s)
+			}
+			m.pod = route()
+			p.pods[m.pod].eng.add(m.s)
+			inPool = append(inPool, m)
+		}
+		for _, m := range parked {
+			batch[m.trace].Parked = m.parked
+		}
+		for _, m := range inPool {
+			batch[m.trace].Parked = m.parked
+		}
+	}
 	startIdle := func() {
 		for i, d := range p.pods {
 			if !steps[i].busy && d.eng.hasWork() {
@@ -87,6 +203,8 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 			}
 		}
 	}
+	balance()
+	startIdle()
 	for {
 		// The next event: the earliest step end (lowest pod first), or the
 		// next arrival if it comes strictly before.
@@ -110,12 +228,21 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 				}
 				traces[i] = tr
 			}
-			return traces, nil
+			for i, s := range batchSeqs {
+				for _, t := range s.tokenTimes {
+					batch[i].Tokens = append(batch[i].Tokens, t.Sub(t0))
+				}
+				batch[i].Done = s.output >= s.maxTokens
+			}
+			return traces, batch, nil
 		case podNext >= 0 && (next >= len(order) || !arrNext.Before(steps[podNext].end)):
 			now = steps[podNext].end
 			d := p.pods[podNext]
-			for range d.finishStep(steps[podNext].st, now, 0, nil) {
+			for _, s := range d.finishStep(steps[podNext].st, now, 0, nil) {
 				p.front.inflight[podNext]--
+				if s.class == ClassBatch && s.id > uint64(len(arrivals)) {
+					inPool = slices.DeleteFunc(inPool, func(m *member) bool { return m.s == s })
+				}
 			}
 			steps[podNext].busy = false
 		default:
@@ -123,26 +250,12 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 			i := order[next]
 			next++
 			a := arrivals[i]
-			req := &request{id: uint64(i + 1), class: a.Class, prompt: a.PromptTokens, maxTokens: a.MaxTokens,
-				genTokens: a.MaxTokens, arrival: now, enginePriority: cfg.Engine.InteractivePriority}
-			if a.Class == ClassBatch {
-				req.enginePriority = cfg.Engine.BatchPriority
-			}
-			if a.Priority != nil {
-				req.enginePriority = *a.Priority
-			}
-			s := &seq{id: req.id, class: a.Class, priority: req.enginePriority, arrival: now, prompt: a.PromptTokens,
-				maxTokens: a.MaxTokens, heapIndex: -1, req: req, tokenTimes: []time.Time{}}
-			f := p.front
-			for j, d := range p.pods {
-				g := d.gaugesLocked()
-				f.snaps[j] = snap{at: now, running: g.Running, waiting: g.Waiting, kv: g.KVUsage}
-				f.sinceRead[j] = 0
-			}
-			pods[i] = f.routeLocked(now)
+			s := newSeq(uint64(i+1), a.Class, a.PromptTokens, a.MaxTokens, a.Priority)
+			pods[i] = route()
 			seqs[i] = s
 			p.pods[pods[i]].eng.add(s)
 		}
+		balance()
 		startIdle()
 	}
 }

@@ -107,3 +107,73 @@ func TestReplayRejectsBadArrivals(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayBacklog: the closed-loop batch keeps its limit in the pool,
+// parks the youngest when the limit falls and resumes them where they
+// stopped when it rises.
+func TestReplayBacklog(t *testing.T) {
+	limit := func(at time.Duration) int {
+		if at >= 2*time.Second && at < 4*time.Second {
+			return 1
+		}
+		return 4
+	}
+	b := Backlog{Limit: limit, PromptTokens: 64, MaxTokens: 100, Until: 6 * time.Second}
+	_, batch, err := ReplayBacklog(Config{Seed: 3}, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batch) < 4 {
+		t.Fatalf("%d batch requests, want at least the 4 of the start", len(batch))
+	}
+	parked, resumed := 0, 0
+	for i, tr := range batch {
+		if tr.Done && len(tr.Tokens) != b.MaxTokens {
+			t.Fatalf("batch %d done with %d tokens, want %d", i, len(tr.Tokens), b.MaxTokens)
+		}
+		for j := 1; j < len(tr.Tokens); j++ {
+			if tr.Tokens[j] <= tr.Tokens[j-1] {
+				t.Fatalf("batch %d: token %d not after token %d", i, j, j-1)
+			}
+		}
+		// in the 1-limit phase at most one request makes tokens
+		if tr.Parked > 0 {
+			parked++
+			if tr.Done {
+				resumed++
+			}
+		}
+	}
+	if parked != 3 || resumed == 0 {
+		t.Fatalf("%d requests parked (want the 3 youngest when the limit fell to 1), %d of them resumed to the end (want some)", parked, resumed)
+	}
+	// In the 1-limit phase (after the park at its start), the spans over
+	// which requests make tokens do not overlap: one request at a time.
+	type span struct{ from, to time.Duration }
+	var spans []span
+	for _, tr := range batch {
+		sp := span{-1, 0}
+		for _, tok := range tr.Tokens {
+			if tok > 2050*time.Millisecond && tok < 4*time.Second {
+				if sp.from < 0 {
+					sp.from = tok
+				}
+				sp.to = tok
+			}
+		}
+		if sp.from >= 0 {
+			spans = append(spans, sp)
+		}
+	}
+	for i, a := range spans {
+		for _, b := range spans[i+1:] {
+			if a.from <= b.to && b.from <= a.to {
+				t.Fatalf("two batch requests made tokens at once under a limit of 1: %v and %v", a, b)
+			}
+		}
+	}
+	again, batch2, err := ReplayBacklog(Config{Seed: 3}, nil, b)
+	if err != nil || again != nil && len(again) != 0 || !reflect.DeepEqual(batch, batch2) {
+		t.Fatalf("two backlog replays differ (err %v)", err)
+	}
+}
