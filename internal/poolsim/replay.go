@@ -53,16 +53,18 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 
 // Backlog is a closed-loop batch for ReplayBacklog: the batch an ideal
 // dispatcher keeps in the pool, with no delay of its own. At every event
-// of the replay (an arrival, a step's end) it holds Limit(now) batch
-// requests in the pool, adding new ones (or resuming parked ones) when
-// there are fewer and parking the youngest when there are more. A parked
+// of the replay (an arrival, a step's end) it holds Limit(now, others)
+// batch requests in the pool (others: the arrivals in the pool then),
+// adding new ones (or resuming parked ones) when there are fewer and
+// parking the youngest of the most crowded pod when there are more. A parked
 // request leaves its engine at once, keeps every token it had made and
 // resumes later with no prefill to redo, on the pod the front routes it
 // to: an eviction that costs nothing, which no real dispatcher has.
 type Backlog struct {
-	// Limit is the batch's size in the pool at a time since the start; nil:
-	// no backlog.
-	Limit func(at time.Duration) int
+	// Limit is the batch's size in the pool at a time since the start,
+	// given how many of the replay's arrivals are in the pool (running or
+	// waiting) then; nil: no backlog.
+	Limit func(at time.Duration, others int) int
 	// PromptTokens and MaxTokens are every batch request's sizes.
 	PromptTokens, MaxTokens int
 	// Until is when the backlog stops adding and resuming requests; the
@@ -153,19 +155,35 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 	var batch []BatchTrace
 	var batchSeqs []*seq
 	nextID := uint64(len(arrivals)) + 1
+	others := 0 // arrivals in the pool
 	balance := func() {
 		if b.Limit == nil {
 			return
 		}
 		at := now.Sub(t0)
-		want := b.Limit(at)
+		want := b.Limit(at, others)
 		if at >= b.Until {
 			want = min(want, len(inPool)) // nothing new, nothing resumed
 		}
 		for len(inPool) > max(want, 0) {
-			m := inPool[len(inPool)-1]
-			inPool = inPool[:len(inPool)-1]
+			// the youngest on the most crowded pod (requests beyond its
+			// seats), so the seat it frees is where a request waits
+			crowd := func(i int) int {
+				e := p.pods[i].eng
+				return len(e.running) + e.waiting.len() - e.cfg.MaxNumSeqs
+			}
+			k := len(inPool) - 1
+			for j := len(inPool) - 2; j >= 0; j-- {
+				if crowd(inPool[j].pod) > crowd(inPool[k].pod) {
+					k = j
+				}
+			}
+			m := inPool[k]
+			inPool = slices.Delete(inPool, k, k+1)
 			if p.pods[m.pod].eng.park(m.s) {
+				if p.front.inflight[m.pod] > 0 {
+					p.front.inflight[m.pod]--
+				}
 				m.parked++
 				parked = append(parked, m)
 			}
@@ -240,8 +258,10 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			d := p.pods[podNext]
 			for _, s := range d.finishStep(steps[podNext].st, now, 0, nil) {
 				p.front.inflight[podNext]--
-				if s.class == ClassBatch && s.id > uint64(len(arrivals)) {
+				if s.id > uint64(len(arrivals)) {
 					inPool = slices.DeleteFunc(inPool, func(m *member) bool { return m.s == s })
+				} else {
+					others--
 				}
 			}
 			steps[podNext].busy = false
@@ -254,6 +274,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			pods[i] = route()
 			seqs[i] = s
 			p.pods[pods[i]].eng.add(s)
+			others++
 		}
 		balance()
 		startIdle()

@@ -58,3 +58,36 @@ func TestIPJudge(t *testing.T) {
 		t.Fatalf("duplicates %d unknown %d results %d ok %d, want 1 1 6 4", r.duplicates, r.unknownR, r.results, r.resultsOK)
 	}
 }
+
+// The frontier's ideal dispatchers behave as the model says they must: the
+// oracle (every seat filled, the engine preempting for arrivals) has the
+// highest goodput; a larger reserve buys a lower p99 with less goodput; a
+// static limit that does not react within a burst queues interactive
+// requests far beyond a reactive one at about the same goodput.
+func TestFrontierOrdering(t *testing.T) {
+	prof := ipProfiles()[0]
+	_, res, err := frontierReplays(prof, ipSeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string]figures{}
+	for _, r := range res {
+		by[r.policy] = r.f
+	}
+	oracle, r8, r1, static := by["oracle"], by["reactive-r8"], by["reactive-r1"], by["phase-i32-b16"]
+	if oracle == nil || r8 == nil || r1 == nil || static == nil {
+		t.Fatalf("policies missing: %v", by)
+	}
+	for name, f := range by {
+		if f["batch_goodput_share"] > oracle["batch_goodput_share"]+0.01 {
+			t.Errorf("%s goodput %.2f above the oracle's %.2f", name, f["batch_goodput_share"], oracle["batch_goodput_share"])
+		}
+	}
+	if r8["batch_goodput_share"] >= r1["batch_goodput_share"] || r8["ttft_p99_ratio"] >= r1["ttft_p99_ratio"] {
+		t.Errorf("reserve 8 vs 1: goodput %.2f vs %.2f, p99 %.2f vs %.2f; want both lower with the larger reserve",
+			r8["batch_goodput_share"], r1["batch_goodput_share"], r8["ttft_p99_ratio"], r1["ttft_p99_ratio"])
+	}
+	if static["ttft_p99_ratio"] < 3*r1["ttft_p99_ratio"] {
+		t.Errorf("static burst limit p99 %.2f, reactive %.2f: want the static one far worse", static["ttft_p99_ratio"], r1["ttft_p99_ratio"])
+	}
+}

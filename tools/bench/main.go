@@ -70,6 +70,7 @@ func scenarios() []scenario {
 		scenario{"concurrency-auto", runConcurrencyAuto, concurrencyH2CTargets()},
 		scenario{"flow-control", runFlowControl, flowControlTargets()},
 		scenario{ipScenario, runInteractiveProtection, ipTargets()},
+		scenario{frontierScenario, runInteractiveFrontier, frontierTargets()},
 		scenario{"ordering", runOrdering, orderingTargets()},
 		scenario{"plugin-gate", runPluginGate, pluginGateTargets()},
 		scenario{"binary", runBinary, binaryTargets()},
