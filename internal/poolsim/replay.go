@@ -70,6 +70,11 @@ type Backlog struct {
 	// Until is when the backlog stops adding and resuming requests; the
 	// replay then runs until the pool is empty.
 	Until time.Duration
+	// Recompute makes a parked request lose its computed tokens, as an
+	// aborted call's KV is lost without a prefix cache: it keeps its
+	// output but prefills prompt and output again when it resumes (what
+	// sluice's resume costs on this simulator).
+	Recompute bool
 }
 
 // BatchTrace is what happened to one request of a Backlog.
@@ -181,6 +186,9 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			m := inPool[k]
 			inPool = slices.Delete(inPool, k, k+1)
 			if p.pods[m.pod].eng.park(m.s) {
+				if b.Recompute {
+					m.s.computed = 0
+				}
 				if p.front.inflight[m.pod] > 0 {
 					p.front.inflight[m.pod]--
 				}

@@ -56,6 +56,8 @@ type frontierPolicy struct {
 	// state, such as the last reading of a lagged policy).
 	limit  func(bursts [][2]time.Duration) func(at time.Duration, others int) int
 	oracle bool // the engine preempts a batch seat for an interactive arrival
+	// recompute: a request taken back prefills again when it resumes
+	recompute bool
 }
 
 // frontierPolicies: the oracle; reactive dispatchers that keep reserve
@@ -82,6 +84,9 @@ func frontierPolicies(seats int) []frontierPolicy {
 	}
 	for _, r := range []int{2, 4, 8} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms", r), limit: reactive(r, 50*time.Millisecond)})
+	}
+	for _, r := range []int{2, 4, 8} {
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms-recompute", r), limit: reactive(r, 50*time.Millisecond), recompute: true})
 	}
 	for _, b := range []int{16, 8} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phase-i%d-b%d", seats, b), limit: func(bursts [][2]time.Duration) func(time.Duration, int) int {
@@ -209,7 +214,9 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 			cfg.Engine.Policy, cfg.Engine.SeatPreempt, cfg.Engine.PreemptKeep = poolsim.PolicyPriority, true, true
 		}
 		limit := pol.limit(bursts)
-		traces, batch, err := poolsim.ReplayBacklog(cfg, arrivals, backlog(limit))
+		bl := backlog(limit)
+		bl.Recompute = pol.recompute
+		traces, batch, err := poolsim.ReplayBacklog(cfg, arrivals, bl)
 		if err != nil {
 			return nil, nil, fmt.Errorf("policy %s: %w", pol.name, err)
 		}

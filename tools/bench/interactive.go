@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -303,6 +305,7 @@ type ipJobs struct {
 // ipCapacity is what the calibration run measured: the batch alone.
 type ipCapacity struct {
 	reqPerS, tokPerS float64
+	finishedTokPerS  float64 // the older count: tokens of the requests finished in the window
 	service          time.Duration // median batch request service time (first scheduled → finished)
 }
 
@@ -425,8 +428,8 @@ func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, erro
 			return nil, fmt.Errorf("calibration: %w", err)
 		}
 		jobs := capy.jobs(window + prof.warmup)
-		fmt.Fprintf(os.Stderr, "bench: %s %s rep %d: batch capacity %.2f req/s %.0f tok/s, service %s; jobs of %d due at %v\n",
-			ipScenario, prof.name, rep+1, capy.reqPerS, capy.tokPerS, capy.service.Round(time.Millisecond), jobs.unit, jobs.deadlines)
+		fmt.Fprintf(os.Stderr, "bench: %s %s rep %d: batch capacity %.2f req/s %.0f tok/s (by finished requests %.0f), service %s; jobs of %d due at %v\n",
+			ipScenario, prof.name, rep+1, capy.reqPerS, capy.tokPerS, capy.finishedTokPerS, capy.service.Round(time.Millisecond), jobs.unit, jobs.deadlines)
 		order := slices.Clone(prof.arms)
 		if rep%2 == 1 {
 			slices.Reverse(order)
@@ -634,11 +637,26 @@ func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCa
 	}
 	warm, span := prof.warmup, max(ipCalibration, prof.warmup)
 	start := time.Now()
-	select {
-	case <-ctx.Done():
-	case <-time.After(warm + span):
+	sleep := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
 	}
+	// The capacity is the tokens the pods generated in the window (their
+	// vllm:generation_tokens_total), not the tokens of the requests that
+	// finished in it: the batch starts all at once, so its requests finish
+	// in cohorts about one service time apart, and a window of two service
+	// times counted by finished requests holds two or three cohorts (the
+	// capacity was off by up to a quarter from run to run).
+	sleep(warm)
+	tok0, err0 := ipGeneratedTokens(ctx, url)
+	sleep(span)
+	tok1, err1 := ipGeneratedTokens(ctx, url)
 	sl.stop()
+	if err := errors.Join(err0, err1); err != nil {
+		return ipCapacity{}, fmt.Errorf("reading the pods' generated tokens: %w", err)
+	}
 	from, to := start.Add(warm), start.Add(warm+span)
 	mu.Lock()
 	defer mu.Unlock()
@@ -657,7 +675,42 @@ func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCa
 	if n == 0 {
 		return ipCapacity{}, errors.New("no batch request finished during calibration")
 	}
-	return ipCapacity{reqPerS: n / span.Seconds(), tokPerS: tok / span.Seconds(), service: time.Duration(median(service))}, nil
+	return ipCapacity{reqPerS: n / span.Seconds(), tokPerS: (tok1 - tok0) / span.Seconds(), finishedTokPerS: tok / span.Seconds(),
+		service: time.Duration(median(service))}, nil
+}
+
+// ipGeneratedTokens sums vllm:generation_tokens_total over the pool's pods
+// (the front's /metrics carries every pod's series).
+func ipGeneratedTokens(ctx context.Context, front string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, front+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	sum, seen := 0.0, false
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, poolsim.MetricGenerationTokens+"{") && !strings.HasPrefix(line, poolsim.MetricGenerationTokens+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("bad sample %q: %w", line, err)
+		}
+		sum, seen = sum+v, true
+	}
+	if !seen {
+		return 0, errors.New("no " + poolsim.MetricGenerationTokens + " series on " + front + "/metrics")
+	}
+	return sum, nil
 }
 
 func ipStartPool(ctx context.Context, base poolsim.Config, adjust func(*poolsim.Config), onRecord func(poolsim.Record)) (*poolsim.Pool, string, error) {
