@@ -305,7 +305,7 @@ type ipJobs struct {
 // ipCapacity is what the calibration run measured: the batch alone.
 type ipCapacity struct {
 	reqPerS, tokPerS float64
-	finishedTokPerS  float64 // the older count: tokens of the requests finished in the window
+	finishedTokPerS  float64       // the older count: tokens of the requests finished in the window
 	service          time.Duration // median batch request service time (first scheduled → finished)
 }
 
