@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/status"
@@ -148,9 +150,16 @@ func newBatchAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*b
 	}
 	var state batch.State
 	if b.State.Store == "redis" {
-		var env transport.Env
-		if env, err = app.TransportEnv(cfg, log); err == nil {
-			state, err = redisstate.Dial(cfg.RedisURL, b.State.Prefix, env)
+		// Beside the queues: on the connection the producer reaches them
+		// on (the transport's url, topology and TLS), else on the
+		// deployment's Redis settings.
+		if rc, ok := prod.(interface{ Redis() redis.UniversalClient }); ok {
+			state, err = redisstate.NewChecked(rc.Redis(), b.State.Prefix)
+		} else {
+			var env transport.Env
+			if env, err = app.TransportEnv(cfg, log); err == nil {
+				state, err = redisstate.Dial(cfg.RedisURL, b.State.Prefix, env)
+			}
 		}
 	} else {
 		state, err = boltstate.Open(b.State.Path)

@@ -42,3 +42,29 @@ func TestServeBatchAPIOnRedisCluster(t *testing.T) {
 	}
 	stop()
 }
+
+// TestServeBatchStateFollowsTransportURL: the Batch API's Redis state lives
+// on the Redis the transport reaches (redis-sortedset's own url option), not
+// on the deployment's redis_url, which is not set at all: the batch
+// completes and its job keys are in the transport's Redis.
+func TestServeBatchStateFollowsTransportURL(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	gw, _ := echoGateway(t)
+	batchAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	_, stop := serveConfig(t, fmt.Sprintf(`{
+  "transport": "redis-sortedset",
+  "transport_config": {"url": %q, "result_queue_name": "results",
+    "queues": [{"id": "batch", "queue_name": "batch", "igw_base_url": %q}]},
+  "batch_api": {"enabled": true, "listen": %q, "files": {"dir": %q}, "state": {"store": "redis", "prefix": "own-url:"}}
+}`, r.URL, gw, batchAddr, t.TempDir()), batchAddr)
+	defer stop()
+	const n = 10
+	_, job := completeBatch(t, batchAddr, n, 30*time.Second)
+	if job.RequestCounts.Completed != n {
+		t.Fatalf("batch %s %+v, want %d completed", job.Status, job.RequestCounts, n)
+	}
+	keys, err := testenv.RedisClient(t, r.URL).Keys(context.Background(), "own-url:{"+job.ID+"}:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("job %s's state keys in the transport's Redis: %v %v, want some", job.ID, keys, err)
+	}
+}

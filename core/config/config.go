@@ -682,12 +682,27 @@ type BatchFiles struct {
 	PathStyle bool `json:"path_style,omitempty"`
 }
 
+// transportHasURL reports whether the transport options carry a url of
+// their own (the Redis transports' "url" option), on which the fronts reach
+// the transport's Redis.
+func (c *Config) transportHasURL() bool {
+	if c.Transport != "redis-sortedset" && c.Transport != "redis-stream" {
+		return false
+	}
+	var o struct {
+		URL string `json:"url"`
+	}
+	return len(c.TransportConfig.Options) > 0 && json.Unmarshal(c.TransportConfig.Options, &o) == nil && o.URL != ""
+}
+
 // BatchState is batch_api.state.
 type BatchState struct {
 	// Store is "bolt" (default: a local embedded file, single node) or
-	// "redis" (the deployment's redis_url, redis_mode, redis_addrs,
-	// redis_master_name and redis_tls: several front replicas; single,
-	// cluster or sentinel).
+	// "redis" (several front replicas): on a Redis transport, the Redis the
+	// transport reaches (its url and topology options, else the
+	// deployment's redis_url, redis_mode, redis_addrs, redis_master_name and
+	// redis_tls; single, cluster or sentinel); on another transport, the
+	// deployment's.
 	Store string `json:"store,omitempty"`
 	// Path is the bolt file (default sluice-batch.db).
 	Path string `json:"path,omitempty"`
@@ -757,8 +772,8 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	switch b.State.Store {
 	case "bolt":
 	case "redis":
-		if c.RedisURL == "" {
-			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL)")
+		if c.RedisURL == "" && !c.transportHasURL() {
+			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL) or a Redis transport with its own url")
 		}
 		if strings.ContainsAny(b.State.Prefix, "{}") {
 			add("batch_api.state.prefix", "%q: must not contain '{' or '}' (each job's keys take its id as hash tag, for Redis Cluster)", b.State.Prefix)

@@ -58,8 +58,8 @@ func New(client redis.UniversalClient, prefix string) *Store {
 // deployment's redis_tls) when set, as the Redis transports do
 // (transport.Env.RedisTLSFor).
 func Dial(url, prefix string, env transport.Env) (*Store, error) {
-	if strings.ContainsAny(prefix, "{}") {
-		return nil, fmt.Errorf("batch state: prefix %q: must not contain '{' or '}' (the job id is the keys' hash tag)", prefix)
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
 	}
 	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
 	if err != nil {
@@ -73,6 +73,23 @@ func Dial(url, prefix string, env transport.Env) (*Store, error) {
 	s := New(o.New(), prefix)
 	s.own = true
 	return s, nil
+}
+
+// NewChecked is New with the prefix checked as Dial checks it: a store on
+// a connection someone else owns (the transport's), which Close leaves
+// open.
+func NewChecked(client redis.UniversalClient, prefix string) (*Store, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	return New(client, prefix), nil
+}
+
+func checkPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("batch state: prefix %q: must not contain '{' or '}' (the job id is the keys' hash tag)", prefix)
+	}
+	return nil
 }
 
 // Close implements batch.State.

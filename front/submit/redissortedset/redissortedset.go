@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/submit"
@@ -91,6 +93,11 @@ func (p *Producer) Results(_ context.Context, route string) (submit.Reader, erro
 // Capabilities implements submit.Producer: Redis keeps queued requests and
 // unacked results; a request id enqueued twice is queued twice.
 func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
+
+// Redis returns the connection the producer reaches the queues on (the
+// transport's), for state that must live beside them (the Batch API's
+// redis state); its Close is the producer's.
+func (p *Producer) Redis() redis.UniversalClient { return p.p.Client() }
 
 // Close implements submit.Producer.
 func (p *Producer) Close() error { return p.p.Close() }

@@ -139,6 +139,11 @@ func (p *Producer) Results(_ context.Context, route string) (submit.Reader, erro
 // unacked results; a request id enqueued twice is queued twice.
 func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
 
+// Redis returns the connection the producer reaches the stream on (the
+// transport's), for state that must live beside it (the Batch API's redis
+// state); its Close is the producer's.
+func (p *Producer) Redis() redis.UniversalClient { return p.client }
+
 // Close implements submit.Producer.
 func (p *Producer) Close() error {
 	if p.own {
