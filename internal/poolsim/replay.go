@@ -62,9 +62,8 @@ func Replay(cfg Config, arrivals []Arrival) ([]Trace, error) {
 // to: an eviction that costs nothing, which no real dispatcher has.
 type Backlog struct {
 	// Limit is the batch's size in the pool at a time since the start,
-	// given how many of the replay's arrivals are in the pool (running or
-	// waiting) then; nil: no backlog.
-	Limit func(at time.Duration, others int) int
+	// given the replay's arrivals in the pool then; nil: no backlog.
+	Limit func(at time.Duration, others Others) int
 	// PromptTokens and MaxTokens are every batch request's sizes.
 	PromptTokens, MaxTokens int
 	// Until is when the backlog stops adding and resuming requests; the
@@ -75,7 +74,21 @@ type Backlog struct {
 	// output but prefills prompt and output again when it resumes (what
 	// sluice's resume costs on this simulator).
 	Recompute bool
+	// ParkYoungest parks the youngest batch request whatever its pod, as a
+	// dispatcher that cannot tell its calls' pods does (default: the
+	// youngest of the most crowded pod).
+	ParkYoungest bool
 }
+
+// Others are the replay's arrivals in the pool at an event.
+type Others struct {
+	// Running and Waiting count them in the engines' running lists and
+	// waiting queues.
+	Running, Waiting int
+}
+
+// In is every arrival in the pool.
+func (o Others) In() int { return o.Running + o.Waiting }
 
 // BatchTrace is what happened to one request of a Backlog.
 type BatchTrace struct {
@@ -160,13 +173,29 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 	var batch []BatchTrace
 	var batchSeqs []*seq
 	nextID := uint64(len(arrivals)) + 1
-	others := 0 // arrivals in the pool
+	isBacklog := func(s *seq) bool { return s.id > uint64(len(arrivals)) }
+	others := func() Others {
+		var o Others
+		for _, d := range p.pods {
+			for _, s := range d.eng.running {
+				if !isBacklog(s) {
+					o.Running++
+				}
+			}
+			d.eng.waiting.each(func(s *seq) {
+				if !isBacklog(s) {
+					o.Waiting++
+				}
+			})
+		}
+		return o
+	}
 	balance := func() {
 		if b.Limit == nil {
 			return
 		}
 		at := now.Sub(t0)
-		want := b.Limit(at, others)
+		want := b.Limit(at, others())
 		if at >= b.Until {
 			want = min(want, len(inPool)) // nothing new, nothing resumed
 		}
@@ -178,7 +207,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 				return len(e.running) + e.waiting.len() - e.cfg.MaxNumSeqs
 			}
 			k := len(inPool) - 1
-			for j := len(inPool) - 2; j >= 0; j-- {
+			for j := len(inPool) - 2; j >= 0 && !b.ParkYoungest; j-- {
 				if crowd(inPool[j].pod) > crowd(inPool[k].pod) {
 					k = j
 				}
@@ -266,10 +295,8 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			d := p.pods[podNext]
 			for _, s := range d.finishStep(steps[podNext].st, now, 0, nil) {
 				p.front.inflight[podNext]--
-				if s.id > uint64(len(arrivals)) {
+				if isBacklog(s) {
 					inPool = slices.DeleteFunc(inPool, func(m *member) bool { return m.s == s })
-				} else {
-					others--
 				}
 			}
 			steps[podNext].busy = false
@@ -282,7 +309,6 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			pods[i] = route()
 			seqs[i] = s
 			p.pods[pods[i]].eng.add(s)
-			others++
 		}
 		balance()
 		startIdle()

@@ -112,7 +112,7 @@ func TestReplayRejectsBadArrivals(t *testing.T) {
 // parks the youngest when the limit falls and resumes them where they
 // stopped when it rises.
 func TestReplayBacklog(t *testing.T) {
-	limit := func(at time.Duration, _ int) int {
+	limit := func(at time.Duration, _ Others) int {
 		if at >= 2*time.Second && at < 4*time.Second {
 			return 1
 		}

@@ -54,10 +54,12 @@ type frontierPolicy struct {
 	name string
 	// limit makes the batch's limit function of one replay (it may keep
 	// state, such as the last reading of a lagged policy).
-	limit  func(bursts [][2]time.Duration) func(at time.Duration, others int) int
+	limit  func(bursts [][2]time.Duration) func(at time.Duration, others poolsim.Others) int
 	oracle bool // the engine preempts a batch seat for an interactive arrival
 	// recompute: a request taken back prefills again when it resumes
 	recompute bool
+	// youngest: the request taken back is the youngest, whatever its pod
+	youngest bool
 }
 
 // frontierPolicies: the oracle; reactive dispatchers that keep reserve
@@ -65,15 +67,15 @@ type frontierPolicy struct {
 // reading them every 50 ms as pool-headroom does; and phase-aware static
 // limits, which show that reacting within a burst is what matters.
 func frontierPolicies(seats int) []frontierPolicy {
-	ps := []frontierPolicy{{name: "oracle", oracle: true, limit: func([][2]time.Duration) func(time.Duration, int) int {
-		return func(time.Duration, int) int { return frontierBacklog }
+	ps := []frontierPolicy{{name: "oracle", oracle: true, limit: func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func(time.Duration, poolsim.Others) int { return frontierBacklog }
 	}}}
-	reactive := func(reserve int, every time.Duration) func([][2]time.Duration) func(time.Duration, int) int {
-		return func([][2]time.Duration) func(time.Duration, int) int {
+	reactive := func(reserve int, every time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 			read, seen := time.Duration(-1), 0
-			return func(at time.Duration, others int) int {
+			return func(at time.Duration, others poolsim.Others) int {
 				if every <= 0 || read < 0 || at-read >= every {
-					read, seen = at, others
+					read, seen = at, others.In()
 				}
 				return max(0, seats-reserve-seen)
 			}
@@ -88,9 +90,46 @@ func frontierPolicies(seats int) []frontierPolicy {
 	for _, r := range []int{2, 4, 8} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms-recompute", r), limit: reactive(r, 50*time.Millisecond), recompute: true})
 	}
+	// pool-headroom as sluice runs it, on the ideal dispatcher's costless
+	// clock otherwise: a reading every 50 ms of running + weight × waiting,
+	// the peak of the readings of the last hold, reserve seats kept free,
+	// the youngest call taken back whatever its pod, and a prefill to redo
+	// when it resumes.
+	headroomLike := func(reserve int, weight float64, hold time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			type reading struct {
+				at    time.Duration
+				value int
+			}
+			var last time.Duration = -1
+			var window []reading
+			return func(at time.Duration, o poolsim.Others) int {
+				if last < 0 || at-last >= 50*time.Millisecond {
+					last = at
+					window = append(window, reading{at, int(math.Ceil(float64(o.Running) + weight*float64(o.Waiting)))})
+				}
+				for len(window) > 1 && at-window[0].at > max(hold, 0) {
+					window = window[1:]
+				}
+				held := 0
+				for _, r := range window {
+					held = max(held, r.value)
+				}
+				return max(0, seats-reserve-held)
+			}
+		}
+	}
+	for _, r := range []int{2, 4} {
+		for _, w := range []float64{1, 2} {
+			for _, h := range []time.Duration{0, 250 * time.Millisecond, time.Second} {
+				ps = append(ps, frontierPolicy{name: fmt.Sprintf("headroom-r%d-w%g-h%d", r, w, h.Milliseconds()),
+					limit: headroomLike(r, w, h), recompute: true, youngest: true})
+			}
+		}
+	}
 	for _, b := range []int{16, 8} {
-		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phase-i%d-b%d", seats, b), limit: func(bursts [][2]time.Duration) func(time.Duration, int) int {
-			return func(at time.Duration, _ int) int {
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phase-i%d-b%d", seats, b), limit: func(bursts [][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			return func(at time.Duration, _ poolsim.Others) int {
 				if poolsim.InBurst(bursts, at) {
 					return b
 				}
@@ -179,7 +218,7 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 	for i, at := range offsets {
 		arrivals[i] = poolsim.Arrival{At: at, Class: poolsim.ClassInteractive, PromptTokens: ipInteractivePT, MaxTokens: ipInteractiveOut}
 	}
-	backlog := func(limit func(time.Duration, int) int) poolsim.Backlog {
+	backlog := func(limit func(time.Duration, poolsim.Others) int) poolsim.Backlog {
 		return poolsim.Backlog{Limit: limit, PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: end}
 	}
 
@@ -197,7 +236,7 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 	}
 	seatShare := seatS / (float64(seats) * window)
 
-	_, alone, err := poolsim.ReplayBacklog(base, nil, backlog(func(time.Duration, int) int { return frontierBacklog }))
+	_, alone, err := poolsim.ReplayBacklog(base, nil, backlog(func(time.Duration, poolsim.Others) int { return frontierBacklog }))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -215,7 +254,7 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 		}
 		limit := pol.limit(bursts)
 		bl := backlog(limit)
-		bl.Recompute = pol.recompute
+		bl.Recompute, bl.ParkYoungest = pol.recompute, pol.youngest
 		traces, batch, err := poolsim.ReplayBacklog(cfg, arrivals, bl)
 		if err != nil {
 			return nil, nil, fmt.Errorf("policy %s: %w", pol.name, err)
