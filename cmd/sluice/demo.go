@@ -103,7 +103,7 @@ func printPoolSummary(w io.Writer, s demo.PoolSummary) {
 	}
 	fmt.Fprintf(w, "  batch: %d requests, %d ok, %d failed, %d missing, %d duplicated; %d tokens in %.1fs (%.0f tokens/s)\n",
 		s.Batch, s.BatchOK, s.BatchFailed, s.Missing, s.Duplicates, s.BatchTokens, s.BatchSeconds, rate)
-	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, resumed from the tokens they had made; %d tokens kept)\n", s.Evicted, s.ResumedTokens)
+	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, resumed from the tokens they had made; %d tokens kept, %d prompt tokens served by the pods' prefix caches)\n", s.Evicted, s.ResumedTokens, s.PrefixHitTokens)
 	if s.Rejections > 0 {
 		fmt.Fprintf(w, "  front refused %d batch requests (429 rejected-saturated; each came back after backoff)\n", s.Rejections)
 	}

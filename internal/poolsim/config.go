@@ -145,6 +145,12 @@ type EngineConfig struct {
 	// vLLM V1 engine does this for free: with SeatPreempt it is the
 	// oracle arm, the best any dispatcher or engine could do on this pool.
 	PreemptKeep bool
+	// PrefixCaching keeps the KV blocks of a sequence that left the engine
+	// cached for a later one whose text starts with its text, as vLLM V1's
+	// automatic prefix caching (prefix.go; vLLM's --enable-prefix-caching,
+	// on by default there; off by default here, so the older figures keep
+	// their meaning). Only text prompts are compared.
+	PrefixCaching bool
 	// ITL is ITL0, the step time with one sequence and no prefill
 	// (inference-sim's inter-token-latency; default DefaultITL).
 	ITL time.Duration
@@ -235,6 +241,13 @@ type FrontConfig struct {
 	RequestTTL time.Duration
 
 	objectivesFromFlag bool // --objective was given: its first use replaced the map
+	// PrefixAware routes a request whose text prompt shares at least four
+	// KV blocks with one routed to a pod lately to that pod, unless it has
+	// more than one waiting request beyond the pod the load picks: the
+	// EPP's approximate prefix-cache scorer (off by default). With the
+	// engines' PrefixCaching it sends a resumed request back to the pod
+	// that holds its blocks.
+	PrefixAware bool
 }
 
 // DefaultObjectives returns the objective map used when
@@ -340,6 +353,9 @@ func (c Config) Validate() error {
 	if e.SeatPreempt && e.Policy != PolicyPriority {
 		bad("seat-preempt needs scheduling-policy %q", PolicyPriority)
 	}
+	if c.Front.PrefixAware && !e.PrefixCaching {
+		bad("prefix-aware-routing needs enable-prefix-caching: without the engines' cache it has nothing to find")
+	}
 	if e.ITL < 0 || e.PrefillPerToken < 0 || e.PrefillOverhead < 0 {
 		bad("itl %v, prefill-time-per-token %v and prefill-overhead %v must be >= 0", e.ITL, e.PrefillPerToken, e.PrefillOverhead)
 	}
@@ -432,6 +448,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&e.KVTokens, "kv-tokens", e.KVTokens, "KV capacity of one pod in tokens (rounded down to whole blocks)")
 	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "largest prompt + max_tokens; longer requests get 400")
 	fs.StringVar(&e.Policy, "scheduling-policy", e.Policy, "waiting queue order: fcfs or priority (lower priority value first, then arrival)")
+	fs.BoolVar(&e.PrefixCaching, "enable-prefix-caching", e.PrefixCaching, "cache the KV blocks of finished, aborted and preempted requests for later requests whose text prompt starts with theirs (vLLM's automatic prefix caching)")
 	fs.BoolVar(&e.PreemptKeep, "preempt-keep", e.PreemptKeep, "a preempted request keeps its computed tokens (free swap; an idealised upper bound, not vLLM)")
 	fs.BoolVar(&e.SeatPreempt, "seat-preempt", e.SeatPreempt, "priority policy: a waiting request of strictly higher priority preempts the lowest-priority running one when every seat is taken (vLLM PRs #45561/#54530; not in vLLM V1)")
 	fs.DurationVar(&e.ITL, "itl", e.ITL, "ITL0: step time with one sequence and no prefill")
@@ -445,6 +462,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&e.BatchPriority, "batch-priority", e.BatchPriority, "engine priority of batch requests without a body priority (priority policy only; 0 means the default)")
 	fs.StringVar(&f.Pool, "pool", f.Pool, "inference pool name in the EPP series")
 	fs.StringVar(&f.Mode, "mode", f.Mode, "front mode: passthrough, legacy-admission or flow-control")
+	fs.BoolVar(&f.PrefixAware, "prefix-aware-routing", f.PrefixAware, "route a request whose text prompt shares four KV blocks with one routed to a pod lately to that pod (the EPP's approximate prefix-cache scorer; needs --enable-prefix-caching)")
 	fs.StringVar(&f.Detector, "detector", f.Detector, "saturation detector: utilization or concurrency")
 	fs.Float64Var(&f.QueueDepthThreshold, "queue-depth-threshold", f.QueueDepthThreshold, "utilization detector: waiting requests that score a pod 1.0")
 	fs.Float64Var(&f.KVCacheUtilThreshold, "kv-cache-util-threshold", f.KVCacheUtilThreshold, "utilization detector: KV usage that scores a pod 1.0")

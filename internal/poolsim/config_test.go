@@ -36,6 +36,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative pods", func(c *Config) { c.Pods = -1 }, "pods is -1"},
 		{"bad policy", func(c *Config) { c.Engine.Policy = "lifo" }, "scheduling-policy"},
 		{"seat preemption without priority", func(c *Config) { c.Engine.SeatPreempt = true }, "seat-preempt needs"},
+		{"prefix-aware routing without a prefix cache", func(c *Config) { c.Front.PrefixAware = true }, "prefix-aware-routing needs"},
 		{"model len beyond KV", func(c *Config) { c.Engine.KVTokens = 1024; c.Engine.MaxModelLen = 2048 }, "exceeds the KV capacity"},
 		{"load factor below 1", func(c *Config) { c.Engine.LoadFactor = 0.5 }, "time-factor-under-load"},
 		{"jitter 1", func(c *Config) { c.Engine.StepJitter = 1 }, "step-jitter"},

@@ -85,6 +85,11 @@ type seq struct {
 	stepTokens int  // tokens scheduled in the step in flight
 	stepNew    bool // the step in flight starts its prefill
 
+	// key is the text the prefix cache compares (its prompt's; "" when the
+	// prompt is not text or the engine has no prefix cache).
+	key    string
+	looked bool // the prefix cache was asked since it was last added or preempted
+
 	// eng is the engine it was last added to: a step in flight on another
 	// (a replay's backlog resumes a parked sequence elsewhere) skips it.
 	eng *engine
@@ -215,8 +220,14 @@ type engine struct {
 	running    []*seq
 	rnd        rng // step jitter
 
+	// the prefix cache (prefix.go): entries oldest first, and the free
+	// blocks they hold
+	cache        []cacheEntry
+	cachedBlocks int
+
 	// counters for the metrics
-	preemptions uint64
+	preemptions               uint64
+	prefixQueries, prefixHits uint64
 }
 
 func newEngine(cfg EngineConfig, rnd rng) *engine {
@@ -236,6 +247,7 @@ func (e *engine) hasWork() bool { return len(e.running) > 0 || e.waiting.len() >
 // add queues a new sequence.
 func (e *engine) add(s *seq) {
 	s.eng = e
+	s.looked = false
 	s.state = stateWaiting
 	s.heapIndex = -1
 	e.waiting.push(s)
@@ -266,6 +278,7 @@ func (e *engine) blocksFor(n int) int { return (n + e.cfg.BlockSize - 1) / e.cfg
 // whether there were enough.
 func (e *engine) allocate(s *seq, n int) bool {
 	need := e.blocksFor(s.computed+n) - s.blocks
+	e.evictFor(need)
 	if need > e.freeBlocks {
 		return false
 	}
@@ -321,7 +334,8 @@ func (e *engine) preempt(i int) *seq {
 	e.running = slices.Delete(e.running, i, i+1)
 	e.free(s)
 	if !e.cfg.PreemptKeep {
-		s.computed = 0
+		e.release(s)
+		s.computed, s.looked = 0, false
 	}
 	s.preemptions++
 	s.state = stateWaiting
@@ -379,6 +393,8 @@ func (e *engine) schedule(start time.Time) step {
 				continue
 			}
 			s := e.waiting.peek()
+			fresh := s.computed == 0
+			e.lookup(s)
 			n := s.numTokens() - s.computed
 			if t := e.cfg.LongPrefillThreshold; t > 0 && n > t {
 				n = t
@@ -397,7 +413,7 @@ func (e *engine) schedule(start time.Time) step {
 				s.firstSched = maxTime(start, s.arrival)
 			}
 			s.stepTokens = n
-			s.stepNew = s.computed == 0
+			s.stepNew = fresh
 			e.running = append(e.running, s)
 			budget -= n
 		}
@@ -472,6 +488,7 @@ func (e *engine) complete(st step, end time.Time, emit func(s *seq)) {
 			s.state = stateDone
 			s.finished = end
 			e.free(s)
+			e.release(s)
 			finished = true
 		}
 		emit(s)
@@ -489,6 +506,8 @@ func (e *engine) cancel(s *seq) bool {
 		if !e.waiting.remove(s) {
 			return false
 		}
+		e.free(s) // blocks a prefix-cache hit gave it
+		e.release(s)
 	case stateRunning:
 		i := slices.Index(e.running, s)
 		if i < 0 {
@@ -496,6 +515,7 @@ func (e *engine) cancel(s *seq) bool {
 		}
 		e.running = slices.Delete(e.running, i, i+1)
 		e.free(s)
+		e.release(s)
 	default:
 		return false
 	}
@@ -513,6 +533,7 @@ func (e *engine) park(s *seq) bool {
 		if !e.waiting.remove(s) {
 			return false
 		}
+		e.free(s) // blocks a prefix-cache hit gave it
 	case stateRunning:
 		i := slices.Index(e.running, s)
 		if i < 0 {

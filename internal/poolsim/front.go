@@ -93,6 +93,7 @@ type front struct {
 	outcomes     map[outcomeKey]uint64
 	rejected     map[string]uint64 // by reason, every mode; never reset
 	rejectedBase map[string]uint64 // rejected at the last Pool.ResetStats
+	recent       [][]string        // texts routed to each pod lately (PrefixAware)
 	rnd          rng
 }
 
@@ -100,7 +101,7 @@ func newFront(p *Pool) *front {
 	n := len(p.pods)
 	return &front{
 		cfg: p.cfg.Front, pool: p, kick: make(chan struct{}, 1),
-		snaps: make([]snap, n), sinceRead: make([]int, n), inflight: make([]int, n),
+		snaps: make([]snap, n), sinceRead: make([]int, n), inflight: make([]int, n), recent: make([][]string, n),
 		saturation: 1, queued: map[queueKey]int{}, outcomes: map[outcomeKey]uint64{},
 		rejected: map[string]uint64{}, rejectedBase: map[string]uint64{}, rnd: newRNG(p.seed, 1<<40),
 	}
@@ -178,7 +179,7 @@ func (f *front) currentSaturation(now time.Time) float64 {
 // routeLocked picks a pod: among those the utilization filter keeps (all,
 // when it would keep none), the one with the fewest waiting (its last read
 // plus the requests sent to it since), then running; ties at random.
-func (f *front) routeLocked(now time.Time) int {
+func (f *front) pickLocked(now time.Time) int {
 	n := len(f.snaps)
 	cand := make([]int, 0, n)
 	if f.cfg.Detector == DetectorUtilization {
@@ -216,9 +217,57 @@ func (f *front) routeLocked(now time.Time) int {
 			}
 		}
 	}
-	f.sinceRead[best]++
-	f.inflight[best]++
 	return best
+}
+
+// routeLocked picks a pod (pickLocked) and counts the request against it.
+func (f *front) routeLocked(now time.Time) int {
+	return f.commitLocked(f.pickLocked(now))
+}
+
+func (f *front) commitLocked(i int) int {
+	f.sinceRead[i]++
+	f.inflight[i]++
+	return i
+}
+
+// prefixAffinityBytes is how much of its text a request must share with
+// one routed to a pod before (FrontConfig.PrefixAware) for that pod to be
+// preferred: four blocks of 16 tokens at four bytes a token.
+const prefixAffinityBytes = 4 * 16 * 4
+
+// recentTexts is how many routed texts the front remembers per pod.
+const recentTexts = 64
+
+// routeTextLocked is routeLocked with, under FrontConfig.PrefixAware, the
+// EPP's approximate prefix-cache scorer: the front remembers the texts it
+// routed to each pod lately, and a request sharing at least
+// prefixAffinityBytes of its text with one of them goes to that pod,
+// unless that pod has more than one waiting request beyond the pod the
+// load alone picks.
+func (f *front) routeTextLocked(now time.Time, text string) int {
+	pick := f.pickLocked(now)
+	if !f.cfg.PrefixAware || text == "" {
+		return f.commitLocked(pick)
+	}
+	best, bestLen := -1, prefixAffinityBytes-1
+	for i, texts := range f.recent {
+		for _, t := range texts {
+			if n := commonPrefix(t, text); n > bestLen {
+				best, bestLen = i, n
+			}
+		}
+	}
+	load := func(i int) int { return f.snaps[i].waiting + f.sinceRead[i] }
+	if best >= 0 && load(best) <= load(pick)+1 {
+		pick = best
+	}
+	r := append(f.recent[pick], text)
+	if len(r) > recentTexts {
+		r = r[1:]
+	}
+	f.recent[pick] = r
+	return f.commitLocked(pick)
 }
 
 func cmpLoad(w1, r1, w2, r2 int) int {
@@ -270,12 +319,12 @@ func (f *front) admit(ctx context.Context, req *request) (int, *rejection) {
 			f.mu.Unlock()
 			return -1, &rejection{status: 429, reason: ReasonSaturated, msg: "pool saturated: sheddable request rejected"}
 		}
-		i := f.routeLocked(now)
+		i := f.routeTextLocked(now, req.text)
 		f.mu.Unlock()
 		return i, nil
 	default:
 		f.mu.Lock()
-		i := f.routeLocked(now)
+		i := f.routeTextLocked(now, req.text)
 		f.mu.Unlock()
 		return i, nil
 	}

@@ -344,3 +344,38 @@ func TestFlowControlDispatchOrder(t *testing.T) {
 		t.Fatalf("holdback ceilings %v, %v; want 1 and 0.5", c0, c1)
 	}
 }
+
+// With PrefixAware, a request whose text extends one routed before goes to
+// that request's pod while its load allows; a short shared prefix, or a
+// pod with more than one extra waiting request, does not pull it.
+func TestPrefixAwareRouting(t *testing.T) {
+	cfg := Config{Seed: 1, Pods: 2}
+	cfg.Engine.PrefixCaching, cfg.Front.PrefixAware = true, true
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.front
+	now := time.Now()
+	set := func(w0, w1 int) {
+		f.snaps[0], f.snaps[1] = snap{at: now, waiting: w0}, snap{at: now, waiting: w1}
+		f.sinceRead[0], f.sinceRead[1] = 0, 0
+	}
+	prompt := strings.Repeat(" wab", 128)
+	set(0, 1)
+	if got := f.routeTextLocked(now, prompt); got != 0 {
+		t.Fatalf("first request to pod %d, want 0 (the least loaded)", got)
+	}
+	set(1, 0) // now pod 1 is the least loaded, pod 0 one request more
+	if got := f.routeTextLocked(now, prompt+" the continuation"); got != 0 {
+		t.Fatalf("continuation to pod %d, want 0 (it holds the prefix)", got)
+	}
+	set(3, 0) // pod 0 three waiting beyond pod 1: load wins
+	if got := f.routeTextLocked(now, prompt+" another continuation"); got != 1 {
+		t.Fatalf("continuation to busy pod 0 (%d), want pod 1", got)
+	}
+	set(1, 0)
+	if got := f.routeTextLocked(now, prompt[:100]+" different"); got != 1 {
+		t.Fatalf("a short shared prefix pulled the request to pod %d, want 1 (the load)", got)
+	}
+}

@@ -64,6 +64,10 @@ type request struct {
 	sloTTFT        time.Duration
 	arrival        time.Time
 	viaFront       bool
+	// text is what the prefix cache compares: the prompt's text, or the
+	// chat messages' texts one after the other ("" without a prefix
+	// cache, or when the prompt is not text).
+	text string
 }
 
 type completionBody struct {
@@ -200,6 +204,9 @@ func (p *Pool) parse(r *http.Request, chat bool) (*request, int, string) {
 		}
 		req.sloTTFT = time.Duration(ms * float64(time.Millisecond))
 	}
+	if p.cfg.Engine.PrefixCaching {
+		req.text = promptText(b, chat)
+	}
 	req.id = p.ids.Add(1)
 	req.genTokens = req.maxTokens
 	if p.cfg.Engine.OutputLength == OutputUniform {
@@ -207,6 +214,29 @@ func (p *Pool) parse(r *http.Request, chat bool) (*request, int, string) {
 		req.genTokens = 1 + rnd.intn(req.maxTokens)
 	}
 	return req, 0, ""
+}
+
+// promptText is the text of a request's prompt for the prefix cache: a
+// string prompt, or the chat messages' string contents joined (a resumed
+// chat request appends an assistant message, so its text extends the
+// evicted call's); "" for anything else.
+func promptText(b completionBody, chat bool) string {
+	if !chat {
+		var s string
+		if json.Unmarshal(b.Prompt, &s) != nil {
+			return ""
+		}
+		return s
+	}
+	var out strings.Builder
+	for _, m := range b.Messages {
+		var s string
+		if json.Unmarshal(m.Content, &s) != nil {
+			return ""
+		}
+		out.WriteString(s)
+	}
+	return out.String()
 }
 
 // guessClass is the class of an objective missing from the map.
@@ -220,7 +250,7 @@ func guessClass(objective string) Class {
 // newSeq makes the engine sequence of req, arriving at its pod now.
 func newSeq(req *request) *seq {
 	s := &seq{id: req.id, class: req.class, priority: req.enginePriority, arrival: time.Now(),
-		prompt: req.prompt, maxTokens: req.genTokens, heapIndex: -1, sink: newStream(), req: req}
+		prompt: req.prompt, maxTokens: req.genTokens, heapIndex: -1, sink: newStream(), req: req, key: req.text}
 	s.sink.every = req.stream
 	if req.genTokens < req.maxTokens {
 		s.reason = finishStop

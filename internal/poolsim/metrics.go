@@ -32,6 +32,8 @@ const (
 	MetricDecodeTime       = "vllm:request_decode_time_seconds"
 	MetricIterationTokens  = "vllm:iteration_tokens_total"
 	MetricCacheConfig      = "vllm:cache_config_info"
+	MetricPrefixQueries    = "vllm:prefix_cache_queries_total"
+	MetricPrefixHits       = "vllm:prefix_cache_hits_total"
 )
 
 // The simulator's own per-pod series.
@@ -71,6 +73,7 @@ const (
 // vllmDescs are the descriptors of one pod's series with a given label set.
 type vllmDescs struct {
 	running, waiting, kv, gpu, preempt, prompt, gen, success *prometheus.Desc
+	prefixQueries, prefixHits                                *prometheus.Desc
 	ttft, tpot, itl, e2e, queue, inference, prefill, decode  *prometheus.Desc
 	iter, cacheInfo, engRunning, engWaiting, step, lag       *prometheus.Desc
 }
@@ -82,34 +85,36 @@ func newVLLMDescs(extra ...string) *vllmDescs {
 	}
 	info := append([]string{"block_size", "num_gpu_blocks", "engine"}, extra...)
 	return &vllmDescs{
-		running:    d(MetricRunning, "Number of requests in model execution batches."),
-		waiting:    d(MetricWaiting, "Number of requests waiting to be processed."),
-		kv:         d(MetricKVCacheUsage, "KV-cache usage. 1 means 100 percent usage."),
-		gpu:        d(MetricGPUCacheUsage, "GPU KV-cache usage. 1 means 100 percent usage (deprecated name)."),
-		preempt:    d(MetricPreemptions, "Cumulative number of preemptions from the engine."),
-		prompt:     d(MetricPromptTokens, "Number of prefill tokens processed."),
-		gen:        d(MetricGenerationTokens, "Number of generation tokens processed."),
-		success:    d(MetricRequestSuccess, "Count of successfully processed requests.", "finished_reason"),
-		ttft:       d(MetricTTFT, "Histogram of time to first token in seconds."),
-		tpot:       d(MetricTPOT, "Histogram of time per output token in seconds."),
-		itl:        d(MetricITL, "Histogram of inter-token latency in seconds."),
-		e2e:        d(MetricE2E, "Histogram of e2e request latency in seconds."),
-		queue:      d(MetricQueueTime, "Histogram of time spent in WAITING phase for request."),
-		inference:  d(MetricInferenceTime, "Histogram of time spent in RUNNING phase for request."),
-		prefill:    d(MetricPrefillTime, "Histogram of time spent in PREFILL phase for request."),
-		decode:     d(MetricDecodeTime, "Histogram of time spent in DECODE phase for request."),
-		iter:       d(MetricIterationTokens, "Histogram of number of tokens per engine step."),
-		cacheInfo:  prometheus.NewDesc(MetricCacheConfig, "Information of the KV cache config.", info, nil),
-		engRunning: d(MetricEngineRunning, "Requests running in the engine, by class (simulator).", "class"),
-		engWaiting: d(MetricEngineWaiting, "Requests waiting in the engine, by class (simulator).", "class"),
-		step:       d(MetricStepSeconds, "Simulated duration of engine steps (simulator)."),
-		lag:        d(MetricStepLag, "How late engine steps ended against their absolute deadlines (simulator)."),
+		running:       d(MetricRunning, "Number of requests in model execution batches."),
+		waiting:       d(MetricWaiting, "Number of requests waiting to be processed."),
+		kv:            d(MetricKVCacheUsage, "KV-cache usage. 1 means 100 percent usage."),
+		gpu:           d(MetricGPUCacheUsage, "GPU KV-cache usage. 1 means 100 percent usage (deprecated name)."),
+		preempt:       d(MetricPreemptions, "Cumulative number of preemptions from the engine."),
+		prompt:        d(MetricPromptTokens, "Number of prefill tokens processed."),
+		gen:           d(MetricGenerationTokens, "Number of generation tokens processed."),
+		success:       d(MetricRequestSuccess, "Count of successfully processed requests.", "finished_reason"),
+		prefixQueries: d(MetricPrefixQueries, "Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits:    d(MetricPrefixHits, "Prefix cache hits, in terms of number of cached tokens."),
+		ttft:          d(MetricTTFT, "Histogram of time to first token in seconds."),
+		tpot:          d(MetricTPOT, "Histogram of time per output token in seconds."),
+		itl:           d(MetricITL, "Histogram of inter-token latency in seconds."),
+		e2e:           d(MetricE2E, "Histogram of e2e request latency in seconds."),
+		queue:         d(MetricQueueTime, "Histogram of time spent in WAITING phase for request."),
+		inference:     d(MetricInferenceTime, "Histogram of time spent in RUNNING phase for request."),
+		prefill:       d(MetricPrefillTime, "Histogram of time spent in PREFILL phase for request."),
+		decode:        d(MetricDecodeTime, "Histogram of time spent in DECODE phase for request."),
+		iter:          d(MetricIterationTokens, "Histogram of number of tokens per engine step."),
+		cacheInfo:     prometheus.NewDesc(MetricCacheConfig, "Information of the KV cache config.", info, nil),
+		engRunning:    d(MetricEngineRunning, "Requests running in the engine, by class (simulator).", "class"),
+		engWaiting:    d(MetricEngineWaiting, "Requests waiting in the engine, by class (simulator).", "class"),
+		step:          d(MetricStepSeconds, "Simulated duration of engine steps (simulator)."),
+		lag:           d(MetricStepLag, "How late engine steps ended against their absolute deadlines (simulator)."),
 	}
 }
 
 func (v *vllmDescs) describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{v.running, v.waiting, v.kv, v.gpu, v.preempt, v.prompt, v.gen, v.success,
-		v.ttft, v.tpot, v.itl, v.e2e, v.queue, v.inference, v.prefill, v.decode, v.iter, v.cacheInfo,
+		v.prefixQueries, v.prefixHits, v.ttft, v.tpot, v.itl, v.e2e, v.queue, v.inference, v.prefill, v.decode, v.iter, v.cacheInfo,
 		v.engRunning, v.engWaiting, v.step, v.lag} {
 		ch <- d
 	}
@@ -139,6 +144,8 @@ func (v *vllmDescs) collect(ch chan<- prometheus.Metric, p *Pool, d *pod, extra 
 	counter(v.preempt, float64(g.Preemptions), lv)
 	counter(v.prompt, float64(m.promptTokens), lv)
 	counter(v.gen, float64(m.generationTokens), lv)
+	counter(v.prefixQueries, float64(d.eng.prefixQueries), lv)
+	counter(v.prefixHits, float64(d.eng.prefixHits), lv)
 	for _, r := range []string{finishStop, finishLength, finishAbort} {
 		counter(v.success, float64(m.success[r]), with(r))
 	}

@@ -90,6 +90,9 @@ type PodGauges struct {
 	RunningByClass, WaitingByClass [numClasses]int
 	// Preemptions is vllm:num_preemptions_total.
 	Preemptions uint64
+	// PrefixHits is vllm:prefix_cache_hits_total: prompt tokens the prefix
+	// cache served.
+	PrefixHits uint64
 }
 
 // stream is how an engine tells the handler of one request about its
@@ -160,7 +163,8 @@ func (d *pod) gauges() PodGauges {
 }
 
 func (d *pod) gaugesLocked() PodGauges {
-	g := PodGauges{Running: len(d.eng.running), Waiting: d.eng.waiting.len(), KVUsage: d.eng.usage(), Preemptions: d.eng.preemptions}
+	g := PodGauges{Running: len(d.eng.running), Waiting: d.eng.waiting.len(), KVUsage: d.eng.usage(), Preemptions: d.eng.preemptions,
+		PrefixHits: d.eng.prefixHits}
 	g.RunningByClass, g.WaitingByClass = d.eng.classCounts()
 	return g
 }

@@ -100,6 +100,21 @@ func TextPrompt(n int) string {
 	return string(append(b, '"'))
 }
 
+// TextPromptFor is TextPrompt made distinct by id: its first three tokens
+// spell id (base 26, up to 26⁶ ids), so that two requests' prompts share
+// less than a KV block and a prefix cache (EngineConfig.PrefixCaching)
+// finds nothing between them, as between a real batch's requests.
+func TextPromptFor(n int, id uint64) string {
+	b := []byte(TextPrompt(n))
+	for k := range min(3, n) {
+		at := 1 + 4*k // after the quote: " x" and two letters per token
+		b[at+1] = 'x'
+		b[at+2], b[at+3] = byte('a'+id%26), byte('a'+(id/26)%26)
+		id /= 26 * 26
+	}
+	return string(b)
+}
+
 // TokenPrompt is a JSON prompt of n token ids: the simulator counts a
 // token array exactly (a text prompt is estimated at four bytes a token).
 func TokenPrompt(n int) string {

@@ -2,6 +2,7 @@ package poolsim
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -69,5 +70,24 @@ func TestClientDriveCountsFailures(t *testing.T) {
 	arrivals := []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}
 	if got := c.Drive(context.Background(), time.Now(), arrivals); got != 2 {
 		t.Fatalf("Drive counted %d failures, want 2 (a 429 and a stream without [DONE])", got)
+	}
+}
+
+func TestTextPromptFor(t *testing.T) {
+	var a, b string
+	if err := json.Unmarshal([]byte(TextPromptFor(512, 7)), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(TextPromptFor(512, 7+26*26)), &b); err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 4*512 || len(b) != len(a) {
+		t.Fatalf("lengths %d and %d, want %d (512 tokens of 4 bytes)", len(a), len(b), 4*512)
+	}
+	if n := commonPrefix(a, b); n >= 16*4 {
+		t.Fatalf("two ids share %d bytes, want less than one KV block (64)", n)
+	}
+	if TextPromptFor(512, 7) != TextPromptFor(512, 7) {
+		t.Fatal("the same id gave two prompts")
 	}
 }

@@ -206,8 +206,8 @@ type frontierResult struct {
 // one seed; it returns the floor's figures (floor_ttft_p99_ms,
 // capacity_tok_s) and each policy's.
 func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, error) {
-	base := poolsim.Config{Seed: seed}
-	base.SetDefaults()
+	base := ipPoolConfig()
+	base.Seed = seed
 	seats := base.Pods * base.Engine.MaxNumSeqs
 	waves := ipWaves(prof)
 	waves.Cycles, waves.Seed = frontierCycles, uint64(seed)

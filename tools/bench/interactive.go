@@ -285,6 +285,17 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 	return ipArm{}, fmt.Errorf("unknown arm %q", name)
 }
 
+// ipPoolConfig is every arm's pool: the defaults, with vLLM V1's
+// automatic prefix caching on in the engines and the EPP's prefix-aware
+// routing in the front (since 2026-12-02; what a resumed request's
+// prefill costs depends on both).
+func ipPoolConfig() poolsim.Config {
+	c := poolsim.Config{Seed: ipSeed}
+	c.SetDefaults()
+	c.Engine.PrefixCaching, c.Front.PrefixAware = true, true
+	return c
+}
+
 // ipWaves is the interactive traffic of every arm: one seed, so every arm
 // of every repetition sees the same arrivals.
 func ipWaves(prof ipProfile) poolsim.Waves {
@@ -331,6 +342,7 @@ type ipRun struct {
 	window                 time.Duration
 	judged, missed         [3]int
 	preemptions            uint64
+	prefixHits             float64 // prompt tokens the engines' prefix caches served
 	rejections             uint64
 	reaction, recovery     []float64 // ms per burst
 	seatsIdle, seatsBurst  float64   // the batch's mean occupancy of the pool, idle and burst phases
@@ -409,8 +421,7 @@ func runInteractiveProtection(ctx context.Context, o options) (figures, error) {
 }
 
 func ipRunProfile(ctx context.Context, o options, prof ipProfile) (figures, error) {
-	base := poolsim.Config{Seed: ipSeed}
-	base.SetDefaults()
+	base := ipPoolConfig()
 	seats := base.Pods * base.Engine.MaxNumSeqs
 	arms := map[string]ipArm{}
 	for _, n := range prof.arms {
@@ -503,6 +514,7 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm) figures {
 		"ttft_p99_ms":        percentile(slices.Clone(r.ttft), 0.99),
 		"interactive_errors": float64(r.interactiveErrors),
 		"preemptions":        float64(r.preemptions),
+		"prefix_hit_tokens":  r.prefixHits,
 		"batch_rejections":   float64(r.rejections),
 		"step_lag_p99_ms":    r.stepLagP99,
 		"interactive_burst":  float64(len(r.ttft)),
@@ -679,9 +691,14 @@ func ipCalibrate(ctx context.Context, base poolsim.Config, prof ipProfile) (ipCa
 		service: time.Duration(median(service))}, nil
 }
 
-// ipGeneratedTokens sums vllm:generation_tokens_total over the pool's pods
-// (the front's /metrics carries every pod's series).
+// ipGeneratedTokens sums vllm:generation_tokens_total over the pool's pods.
 func ipGeneratedTokens(ctx context.Context, front string) (float64, error) {
+	return ipPodCounter(ctx, front, poolsim.MetricGenerationTokens)
+}
+
+// ipPodCounter sums a counter over the pool's pods (the front's /metrics
+// carries every pod's series).
+func ipPodCounter(ctx context.Context, front, metric string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, front+"/metrics", nil)
 	if err != nil {
 		return 0, err
@@ -697,7 +714,7 @@ func ipGeneratedTokens(ctx context.Context, front string) (float64, error) {
 	}
 	sum, seen := 0.0, false
 	for _, line := range strings.Split(string(body), "\n") {
-		if !strings.HasPrefix(line, poolsim.MetricGenerationTokens+"{") && !strings.HasPrefix(line, poolsim.MetricGenerationTokens+" ") {
+		if !strings.HasPrefix(line, metric+"{") && !strings.HasPrefix(line, metric+" ") {
 			continue
 		}
 		f := strings.Fields(line)
@@ -708,7 +725,7 @@ func ipGeneratedTokens(ctx context.Context, front string) (float64, error) {
 		sum, seen = sum+v, true
 	}
 	if !seen {
-		return 0, errors.New("no " + poolsim.MetricGenerationTokens + " series on " + front + "/metrics")
+		return 0, errors.New("no " + metric + " series on " + front + "/metrics")
 	}
 	return sum, nil
 }
@@ -778,12 +795,14 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 	}
 	s := &ipSluice{app: ap, mem: mem, reg: reg, ids: map[string]int{}, start: start}
 	// a text prompt, which a resumed request continues by appending the
-	// text made (token ids could not be)
-	prompt := poolsim.TextPrompt(prof.batchPrompt)
+	// text made (token ids could not be), distinct per request as a real
+	// batch's prompts are (the pools cache prefixes)
+	n := uint64(0)
 	enqueue := func(id string, job int, deadline time.Time) error {
 		s.ids[id] = job
+		n++
 		b := fmt.Appendf(nil, `{"id":%q,"deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
-			id, float64(deadline.UnixMilli())/1000, poolsim.DefaultModelName, prompt, prof.batchOutput)
+			id, float64(deadline.UnixMilli())/1000, poolsim.DefaultModelName, poolsim.TextPromptFor(prof.batchPrompt, n), prof.batchOutput)
 		return mem.Enqueue(ipQueue, b)
 	}
 	for k := range 3 {
@@ -924,8 +943,12 @@ func ipRunArm(ctx context.Context, base poolsim.Config, prof ipProfile, a ipArm,
 	}
 	stats := pool.Stats()
 	lag := pool.StepLag()
+	hits, err := ipPodCounter(ctx, front, poolsim.MetricPrefixHits)
+	if err != nil {
+		return nil, fmt.Errorf("reading the pods' prefix-cache hits: %w", err)
+	}
 
-	r := &ipRun{interactiveErrors: errs, window: end - prof.warmup, stepLagP99: float64(lag.P99) / float64(time.Millisecond)}
+	r := &ipRun{interactiveErrors: errs, window: end - prof.warmup, stepLagP99: float64(lag.P99) / float64(time.Millisecond), prefixHits: hits}
 	for _, c := range stats.Classes {
 		r.preemptions += c.Preemptions
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/dispatch"
 	"github.com/sluice-io/sluice/core/status"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -113,7 +114,8 @@ type PoolSummary struct {
 	// Batch counts: sent, answered ok, answered with an error, missing and
 	// duplicated results.
 	Batch, BatchOK, BatchFailed, Missing, Duplicates int
-	// BatchTokens are the output tokens of the batch; BatchSeconds from its
+	// BatchTokens are the output tokens of the batch's answers (their
+	// usage); BatchSeconds from its
 	// first enqueue to its last result.
 	BatchTokens  int     `json:"batch_tokens"`
 	BatchSeconds float64 `json:"batch_seconds"`
@@ -125,6 +127,9 @@ type PoolSummary struct {
 	// ResumedTokens are the output tokens evicted calls had made that
 	// their next attempts kept (resume) instead of making again.
 	ResumedTokens int `json:"batch_resumed_tokens"`
+	// PrefixHitTokens are the prompt tokens the pods' prefix caches served
+	// (a resumed request's prompt holds its evicted call's).
+	PrefixHitTokens int `json:"prefix_hit_tokens"`
 	// StepLagP99Ms is how late the simulator's steps ran (a large value: the
 	// machine was too busy for the figures to mean much).
 	StepLagP99Ms float64 `json:"step_lag_p99_ms"`
@@ -158,6 +163,9 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 
 	pcfg := poolsim.Config{Seed: int64(o.Seed)}
 	pcfg.SetDefaults()
+	// vLLM V1's prefix caching and the EPP's prefix-aware routing: a
+	// resumed request finds the blocks its evicted call left
+	pcfg.Engine.PrefixCaching, pcfg.Front.PrefixAware = true, true
 	pool, err := poolsim.New(pcfg)
 	if err != nil {
 		return sum, err
@@ -244,13 +252,13 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		return sum, err
 	}
 	batchStart := time.Now()
-	// a text prompt (the simulator counts one token per word), so that a
-	// request taken back can resume: its continuation appends to it
-	prompt := poolsim.TextPrompt(o.BatchPrompt)
+	// text prompts (the simulator counts four bytes a token), so that a
+	// request taken back can resume: its continuation appends to it; one
+	// per request, as a real batch's differ
 	deadline := float64(batchStart.Add(o.Timeout).UnixMilli()) / 1000
 	for i := range o.Batch {
 		b := fmt.Appendf(nil, `{"id":"batch-%d","deadline":%.3f,"payload":{"model":%q,"prompt":%s,"max_tokens":%d}}`,
-			i, deadline, poolsim.DefaultModelName, prompt, o.BatchOutput)
+			i, deadline, poolsim.DefaultModelName, poolsim.TextPromptFor(o.BatchPrompt, uint64(i)), o.BatchOutput)
 		if err := mem.Enqueue(demoPoolQueue, b); err != nil {
 			return sum, err
 		}
@@ -326,6 +334,11 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		}
 		if r.OK() {
 			sum.BatchOK++
+			// the tokens the answer carries (a resumed request's answer
+			// holds its evicted calls' tokens too)
+			if _, out, ok := dispatch.ParseUsage([]byte(r.Payload)); ok {
+				sum.BatchTokens += int(out)
+			}
 		} else {
 			sum.BatchFailed++
 		}
@@ -335,7 +348,6 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 			sum.Missing++
 		}
 	}
-	sum.BatchTokens = recs.batchTokens()
 	if !last.IsZero() {
 		sum.BatchSeconds = last.Sub(batchStart).Seconds()
 	}
@@ -343,6 +355,9 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 	sum.Rejections = st.Classes[poolsim.ClassBatch].Rejected
 	sum.Evicted = int(familySum(reg, "sluice_evicted_total"))
 	sum.ResumedTokens = int(familySum(reg, "sluice_resumed_tokens_total"))
+	for _, g := range pool.PodGauges() {
+		sum.PrefixHitTokens += int(g.PrefixHits)
+	}
 	sum.StepLagP99Ms = float64(pool.StepLag().P99) / float64(time.Millisecond)
 	if sum.Missing > 0 {
 		return sum, fmt.Errorf("demo: %d batch requests have no result after %s", sum.Missing, o.Timeout)
@@ -390,19 +405,6 @@ func (rs *records) add(r poolsim.Record) {
 	rs.mu.Lock()
 	rs.recs = append(rs.recs, r)
 	rs.mu.Unlock()
-}
-
-// batchTokens sums the output tokens of the batch requests that finished.
-func (rs *records) batchTokens() int {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	n := 0
-	for _, r := range rs.recs {
-		if r.Class == poolsim.ClassBatch && r.FinishReason != "abort" {
-			n += r.OutputTokens
-		}
-	}
-	return n
 }
 
 // poolFigures are the live line's figures, for the status page.

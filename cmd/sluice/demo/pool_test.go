@@ -32,6 +32,9 @@ func TestPoolDemoAccountsForEveryRequest(t *testing.T) {
 	if sum.BatchTokens != 24*32 {
 		t.Errorf("batch tokens %d, want %d", sum.BatchTokens, 24*32)
 	}
+	if sum.ResumedTokens > 0 && sum.PrefixHitTokens == 0 {
+		t.Errorf("%d tokens resumed but the pods' prefix caches served none: the continuations missed their blocks", sum.ResumedTokens)
+	}
 	if sum.Gate != "pool-headroom" {
 		t.Errorf("gate %q", sum.Gate)
 	}
