@@ -173,7 +173,7 @@ func TestReplayBacklog(t *testing.T) {
 		}
 	}
 	again, batch2, err := ReplayBacklog(Config{Seed: 3}, nil, b)
-	if err != nil || again != nil && len(again) != 0 || !reflect.DeepEqual(batch, batch2) {
+	if err != nil || len(again) != 0 || !reflect.DeepEqual(batch, batch2) {
 		t.Fatalf("two backlog replays differ (err %v)", err)
 	}
 }

@@ -87,7 +87,7 @@ func TestTextPromptFor(t *testing.T) {
 	if n := commonPrefix(a, b); n >= 16*4 {
 		t.Fatalf("two ids share %d bytes, want less than one KV block (64)", n)
 	}
-	if TextPromptFor(512, 7) != TextPromptFor(512, 7) {
+	if again := TextPromptFor(512, 7); again != `"`+a+`"` {
 		t.Fatal("the same id gave two prompts")
 	}
 }
