@@ -140,7 +140,13 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, fmt.Errorf("open %s: %w", topic, err)
 	}
 	s.started = true
-	out := make(chan *message.Message)
+	// The channel holds a batch, so the loop hands a claimed batch over
+	// and claims again without waiting for the router to take each message
+	// (the router and its decorator take them one goroutine hop at a time).
+	// Credits were taken before the claim: the buffer adds nothing to what
+	// is in flight, and what the router has not taken when the loop stops
+	// is handed back (run).
+	out := make(chan *message.Message, s.batch)
 	s.loop.Add(2)
 	go func() {
 		defer s.loop.Done()
@@ -160,7 +166,8 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // run is the claim loop: acquire → claim → give back the unused credits →
 // deliver (each with its settle hook) → wait when the batch came back short.
-func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
+func (s *subscriber) run(ctx context.Context, out chan *message.Message) {
+	defer s.takeBack(out)
 	backoff := claimErrMin
 	var lastLog time.Time
 	for {
@@ -210,6 +217,29 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 		if ctx.Err() != nil {
 			return
 		}
+	}
+}
+
+// takeBack hands back, with their credits, the messages the loop put in
+// out that the router had not taken when the loop stopped: each message in
+// the buffer goes either to the router or back to the source, never both.
+func (s *subscriber) takeBack(out chan *message.Message) {
+	var back []*message.Message
+	for {
+		select {
+		case m := <-out:
+			back = append(back, m)
+			continue
+		default:
+		}
+		break
+	}
+	if len(back) == 0 {
+		return
+	}
+	s.src.HandBack(back)
+	if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
+		s.pool.Release(len(back))
 	}
 }
 
