@@ -140,13 +140,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, fmt.Errorf("open %s: %w", topic, err)
 	}
 	s.started = true
-	// The channel holds a batch, so the loop hands a claimed batch over
-	// and claims again without waiting for the router to take each message
-	// (the router and its decorator take them one goroutine hop at a time).
-	// Credits were taken before the claim: the buffer adds nothing to what
-	// is in flight, and what the router has not taken when the loop stops
-	// is handed back (run).
-	out := make(chan *message.Message, s.batch)
+	out := make(chan *message.Message)
 	s.loop.Add(2)
 	go func() {
 		defer s.loop.Done()
@@ -165,9 +159,38 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 }
 
 // run is the claim loop: acquire → claim → give back the unused credits →
-// deliver (each with its settle hook) → wait when the batch came back short.
-func (s *subscriber) run(ctx context.Context, out chan *message.Message) {
-	defer s.takeBack(out)
+// hand the batch to the feeder (each message with its settle hook) → wait
+// when the batch came back short.
+//
+// The feeder (feed) delivers the batches in order, one message at a time
+// as the router takes them (Watermill's router and its decorator take each
+// message one goroutine hop after the other). After a short batch the
+// queue is drained: the loop does not wait for the router, so a request
+// written meanwhile is claimed at the next wake-up instead of behind the
+// previous batch's delivery. After a full batch (more is likely waiting,
+// and the loop is bound by its credits) it waits until the batch was
+// delivered, as a loop delivering by itself would, so the credits freed
+// meanwhile are claimed together and a busy queue takes no more claims per
+// request. A batch held by the feeder keeps its credits: nothing is added
+// to what is in flight.
+func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
+	feed := make(chan handoff, feedDepth)
+	var rest []*message.Message
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		rest = s.feed(ctx, feed, out)
+	}()
+	defer func() {
+		close(feed)
+		<-fed
+		if len(rest) > 0 { // never delivered: the subscription ended
+			s.src.HandBack(rest)
+			if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
+				s.pool.Release(len(rest))
+			}
+		}
+	}()
 	backoff := claimErrMin
 	var lastLog time.Time
 	for {
@@ -199,19 +222,24 @@ func (s *subscriber) run(ctx context.Context, out chan *message.Message) {
 		}
 		s.pool.Release(granted - len(ms))
 		claimed := time.Now()
-		for i, m := range ms {
+		for _, m := range ms {
 			onSettle(m, s.src, s.pool, claimed)
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				s.src.HandBack(ms[i:])
-				if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
-					s.pool.Release(len(ms) - i)
+		}
+		full := len(ms) == granted
+		if len(ms) > 0 {
+			h := handoff{ms: ms}
+			if full {
+				h.done = make(chan struct{})
+			}
+			feed <- h // the feeder returns what it cannot deliver
+			if full {
+				select {
+				case <-h.done:
+				case <-ctx.Done():
 				}
-				return
 			}
 		}
-		if len(ms) < granted {
+		if !full {
 			s.src.Wait(ctx)
 		}
 		if ctx.Err() != nil {
@@ -220,27 +248,39 @@ func (s *subscriber) run(ctx context.Context, out chan *message.Message) {
 	}
 }
 
-// takeBack hands back, with their credits, the messages the loop put in
-// out that the router had not taken when the loop stopped: each message in
-// the buffer goes either to the router or back to the source, never both.
-func (s *subscriber) takeBack(out chan *message.Message) {
-	var back []*message.Message
-	for {
-		select {
-		case m := <-out:
-			back = append(back, m)
-			continue
-		default:
+// feedDepth is how many batches the loop may hand to the feeder ahead of
+// the one it is delivering.
+const feedDepth = 4
+
+// handoff is one claimed batch for the feeder; done, when set, is closed
+// once the batch was delivered (or kept for the hand-back).
+type handoff struct {
+	ms   []*message.Message
+	done chan struct{}
+}
+
+// feed delivers the batches of feed to out in order until feed closes, and
+// returns the messages it could not deliver because ctx ended.
+func (s *subscriber) feed(ctx context.Context, feed <-chan handoff, out chan<- *message.Message) (rest []*message.Message) {
+	for h := range feed {
+		for i, m := range h.ms {
+			if ctx.Err() != nil {
+				rest = append(rest, h.ms[i:]...)
+				break
+			}
+			select {
+			case out <- m:
+				continue
+			case <-ctx.Done():
+				rest = append(rest, h.ms[i:]...)
+			}
+			break
 		}
-		break
+		if h.done != nil {
+			close(h.done)
+		}
 	}
-	if len(back) == 0 {
-		return
-	}
-	s.src.HandBack(back)
-	if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
-		s.pool.Release(len(back))
-	}
+	return rest
 }
 
 // sleep waits for d or the end of ctx (false).
