@@ -159,8 +159,38 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 }
 
 // run is the claim loop: acquire → claim → give back the unused credits →
-// deliver (each with its settle hook) → wait when the batch came back short.
+// hand the batch to the feeder (each message with its settle hook) → wait
+// when the batch came back short.
+//
+// The feeder (feed) delivers the batches in order, one message at a time
+// as the router takes them (Watermill's router and its decorator take each
+// message one goroutine hop after the other). After a short batch the
+// queue is drained: the loop does not wait for the router, so a request
+// written meanwhile is claimed at the next wake-up instead of behind the
+// previous batch's delivery. After a full batch (more is likely waiting,
+// and the loop is bound by its credits) it waits until the batch was
+// delivered, as a loop delivering by itself would, so the credits freed
+// meanwhile are claimed together and a busy queue takes no more claims per
+// request. A batch held by the feeder keeps its credits: nothing is added
+// to what is in flight.
 func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
+	feed := make(chan handoff, feedDepth)
+	var rest []*message.Message
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		rest = s.feed(ctx, feed, out)
+	}()
+	defer func() {
+		close(feed)
+		<-fed
+		if len(rest) > 0 { // never delivered: the subscription ended
+			s.src.HandBack(rest)
+			if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
+				s.pool.Release(len(rest))
+			}
+		}
+	}()
 	backoff := claimErrMin
 	var lastLog time.Time
 	for {
@@ -192,25 +222,65 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 		}
 		s.pool.Release(granted - len(ms))
 		claimed := time.Now()
-		for i, m := range ms {
+		for _, m := range ms {
 			onSettle(m, s.src, s.pool, claimed)
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				s.src.HandBack(ms[i:])
-				if !mutant.On(mutant.CreditNotReturnedOnHandBack) { // planted: the hand-back keeps its credits
-					s.pool.Release(len(ms) - i)
+		}
+		full := len(ms) == granted
+		if len(ms) > 0 {
+			h := handoff{ms: ms}
+			if full {
+				h.done = make(chan struct{})
+			}
+			feed <- h // the feeder returns what it cannot deliver
+			if full {
+				select {
+				case <-h.done:
+				case <-ctx.Done():
 				}
-				return
 			}
 		}
-		if len(ms) < granted {
+		if !full {
 			s.src.Wait(ctx)
 		}
 		if ctx.Err() != nil {
 			return
 		}
 	}
+}
+
+// feedDepth is how many batches the loop may hand to the feeder ahead of
+// the one it is delivering.
+const feedDepth = 4
+
+// handoff is one claimed batch for the feeder; done, when set, is closed
+// once the batch was delivered (or kept for the hand-back).
+type handoff struct {
+	ms   []*message.Message
+	done chan struct{}
+}
+
+// feed delivers the batches of feed to out in order until feed closes, and
+// returns the messages it could not deliver because ctx ended.
+func (s *subscriber) feed(ctx context.Context, feed <-chan handoff, out chan<- *message.Message) (rest []*message.Message) {
+	for h := range feed {
+		for i, m := range h.ms {
+			if ctx.Err() != nil {
+				rest = append(rest, h.ms[i:]...)
+				break
+			}
+			select {
+			case out <- m:
+				continue
+			case <-ctx.Done():
+				rest = append(rest, h.ms[i:]...)
+			}
+			break
+		}
+		if h.done != nil {
+			close(h.done)
+		}
+	}
+	return rest
 }
 
 // sleep waits for d or the end of ctx (false).

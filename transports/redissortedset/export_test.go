@@ -11,6 +11,10 @@ import (
 // as if its claim loop had found the queue empty for a long time.
 func SetIdleWait(src transport.Source, d time.Duration) { src.(*source).idle = d }
 
+// WakePending reports whether a source's next Wait would end at once on a
+// wake-up already heard.
+func WakePending(src transport.Source) bool { return len(src.(*source).wake) > 0 }
+
 // Fault points of the cross-slot settle (see xslot.go).
 const (
 	FaultBeforePrepare    = faultBeforePrepare

@@ -206,6 +206,14 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 		return nil, ErrClosed
 	default:
 	}
+	// A wake-up heard before this claim is sent announces work the claim
+	// will see (the producer's write precedes its notify): dropping it
+	// spares an empty claim, and its round trip, after this one. Wake-ups
+	// heard while the claim is on the wire are kept.
+	select {
+	case <-s.wake:
+	default:
+	}
 	res, err := t.claim(ctx, s.qs, n)
 	if err != nil {
 		return nil, err

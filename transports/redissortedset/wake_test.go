@@ -141,3 +141,56 @@ func waitSubscribed(t *testing.T, c redis.UniversalClient, channels ...string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestWakeHeardBeforeClaimDropped checks that a wake-up heard before a
+// claim, announcing the work that claim takes, does not also end the wait
+// after it: the loop would otherwise make an empty claim (a wasted round
+// trip, which requests written meanwhile wait behind) after every claim a
+// producer's notify overtook.
+func TestWakeHeardBeforeClaimDropped(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	c := testenv.RedisClient(t, r.URL)
+	p, err := producer.Dial(r.URL, producer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	q := rss.RequestQueueName("stale-wake")
+	tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tp.Close() })
+	src, err := tp.Source(transport.Queue{Name: q, ResultName: q + ":results"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		_ = src.Close()
+	}()
+	waitSubscribed(t, c, q+":notify")
+	req := &wire.Request{ID: "s-1", Deadline: time.Now().Add(time.Hour), Payload: json.RawMessage(`{}`)}
+	if err := p.Enqueue(ctx, q, req); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); !rss.WakePending(src); {
+		if time.Now().After(end) {
+			t.Fatal("the producer's notify was not heard within 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ms, err := src.Claim(ctx, 8)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("claimed %d, %v; want the request", len(ms), err)
+	}
+	if rss.WakePending(src) {
+		t.Error("the notify of the request just claimed is still pending: the next Wait would end at once for an empty claim")
+	}
+	src.HandBack(ms)
+}
