@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"testing"
 	"time"
 
@@ -31,13 +30,7 @@ func TestServeBatchAPIOnRedisCluster(t *testing.T) {
 	if job.RequestCounts.Completed != n || job.RequestCounts.Failed != 0 || job.OutputFileID == "" {
 		t.Fatalf("batch %s %+v, want %d completed", job.Status, job.RequestCounts, n)
 	}
-	resp, err := cl.Files.Content(context.Background(), job.OutputFileID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	checkEchoOutput(t, body, n)
+	checkJobOutput(t, cl, job, n)
 	if got := calls.Load(); got != n {
 		t.Errorf("gateway got %d calls, want %d", got, n)
 	}
@@ -94,13 +87,7 @@ func TestServeBatchAPIOnRedisSentinel(t *testing.T) {
 	if job.RequestCounts.Completed != n || job.OutputFileID == "" {
 		t.Fatalf("batch %s %+v, want %d completed", job.Status, job.RequestCounts, n)
 	}
-	resp, err := cl.Files.Content(context.Background(), job.OutputFileID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	checkEchoOutput(t, body, n)
+	checkJobOutput(t, cl, job, n)
 	if got := calls.Load(); got != n {
 		t.Errorf("gateway got %d calls, want %d", got, n)
 	}

@@ -276,6 +276,22 @@ func TestServeFrontsOnRedisStream(t *testing.T) {
 
 // checkEchoOutput checks a batch output file of n lines c0..c<n-1> answered
 // by the echo gateway: each custom_id once, each a 200 whose one choice
+// checkJobOutput downloads job's output file and checks it as
+// checkEchoOutput does.
+func checkJobOutput(t *testing.T, c oa.Client, job *oa.Batch, n int) {
+	t.Helper()
+	resp, err := c.Files.Content(context.Background(), job.OutputFileID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkEchoOutput(t, body, n)
+}
+
 // echoes its line.
 func checkEchoOutput(t *testing.T, body []byte, n int) {
 	t.Helper()
@@ -338,13 +354,7 @@ func TestServeFrontsOverTLS(t *testing.T) {
 			if job.RequestCounts.Completed != n || job.OutputFileID == "" {
 				t.Fatalf("batch %+v, want %d completed", job.RequestCounts, n)
 			}
-			resp, err := c.Files.Content(context.Background(), job.OutputFileID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			checkEchoOutput(t, body, n)
+			checkJobOutput(t, c, job, n)
 			stop()
 		})
 	}

@@ -498,27 +498,35 @@ func (e *engine) complete(st step, end time.Time, emit func(s *seq)) {
 	}
 }
 
-// cancel removes s wherever it is and frees its blocks; it reports whether
-// s was still in the engine.
-func (e *engine) cancel(s *seq) bool {
+// detach takes s out of the waiting queue or the running list and frees
+// its blocks (a waiting one may hold some a prefix-cache hit gave it); it
+// reports whether s was in either.
+func (e *engine) detach(s *seq) bool {
 	switch s.state {
 	case stateWaiting:
 		if !e.waiting.remove(s) {
 			return false
 		}
-		e.free(s) // blocks a prefix-cache hit gave it
-		e.release(s)
 	case stateRunning:
 		i := slices.Index(e.running, s)
 		if i < 0 {
 			return false
 		}
 		e.running = slices.Delete(e.running, i, i+1)
-		e.free(s)
-		e.release(s)
 	default:
 		return false
 	}
+	e.free(s)
+	return true
+}
+
+// cancel removes s wherever it is and frees its blocks (caching them,
+// with a prefix cache); it reports whether s was still in the engine.
+func (e *engine) cancel(s *seq) bool {
+	if !e.detach(s) {
+		return false
+	}
+	e.release(s)
 	s.state = stateDone
 	s.stepTokens = 0
 	return true
@@ -528,20 +536,7 @@ func (e *engine) cancel(s *seq) bool {
 // (a Backlog's costless eviction): it frees its blocks and leaves the
 // running list or the waiting queue. It reports whether s was there.
 func (e *engine) park(s *seq) bool {
-	switch s.state {
-	case stateWaiting:
-		if !e.waiting.remove(s) {
-			return false
-		}
-		e.free(s) // blocks a prefix-cache hit gave it
-	case stateRunning:
-		i := slices.Index(e.running, s)
-		if i < 0 {
-			return false
-		}
-		e.running = slices.Delete(e.running, i, i+1)
-		e.free(s)
-	default:
+	if !e.detach(s) {
 		return false
 	}
 	s.state = stateWaiting
