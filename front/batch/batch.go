@@ -426,6 +426,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 	defer r.Close()
 	ending := "" // the final status once cancelled or expired
 	var endStart, lastResult time.Time
+	tally := &usageTally{exact: j.Counts.Completed+j.Counts.Failed == 0}
 	for {
 		if j.Counts.Completed+j.Counts.Failed >= j.Counts.Total {
 			break
@@ -460,6 +461,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 		if len(rs) > 0 {
 			lastResult = time.Now()
 			recs := make([]Record, 0, len(rs))
+			us := make([]*lineUsage, 0, len(rs))
 			for _, res := range rs {
 				if res.Result == nil {
 					s.log.Warn("batch: undecodable result dropped", "batch", j.ID, "err", res.Err)
@@ -470,12 +472,14 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 					s.log.Warn("batch: result of another request on the job's route dropped", "batch", j.ID, "id", res.Result.ID)
 					continue
 				}
-				recs = append(recs, recordOf(i, res.Result.Metadata["custom_id"], res.Result))
+				rec, u := recordOf(i, res.Result.Metadata["custom_id"], res.Result)
+				recs, us = append(recs, rec), append(us, u)
 			}
 			counts, err := s.state.Record(ctx, j.ID, recs)
 			if err != nil {
 				return err // not acked: handed out again
 			}
+			tally.recorded(us, counts.Completed+counts.Failed-j.Counts.Completed-j.Counts.Failed)
 			j.Counts = counts
 			if err := r.Ack(ctx, rs...); err != nil {
 				s.log.Warn("batch: ack failed (the results come again and are recorded once)", "batch", j.ID, "err", err)
@@ -500,7 +504,11 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 			ending = StatusCompleted
 		}
 	}
-	return s.finalize(ctx, j, ending)
+	var usage *Usage
+	if tally.exact {
+		usage = &tally.sum
+	}
+	return s.finalize(ctx, j, ending, usage)
 }
 
 // stop cancels what is left of job j on the queue (once: CancelSent) as it
@@ -526,7 +534,9 @@ func (s *Service) stop(ctx context.Context, j Job, ending string) (Job, error) {
 // finalize answers the lines left without a result, writes the output and
 // error files from the records, and gives the job its final status. It is
 // idempotent (file ids are the job's), so a resumed job finalizes again.
-func (s *Service) finalize(ctx context.Context, j Job, final string) error {
+// usage is the usage of the job's records when the caller summed it (see
+// usageTally), nil to sum it from the records.
+func (s *Service) finalize(ctx context.Context, j Job, final string, usage *Usage) error {
 	if final == StatusCompleted && j.Status != StatusFinalizing {
 		var err error
 		if j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
@@ -544,15 +554,24 @@ func (s *Service) finalize(ctx context.Context, j Job, final string) error {
 		if err := s.answerMissing(ctx, j, code, msg); err != nil {
 			return err
 		}
+		// The counts the files are written by include those answers.
+		fresh, err := s.state.GetJob(ctx, j.ID)
+		if err != nil {
+			return err
+		}
+		j.Counts = fresh.Counts
 	}
 	outID, errID := "file-"+j.ID+"-output", "file-"+j.ID+"-errors"
-	outN, errN, usage, err := s.writeOutputs(ctx, j, outID, errID)
+	outN, errN, summed, err := s.writeOutputs(ctx, j, outID, errID, usage == nil)
 	if err != nil {
 		return err
 	}
+	if usage == nil {
+		usage = &summed
+	}
 	_, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
 		now := time.Now().Unix()
-		j.Usage = &usage
+		j.Usage = usage
 		if outN > 0 {
 			j.OutputFileID = outID
 		}
@@ -617,16 +636,23 @@ func (s *Service) answerMissing(ctx context.Context, j Job, code, msg string) er
 }
 
 // writeOutputs writes the output and error files of j from its records,
-// streamed, and records them as files; it returns their line counts and
-// the usage of their lines.
-func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) (int, int, Usage, error) {
+// streamed, and records them as files; it returns their line counts and,
+// when sum is set, the usage of their lines. A file the counts say is
+// empty (no completed or no failed line) is not written: its pass over the
+// records is skipped.
+func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string, sum bool) (int, int, Usage, error) {
 	var outN, errN int
 	var usage Usage
 	for _, f := range []struct {
-		id string
-		ok bool
-		n  *int
-	}{{outID, true, &outN}, {errID, false, &errN}} {
+		id    string
+		ok    bool
+		n     *int
+		empty bool
+	}{{outID, true, &outN, j.Counts.Completed == 0}, {errID, false, &errN, j.Counts.Failed == 0}} {
+		if f.empty {
+			_ = s.files.Delete(ctx, f.id) // none to write; none left from an earlier attempt
+			continue
+		}
 		pr, pw := io.Pipe()
 		go func() {
 			bw := newLineWriter(pw)
@@ -635,7 +661,9 @@ func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) 
 					return nil
 				}
 				*f.n++
-				usage.add(r.Line)
+				if sum {
+					usage.add(r.Line)
+				}
 				return bw.line(r.Line)
 			})
 			if err == nil {

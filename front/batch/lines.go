@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -60,48 +62,63 @@ func (c *checker) fail(line int, code, param, msg string) {
 	}
 }
 
-// check validates one line (number n) and returns it decoded when it is valid.
-func (c *checker) check(n int, b []byte) (inputLine, bool) {
+// checkLine is what validation reads of a line: the body only as far as
+// its model, so each line is decoded once.
+type checkLine struct {
+	CustomID string     `json:"custom_id"`
+	Method   string     `json:"method"`
+	URL      string     `json:"url"`
+	Body     *checkBody `json:"body"`
+}
+
+type checkBody struct {
+	Model *string `json:"model"`
+}
+
+// check validates one line (number n).
+func (c *checker) check(n int, b []byte) {
 	c.lines++
-	var l inputLine
+	var l checkLine
 	if err := json.Unmarshal(b, &l); err != nil {
-		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
-		return l, false
+		// A body that is JSON but not an object (or whose model is not a
+		// string) is a type error in it; anything else is a line that is
+		// not JSON (or not an object).
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) || (te.Field != "body" && !strings.HasPrefix(te.Field, "body.")) {
+			c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
+			return
+		}
+		l.Body = nil
 	}
 	switch {
 	case l.CustomID == "":
 		c.fail(n, "missing_required_parameter", "custom_id", "custom_id is missing or empty.")
-		return l, false
+		return
 	case l.Method != "POST":
 		c.fail(n, "invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
-		return l, false
+		return
 	case l.URL != c.endpoint:
 		c.fail(n, "mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, c.endpoint))
-		return l, false
-	}
-	var body struct {
-		Model *string `json:"model"`
-	}
-	if len(l.Body) == 0 || l.Body[0] != '{' || json.Unmarshal(l.Body, &body) != nil {
+		return
+	case l.Body == nil:
 		c.fail(n, "invalid_request", "body", "body must be a JSON object.")
-		return l, false
+		return
 	}
-	if body.Model == nil || *body.Model == "" {
+	if l.Body.Model == nil || *l.Body.Model == "" {
 		c.fail(n, "missing_required_parameter", "body.model", "body.model is missing or empty.")
-		return l, false
+		return
 	}
 	if c.model == "" {
-		c.model = *body.Model
-	} else if *body.Model != c.model {
-		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *body.Model, c.model))
-		return l, false
+		c.model = *l.Body.Model
+	} else if *l.Body.Model != c.model {
+		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *l.Body.Model, c.model))
+		return
 	}
 	if _, dup := c.ids[l.CustomID]; dup {
 		c.fail(n, "duplicate_custom_id", "custom_id", fmt.Sprintf("The custom_id %q appears on an earlier line.", l.CustomID))
-		return l, false
+		return
 	}
 	c.ids[l.CustomID] = struct{}{}
-	return l, true
 }
 
 // requestID is the queue request id of line index i of job.
@@ -153,25 +170,83 @@ func errorCode(c wire.ErrorCode) string {
 }
 
 // recordOf turns a result of job into its record; customID is the line's.
-func recordOf(index int, customID string, r *wire.Result) Record {
-	ok := r.OK()
-	l := outputLine{ID: "batch_req_" + r.ID, CustomID: customID}
+// It also returns the usage of the response body (nil when it has none),
+// found by the same decode that checks the body is JSON: the line is
+// written by hand around the body as it came (compacted only when it
+// spans lines), so the body is read once, not once to check it, once to
+// embed it and once more for the usage when the output files are written.
+// The line holds what json.Marshal of an outputLine would, in the same
+// key order.
+func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
+	b := make([]byte, 0, 96+2*len(r.ID)+len(customID)+len(r.Payload)+len(r.ErrorMessage))
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, "batch_req_"+r.ID)
+	b = append(b, `,"custom_id":`...)
+	b = appendJSONString(b, customID)
+	var usage *lineUsage
+	b = append(b, `,"response":`...)
 	if r.StatusCode != 0 {
-		body := json.RawMessage(r.Payload)
-		if !json.Valid(body) {
-			body, _ = json.Marshal(r.Payload)
+		b = append(b, `{"status_code":`...)
+		b = strconv.AppendInt(b, int64(r.StatusCode), 10)
+		b = append(b, `,"request_id":`...)
+		b = appendJSONString(b, r.ID)
+		b = append(b, `,"body":`...)
+		var body bodyUsage
+		err := json.Unmarshal([]byte(r.Payload), &body)
+		var syntax *json.SyntaxError
+		switch {
+		case errors.As(err, &syntax) || len(r.Payload) == 0:
+			b = appendJSONString(b, r.Payload) // not JSON: the body as a string
+		case strings.ContainsAny(r.Payload, "\r\n"):
+			var c bytes.Buffer
+			_ = json.Compact(&c, []byte(r.Payload)) // valid: cannot fail
+			b = append(b, c.Bytes()...)
+		default:
+			b = append(b, r.Payload...)
 		}
-		l.Response = &outputResponse{StatusCode: r.StatusCode, RequestID: r.ID, Body: body}
+		if err == nil {
+			usage = body.Usage
+		}
+		b = append(b, '}')
+	} else {
+		b = append(b, "null"...)
 	}
+	b = append(b, `,"error":`...)
 	if r.ErrorCode != wire.CodeNone {
 		msg := r.ErrorMessage
 		if msg == "" {
 			msg = string(r.ErrorCode)
 		}
-		l.Error = &outputError{Code: errorCode(r.ErrorCode), Message: msg}
+		b = append(b, `{"code":`...)
+		b = appendJSONString(b, errorCode(r.ErrorCode))
+		b = append(b, `,"message":`...)
+		b = appendJSONString(b, msg)
+		b = append(b, '}')
+	} else {
+		b = append(b, "null"...)
 	}
-	b, _ := json.Marshal(l) // cannot fail: strings and valid raw JSON
-	return Record{Index: index, OK: ok, Line: b}
+	b = append(b, '}')
+	return Record{Index: index, OK: r.OK(), Line: b}, usage
+}
+
+// bodyUsage is the part of a response body the usage is read from.
+type bodyUsage struct {
+	Usage *lineUsage `json:"usage"`
+}
+
+// appendJSONString appends s as a JSON string, as json.Marshal writes it
+// (HTML-sensitive characters, U+2028 and U+2029 escaped, invalid UTF-8 as
+// U+FFFD); plain ASCII, the usual case, is copied as it is.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string: cannot fail
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // missingRecord is the error record of a line that got no result before
