@@ -65,6 +65,13 @@ type Config struct {
 	CancelWait time.Duration
 	// ScanInterval is how often the replica looks for jobs to own (default 1s).
 	ScanInterval time.Duration
+	// RecordWait is how long the collector of a job gathers the results
+	// it reads before it records them in one state step (one transaction,
+	// one fsync on the local store) and acks them: up to ChunkSize results
+	// or this long after the first (default 20ms). A result is acked only
+	// after its record is committed, as before; the wait trades that
+	// much latency per result for fewer, larger steps.
+	RecordWait time.Duration
 	// Windows are the completion windows accepted (default {"24h"}), each
 	// a Go duration.
 	Windows []string
@@ -101,6 +108,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ScanInterval <= 0 {
 		c.ScanInterval = time.Second
+	}
+	if c.RecordWait <= 0 {
+		c.RecordWait = 20 * time.Millisecond
 	}
 	if len(c.Windows) == 0 {
 		c.Windows = []string{"24h"}
@@ -391,8 +401,8 @@ func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
 		if idx < j.Enqueued {
 			return nil
 		}
-		var l inputLine
-		if err := jsonUnmarshal(b, &l); err != nil {
+		l, err := parseInput(b)
+		if err != nil {
 			return err // validated before: the file changed
 		}
 		chunk = append(chunk, &wire.Request{
@@ -449,9 +459,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 		} else if now := time.Now(); now.Sub(lastResult) >= s.cfg.CancelQuiet || now.Sub(endStart) >= s.cfg.CancelWait {
 			break
 		}
-		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		rs, err := r.Next(nctx)
-		cancel()
+		rs, err := s.gather(ctx, r, j.Counts.Total-j.Counts.Completed-j.Counts.Failed)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -509,6 +517,29 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 		usage = &tally.sum
 	}
 	return s.finalize(ctx, j, ending, usage)
+}
+
+// gather reads the next results of a job's route: it waits up to 500ms
+// for a first one, then goes on reading for up to RecordWait after it,
+// until it holds ChunkSize results or left (the lines still without a
+// record), so that one state step records many (group commit).
+func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]submit.Result, error) {
+	nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	rs, err := r.Next(nctx)
+	cancel()
+	if err != nil || len(rs) == 0 {
+		return rs, err
+	}
+	gctx, cancel := context.WithTimeout(ctx, s.cfg.RecordWait)
+	defer cancel()
+	for len(rs) < s.cfg.ChunkSize && int64(len(rs)) < left {
+		more, err := r.Next(gctx)
+		if err != nil {
+			break // the window closed (or ctx ended: the caller sees it)
+		}
+		rs = append(rs, more...)
+	}
+	return rs, nil
 }
 
 // stop cancels what is left of job j on the queue (once: CancelSent) as it

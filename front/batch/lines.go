@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -19,6 +18,44 @@ type inputLine struct {
 	Method   string          `json:"method"`
 	URL      string          `json:"url"`
 	Body     json.RawMessage `json:"body"`
+}
+
+// parseInput reads the members of an input line that enqueueing needs,
+// as decoding it into inputLine would (the body is a copy); the line was
+// validated when the batch was created, so an error means the file
+// changed since.
+func parseInput(b []byte) (inputLine, error) {
+	var l inputLine
+	if !json.Valid(b) {
+		return l, errors.New("input line is not JSON")
+	}
+	bad := false
+	ok := eachMember(b, func(name, v []byte) {
+		var dst *string
+		switch {
+		case nameIs(name, "custom_id"):
+			dst = &l.CustomID
+		case nameIs(name, "method"):
+			dst = &l.Method
+		case nameIs(name, "url"):
+			dst = &l.URL
+		case nameIs(name, "body"):
+			l.Body = append(json.RawMessage(nil), v...)
+			return
+		default:
+			return
+		}
+		if string(v) == "null" {
+			return
+		}
+		s, isString := stringValue(v)
+		bad = bad || !isString
+		*dst = s
+	})
+	if !ok || bad {
+		return l, errors.New("input line is not an object of string members and a body")
+	}
+	return l, nil
 }
 
 // maxLineBytes bounds one input line (the whole file is bounded by
@@ -62,32 +99,75 @@ func (c *checker) fail(line int, code, param, msg string) {
 	}
 }
 
-// checkLine is what validation reads of a line: the body only as far as
-// its model, so each line is decoded once.
-type checkLine struct {
-	CustomID string     `json:"custom_id"`
-	Method   string     `json:"method"`
-	URL      string     `json:"url"`
-	Body     *checkBody `json:"body"`
-}
-
-type checkBody struct {
-	Model *string `json:"model"`
-}
-
-// check validates one line (number n).
+// check validates one line (number n). It reads the line once, by byte
+// offset (jsonscan.go), with the outcome decoding it into inputLine and
+// its body into a struct of the model would have.
 func (c *checker) check(n int, b []byte) {
 	c.lines++
-	var l checkLine
-	if err := json.Unmarshal(b, &l); err != nil {
-		// A body that is JSON but not an object (or whose model is not a
-		// string) is a type error in it; anything else is a line that is
-		// not JSON (or not an object).
-		var te *json.UnmarshalTypeError
-		if !errors.As(err, &te) || (te.Field != "body" && !strings.HasPrefix(te.Field, "body.")) {
-			c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v) // for the syntax error's message
+		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
+		return
+	}
+	var l struct {
+		CustomID, Method, URL string
+		Body                  []byte // the raw value; nil when absent or null
+	}
+	badType := ""
+	isObject := eachMember(b, func(name, v []byte) {
+		var dst *string
+		switch {
+		case nameIs(name, "custom_id"):
+			dst = &l.CustomID
+		case nameIs(name, "method"):
+			dst = &l.Method
+		case nameIs(name, "url"):
+			dst = &l.URL
+		case nameIs(name, "body"):
+			l.Body = v
+			if string(v) == "null" {
+				l.Body = nil
+			}
+			return
+		default:
 			return
 		}
+		if string(v) == "null" {
+			return // null leaves a string as it was
+		}
+		str, ok := stringValue(v)
+		if !ok && badType == "" {
+			badType = string(name)
+		}
+		*dst = str
+	})
+	switch {
+	case !isObject:
+		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: it is not a JSON object.")
+		return
+	case badType != "":
+		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+badType+" is not a string.")
+		return
+	}
+	var model *string
+	if len(l.Body) > 0 && l.Body[0] == '{' {
+		eachMember(l.Body, func(name, v []byte) {
+			if !nameIs(name, "model") {
+				return
+			}
+			if string(v) == "null" {
+				model = nil
+				return
+			}
+			str, ok := stringValue(v)
+			if !ok {
+				l.Body = nil // a model that is not a string: not a request body
+				return
+			}
+			model = &str
+		})
+	} else {
 		l.Body = nil
 	}
 	switch {
@@ -104,14 +184,14 @@ func (c *checker) check(n int, b []byte) {
 		c.fail(n, "invalid_request", "body", "body must be a JSON object.")
 		return
 	}
-	if l.Body.Model == nil || *l.Body.Model == "" {
+	if model == nil || *model == "" {
 		c.fail(n, "missing_required_parameter", "body.model", "body.model is missing or empty.")
 		return
 	}
 	if c.model == "" {
-		c.model = *l.Body.Model
-	} else if *l.Body.Model != c.model {
-		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *l.Body.Model, c.model))
+		c.model = *model
+	} else if *model != c.model {
+		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *model, c.model))
 		return
 	}
 	if _, dup := c.ids[l.CustomID]; dup {
@@ -171,10 +251,11 @@ func errorCode(c wire.ErrorCode) string {
 
 // recordOf turns a result of job into its record; customID is the line's.
 // It also returns the usage of the response body (nil when it has none),
-// found by the same decode that checks the body is JSON: the line is
-// written by hand around the body as it came (compacted only when it
-// spans lines), so the body is read once, not once to check it, once to
-// embed it and once more for the usage when the output files are written.
+// read by byte offset once the body is known to be JSON: the line is
+// written by hand around the body as it came (trimmed, compacted only
+// when it spans lines), so the body is checked once, not once to check
+// it, once to embed it and once more for the usage when the output files
+// are written.
 // The line holds what json.Marshal of an outputLine would, in the same
 // key order.
 func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
@@ -191,21 +272,18 @@ func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
 		b = append(b, `,"request_id":`...)
 		b = appendJSONString(b, r.ID)
 		b = append(b, `,"body":`...)
-		var body bodyUsage
-		err := json.Unmarshal([]byte(r.Payload), &body)
-		var syntax *json.SyntaxError
+		body := trimSpace([]byte(r.Payload))
 		switch {
-		case errors.As(err, &syntax) || len(r.Payload) == 0:
+		case len(body) == 0 || !json.Valid(body):
 			b = appendJSONString(b, r.Payload) // not JSON: the body as a string
-		case strings.ContainsAny(r.Payload, "\r\n"):
+		case bytes.ContainsAny(body, "\r\n"):
 			var c bytes.Buffer
-			_ = json.Compact(&c, []byte(r.Payload)) // valid: cannot fail
+			_ = json.Compact(&c, body) // valid: cannot fail
 			b = append(b, c.Bytes()...)
+			usage = bodyUsageOf(body)
 		default:
-			b = append(b, r.Payload...)
-		}
-		if err == nil {
-			usage = body.Usage
+			b = append(b, body...)
+			usage = bodyUsageOf(body)
 		}
 		b = append(b, '}')
 	} else {
@@ -227,11 +305,6 @@ func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
 	}
 	b = append(b, '}')
 	return Record{Index: index, OK: r.OK(), Line: b}, usage
-}
-
-// bodyUsage is the part of a response body the usage is read from.
-type bodyUsage struct {
-	Usage *lineUsage `json:"usage"`
 }
 
 // appendJSONString appends s as a JSON string, as json.Marshal writes it

@@ -78,16 +78,20 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 		func(ctx context.Context, _ int) error {
 			c := startCost()
 			var secs float64
-			var bad int
+			var out []byte
 			var err error
 			// The label splits a -cpuprofile by side (pprof -tagfocus side=api).
 			pprof.Do(ctx, pprof.Labels("side", "api"), func(ctx context.Context) {
-				secs, bad, err = batchAPIRun(ctx, url, input)
+				secs, out, err = batchAPIRun(ctx, url, input)
 			})
 			if err != nil {
 				return fmt.Errorf("batch api: %w", err)
 			}
-			cpu, allocs := c.perLine(batchAPILines)
+			cpu, allocs := c.perLine(batchAPILines) // the check below is the bench's, not the side's
+			bad, err := batchOutputFailures(out, batchAPILines)
+			if err != nil {
+				return fmt.Errorf("batch api: %w", err)
+			}
 			api, failed = append(api, batchAPILines/secs), failed+bad
 			apiCPU, apiAllocs = append(apiCPU, cpu), append(apiAllocs, allocs)
 			return nil
@@ -193,35 +197,35 @@ func runUntil(ctx context.Context, body func(context.Context) error, fns ...func
 }
 
 // batchAPIRun is one run of the Batch API side: seconds from the upload's
-// start to the output downloaded, and the lines that were not a 200.
-func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+// start to the output downloaded, and the output file.
+func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, out []byte, err error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-batch-")
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	defer os.RemoveAll(dir)
 	mem, a, err := batchDeployment(gatewayURL)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	files, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	state, err := boltstate.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	defer state.Close()
 	prod := submitmem.New(mem, submitmem.Options{})
 	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
 	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	base := "http://" + ln.Addr().String()
@@ -234,14 +238,11 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 	}
 	err = runUntil(ctx, func(ctx context.Context) error {
 		start := time.Now()
-		out, err := batchAPIJob(ctx, base, input)
+		out, err = batchAPIJob(ctx, base, input)
 		secs = time.Since(start).Seconds()
-		if err == nil {
-			failed, err = batchOutputFailures(out, batchAPILines)
-		}
 		return err
 	}, a.Run, svc.Run, serve)
-	return secs, failed, err
+	return secs, out, err
 }
 
 // batchAPIJob uploads input, creates a batch on it, waits for it to end
