@@ -304,15 +304,17 @@ func (s *Service) process(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	var kept []inputLine // the lines validation read, when it kept them
 	if j.Status == StatusValidating {
-		if j, err = s.validate(ctx, j); err != nil || Final(j.Status) {
+		if j, kept, err = s.validate(ctx, j); err != nil || Final(j.Status) {
 			return err
 		}
 	}
 	if j.Status == StatusInProgress {
-		if j, err = s.enqueue(ctx, j); err != nil {
+		if j, err = s.enqueue(ctx, j, kept); err != nil {
 			return err
 		}
+		kept = nil // free for the collecting
 	}
 	return s.collect(ctx, j)
 }
@@ -324,57 +326,108 @@ func (s *Service) fail(ctx context.Context, id string, errs []LineError) (Job, e
 	})
 }
 
+// keepLinesBytes is the largest input file whose lines validation keeps
+// in memory for enqueueing, which then neither reads the file again nor
+// parses its lines a second time; a larger file is read twice.
+const keepLinesBytes = 64 << 20
+
 // validate checks every line of the input file; a file with an invalid
-// line fails the job with the lines' errors (as OpenAI's validation).
-func (s *Service) validate(ctx context.Context, j Job) (Job, error) {
+// line fails the job with the lines' errors (as OpenAI's validation). It
+// returns the valid lines it read when the file is at most
+// keepLinesBytes, for enqueue.
+func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error) {
+	fail := func(errs []LineError) (Job, []inputLine, error) {
+		j, err := s.fail(ctx, j.ID, errs)
+		return j, nil, err
+	}
 	rc, err := s.files.Open(ctx, j.InputFileID, 0)
 	if err != nil {
 		if errors.Is(err, filestore.ErrNotFound) {
-			return s.fail(ctx, j.ID, []LineError{{Code: "file_not_found", Message: "The input file " + j.InputFileID + " is gone."}})
+			return fail([]LineError{{Code: "file_not_found", Message: "The input file " + j.InputFileID + " is gone."}})
 		}
-		return j, err
+		return j, nil, err
 	}
 	defer rc.Close()
+	var kept []inputLine
+	var arena []byte // the bodies of kept, one allocation
+	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil && f.Bytes <= keepLinesBytes {
+		kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
+	}
 	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
 	tooMany := errors.New("too many lines")
 	err = eachLine(rc, func(n int, b []byte) error {
 		if c.lines == s.cfg.MaxLines {
 			return tooMany
 		}
-		c.check(n, b)
+		customID, body, ok := c.check(n, b)
+		switch {
+		case !ok || len(c.errs) > 0:
+			kept = nil // the job fails: nothing to enqueue
+		case kept != nil && len(arena)+len(body) <= cap(arena):
+			at := len(arena)
+			arena = append(arena, body...)
+			kept = append(kept, inputLine{CustomID: customID, URL: j.Endpoint, Body: arena[at:len(arena):len(arena)]})
+		default:
+			kept = nil // the file grew since its record: read it again
+		}
 		return nil
 	})
 	switch {
 	case errors.Is(err, tooMany):
-		return s.fail(ctx, j.ID, []LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
+		return fail([]LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
 	case err != nil:
-		return s.fail(ctx, j.ID, []LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
+		return fail([]LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
 	case len(c.errs) > 0:
-		return s.fail(ctx, j.ID, c.errs)
+		return fail(c.errs)
 	case c.lines == 0:
-		return s.fail(ctx, j.ID, []LineError{{Code: "empty_file", Message: "The input file holds no requests."}})
+		return fail([]LineError{{Code: "empty_file", Message: "The input file holds no requests."}})
 	}
-	return s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+	j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
 		if j.Status != StatusValidating {
 			return nil // cancelled meanwhile
 		}
 		j.Status, j.InProgressAt, j.Model, j.Counts.Total = StatusInProgress, time.Now().Unix(), c.model, int64(c.lines)
 		return nil
 	})
+	if len(kept) != c.lines {
+		kept = nil
+	}
+	return j, kept, err
 }
 
 // enqueue puts the lines from j.Enqueued on the queue in chunks, recording
 // progress after each, so a resumed job goes on from the last chunk
 // recorded (a chunk enqueued twice is answered twice and recorded once).
-func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
+// kept are the job's lines as validation read them, or nil to read them
+// from the input file.
+func (s *Service) enqueue(ctx context.Context, j Job, kept []inputLine) (Job, error) {
 	if j.Enqueued >= int(j.Counts.Total) {
 		return j, nil
 	}
-	rc, err := s.files.Open(ctx, j.InputFileID, 0)
-	if err != nil {
-		return j, err
+	lines := func(fn func(l inputLine) error) error {
+		for _, l := range kept {
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	defer rc.Close()
+	if kept == nil {
+		rc, err := s.files.Open(ctx, j.InputFileID, 0)
+		if err != nil {
+			return j, err
+		}
+		defer rc.Close()
+		lines = func(fn func(l inputLine) error) error {
+			return eachLine(rc, func(_ int, b []byte) error {
+				l, err := parseInput(b)
+				if err != nil {
+					return err // validated before: the file changed
+				}
+				return fn(l)
+			})
+		}
+	}
 	deadline := time.Unix(j.ExpiresAt, 0)
 	created := time.Now()
 	route := s.route(j.ID)
@@ -396,14 +449,10 @@ func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
 		chunk = chunk[:0]
 		return err
 	}
-	err = eachLine(rc, func(_ int, b []byte) error {
+	err := lines(func(l inputLine) error {
 		idx++
 		if idx < j.Enqueued {
 			return nil
-		}
-		l, err := parseInput(b)
-		if err != nil {
-			return err // validated before: the file changed
 		}
 		chunk = append(chunk, &wire.Request{
 			ID: requestID(j.ID, idx), Created: created, Deadline: deadline, Payload: l.Body,

@@ -101,14 +101,15 @@ func (c *checker) fail(line int, code, param, msg string) {
 
 // check validates one line (number n). It reads the line once, by byte
 // offset (jsonscan.go), with the outcome decoding it into inputLine and
-// its body into a struct of the model would have.
-func (c *checker) check(n int, b []byte) {
+// its body into a struct of the model would have. A valid line's
+// custom_id and body (a slice of b) come back with ok.
+func (c *checker) check(n int, b []byte) (customID string, body []byte, ok bool) {
 	c.lines++
 	if !json.Valid(b) {
 		var v any
 		err := json.Unmarshal(b, &v) // for the syntax error's message
 		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
-		return
+		return "", nil, false
 	}
 	var l struct {
 		CustomID, Method, URL string
@@ -145,10 +146,10 @@ func (c *checker) check(n int, b []byte) {
 	switch {
 	case !isObject:
 		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: it is not a JSON object.")
-		return
+		return "", nil, false
 	case badType != "":
 		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+badType+" is not a string.")
-		return
+		return "", nil, false
 	}
 	var model *string
 	if len(l.Body) > 0 && l.Body[0] == '{' {
@@ -173,32 +174,33 @@ func (c *checker) check(n int, b []byte) {
 	switch {
 	case l.CustomID == "":
 		c.fail(n, "missing_required_parameter", "custom_id", "custom_id is missing or empty.")
-		return
+		return "", nil, false
 	case l.Method != "POST":
 		c.fail(n, "invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
-		return
+		return "", nil, false
 	case l.URL != c.endpoint:
 		c.fail(n, "mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, c.endpoint))
-		return
+		return "", nil, false
 	case l.Body == nil:
 		c.fail(n, "invalid_request", "body", "body must be a JSON object.")
-		return
+		return "", nil, false
 	}
 	if model == nil || *model == "" {
 		c.fail(n, "missing_required_parameter", "body.model", "body.model is missing or empty.")
-		return
+		return "", nil, false
 	}
 	if c.model == "" {
 		c.model = *model
 	} else if *model != c.model {
 		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *model, c.model))
-		return
+		return "", nil, false
 	}
 	if _, dup := c.ids[l.CustomID]; dup {
 		c.fail(n, "duplicate_custom_id", "custom_id", fmt.Sprintf("The custom_id %q appears on an earlier line.", l.CustomID))
-		return
+		return "", nil, false
 	}
 	c.ids[l.CustomID] = struct{}{}
+	return l.CustomID, l.Body, true
 }
 
 // requestID is the queue request id of line index i of job.

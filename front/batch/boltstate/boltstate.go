@@ -242,6 +242,10 @@ func (s *Store) Record(_ context.Context, id string, recs []batch.Record) (batch
 		if err != nil {
 			return err
 		}
+		// Line indexes come mostly in order, each after the last: full
+		// pages (bbolt's default fills half of each when it splits) write
+		// half as many pages per step.
+		rb.FillPercent = 1.0
 		for _, r := range recs {
 			k := indexKey(r.Index)
 			if rb.Get(k) != nil {
