@@ -569,22 +569,32 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 }
 
 // gather reads the next results of a job's route: it waits up to 500ms
-// for a first one, then goes on reading for up to RecordWait after it,
-// until it holds ChunkSize results or left (the lines still without a
-// record), so that one state step records many (group commit).
+// for a first one; when fewer than ChunkSize (and fewer than left, the
+// lines still without a record) came, it lets RecordWait pass and then
+// takes what arrived meanwhile, up to ChunkSize, so that one state step
+// records many (group commit). It sleeps through the window rather than
+// reading on every publish, which would cost a read per few results.
 func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]submit.Result, error) {
 	nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	rs, err := r.Next(nctx)
 	cancel()
-	if err != nil || len(rs) == 0 {
+	if err != nil || len(rs) == 0 || len(rs) >= s.cfg.ChunkSize || int64(len(rs)) >= left {
 		return rs, err
 	}
-	gctx, cancel := context.WithTimeout(ctx, s.cfg.RecordWait)
-	defer cancel()
+	t := time.NewTimer(s.cfg.RecordWait)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return rs, nil // the caller sees ctx end; these are handed out again
+	case <-t.C:
+	}
 	for len(rs) < s.cfg.ChunkSize && int64(len(rs)) < left {
-		more, err := r.Next(gctx)
-		if err != nil {
-			break // the window closed (or ctx ended: the caller sees it)
+		// What is there now: a short wait, not another window.
+		tctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+		more, err := r.Next(tctx)
+		cancel()
+		if err != nil || len(more) == 0 {
+			break
 		}
 		rs = append(rs, more...)
 	}
