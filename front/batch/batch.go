@@ -65,6 +65,13 @@ type Config struct {
 	CancelWait time.Duration
 	// ScanInterval is how often the replica looks for jobs to own (default 1s).
 	ScanInterval time.Duration
+	// RecordWait is how long the collector of a job gathers the results
+	// it reads before it records them in one state step (one transaction,
+	// one fsync on the local store) and acks them: up to ChunkSize results
+	// or this long after the first (default 20ms). A result is acked only
+	// after its record is committed, as before; the wait trades that
+	// much latency per result for fewer, larger steps.
+	RecordWait time.Duration
 	// Windows are the completion windows accepted (default {"24h"}), each
 	// a Go duration.
 	Windows []string
@@ -101,6 +108,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ScanInterval <= 0 {
 		c.ScanInterval = time.Second
+	}
+	if c.RecordWait <= 0 {
+		c.RecordWait = 20 * time.Millisecond
 	}
 	if len(c.Windows) == 0 {
 		c.Windows = []string{"24h"}
@@ -294,15 +304,17 @@ func (s *Service) process(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	var kept []inputLine // the lines validation read, when it kept them
 	if j.Status == StatusValidating {
-		if j, err = s.validate(ctx, j); err != nil || Final(j.Status) {
+		if j, kept, err = s.validate(ctx, j); err != nil || Final(j.Status) {
 			return err
 		}
 	}
 	if j.Status == StatusInProgress {
-		if j, err = s.enqueue(ctx, j); err != nil {
+		if j, err = s.enqueue(ctx, j, kept); err != nil {
 			return err
 		}
+		kept = nil // free for the collecting
 	}
 	return s.collect(ctx, j)
 }
@@ -314,57 +326,108 @@ func (s *Service) fail(ctx context.Context, id string, errs []LineError) (Job, e
 	})
 }
 
+// keepLinesBytes is the largest input file whose lines validation keeps
+// in memory for enqueueing, which then neither reads the file again nor
+// parses its lines a second time; a larger file is read twice.
+const keepLinesBytes = 64 << 20
+
 // validate checks every line of the input file; a file with an invalid
-// line fails the job with the lines' errors (as OpenAI's validation).
-func (s *Service) validate(ctx context.Context, j Job) (Job, error) {
+// line fails the job with the lines' errors (as OpenAI's validation). It
+// returns the valid lines it read when the file is at most
+// keepLinesBytes, for enqueue.
+func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error) {
+	fail := func(errs []LineError) (Job, []inputLine, error) {
+		j, err := s.fail(ctx, j.ID, errs)
+		return j, nil, err
+	}
 	rc, err := s.files.Open(ctx, j.InputFileID, 0)
 	if err != nil {
 		if errors.Is(err, filestore.ErrNotFound) {
-			return s.fail(ctx, j.ID, []LineError{{Code: "file_not_found", Message: "The input file " + j.InputFileID + " is gone."}})
+			return fail([]LineError{{Code: "file_not_found", Message: "The input file " + j.InputFileID + " is gone."}})
 		}
-		return j, err
+		return j, nil, err
 	}
 	defer rc.Close()
+	var kept []inputLine
+	var arena []byte // the bodies of kept, one allocation
+	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil && f.Bytes <= keepLinesBytes {
+		kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
+	}
 	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
 	tooMany := errors.New("too many lines")
 	err = eachLine(rc, func(n int, b []byte) error {
 		if c.lines == s.cfg.MaxLines {
 			return tooMany
 		}
-		c.check(n, b)
+		customID, body, ok := c.check(n, b)
+		switch {
+		case !ok || len(c.errs) > 0:
+			kept = nil // the job fails: nothing to enqueue
+		case kept != nil && len(arena)+len(body) <= cap(arena):
+			at := len(arena)
+			arena = append(arena, body...)
+			kept = append(kept, inputLine{CustomID: customID, URL: j.Endpoint, Body: arena[at:len(arena):len(arena)]})
+		default:
+			kept = nil // the file grew since its record: read it again
+		}
 		return nil
 	})
 	switch {
 	case errors.Is(err, tooMany):
-		return s.fail(ctx, j.ID, []LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
+		return fail([]LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
 	case err != nil:
-		return s.fail(ctx, j.ID, []LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
+		return fail([]LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
 	case len(c.errs) > 0:
-		return s.fail(ctx, j.ID, c.errs)
+		return fail(c.errs)
 	case c.lines == 0:
-		return s.fail(ctx, j.ID, []LineError{{Code: "empty_file", Message: "The input file holds no requests."}})
+		return fail([]LineError{{Code: "empty_file", Message: "The input file holds no requests."}})
 	}
-	return s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
+	j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
 		if j.Status != StatusValidating {
 			return nil // cancelled meanwhile
 		}
 		j.Status, j.InProgressAt, j.Model, j.Counts.Total = StatusInProgress, time.Now().Unix(), c.model, int64(c.lines)
 		return nil
 	})
+	if len(kept) != c.lines {
+		kept = nil
+	}
+	return j, kept, err
 }
 
 // enqueue puts the lines from j.Enqueued on the queue in chunks, recording
 // progress after each, so a resumed job goes on from the last chunk
 // recorded (a chunk enqueued twice is answered twice and recorded once).
-func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
+// kept are the job's lines as validation read them, or nil to read them
+// from the input file.
+func (s *Service) enqueue(ctx context.Context, j Job, kept []inputLine) (Job, error) {
 	if j.Enqueued >= int(j.Counts.Total) {
 		return j, nil
 	}
-	rc, err := s.files.Open(ctx, j.InputFileID, 0)
-	if err != nil {
-		return j, err
+	lines := func(fn func(l inputLine) error) error {
+		for _, l := range kept {
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	defer rc.Close()
+	if kept == nil {
+		rc, err := s.files.Open(ctx, j.InputFileID, 0)
+		if err != nil {
+			return j, err
+		}
+		defer rc.Close()
+		lines = func(fn func(l inputLine) error) error {
+			return eachLine(rc, func(_ int, b []byte) error {
+				l, err := parseInput(b)
+				if err != nil {
+					return err // validated before: the file changed
+				}
+				return fn(l)
+			})
+		}
+	}
 	deadline := time.Unix(j.ExpiresAt, 0)
 	created := time.Now()
 	route := s.route(j.ID)
@@ -386,14 +449,10 @@ func (s *Service) enqueue(ctx context.Context, j Job) (Job, error) {
 		chunk = chunk[:0]
 		return err
 	}
-	err = eachLine(rc, func(_ int, b []byte) error {
+	err := lines(func(l inputLine) error {
 		idx++
 		if idx < j.Enqueued {
 			return nil
-		}
-		var l inputLine
-		if err := jsonUnmarshal(b, &l); err != nil {
-			return err // validated before: the file changed
 		}
 		chunk = append(chunk, &wire.Request{
 			ID: requestID(j.ID, idx), Created: created, Deadline: deadline, Payload: l.Body,
@@ -426,6 +485,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 	defer r.Close()
 	ending := "" // the final status once cancelled or expired
 	var endStart, lastResult time.Time
+	tally := &usageTally{exact: j.Counts.Completed+j.Counts.Failed == 0}
 	for {
 		if j.Counts.Completed+j.Counts.Failed >= j.Counts.Total {
 			break
@@ -448,9 +508,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 		} else if now := time.Now(); now.Sub(lastResult) >= s.cfg.CancelQuiet || now.Sub(endStart) >= s.cfg.CancelWait {
 			break
 		}
-		nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		rs, err := r.Next(nctx)
-		cancel()
+		rs, err := s.gather(ctx, r, j.Counts.Total-j.Counts.Completed-j.Counts.Failed)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -460,6 +518,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 		if len(rs) > 0 {
 			lastResult = time.Now()
 			recs := make([]Record, 0, len(rs))
+			us := make([]*lineUsage, 0, len(rs))
 			for _, res := range rs {
 				if res.Result == nil {
 					s.log.Warn("batch: undecodable result dropped", "batch", j.ID, "err", res.Err)
@@ -470,12 +529,14 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 					s.log.Warn("batch: result of another request on the job's route dropped", "batch", j.ID, "id", res.Result.ID)
 					continue
 				}
-				recs = append(recs, recordOf(i, res.Result.Metadata["custom_id"], res.Result))
+				rec, u := recordOf(i, res.Result.Metadata["custom_id"], res.Result)
+				recs, us = append(recs, rec), append(us, u)
 			}
 			counts, err := s.state.Record(ctx, j.ID, recs)
 			if err != nil {
 				return err // not acked: handed out again
 			}
+			tally.recorded(us, counts.Completed+counts.Failed-j.Counts.Completed-j.Counts.Failed)
 			j.Counts = counts
 			if err := r.Ack(ctx, rs...); err != nil {
 				s.log.Warn("batch: ack failed (the results come again and are recorded once)", "batch", j.ID, "err", err)
@@ -500,7 +561,44 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 			ending = StatusCompleted
 		}
 	}
-	return s.finalize(ctx, j, ending)
+	var usage *Usage
+	if tally.exact {
+		usage = &tally.sum
+	}
+	return s.finalize(ctx, j, ending, usage)
+}
+
+// gather reads the next results of a job's route: it waits up to 500ms
+// for a first one; when fewer than ChunkSize (and fewer than left, the
+// lines still without a record) came, it lets RecordWait pass and then
+// takes what arrived meanwhile, up to ChunkSize, so that one state step
+// records many (group commit). It sleeps through the window rather than
+// reading on every publish, which would cost a read per few results.
+func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]submit.Result, error) {
+	nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	rs, err := r.Next(nctx)
+	cancel()
+	if err != nil || len(rs) == 0 || len(rs) >= s.cfg.ChunkSize || int64(len(rs)) >= left {
+		return rs, err
+	}
+	t := time.NewTimer(s.cfg.RecordWait)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return rs, nil // the caller sees ctx end; these are handed out again
+	case <-t.C:
+	}
+	for len(rs) < s.cfg.ChunkSize && int64(len(rs)) < left {
+		// What is there now: a short wait, not another window.
+		tctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+		more, err := r.Next(tctx)
+		cancel()
+		if err != nil || len(more) == 0 {
+			break
+		}
+		rs = append(rs, more...)
+	}
+	return rs, nil
 }
 
 // stop cancels what is left of job j on the queue (once: CancelSent) as it
@@ -526,7 +624,9 @@ func (s *Service) stop(ctx context.Context, j Job, ending string) (Job, error) {
 // finalize answers the lines left without a result, writes the output and
 // error files from the records, and gives the job its final status. It is
 // idempotent (file ids are the job's), so a resumed job finalizes again.
-func (s *Service) finalize(ctx context.Context, j Job, final string) error {
+// usage is the usage of the job's records when the caller summed it (see
+// usageTally), nil to sum it from the records.
+func (s *Service) finalize(ctx context.Context, j Job, final string, usage *Usage) error {
 	if final == StatusCompleted && j.Status != StatusFinalizing {
 		var err error
 		if j, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
@@ -544,15 +644,24 @@ func (s *Service) finalize(ctx context.Context, j Job, final string) error {
 		if err := s.answerMissing(ctx, j, code, msg); err != nil {
 			return err
 		}
+		// The counts the files are written by include those answers.
+		fresh, err := s.state.GetJob(ctx, j.ID)
+		if err != nil {
+			return err
+		}
+		j.Counts = fresh.Counts
 	}
 	outID, errID := "file-"+j.ID+"-output", "file-"+j.ID+"-errors"
-	outN, errN, usage, err := s.writeOutputs(ctx, j, outID, errID)
+	outN, errN, summed, err := s.writeOutputs(ctx, j, outID, errID, usage == nil)
 	if err != nil {
 		return err
 	}
+	if usage == nil {
+		usage = &summed
+	}
 	_, err = s.state.UpdateJob(ctx, j.ID, func(j *Job) error {
 		now := time.Now().Unix()
-		j.Usage = &usage
+		j.Usage = usage
 		if outN > 0 {
 			j.OutputFileID = outID
 		}
@@ -617,16 +726,23 @@ func (s *Service) answerMissing(ctx context.Context, j Job, code, msg string) er
 }
 
 // writeOutputs writes the output and error files of j from its records,
-// streamed, and records them as files; it returns their line counts and
-// the usage of their lines.
-func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) (int, int, Usage, error) {
+// streamed, and records them as files; it returns their line counts and,
+// when sum is set, the usage of their lines. A file the counts say is
+// empty (no completed or no failed line) is not written: its pass over the
+// records is skipped.
+func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string, sum bool) (int, int, Usage, error) {
 	var outN, errN int
 	var usage Usage
 	for _, f := range []struct {
-		id string
-		ok bool
-		n  *int
-	}{{outID, true, &outN}, {errID, false, &errN}} {
+		id    string
+		ok    bool
+		n     *int
+		empty bool
+	}{{outID, true, &outN, j.Counts.Completed == 0}, {errID, false, &errN, j.Counts.Failed == 0}} {
+		if f.empty {
+			_ = s.files.Delete(ctx, f.id) // none to write; none left from an earlier attempt
+			continue
+		}
 		pr, pw := io.Pipe()
 		go func() {
 			bw := newLineWriter(pw)
@@ -635,7 +751,9 @@ func (s *Service) writeOutputs(ctx context.Context, j Job, outID, errID string) 
 					return nil
 				}
 				*f.n++
-				usage.add(r.Line)
+				if sum {
+					usage.add(r.Line)
+				}
 				return bw.line(r.Line)
 			})
 			if err == nil {

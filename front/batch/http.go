@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -78,11 +79,7 @@ type countingReader struct {
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
-	for _, b := range p[:n] {
-		if b == '\n' {
-			c.lines++
-		}
-	}
+	c.lines += bytes.Count(p[:n], []byte{'\n'})
 	if c.n > c.limit {
 		c.over = true
 		return n, fmt.Errorf("file larger than %d bytes", c.limit)

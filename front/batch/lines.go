@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -17,6 +18,44 @@ type inputLine struct {
 	Method   string          `json:"method"`
 	URL      string          `json:"url"`
 	Body     json.RawMessage `json:"body"`
+}
+
+// parseInput reads the members of an input line that enqueueing needs,
+// as decoding it into inputLine would (the body is a copy); the line was
+// validated when the batch was created, so an error means the file
+// changed since.
+func parseInput(b []byte) (inputLine, error) {
+	var l inputLine
+	if !json.Valid(b) {
+		return l, errors.New("input line is not JSON")
+	}
+	bad := false
+	ok := eachMember(b, func(name, v []byte) {
+		var dst *string
+		switch {
+		case nameIs(name, "custom_id"):
+			dst = &l.CustomID
+		case nameIs(name, "method"):
+			dst = &l.Method
+		case nameIs(name, "url"):
+			dst = &l.URL
+		case nameIs(name, "body"):
+			l.Body = append(json.RawMessage(nil), v...)
+			return
+		default:
+			return
+		}
+		if string(v) == "null" {
+			return
+		}
+		s, isString := stringValue(v)
+		bad = bad || !isString
+		*dst = s
+	})
+	if !ok || bad {
+		return l, errors.New("input line is not an object of string members and a body")
+	}
+	return l, nil
 }
 
 // maxLineBytes bounds one input line (the whole file is bounded by
@@ -60,48 +99,108 @@ func (c *checker) fail(line int, code, param, msg string) {
 	}
 }
 
-// check validates one line (number n) and returns it decoded when it is valid.
-func (c *checker) check(n int, b []byte) (inputLine, bool) {
+// check validates one line (number n). It reads the line once, by byte
+// offset (jsonscan.go), with the outcome decoding it into inputLine and
+// its body into a struct of the model would have. A valid line's
+// custom_id and body (a slice of b) come back with ok.
+func (c *checker) check(n int, b []byte) (customID string, body []byte, ok bool) {
 	c.lines++
-	var l inputLine
-	if err := json.Unmarshal(b, &l); err != nil {
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v) // for the syntax error's message
 		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
-		return l, false
+		return "", nil, false
+	}
+	var l struct {
+		CustomID, Method, URL string
+		Body                  []byte // the raw value; nil when absent or null
+	}
+	badType := ""
+	isObject := eachMember(b, func(name, v []byte) {
+		var dst *string
+		switch {
+		case nameIs(name, "custom_id"):
+			dst = &l.CustomID
+		case nameIs(name, "method"):
+			dst = &l.Method
+		case nameIs(name, "url"):
+			dst = &l.URL
+		case nameIs(name, "body"):
+			l.Body = v
+			if string(v) == "null" {
+				l.Body = nil
+			}
+			return
+		default:
+			return
+		}
+		if string(v) == "null" {
+			return // null leaves a string as it was
+		}
+		str, ok := stringValue(v)
+		if !ok && badType == "" {
+			badType = string(name)
+		}
+		*dst = str
+	})
+	switch {
+	case !isObject:
+		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: it is not a JSON object.")
+		return "", nil, false
+	case badType != "":
+		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+badType+" is not a string.")
+		return "", nil, false
+	}
+	var model *string
+	if len(l.Body) > 0 && l.Body[0] == '{' {
+		eachMember(l.Body, func(name, v []byte) {
+			if !nameIs(name, "model") {
+				return
+			}
+			if string(v) == "null" {
+				model = nil
+				return
+			}
+			str, ok := stringValue(v)
+			if !ok {
+				l.Body = nil // a model that is not a string: not a request body
+				return
+			}
+			model = &str
+		})
+	} else {
+		l.Body = nil
 	}
 	switch {
 	case l.CustomID == "":
 		c.fail(n, "missing_required_parameter", "custom_id", "custom_id is missing or empty.")
-		return l, false
+		return "", nil, false
 	case l.Method != "POST":
 		c.fail(n, "invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
-		return l, false
+		return "", nil, false
 	case l.URL != c.endpoint:
 		c.fail(n, "mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, c.endpoint))
-		return l, false
-	}
-	var body struct {
-		Model *string `json:"model"`
-	}
-	if len(l.Body) == 0 || l.Body[0] != '{' || json.Unmarshal(l.Body, &body) != nil {
+		return "", nil, false
+	case l.Body == nil:
 		c.fail(n, "invalid_request", "body", "body must be a JSON object.")
-		return l, false
+		return "", nil, false
 	}
-	if body.Model == nil || *body.Model == "" {
+	if model == nil || *model == "" {
 		c.fail(n, "missing_required_parameter", "body.model", "body.model is missing or empty.")
-		return l, false
+		return "", nil, false
 	}
 	if c.model == "" {
-		c.model = *body.Model
-	} else if *body.Model != c.model {
-		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *body.Model, c.model))
-		return l, false
+		c.model = *model
+	} else if *model != c.model {
+		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *model, c.model))
+		return "", nil, false
 	}
 	if _, dup := c.ids[l.CustomID]; dup {
 		c.fail(n, "duplicate_custom_id", "custom_id", fmt.Sprintf("The custom_id %q appears on an earlier line.", l.CustomID))
-		return l, false
+		return "", nil, false
 	}
 	c.ids[l.CustomID] = struct{}{}
-	return l, true
+	return l.CustomID, l.Body, true
 }
 
 // requestID is the queue request id of line index i of job.
@@ -153,25 +252,76 @@ func errorCode(c wire.ErrorCode) string {
 }
 
 // recordOf turns a result of job into its record; customID is the line's.
-func recordOf(index int, customID string, r *wire.Result) Record {
-	ok := r.OK()
-	l := outputLine{ID: "batch_req_" + r.ID, CustomID: customID}
+// It also returns the usage of the response body (nil when it has none),
+// read by byte offset once the body is known to be JSON: the line is
+// written by hand around the body as it came (trimmed, compacted only
+// when it spans lines), so the body is checked once, not once to check
+// it, once to embed it and once more for the usage when the output files
+// are written.
+// The line holds what json.Marshal of an outputLine would, in the same
+// key order.
+func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
+	b := make([]byte, 0, 96+2*len(r.ID)+len(customID)+len(r.Payload)+len(r.ErrorMessage))
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, "batch_req_"+r.ID)
+	b = append(b, `,"custom_id":`...)
+	b = appendJSONString(b, customID)
+	var usage *lineUsage
+	b = append(b, `,"response":`...)
 	if r.StatusCode != 0 {
-		body := json.RawMessage(r.Payload)
-		if !json.Valid(body) {
-			body, _ = json.Marshal(r.Payload)
+		b = append(b, `{"status_code":`...)
+		b = strconv.AppendInt(b, int64(r.StatusCode), 10)
+		b = append(b, `,"request_id":`...)
+		b = appendJSONString(b, r.ID)
+		b = append(b, `,"body":`...)
+		body := trimSpace([]byte(r.Payload))
+		switch {
+		case len(body) == 0 || !json.Valid(body):
+			b = appendJSONString(b, r.Payload) // not JSON: the body as a string
+		case bytes.ContainsAny(body, "\r\n"):
+			var c bytes.Buffer
+			_ = json.Compact(&c, body) // valid: cannot fail
+			b = append(b, c.Bytes()...)
+			usage = bodyUsageOf(body)
+		default:
+			b = append(b, body...)
+			usage = bodyUsageOf(body)
 		}
-		l.Response = &outputResponse{StatusCode: r.StatusCode, RequestID: r.ID, Body: body}
+		b = append(b, '}')
+	} else {
+		b = append(b, "null"...)
 	}
+	b = append(b, `,"error":`...)
 	if r.ErrorCode != wire.CodeNone {
 		msg := r.ErrorMessage
 		if msg == "" {
 			msg = string(r.ErrorCode)
 		}
-		l.Error = &outputError{Code: errorCode(r.ErrorCode), Message: msg}
+		b = append(b, `{"code":`...)
+		b = appendJSONString(b, errorCode(r.ErrorCode))
+		b = append(b, `,"message":`...)
+		b = appendJSONString(b, msg)
+		b = append(b, '}')
+	} else {
+		b = append(b, "null"...)
 	}
-	b, _ := json.Marshal(l) // cannot fail: strings and valid raw JSON
-	return Record{Index: index, OK: ok, Line: b}
+	b = append(b, '}')
+	return Record{Index: index, OK: r.OK(), Line: b}, usage
+}
+
+// appendJSONString appends s as a JSON string, as json.Marshal writes it
+// (HTML-sensitive characters, U+2028 and U+2029 escaped, invalid UTF-8 as
+// U+FFFD); plain ASCII, the usual case, is copied as it is.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string: cannot fail
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // missingRecord is the error record of a line that got no result before

@@ -43,7 +43,9 @@ type State interface {
 	// line recorded already keeps its first record and is not counted
 	// again. It returns the job's counts after the step.
 	Record(ctx context.Context, id string, recs []Record) (Counts, error)
-	// Records calls fn for every record of job id in line order.
+	// Records calls fn for every record of job id in line order. The
+	// record's Line is valid only until fn returns (a store may lend its
+	// own memory): fn copies what it keeps.
 	Records(ctx context.Context, id string, fn func(Record) error) error
 	// DeleteJob removes job id, its records and its owner.
 	DeleteJob(ctx context.Context, id string) error

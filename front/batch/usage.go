@@ -55,10 +55,17 @@ func (u *Usage) add(line []byte) {
 			} `json:"body"`
 		} `json:"response"`
 	}
-	if json.Unmarshal(line, &l) != nil || l.Response == nil || l.Response.Body.Usage == nil {
+	if json.Unmarshal(line, &l) != nil || l.Response == nil {
 		return
 	}
-	lu := l.Response.Body.Usage
+	u.addUsage(l.Response.Body.Usage)
+}
+
+// addUsage adds the usage of one response body to u (nil adds nothing).
+func (u *Usage) addUsage(lu *lineUsage) {
+	if lu == nil {
+		return
+	}
 	in, out := lu.PromptTokens+lu.InputTokens, lu.CompletionTokens+lu.OutputTokens
 	u.InputTokens += in
 	u.OutputTokens += out
@@ -80,5 +87,30 @@ func (u *Usage) add(line []byte) {
 		if d != nil {
 			u.OutputTokensDetails.ReasoningTokens += d.ReasoningTokens
 		}
+	}
+}
+
+// usageTally sums the usage of the results one replica records while it
+// collects a job, so that finalizing need not read every record back for
+// it. The sum is the job's only while exact: the job had no record when
+// collecting started (not a resumed job) and every Record step added
+// exactly the lines it carried (no line was answered twice). Otherwise
+// finalizing sums the records.
+type usageTally struct {
+	sum   Usage
+	exact bool
+}
+
+// recorded adds the usage of a Record step's lines (us, one per record
+// sent) given how many lines the step added.
+func (t *usageTally) recorded(us []*lineUsage, added int64) {
+	if added != int64(len(us)) {
+		t.exact = false
+	}
+	if !t.exact {
+		return
+	}
+	for _, lu := range us {
+		t.sum.addUsage(lu)
 	}
 }

@@ -26,3 +26,28 @@ func TestUsageAdd(t *testing.T) {
 		t.Errorf("usage = %+v, want %+v", u, want)
 	}
 }
+
+// The tally is the job's usage only while every Record step added all the
+// lines it carried; once one did not (a line answered twice, another
+// replica's records), finalizing sums the records instead.
+func TestUsageTally(t *testing.T) {
+	one := &lineUsage{PromptTokens: 2, CompletionTokens: 1}
+	tl := usageTally{exact: true}
+	tl.recorded([]*lineUsage{one, nil, one}, 3)
+	if !tl.exact || tl.sum.TotalTokens != 6 || tl.sum.InputTokens != 4 {
+		t.Fatalf("after a full step: %+v", tl)
+	}
+	tl.recorded([]*lineUsage{one, one}, 1)
+	if tl.exact {
+		t.Fatalf("a step that added 1 of 2 lines left the tally exact: %+v", tl)
+	}
+	tl.recorded([]*lineUsage{one}, 1)
+	if tl.exact {
+		t.Fatal("the tally became exact again")
+	}
+	resumed := usageTally{exact: false}
+	resumed.recorded([]*lineUsage{one}, 1)
+	if resumed.exact || resumed.sum.TotalTokens != 0 {
+		t.Fatalf("a resumed job's tally: %+v", resumed)
+	}
+}

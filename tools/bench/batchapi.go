@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"time"
 
@@ -39,6 +41,10 @@ func batchAPITargets() []target {
 		reportedOnly("lines_per_s", "the Batch API's rate, upload to downloaded output"),
 		reportedOnly("direct_lines_per_s", "the baseline's rate"),
 		reportedOnly("rss_mb", "peak resident set of the bench process (both sides)"),
+		reportedOnly("cpu_us_per_line", "the bench process's CPU time (user+system, dispatcher and simulator included) per line on the Batch API side"),
+		reportedOnly("direct_cpu_us_per_line", "the same on the baseline side"),
+		reportedOnly("allocs_per_line", "heap allocations per line on the Batch API side (the whole process)"),
+		reportedOnly("direct_allocs_per_line", "the same on the baseline side"),
 	}
 }
 
@@ -66,37 +72,84 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 	}
 	defer stop()
 	input := batchAPIInput(batchAPILines)
-	var api, direct []float64
+	var api, direct, apiCPU, directCPU, apiAllocs, directAllocs []float64
 	failed, baseFailed := 0, 0
 	err = alternate(ctx, o.runs,
 		func(ctx context.Context, _ int) error {
-			secs, bad, err := batchAPIRun(ctx, url, input)
+			c := startCost()
+			var secs float64
+			var out []byte
+			var err error
+			// The label splits a -cpuprofile by side (pprof -tagfocus side=api).
+			pprof.Do(ctx, pprof.Labels("side", "api"), func(ctx context.Context) {
+				secs, out, err = batchAPIRun(ctx, url, input)
+			})
+			if err != nil {
+				return fmt.Errorf("batch api: %w", err)
+			}
+			cpu, allocs := c.perLine(batchAPILines) // the check below is the bench's, not the side's
+			bad, err := batchOutputFailures(out, batchAPILines)
 			if err != nil {
 				return fmt.Errorf("batch api: %w", err)
 			}
 			api, failed = append(api, batchAPILines/secs), failed+bad
+			apiCPU, apiAllocs = append(apiCPU, cpu), append(apiAllocs, allocs)
 			return nil
 		},
 		func(ctx context.Context, _ int) error {
-			secs, bad, err := batchDirectRun(ctx, url, input)
+			c := startCost()
+			var secs float64
+			var bad int
+			var err error
+			pprof.Do(ctx, pprof.Labels("side", "direct"), func(ctx context.Context) {
+				secs, bad, err = batchDirectRun(ctx, url, input)
+			})
 			if err != nil {
 				return fmt.Errorf("direct: %w", err)
 			}
+			cpu, allocs := c.perLine(batchAPILines)
 			direct, baseFailed = append(direct, batchAPILines/secs), baseFailed+bad
+			directCPU, directAllocs = append(directCPU, cpu), append(directAllocs, allocs)
 			return nil
 		})
 	if err != nil {
 		return nil, err
 	}
 	return figures{
-		"lines":              batchAPILines,
-		"failed":             float64(failed),
-		"baseline_failed":    float64(baseFailed),
-		"lines_per_s":        median(api),
-		"direct_lines_per_s": median(direct),
-		"ratio":              medianRatio(api, direct),
-		"rss_mb":             rssMB(),
+		"lines":                  batchAPILines,
+		"failed":                 float64(failed),
+		"baseline_failed":        float64(baseFailed),
+		"lines_per_s":            median(api),
+		"direct_lines_per_s":     median(direct),
+		"ratio":                  medianRatio(api, direct),
+		"rss_mb":                 rssMB(),
+		"cpu_us_per_line":        median(apiCPU),
+		"direct_cpu_us_per_line": median(directCPU),
+		"allocs_per_line":        median(apiAllocs),
+		"direct_allocs_per_line": median(directAllocs),
 	}, nil
+}
+
+// cost is where a side started in the process's CPU time and heap
+// allocations: figures that do not change with the machine's load the way
+// wall-clock rates do (the whole process counts: dispatcher, simulator and
+// the side's own work; a side's deployment is stopped before it returns).
+type cost struct {
+	cpu    float64
+	allocs uint64
+}
+
+func startCost() cost {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return cost{cpu: cpuSeconds(), allocs: ms.Mallocs}
+}
+
+// perLine is the CPU microseconds and allocations per line since c.
+func (c cost) perLine(lines int) (cpuUS, allocs float64) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return (cpuSeconds() - c.cpu) * 1e6 / float64(lines), float64(ms.Mallocs-c.allocs) / float64(lines)
 }
 
 // batchAPIInput is n chat-completion lines of one model.
@@ -144,35 +197,35 @@ func runUntil(ctx context.Context, body func(context.Context) error, fns ...func
 }
 
 // batchAPIRun is one run of the Batch API side: seconds from the upload's
-// start to the output downloaded, and the lines that were not a 200.
-func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+// start to the output downloaded, and the output file.
+func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, out []byte, err error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-batch-")
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	defer os.RemoveAll(dir)
 	mem, a, err := batchDeployment(gatewayURL)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	files, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	state, err := boltstate.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	defer state.Close()
 	prod := submitmem.New(mem, submitmem.Options{})
 	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
 	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, 0, err
+		return 0, nil, err
 	}
 	srv := &http.Server{Handler: svc.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	base := "http://" + ln.Addr().String()
@@ -185,14 +238,11 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 	}
 	err = runUntil(ctx, func(ctx context.Context) error {
 		start := time.Now()
-		out, err := batchAPIJob(ctx, base, input)
+		out, err = batchAPIJob(ctx, base, input)
 		secs = time.Since(start).Seconds()
-		if err == nil {
-			failed, err = batchOutputFailures(out, batchAPILines)
-		}
 		return err
 	}, a.Run, svc.Run, serve)
-	return secs, failed, err
+	return secs, out, err
 }
 
 // batchAPIJob uploads input, creates a batch on it, waits for it to end

@@ -213,15 +213,16 @@ func encodeRecord(r batch.Record) []byte {
 	return b
 }
 
-// decodeRecord reads the record stored under key k; its line is a copy
-// (bolt's memory is the transaction's).
+// decodeRecord reads the record stored under key k; its line is bolt's
+// memory, valid until the transaction ends (Records lends it to fn, as
+// batch.State allows, instead of copying every line of a job).
 func decodeRecord(k, v []byte) (batch.Record, error) {
 	if len(k) != 8 {
 		return batch.Record{}, fmt.Errorf("record key %x: not a line index", k)
 	}
 	idx := int(binary.BigEndian.Uint64(k))
 	if len(v) > 0 && (v[0] == recordOK || v[0] == recordFailed) {
-		return batch.Record{Index: idx, OK: v[0] == recordOK, Line: append([]byte(nil), v[1:]...)}, nil
+		return batch.Record{Index: idx, OK: v[0] == recordOK, Line: v[1:len(v):len(v)]}, nil
 	}
 	var r batch.Record
 	if err := json.Unmarshal(v, &r); err != nil {
@@ -242,6 +243,10 @@ func (s *Store) Record(_ context.Context, id string, recs []batch.Record) (batch
 		if err != nil {
 			return err
 		}
+		// Line indexes come mostly in order, each after the last: full
+		// pages (bbolt's default fills half of each when it splits) write
+		// half as many pages per step.
+		rb.FillPercent = 1.0
 		for _, r := range recs {
 			k := indexKey(r.Index)
 			if rb.Get(k) != nil {

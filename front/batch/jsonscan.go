@@ -1,0 +1,172 @@
+package batch
+
+import (
+	"bytes"
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// This file reads the few members the front needs from a JSON object by
+// byte offset, without reflection: each line of a batch is read once to
+// validate it and once to enqueue it, and each response body once, so the
+// per-line cost of encoding/json's decoder (a validating pass, then a
+// reflective pass that allocates) was most of the front's own work
+// (docs/benchmarks.md, batch-api). Every function here takes JSON that
+// json.Valid accepted; the callers check that first. Member names match
+// as encoding/json matches them to struct fields (case-insensitively),
+// and a name given twice takes the last value, as there.
+
+// skipSpace returns the index of the first non-space byte of b from i.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\r', '\n':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index after the string token starting at b[i].
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return i
+}
+
+// skipValue returns the index after the value starting at b[i].
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	default: // a number, true, false or null
+		for i < len(b) {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				return i
+			}
+			i++
+		}
+		return i
+	}
+}
+
+// eachMember calls fn with the raw name token (quotes included) and raw
+// value of every member of the object b, in order; it reports false when b
+// is not an object (null is one without members, as decoding null into a
+// struct leaves it as it was). b must be valid JSON.
+func eachMember(b []byte, fn func(name, value []byte)) bool {
+	i := skipSpace(b, 0)
+	if string(trimSpace(b)) == "null" {
+		return true
+	}
+	if i >= len(b) || b[i] != '{' {
+		return false
+	}
+	i = skipSpace(b, i+1)
+	for i < len(b) && b[i] == '"' {
+		end := skipString(b, i)
+		name := b[i:end]
+		i = skipSpace(b, end)
+		i = skipSpace(b, i+1) // the colon
+		vend := skipValue(b, i)
+		fn(name, b[i:vend])
+		i = skipSpace(b, vend)
+		if i < len(b) && b[i] == ',' {
+			i = skipSpace(b, i+1)
+		}
+	}
+	return true
+}
+
+// nameIs reports whether the name token matches field as encoding/json
+// matches a member name to a struct field.
+func nameIs(name []byte, field string) bool {
+	raw := name[1 : len(name)-1]
+	if string(raw) == field {
+		return true
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return bytes.EqualFold(raw, []byte(field))
+	}
+	var s string
+	return json.Unmarshal(name, &s) == nil && bytes.EqualFold([]byte(s), []byte(field))
+}
+
+// stringValue reads a string value: ok is false when it is not a string
+// (null gives "" and true, leaving the field as encoding/json leaves it).
+func stringValue(v []byte) (s string, ok bool) {
+	switch {
+	case string(v) == "null":
+		return "", true
+	case len(v) < 2 || v[0] != '"':
+		return "", false
+	}
+	raw := v[1 : len(v)-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw), true
+	}
+	// Escapes or invalid UTF-8 (replaced with U+FFFD): encoding/json's
+	// own reading.
+	return s, json.Unmarshal(v, &s) == nil
+}
+
+// trimSpace drops the JSON whitespace around b.
+func trimSpace(b []byte) []byte {
+	i := skipSpace(b, 0)
+	j := len(b)
+	for j > i {
+		switch b[j-1] {
+		case ' ', '\t', '\r', '\n':
+			j--
+			continue
+		}
+		break
+	}
+	return b[i:j]
+}
+
+// bodyUsageOf returns the usage member of a response body (valid JSON, an
+// object or not), as decoding the body into bodyUsage would: nil when the
+// body is not an object, has no usage or one that does not decode.
+func bodyUsageOf(body []byte) *lineUsage {
+	var lu *lineUsage
+	ok := true
+	if !eachMember(body, func(name, v []byte) {
+		if nameIs(name, "usage") && json.Unmarshal(v, &lu) != nil {
+			ok = false
+		}
+	}) || !ok {
+		return nil
+	}
+	return lu
+}
