@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"unicode/utf8"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // This file reads the few members the front needs from a JSON object by
@@ -16,93 +18,29 @@ import (
 // as encoding/json matches them to struct fields (case-insensitively),
 // and a name given twice takes the last value, as there.
 
-// skipSpace returns the index of the first non-space byte of b from i.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\r', '\n':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index after the string token starting at b[i].
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return i
-}
-
-// skipValue returns the index after the value starting at b[i].
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return i
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	default: // a number, true, false or null
-		for i < len(b) {
-			switch b[i] {
-			case ',', '}', ']', ' ', '\t', '\r', '\n':
-				return i
-			}
-			i++
-		}
-		return i
-	}
-}
-
 // eachMember calls fn with the raw name token (quotes included) and raw
 // value of every member of the object b, in order; it reports false when b
 // is not an object (null is one without members, as decoding null into a
 // struct leaves it as it was). b must be valid JSON.
 func eachMember(b []byte, fn func(name, value []byte)) bool {
-	i := skipSpace(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	if string(trimSpace(b)) == "null" {
 		return true
 	}
 	if i >= len(b) || b[i] != '{' {
 		return false
 	}
-	i = skipSpace(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	for i < len(b) && b[i] == '"' {
-		end := skipString(b, i)
+		end := jsonscan.SkipString(b, i)
 		name := b[i:end]
-		i = skipSpace(b, end)
-		i = skipSpace(b, i+1) // the colon
-		vend := skipValue(b, i)
+		i = jsonscan.SkipSpace(b, end)
+		i = jsonscan.SkipSpace(b, i+1) // the colon
+		vend := jsonscan.SkipValue(b, i)
 		fn(name, b[i:vend])
-		i = skipSpace(b, vend)
+		i = jsonscan.SkipSpace(b, vend)
 		if i < len(b) && b[i] == ',' {
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		}
 	}
 	return true
@@ -142,7 +80,7 @@ func stringValue(v []byte) (s string, ok bool) {
 
 // trimSpace drops the JSON whitespace around b.
 func trimSpace(b []byte) []byte {
-	i := skipSpace(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	j := len(b)
 	for j > i {
 		switch b[j-1] {

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // The canned answer and its size in tokens.
@@ -272,85 +274,32 @@ func appendCompletion(b []byte, chat bool, n uint64, created int64, model []byte
 // literal (quotes and escapes included) of its top-level "model" member, or
 // nil when there is none or it is not a string. It does not allocate.
 func scanModel(body []byte) (model []byte, ok bool) {
-	i := skipSpace(body, 0)
+	i := jsonscan.SkipSpace(body, 0)
 	if i == len(body) || body[i] != '{' || !json.Valid(body) {
 		return nil, false
 	}
 	// body is now known to be one valid JSON object: scan its members.
-	i = skipSpace(body, i+1)
+	i = jsonscan.SkipSpace(body, i+1)
 	for body[i] != '}' {
 		keyStart := i
-		i = skipString(body, i)
+		i = jsonscan.SkipString(body, i)
 		key := body[keyStart:i]
-		i = skipSpace(body, i)   // at ':'
-		i = skipSpace(body, i+1) // at the value
+		i = jsonscan.SkipSpace(body, i)   // at ':'
+		i = jsonscan.SkipSpace(body, i+1) // at the value
 		valStart := i
-		i = skipValue(body, i)
+		i = jsonscan.SkipValue(body, i)
 		if string(key) == `"model"` {
 			model = nil
 			if body[valStart] == '"' {
 				model = body[valStart:i]
 			}
 		}
-		i = skipSpace(body, i)
+		i = jsonscan.SkipSpace(body, i)
 		if body[i] == ',' {
-			i = skipSpace(body, i+1)
+			i = jsonscan.SkipSpace(body, i+1)
 		}
 	}
 	return model, true
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the valid string literal at b[i].
-func skipString(b []byte, i int) int {
-	for i++; ; i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-}
-
-// skipValue returns the index after the valid JSON value at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-	default: // number, true, false, null
-		for i < len(b) {
-			switch b[i] {
-			case ',', '}', ']', ' ', '\t', '\n', '\r':
-				return i
-			}
-			i++
-		}
-		return i
-	}
 }
 
 // appendJSONString appends s as a JSON string literal.
