@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -217,6 +218,13 @@ func TestValidateComponentSettings(t *testing.T) {
 			"openai_api: needs a transport with a producer and per-request result routes (memory, redis-sortedset, redis-stream), not redis-pubsub"},
 		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
 			"batch_api.state.store: redis needs redis_url"},
+		{"batch_api redis state on a transport url", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.State.Store, c.Transport = true, "redis", "redis-sortedset"
+			c.TransportConfig.Options = json.RawMessage(`{"url":"redis://127.0.0.1:6379/0"}`)
+		}, ""},
+		{"batch_api redis state prefix with a brace", func(c *Config) {
+			c.BatchAPI.Enabled, c.BatchAPI.State.Store, c.BatchAPI.State.Prefix, c.RedisURL = true, "redis", "s{x}:", "redis://127.0.0.1:6379/0"
+		}, "batch_api.state.prefix: \"s{x}:\": must not contain '{' or '}'"},
 		{"batch_api listen", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Listen = true, "8090" }, `batch_api.listen: "8090" is not host:port`},
 		{"batch_api window", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.CompletionWindows = true, []string{"1d"} },
 			`batch_api.completion_windows: "1d" is not a positive duration`},
