@@ -167,3 +167,41 @@ func TestLeaseQueueCrossSlot(t *testing.T) {
 		t.Fatalf("%v: results %v claims %v", err, q.Results(), q.Claims())
 	}
 }
+
+// TestLeaseQueueClockJumps: a forward jump past the lease expires it and
+// makes a delayed retry due; a backward jump before a reclaim makes the
+// lease live again and the retry wait again; a reclaimed claim stays gone.
+func TestLeaseQueueClockJumps(t *testing.T) {
+	q := NewLeaseQueue(3)
+	q.Enqueue("a", 1)
+	q.Enqueue("b", 2)
+	q.Claim(2)
+	_ = q.Bind("a", "t1")
+	_ = q.Bind("b", "t2")
+	if q.Requeue("b", "t2", false) != RequeueDone || q.DelayedIDs()["b"] {
+		t.Fatal("the retry of b must wait a lease's length")
+	}
+	q.Jump(q.LeaseTTL + 300)
+	if q.Claims()["a"].Live || !q.DelayedIDs()["b"] {
+		t.Fatalf("after a forward jump past the lease: claims %v, delayed %v", q.Claims(), q.DelayedIDs())
+	}
+	q.Jump(-600)
+	if !q.Claims()["a"].Live || q.DelayedIDs()["b"] {
+		t.Fatalf("after a backward jump: claims %v, delayed %v", q.Claims(), q.DelayedIDs())
+	}
+	if q.Reclaim() != 0 {
+		t.Fatal("a lease live again was reclaimed")
+	}
+	q.Jump(600)
+	if q.Reclaim() != 1 || q.Settle("a", "t1") {
+		t.Fatal("the expired claim must be reclaimed and its stale holder write nothing")
+	}
+	q.Jump(-900)
+	if _, ok := q.Claims()["a"]; ok || q.Check() != nil {
+		t.Fatalf("a backward jump brought a reclaimed claim back: %v, %v", q.Claims(), q.Check())
+	}
+	q.MakeDue("b")
+	if !q.DelayedIDs()["b"] {
+		t.Fatal("MakeDue must hold through backward jumps")
+	}
+}
