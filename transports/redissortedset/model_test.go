@@ -66,10 +66,11 @@ func modelChecks(t *testing.T, n int) {
 // again on the same port and data: an append-only file fsynced on every
 // write, what a deployment that relies on Redis' durability runs.
 type modelRedis struct {
-	t    *testing.T
-	r    *testenv.Redis
-	c    *testenv.RedisCluster
-	port int
+	t     *testing.T
+	r     *testenv.Redis
+	c     *testenv.RedisCluster
+	port  int
+	clock *testenv.FakeClock // steps the server's wall clock (the clock-jump steps)
 }
 
 func (m *modelRedis) url() string {
@@ -92,7 +93,7 @@ func (m *modelRedis) restart() error {
 	}
 	dir := m.r.Dir()
 	m.r.Stop()
-	r, err := testenv.StartRedisProcess(testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port})
+	r, err := testenv.StartRedisProcess(testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port, Env: m.clock.Env()})
 	if err != nil {
 		return err
 	}
@@ -103,7 +104,9 @@ func (m *modelRedis) restart() error {
 
 func startModelRedis(t *testing.T) *modelRedis {
 	port := testenv.FreePort(t)
-	return &modelRedis{t: t, port: port, r: testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port})}
+	clk := testenv.NewFakeClock(t)
+	return &modelRedis{t: t, port: port, clock: clk,
+		r: testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port, Env: clk.Env()})}
 }
 
 // startModelCluster starts a Redis Cluster of one master (every slot on
@@ -111,7 +114,8 @@ func startModelRedis(t *testing.T) *modelRedis {
 // list in another slot than the claims there, so results take the
 // cross-slot settle (three script calls).
 func startModelCluster(t *testing.T) *modelRedis {
-	return &modelRedis{t: t, c: testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 1, NoReplicas: true, Persist: true})}
+	clk := testenv.NewFakeClock(t)
+	return &modelRedis{t: t, clock: clk, c: testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 1, NoReplicas: true, Persist: true, Env: clk.Env()})}
 }
 
 func TestModelSortedSet(t *testing.T) {
@@ -153,6 +157,8 @@ func runSSModel(t *testing.T, rd *modelRedis) {
 			"close":        m.closeReplica,
 			"restart":      m.restart,
 			"redisRestart": m.redisRestart,
+			"clockForward": m.clockForward,
+			"clockBack":    m.clockBack,
 			"":             m.check,
 		}
 		if m.cross {
@@ -205,6 +211,9 @@ type pausedSettle struct {
 func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssMachine {
 	m := &ssMachine{rd: rd, cross: rd.c != nil, ctx: context.Background(), env: envelope, model: model.NewLeaseQueue(2),
 		base: time.Now().Add(time.Hour).Truncate(time.Second)}
+	if err := rd.clock.Set(0); err != nil { // the model's clock starts at 0
+		rt.Fatal(err)
+	}
 	m.q = transport.Queue{Name: queue, ResultName: queue + ":results"}
 	m.k = keys.Names{}.Queue(queue)
 	mode := ""
@@ -725,6 +734,48 @@ func (m *ssMachine) redisRestart(rt *rapid.T) {
 	}
 }
 
+// Clock jumps: the model's clock is in seconds, Redis' wall clock is
+// stepped by the same amount (testenv.FakeClock), and the replicas' clocks
+// do not move. Jumps are whole multiples of five minutes and the offset
+// stays within [-10 min, +15 min] of the real clock, so a run (seconds
+// long) never sits near a lease's or delay's edge, the leases (ten
+// minutes) are the only thing a jump passes, and the cross-slot dedupe
+// window (half an hour) is never passed.
+const (
+	jumpUnit     = 300 // s
+	jumpForward  = 3 * jumpUnit
+	jumpMaxAhead = 3 * jumpUnit
+	jumpMaxBack  = 2 * jumpUnit
+)
+
+func (m *ssMachine) jump(rt *rapid.T, d int64) {
+	if err := m.rd.clock.Set(time.Duration(m.model.Now()+d) * time.Second); err != nil {
+		rt.Fatal(err)
+	}
+	m.model.Jump(d)
+}
+
+// clockForward steps Redis' clock forward by more than the lease: every
+// lease not renewed since expires, the retries waiting a lease's length
+// fall due.
+func (m *ssMachine) clockForward(rt *rapid.T) {
+	if m.model.Now()+jumpForward > jumpMaxAhead {
+		rt.Skip("Redis' clock is ahead already")
+	}
+	m.jump(rt, jumpForward)
+}
+
+// clockBack steps Redis' clock back by five or ten minutes (drawn): the
+// leases it passes are live again unless they were reclaimed, the retries
+// due at once wait again.
+func (m *ssMachine) clockBack(rt *rapid.T) {
+	n := rapid.IntRange(1, 2).Draw(rt, "jumpBackUnits")
+	if m.model.Now()-int64(n*jumpUnit) < -jumpMaxBack {
+		rt.Skip("Redis' clock is behind enough")
+	}
+	m.jump(rt, -int64(n*jumpUnit))
+}
+
 // check compares Redis with the model.
 func (m *ssMachine) check(rt *rapid.T) {
 	if err := m.model.Check(); err != nil {
@@ -882,7 +933,7 @@ func (m *ssMachine) drain(rt *rapid.T) {
 			if err := m.admin.ZAddXX(m.ctx, m.k.ClaimsIdx, redis.Z{Score: 0, Member: ck}).Err(); err != nil {
 				rt.Fatal(err)
 			}
-			m.model.Expire(id)
+			m.model.ExpireForGood(id)
 		}
 		rss.Reclaim(r.tp, m.q.Name)
 		m.model.Reclaim()
