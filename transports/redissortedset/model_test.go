@@ -137,9 +137,11 @@ func TestModelSortedSetCrossSlot(t *testing.T) {
 func runSSModel(t *testing.T, rd *modelRedis) {
 	var run atomic.Int64
 	rapid.Check(t, func(rt *rapid.T) {
-		// The producer's envelope form needs a single Redis (upstream's
-		// per-request keys are in other slots): on the cluster, flat only.
-		envelope := rd.c == nil && rapid.Bool().Draw(rt, "envelope")
+		// Envelopes: on one Redis sluice's producer writes them; on the
+		// cluster, where sluice's producer refuses them (upstream's
+		// per-request keys are in other slots), upstream's own producer
+		// does, as it writes them there (upProducer, mode cluster).
+		envelope := rapid.Bool().Draw(rt, "envelope")
 		m := newSSMachine(rt, rd, fmt.Sprintf("mq%d", run.Add(1)), envelope)
 		defer m.close()
 		steps := map[string]func(*rapid.T){
@@ -181,6 +183,8 @@ type ssMachine struct {
 	k     keys.Queue
 	env   bool
 	prod  *producer.Producer
+	up    *upProducer // upstream's producer (the cluster's envelope runs), else nil
+	idp   string      // request id prefix (upstream's per-request keys are global)
 	admin *redis.Client
 	model *model.LeaseQueue
 	reps  [modelReplicas]*ssReplica
@@ -232,6 +236,11 @@ func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssM
 		mode = "cluster"
 	}
 	m.admin = redis.NewClient(&redis.Options{Addr: rd.addr()})
+	if m.cross && envelope {
+		m.up = &upProducer{c: m.admin, queue: m.q.Name, results: m.q.ResultName, cluster: true}
+		m.idp = queue + "."
+		envelope = false
+	}
 	p, err := producer.Dial(rd.url(), producer.Config{TopologyOptions: rss.TopologyOptions{Mode: mode}, Envelope: envelope, ResultQueueName: m.q.ResultName})
 	if err != nil {
 		rt.Fatal(err)
@@ -347,11 +356,19 @@ func (m *ssMachine) enqueue(rt *rapid.T) {
 	reqs := make([]*wire.Request, n)
 	for i := range reqs {
 		m.ids++
-		id := "r" + strconv.Itoa(m.ids)
+		id := m.idp + "r" + strconv.Itoa(m.ids)
 		dl := m.base.Add(time.Duration(rapid.IntRange(0, 2).Draw(rt, "deadline")) * time.Second)
 		reqs[i] = &wire.Request{ID: id, Deadline: dl, Created: time.Now(), Payload: json.RawMessage(`{"prompt":"hi"}`)}
 	}
-	if err := m.prod.EnqueueMany(m.ctx, m.q.Name, reqs); err != nil {
+	if m.up != nil {
+		// Upstream's producer, one request at a time: its score is
+		// deadline + enqueue_seq/2^21, the sequence per (queue, deadline).
+		for _, r := range reqs {
+			if _, err := m.up.submitErr(m.ctx, r.ID, r.Deadline.Unix(), string(r.Payload)); err != nil {
+				rt.Fatal(err)
+			}
+		}
+	} else if err := m.prod.EnqueueMany(m.ctx, m.q.Name, reqs); err != nil {
 		rt.Fatal(err)
 	}
 	for _, r := range reqs {
