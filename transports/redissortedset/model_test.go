@@ -44,22 +44,29 @@ import (
 // expiry in <q>:claims-idx into the past by Redis' clock, which is what a
 // holder that misses its heartbeats for a lease's length leads to.
 
-// modelChecks bounds the number of rapid checks of a model test in `make
-// test` unless -rapid.checks was given (make verify runs thousands).
+// modelChecks bounds the number of rapid checks of the model tests in
+// `make test` unless -rapid.checks was given (make verify runs thousands).
+// The bound is set once and kept (only the model tests of this package use
+// rapid), so that the two model tests can run side by side: each waits on
+// its own servers most of the time.
 func modelChecks(t *testing.T, n int) {
 	t.Helper()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
-	if given {
-		return
+	modelChecksOnce.Do(func() {
+		given := false
+		flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
+		if !given {
+			modelChecksErr = flag.Lookup("rapid.checks").Value.Set(strconv.Itoa(n))
+		}
+	})
+	if modelChecksErr != nil {
+		t.Fatal(modelChecksErr)
 	}
-	f := flag.Lookup("rapid.checks")
-	old := f.Value.String()
-	if err := f.Value.Set(strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Value.Set(old) })
 }
+
+var (
+	modelChecksOnce sync.Once
+	modelChecksErr  error
+)
 
 // modelRedis is the test's redis-server (or a Redis Cluster of one master,
 // for the cross-slot settle); restart kills it (kill -9) and starts it
@@ -120,6 +127,7 @@ func startModelCluster(t *testing.T) *modelRedis {
 
 func TestModelSortedSet(t *testing.T) {
 	modelChecks(t, 12)
+	t.Parallel()
 	runSSModel(t, startModelRedis(t))
 }
 
@@ -131,6 +139,7 @@ func TestModelSortedSet(t *testing.T) {
 // finishes its settle, then resumed).
 func TestModelSortedSetCrossSlot(t *testing.T) {
 	modelChecks(t, 12)
+	t.Parallel()
 	runSSModel(t, startModelCluster(t))
 }
 
