@@ -205,3 +205,32 @@ func TestLeaseQueueClockJumps(t *testing.T) {
 		t.Fatal("MakeDue must hold through backward jumps")
 	}
 }
+
+// TestPendingEntriesClockJumps: an entry goes idle when Redis' clock passes
+// claim_idle_ms after its delivery, live again when it steps back; a Redis
+// restart after a backward jump restarts the idle time of the entries
+// delivered in the future of the new clock.
+func TestPendingEntriesClockJumps(t *testing.T) {
+	p := NewPendingEntries()
+	p.Add("a")
+	if err := p.Deliver("c1", "a", "e1"); err != nil {
+		t.Fatal(err)
+	}
+	p.Jump(p.IdleTTL)
+	if !p.PendingOf()["a"].Idle {
+		t.Fatal("an entry delivered claim_idle_ms ago must be idle")
+	}
+	p.Jump(-300)
+	if p.PendingOf()["a"].Idle || p.Deliver("c2", "a", "e1") == nil {
+		t.Fatal("after a backward jump the entry is live and cannot be taken over")
+	}
+	p.Jump(-600) // 300 s before its delivery
+	p.Restart()
+	p.Jump(p.IdleTTL)
+	if !p.PendingOf()["a"].Idle {
+		t.Fatal("after a restart the idle time counts from the restart")
+	}
+	if err := p.Deliver("c2", "a", "e1"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -62,14 +62,18 @@ func TestModelStream(t *testing.T) {
 	modelChecks(t, 12)
 	port := testenv.FreePort(t)
 	dir := t.TempDir()
-	rd := testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port})
+	clk := testenv.NewFakeClock(t) // Redis' wall clock, stepped by the clock-jump steps
+	rd := testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port, Env: clk.Env()})
 	restart := func() {
 		rd.Stop()
-		rd = testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port})
+		rd = testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port, Env: clk.Env()})
 	}
 	var run atomic.Int64
 	rapid.Check(t, func(rt *rapid.T) {
-		m := &stMachine{ctx: context.Background(), url: rd.URL, restartRedis: restart, model: model.NewPendingEntries()}
+		if err := clk.Set(0); err != nil { // the model's clock starts at 0
+			rt.Fatal(err)
+		}
+		m := &stMachine{ctx: context.Background(), url: rd.URL, restartRedis: restart, model: model.NewPendingEntries(), clock: clk}
 		m.q = transport.Queue{Name: fmt.Sprintf("ms%d", run.Add(1))}
 		m.results = m.q.Name + ":results"
 		m.admin = redis.NewClient(&redis.Options{Addr: rd.Addr})
@@ -89,6 +93,8 @@ func TestModelStream(t *testing.T) {
 			"close":        m.closeConsumer,
 			"restart":      m.restart,
 			"redisRestart": m.redisRestart,
+			"clockForward": m.clockForward,
+			"clockBack":    m.clockBack,
 			"":             m.check,
 		})
 		m.drain(rt)
@@ -96,6 +102,7 @@ func TestModelStream(t *testing.T) {
 }
 
 type stMachine struct {
+	clock        *testenv.FakeClock
 	ctx          context.Context
 	url          string
 	restartRedis func()
@@ -254,7 +261,12 @@ func (m *stMachine) claimN(rt *rapid.T, c *stConsumer, n int) {
 			}
 			continue
 		}
-		m.model.Heartbeat(c.name, map[string]string{e: id})
+		if model[id].Idle {
+			// Idle in the model, live in Redis: XAUTOCLAIM reset its
+			// delivery time. (One live in both was not touched: its
+			// delivery time stays, which a later clock jump shows.)
+			m.model.Heartbeat(c.name, map[string]string{e: id})
+		}
 	}
 }
 
@@ -406,6 +418,41 @@ func (m *stMachine) redisRestart(rt *rapid.T) {
 		rt.Skip("Redis restarts are slow: one draw in eight")
 	}
 	m.restartRedis()
+	m.model.Restart()
+}
+
+// Clock jumps of Redis' wall clock, as in the sorted-set test: whole
+// multiples of five minutes, the offset within [-10 min, +15 min]. A
+// pending entry's idle time is Redis' clock minus its delivery time, so a
+// forward jump past claim_idle_ms makes every entry idle (another consumer
+// may take it over) and a backward one makes those it passes live again.
+const (
+	jumpUnit     = 300 // s
+	jumpForward  = 3 * jumpUnit
+	jumpMaxAhead = 3 * jumpUnit
+	jumpMaxBack  = 2 * jumpUnit
+)
+
+func (m *stMachine) jump(rt *rapid.T, d int64) {
+	if err := m.clock.Set(time.Duration(m.model.Now()+d) * time.Second); err != nil {
+		rt.Fatal(err)
+	}
+	m.model.Jump(d)
+}
+
+func (m *stMachine) clockForward(rt *rapid.T) {
+	if m.model.Now()+jumpForward > jumpMaxAhead {
+		rt.Skip("Redis' clock is ahead already")
+	}
+	m.jump(rt, jumpForward)
+}
+
+func (m *stMachine) clockBack(rt *rapid.T) {
+	n := rapid.IntRange(1, 2).Draw(rt, "jumpBackUnits")
+	if m.model.Now()-int64(n*jumpUnit) < -jumpMaxBack {
+		rt.Skip("Redis' clock is behind enough")
+	}
+	m.jump(rt, -int64(n*jumpUnit))
 }
 
 // pendingNow reads the group's pending entries: entry id -> consumer and idleness.
@@ -463,7 +510,7 @@ func (m *stMachine) check(rt *rapid.T) {
 	}
 	for e, p := range pend {
 		id := m.entryRequest(rt, e)
-		if w, ok := want[id]; !ok || w != p {
+		if w, ok := want[id]; !ok || w.Entry != p.Entry || w.Consumer != p.Consumer || w.Idle != p.Idle {
 			rt.Fatalf("request %s pending in Redis as %+v, in the model %+v", id, p, w)
 		}
 	}
