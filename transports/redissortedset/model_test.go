@@ -34,7 +34,8 @@ import (
 // real redis-server — claim, heartbeat, settle, hand-back, a lease running
 // out, reclaim, a crash (a replica's state dropped with nothing handed back),
 // a crash between the calls of one settle, a graceful close, a restart, a
-// restart of Redis (kill -9, append-only file fsynced on every write) — and
+// restart of Redis (kill -9, append-only file fsynced on every write), a
+// jump of Redis' own wall clock forward past the lease or back — and
 // compares Redis with internal/model's LeaseQueue after every step. At the
 // end every request must have exactly one result. Failing runs shrink to a
 // minimal sequence that rapid keeps under testdata/rapid and replays first.

@@ -28,7 +28,8 @@ import (
 // (the fenced result script), hand-back, an entry going idle, a crash (a
 // consumer's state dropped, nothing handed back), a graceful close, a
 // restart (a new consumer), a restart of Redis (kill -9, append-only file
-// fsynced on every write) — and checks every move against internal/model's
+// fsynced on every write), a jump of Redis' wall clock forward past
+// claim_idle_ms or back — and checks every move against internal/model's
 // PendingEntries and compares Redis with it after every step. At the end
 // every request must have exactly one result.
 //
