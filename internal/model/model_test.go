@@ -230,6 +230,13 @@ func TestPendingEntriesClockJumps(t *testing.T) {
 	if !p.PendingOf()["a"].Idle {
 		t.Fatal("after a restart the idle time counts from the restart")
 	}
+	// 300 s after the written delivery time (0): a second restart gives
+	// it back, since the first one's clamp was never written.
+	p.Restart()
+	if got := p.PendingOf()["a"]; got.Idle || got.At != 0 {
+		t.Fatalf("after a second restart: %+v, want the written delivery time 0, not idle", got)
+	}
+	p.Jump(p.IdleTTL)
 	if err := p.Deliver("c2", "a", "e1"); err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,7 @@ type Pending struct {
 	Entry, Consumer string
 	Idle            bool  // in PendingOf's snapshots; the model keeps At
 	At              int64 // the delivery (or last heartbeat) on the model's clock
+	logged          int64 // the delivery time the append-only file holds (see Restart)
 }
 
 // NewPendingEntries returns an empty stream and group, claim_idle_ms ten
@@ -66,15 +67,20 @@ func (p *PendingEntries) Jump(d int64) { p.now += d }
 // Now is Redis' clock on the model's time line (0 at the start).
 func (p *PendingEntries) Now() int64 { return p.now }
 
-// Restart is a restart of Redis on its append-only file: the file
-// replays each delivery as an XCLAIM with its delivery time, and XCLAIM
-// takes a delivery time in the future as now, so after a backward jump
-// the entries delivered before it restart their idle time at the restart.
+// Restart is a restart of Redis on its append-only file (never
+// rewritten): the file replays each delivery as an XCLAIM with the
+// delivery time it had when it was written, and XCLAIM takes a delivery
+// time in the future as now. So after a backward jump the entries
+// delivered before it restart their idle time at the restart, and a later
+// restart, once the clock passed their written delivery time again, gives
+// them that one back (the clamp was never written).
 func (p *PendingEntries) Restart() {
 	for _, pe := range p.pending {
-		pe.At = min(pe.At, p.now)
+		pe.At = min(pe.logged, p.now)
 	}
 }
+
+func (pe *Pending) set(at int64) { pe.At, pe.logged = at, at }
 
 // Add appends request id to the stream.
 func (p *PendingEntries) Add(id string) {
@@ -96,14 +102,15 @@ func (p *PendingEntries) Deliver(consumer, id, entry string) error {
 		case !p.idle(pe):
 			return fmt.Errorf("%s took %s (entry %s) over from %s, whose entry was live", consumer, id, entry, pe.Consumer)
 		}
-		pe.Consumer, pe.At = consumer, p.now
+		pe.Consumer = consumer
+		pe.set(p.now)
 		return nil
 	}
 	if len(p.unread) == 0 || p.unread[0] != id {
 		return fmt.Errorf("%s read %s as a new entry; the next unread is %v", consumer, id, p.unread)
 	}
 	p.unread = p.unread[1:]
-	p.pending[id] = &Pending{Entry: entry, Consumer: consumer, At: p.now}
+	p.pending[id] = &Pending{Entry: entry, Consumer: consumer, At: p.now, logged: p.now}
 	return nil
 }
 
@@ -118,7 +125,7 @@ func (p *PendingEntries) owns(consumer, id, entry string) bool {
 func (p *PendingEntries) Heartbeat(consumer string, held map[string]string) {
 	for entry, id := range held {
 		if p.owns(consumer, id, entry) {
-			p.pending[id].At = p.now
+			p.pending[id].set(p.now)
 		}
 	}
 }
@@ -129,7 +136,7 @@ func (p *PendingEntries) Heartbeat(consumer string, held map[string]string) {
 func (p *PendingEntries) Expire(id string) bool {
 	pe, ok := p.pending[id]
 	if ok {
-		pe.At = p.now - 3600
+		pe.set(p.now - 3600)
 	}
 	return ok
 }
@@ -164,7 +171,7 @@ func (p *PendingEntries) PendingOf() map[string]Pending {
 	out := make(map[string]Pending, len(p.pending))
 	for id, pe := range p.pending {
 		c := *pe
-		c.Idle = p.idle(pe)
+		c.Idle, c.logged = p.idle(pe), 0
 		out[id] = c
 	}
 	return out
