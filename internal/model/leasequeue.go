@@ -18,6 +18,14 @@ import (
 // at its old place once due, and a claim of a request delivered more than
 // MaxDeliveries times answers it with an error result.
 //
+// Time is Redis' clock, in whole seconds of the model's own: it moves only
+// by Jump (the server's wall clock stepped forward or back). A lease expires
+// LeaseTTL after the claim, heartbeat or prepare that last set it, and is
+// live while its expiry is after now; a retry is due once its due time is
+// not after now. So a forward jump past a lease's expiry expires it, and a
+// backward one makes an expired lease (not yet reclaimed) live again and
+// a due retry not due.
+//
 // The cross-slot settle (a result list in another hash slot than the
 // claims, transports/redissortedset/xslot.go) is three steps: Prepare (the
 // fenced settling record beside the claim; the lease renewed), Push (the
@@ -41,7 +49,10 @@ import (
 type LeaseQueue struct {
 	// MaxDeliveries is the transport's max_deliveries.
 	MaxDeliveries int
+	// LeaseTTL is the lease length in the model's seconds (lease_ms/1000).
+	LeaseTTL int64
 
+	now        int64 // Redis' clock, moved by Jump
 	seq        int64
 	waiting    map[string]Order
 	delayed    map[string]*Delayed
@@ -67,27 +78,33 @@ func (o Order) Less(p Order) bool {
 }
 
 // Claim is a request in flight: its owner token and whether its lease is
-// live (not expired).
+// live (its expiry after now).
 type Claim struct {
 	Token string
-	Live  bool
+	Live  bool // in Claims' snapshots; the model keeps expiry
+	// Expiry is the lease's expiry on the model's clock.
+	Expiry int64
 	// Settling is set by Prepare (a cross-slot settle under way), Pushed
 	// once its result is in the result list.
 	Settling, Pushed bool
 	order            Order
 }
 
-// Delayed is a requeued request waiting in the delay set: Due once its
-// delay ran out (by Redis' clock), when the next claim moves it back to the
-// queue at its place.
+// Delayed is a requeued request waiting in the delay set: due once its
+// delay ran out (At not after now, by Redis' clock), when the next claim
+// moves it back to the queue at its place.
 type Delayed struct {
-	Due   bool
+	At    int64 // the due time on the model's clock
 	order Order
 }
 
-// NewLeaseQueue returns an empty queue.
+// never is a time no backward jump reaches: a lease or delay set to it
+// stays expired or due.
+const never = -1 << 60
+
+// NewLeaseQueue returns an empty queue with leases of ten minutes.
 func NewLeaseQueue(maxDeliveries int) *LeaseQueue {
-	return &LeaseQueue{MaxDeliveries: maxDeliveries, waiting: map[string]Order{}, delayed: map[string]*Delayed{}, claims: map[string]*Claim{},
+	return &LeaseQueue{MaxDeliveries: maxDeliveries, LeaseTTL: 600, waiting: map[string]Order{}, delayed: map[string]*Delayed{}, claims: map[string]*Claim{},
 		deliveries: map[string]int{}, results: map[string]int{}, tokens: map[string]bool{}}
 }
 
@@ -131,7 +148,7 @@ type Claimed struct {
 // be bound to their owner tokens with Bind.
 func (q *LeaseQueue) Claim(n int) []Claimed {
 	for id, d := range q.delayed {
-		if d.Due {
+		if d.At <= q.now {
 			delete(q.delayed, id)
 			q.waiting[id] = d.order
 		}
@@ -149,7 +166,7 @@ func (q *LeaseQueue) Claim(n int) []Claimed {
 			out = append(out, Claimed{ID: id, GaveUp: true})
 			continue
 		}
-		q.claims[id] = &Claim{Live: true, order: o}
+		q.claims[id] = &Claim{Expiry: q.now + q.LeaseTTL, order: o}
 		out = append(out, Claimed{ID: id})
 	}
 	return out
@@ -184,7 +201,7 @@ func (q *LeaseQueue) owns(id, token string) bool {
 func (q *LeaseQueue) Heartbeat(held map[string]string) (lost int) {
 	for token, id := range held {
 		if q.owns(id, token) {
-			q.claims[id].Live = true
+			q.claims[id].Expiry = q.now + q.LeaseTTL
 		} else {
 			lost++
 		}
@@ -193,15 +210,35 @@ func (q *LeaseQueue) Heartbeat(held map[string]string) (lost int) {
 }
 
 // Expire lets the lease of id's claim run out (its owner missed its
-// heartbeats for a lease's length: paused, partitioned, or its clock
-// jumped). It reports whether id was claimed.
+// heartbeats for a lease's length: paused or partitioned): its expiry is
+// set to a second before now. It reports whether id was claimed.
 func (q *LeaseQueue) Expire(id string) bool {
 	c, ok := q.claims[id]
 	if ok {
-		c.Live = false
+		c.Expiry = q.now - 1
 	}
 	return ok
 }
+
+// ExpireForGood sets the lease of id's claim so far into the past that no
+// backward jump makes it live again (the end of a run).
+func (q *LeaseQueue) ExpireForGood(id string) bool {
+	c, ok := q.claims[id]
+	if ok {
+		c.Expiry = never
+	}
+	return ok
+}
+
+// Jump steps Redis' clock by d seconds (forward when positive): the
+// leases and delays it passes expire or fall due, and a backward step
+// makes those it passes back live or not due.
+func (q *LeaseQueue) Jump(d int64) { q.now += d }
+
+// Now is Redis' clock on the model's time line (0 at the start).
+func (q *LeaseQueue) Now() int64 { return q.now }
+
+func (c *Claim) live(now int64) bool { return c.Expiry > now }
 
 // Reclaim returns every expired claim to the queue at its place; the
 // delivery counts. An expired claim with a settle under way is finished
@@ -210,14 +247,15 @@ func (q *LeaseQueue) Expire(id string) bool {
 func (q *LeaseQueue) Reclaim() int {
 	n := 0
 	for id, c := range q.claims {
-		if !c.Live && c.Settling {
+		live := c.live(q.now)
+		if !live && c.Settling {
 			if !c.Pushed {
 				q.results[id]++
 			}
 			delete(q.claims, id)
 			continue
 		}
-		if !c.Live {
+		if !live {
 			delete(q.claims, id)
 			q.waiting[id] = c.order
 			q.deliveries[id]++
@@ -249,7 +287,7 @@ func (q *LeaseQueue) Prepare(id, token string) bool {
 		return false
 	}
 	c := q.claims[id]
-	c.Settling, c.Live = true, true
+	c.Settling, c.Expiry = true, q.now+q.LeaseTTL
 	return true
 }
 
@@ -300,7 +338,7 @@ const (
 )
 
 // Requeue swaps the claim of id held under token for an entry of the delay
-// set (a retry), due at once when due is set; the request goes back to the
+// set (a retry), due at once (now) when due is set, else in LeaseTTL; the request goes back to the
 // queue at its place, and its lost leases are forgotten (the retry count
 // travels with the message instead).
 func (q *LeaseQueue) Requeue(id, token string, due bool) RequeueResult {
@@ -313,16 +351,21 @@ func (q *LeaseQueue) Requeue(id, token string, due bool) RequeueResult {
 	}
 	delete(q.claims, id)
 	delete(q.deliveries, id)
-	q.delayed[id] = &Delayed{Due: due, order: c.order}
+	at := q.now + q.LeaseTTL
+	if due {
+		at = q.now
+	}
+	q.delayed[id] = &Delayed{At: at, order: c.order}
 	return RequeueDone
 }
 
-// MakeDue lets the delay of id's retry run out. It reports whether id was
-// in the delay set.
+// MakeDue lets the delay of id's retry run out for good (its due time
+// moved to the epoch: no backward jump makes it wait again). It reports
+// whether id was in the delay set.
 func (q *LeaseQueue) MakeDue(id string) bool {
 	d, ok := q.delayed[id]
 	if ok {
-		d.Due = true
+		d.At = never
 	}
 	return ok
 }
@@ -331,7 +374,7 @@ func (q *LeaseQueue) MakeDue(id string) bool {
 func (q *LeaseQueue) DelayedIDs() map[string]bool {
 	out := make(map[string]bool, len(q.delayed))
 	for id, d := range q.delayed {
-		out[id] = d.Due
+		out[id] = d.At <= q.now
 	}
 	return out
 }
@@ -340,7 +383,9 @@ func (q *LeaseQueue) DelayedIDs() map[string]bool {
 func (q *LeaseQueue) Claims() map[string]Claim {
 	out := make(map[string]Claim, len(q.claims))
 	for id, c := range q.claims {
-		out[id] = *c
+		cc := *c
+		cc.Live = c.live(q.now)
+		out[id] = cc
 	}
 	return out
 }

@@ -167,3 +167,77 @@ func TestLeaseQueueCrossSlot(t *testing.T) {
 		t.Fatalf("%v: results %v claims %v", err, q.Results(), q.Claims())
 	}
 }
+
+// TestLeaseQueueClockJumps: a forward jump past the lease expires it and
+// makes a delayed retry due; a backward jump before a reclaim makes the
+// lease live again and the retry wait again; a reclaimed claim stays gone.
+func TestLeaseQueueClockJumps(t *testing.T) {
+	q := NewLeaseQueue(3)
+	q.Enqueue("a", 1)
+	q.Enqueue("b", 2)
+	q.Claim(2)
+	_ = q.Bind("a", "t1")
+	_ = q.Bind("b", "t2")
+	if q.Requeue("b", "t2", false) != RequeueDone || q.DelayedIDs()["b"] {
+		t.Fatal("the retry of b must wait a lease's length")
+	}
+	q.Jump(q.LeaseTTL + 300)
+	if q.Claims()["a"].Live || !q.DelayedIDs()["b"] {
+		t.Fatalf("after a forward jump past the lease: claims %v, delayed %v", q.Claims(), q.DelayedIDs())
+	}
+	q.Jump(-600)
+	if !q.Claims()["a"].Live || q.DelayedIDs()["b"] {
+		t.Fatalf("after a backward jump: claims %v, delayed %v", q.Claims(), q.DelayedIDs())
+	}
+	if q.Reclaim() != 0 {
+		t.Fatal("a lease live again was reclaimed")
+	}
+	q.Jump(600)
+	if q.Reclaim() != 1 || q.Settle("a", "t1") {
+		t.Fatal("the expired claim must be reclaimed and its stale holder write nothing")
+	}
+	q.Jump(-900)
+	if _, ok := q.Claims()["a"]; ok || q.Check() != nil {
+		t.Fatalf("a backward jump brought a reclaimed claim back: %v, %v", q.Claims(), q.Check())
+	}
+	q.MakeDue("b")
+	if !q.DelayedIDs()["b"] {
+		t.Fatal("MakeDue must hold through backward jumps")
+	}
+}
+
+// TestPendingEntriesClockJumps: an entry goes idle when Redis' clock passes
+// claim_idle_ms after its delivery, live again when it steps back; a Redis
+// restart after a backward jump restarts the idle time of the entries
+// delivered in the future of the new clock.
+func TestPendingEntriesClockJumps(t *testing.T) {
+	p := NewPendingEntries()
+	p.Add("a")
+	if err := p.Deliver("c1", "a", "e1"); err != nil {
+		t.Fatal(err)
+	}
+	p.Jump(p.IdleTTL)
+	if !p.PendingOf()["a"].Idle {
+		t.Fatal("an entry delivered claim_idle_ms ago must be idle")
+	}
+	p.Jump(-300)
+	if p.PendingOf()["a"].Idle || p.Deliver("c2", "a", "e1") == nil {
+		t.Fatal("after a backward jump the entry is live and cannot be taken over")
+	}
+	p.Jump(-600) // 300 s before its delivery
+	p.Restart()
+	p.Jump(p.IdleTTL)
+	if !p.PendingOf()["a"].Idle {
+		t.Fatal("after a restart the idle time counts from the restart")
+	}
+	// 300 s after the written delivery time (0): a second restart gives
+	// it back, since the first one's clamp was never written.
+	p.Restart()
+	if got := p.PendingOf()["a"]; got.Idle || got.At != 0 {
+		t.Fatalf("after a second restart: %+v, want the written delivery time 0, not idle", got)
+	}
+	p.Jump(p.IdleTTL)
+	if err := p.Deliver("c2", "a", "e1"); err != nil {
+		t.Fatal(err)
+	}
+}

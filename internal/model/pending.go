@@ -28,7 +28,16 @@ import (
 //     (or handed back) writes no result and appends nothing (Settle and
 //     HandBack report false);
 //   - new entries are delivered in stream order.
+//
+// Time is Redis' clock in the model's seconds, moved only by Jump: an
+// entry is idle once IdleTTL has passed since its delivery or its last
+// heartbeat (XPENDING's idle time, by Redis' clock), so a forward jump
+// makes the entries it passes idle and a backward one makes them live again.
 type PendingEntries struct {
+	// IdleTTL is claim_idle_ms in the model's seconds.
+	IdleTTL int64
+
+	now      int64
 	unread   []string // requests of entries not yet read by the group, in stream order
 	pending  map[string]*Pending
 	results  map[string]int
@@ -39,13 +48,39 @@ type PendingEntries struct {
 // whether it is idle (its consumer missed its heartbeats for claim_idle_ms).
 type Pending struct {
 	Entry, Consumer string
-	Idle            bool
+	Idle            bool  // in PendingOf's snapshots; the model keeps At
+	At              int64 // the delivery (or last heartbeat) on the model's clock
+	logged          int64 // the delivery time the append-only file holds (see Restart)
 }
 
-// NewPendingEntries returns an empty stream and group.
+// NewPendingEntries returns an empty stream and group, claim_idle_ms ten
+// minutes.
 func NewPendingEntries() *PendingEntries {
-	return &PendingEntries{pending: map[string]*Pending{}, results: map[string]int{}}
+	return &PendingEntries{IdleTTL: 600, pending: map[string]*Pending{}, results: map[string]int{}}
 }
+
+func (p *PendingEntries) idle(pe *Pending) bool { return p.now-pe.At >= p.IdleTTL }
+
+// Jump steps Redis' clock by d seconds (forward when positive).
+func (p *PendingEntries) Jump(d int64) { p.now += d }
+
+// Now is Redis' clock on the model's time line (0 at the start).
+func (p *PendingEntries) Now() int64 { return p.now }
+
+// Restart is a restart of Redis on its append-only file (never
+// rewritten): the file replays each delivery as an XCLAIM with the
+// delivery time it had when it was written, and XCLAIM takes a delivery
+// time in the future as now. So after a backward jump the entries
+// delivered before it restart their idle time at the restart, and a later
+// restart, once the clock passed their written delivery time again, gives
+// them that one back (the clamp was never written).
+func (p *PendingEntries) Restart() {
+	for _, pe := range p.pending {
+		pe.At = min(pe.logged, p.now)
+	}
+}
+
+func (pe *Pending) set(at int64) { pe.At, pe.logged = at, at }
 
 // Add appends request id to the stream.
 func (p *PendingEntries) Add(id string) {
@@ -64,17 +99,18 @@ func (p *PendingEntries) Deliver(consumer, id, entry string) error {
 			return fmt.Errorf("%s got %s as entry %s, but it is pending as %s", consumer, id, entry, pe.Entry)
 		case pe.Consumer == consumer:
 			return fmt.Errorf("%s got %s (entry %s) a second time while it still owns it", consumer, id, entry)
-		case !pe.Idle:
+		case !p.idle(pe):
 			return fmt.Errorf("%s took %s (entry %s) over from %s, whose entry was live", consumer, id, entry, pe.Consumer)
 		}
-		pe.Consumer, pe.Idle = consumer, false
+		pe.Consumer = consumer
+		pe.set(p.now)
 		return nil
 	}
 	if len(p.unread) == 0 || p.unread[0] != id {
 		return fmt.Errorf("%s read %s as a new entry; the next unread is %v", consumer, id, p.unread)
 	}
 	p.unread = p.unread[1:]
-	p.pending[id] = &Pending{Entry: entry, Consumer: consumer}
+	p.pending[id] = &Pending{Entry: entry, Consumer: consumer, At: p.now, logged: p.now}
 	return nil
 }
 
@@ -89,16 +125,18 @@ func (p *PendingEntries) owns(consumer, id, entry string) bool {
 func (p *PendingEntries) Heartbeat(consumer string, held map[string]string) {
 	for entry, id := range held {
 		if p.owns(consumer, id, entry) {
-			p.pending[id].Idle = false
+			p.pending[id].set(p.now)
 		}
 	}
 }
 
-// Expire makes the entry of request id idle; it reports whether id was pending.
+// Expire makes the entry of request id idle for an hour (XCLAIM ... IDLE):
+// idle through every backward jump of less than an hour less IdleTTL. It
+// reports whether id was pending.
 func (p *PendingEntries) Expire(id string) bool {
 	pe, ok := p.pending[id]
 	if ok {
-		pe.Idle = true
+		pe.set(p.now - 3600)
 	}
 	return ok
 }
@@ -132,7 +170,9 @@ func (p *PendingEntries) Unread() []string { return slices.Clone(p.unread) }
 func (p *PendingEntries) PendingOf() map[string]Pending {
 	out := make(map[string]Pending, len(p.pending))
 	for id, pe := range p.pending {
-		out[id] = *pe
+		c := *pe
+		c.Idle, c.logged = p.idle(pe), 0
+		out[id] = c
 	}
 	return out
 }

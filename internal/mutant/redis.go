@@ -27,6 +27,10 @@ const (
 	// settling record, so a claim whose owner died (or paused) inside a cross-slot settle goes
 	// back to the queue and is dispatched again instead of having its settle finished.
 	ReclaimIgnoresSettling Name = "reclaim-ignores-settling"
+	// ReclaimReplicaClock: the reclaim selects expired claims by the replica's own clock
+	// instead of Redis' (which scores the claim index), so after Redis' clock stepped ahead of
+	// the replica's, claims expired by Redis' clock are not returned to the queue.
+	ReclaimReplicaClock Name = "reclaim-replica-clock"
 	// StreamAckUnowned: the stream transport settles a pending entry without checking that this
 	// consumer still owns it, so a consumer whose entry another consumer auto-claimed still
 	// writes a result.
@@ -51,6 +55,8 @@ var redisCatalog = []Mutant{
 		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: ReclaimIgnoresSettling, Doc: "reclaim returns a claim with a cross-slot settle under way to the queue instead of finishing it",
 		Packages: []string{"./transports/redissortedset/"}, Run: "^(TestModelSortedSetCrossSlot|TestCrossSlotPausedHolder)$", Args: modelArgs},
+	{Name: ReclaimReplicaClock, Doc: "reclaim selects expired claims by the replica's clock, not Redis' (found by the clock-jump steps)",
+		Packages: []string{"./transports/redissortedset/"}, Run: "^TestModelSortedSet$", Args: modelArgs},
 	{Name: StreamAckUnowned, Doc: "stream settle without checking this consumer still owns the pending entry",
 		Packages: []string{"./transports/redisstream/"}, Run: "^TestModelStream$", Args: modelArgs},
 }

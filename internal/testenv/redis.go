@@ -44,6 +44,8 @@ type RedisOptions struct {
 	Port int
 	// Args are extra redis-server arguments (e.g. cluster mode), appended last.
 	Args []string
+	// Env is added to the server's environment (e.g. FakeClock.Env).
+	Env []string
 }
 
 // LookPath finds a server binary or fails t with the package to install.
@@ -118,6 +120,9 @@ func StartRedisProcess(o RedisOptions) (*Redis, error) {
 	}
 	args = append(args, o.Args...)
 	cmd := exec.Command(bin, args...)
+	if len(o.Env) > 0 {
+		cmd.Env = append(os.Environ(), o.Env...)
+	}
 	DieWithParent(cmd)
 	logf, err := os.Create(filepath.Join(dir, fmt.Sprintf("redis-%d.log", port)))
 	if err != nil {

@@ -44,6 +44,8 @@ type RedisClusterOptions struct {
 	NodeTimeout time.Duration
 	// Persist keeps an append-only file per node.
 	Persist bool
+	// Env is added to every node's environment (e.g. FakeClock.Env).
+	Env []string
 }
 
 // StartRedisCluster starts a Redis Cluster (3 masters with 1 replica each by
@@ -85,7 +87,7 @@ func StartRedisClusterProcesses(o RedisClusterOptions, dir string) (*RedisCluste
 			c.Stop()
 			return nil, err
 		}
-		ro := RedisOptions{Dir: nodeDir, Persist: o.Persist, Args: []string{
+		ro := RedisOptions{Dir: nodeDir, Persist: o.Persist, Env: o.Env, Args: []string{
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf",
 			"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10),

@@ -76,9 +76,9 @@ type liveClaim struct {
 // liveClaims lists the claims of k whose lease expires after now (Redis'
 // clock), with their owners.
 func (m *Migrator) liveClaims(ctx context.Context, k keys.Queue) ([]liveClaim, error) {
-	now, err := m.c.Time(ctx).Result()
+	now, err := redisNow(ctx, m.c, k)
 	if err != nil {
-		return nil, fmt.Errorf("read the Redis clock: %w", err)
+		return nil, err
 	}
 	from := "(" + strconv.FormatFloat(float64(now.UnixMilli())/1000, 'f', -1, 64)
 	zs, err := m.c.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: k.ClaimsIdx, ByScore: true, Start: from, Stop: "+inf"}).Result()
@@ -179,9 +179,9 @@ func (m *Migrator) ReturnClaims(ctx context.Context, queue string) (ClaimsReport
 		rep.Returned = int(total+legacy) - len(live)
 		return rep, nil
 	}
-	now, err := m.c.Time(ctx).Result()
+	now, err := redisNow(ctx, m.c, k)
 	if err != nil {
-		return rep, fmt.Errorf("read the Redis clock: %w", err)
+		return rep, err
 	}
 	n, err := ReclaimExpired(ctx, m.c, k, now)
 	rep.Returned += n

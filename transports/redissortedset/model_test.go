@@ -34,7 +34,8 @@ import (
 // real redis-server — claim, heartbeat, settle, hand-back, a lease running
 // out, reclaim, a crash (a replica's state dropped with nothing handed back),
 // a crash between the calls of one settle, a graceful close, a restart, a
-// restart of Redis (kill -9, append-only file fsynced on every write) — and
+// restart of Redis (kill -9, append-only file fsynced on every write), a
+// jump of Redis' own wall clock forward past the lease or back — and
 // compares Redis with internal/model's LeaseQueue after every step. At the
 // end every request must have exactly one result. Failing runs shrink to a
 // minimal sequence that rapid keeps under testdata/rapid and replays first.
@@ -44,32 +45,40 @@ import (
 // expiry in <q>:claims-idx into the past by Redis' clock, which is what a
 // holder that misses its heartbeats for a lease's length leads to.
 
-// modelChecks bounds the number of rapid checks of a model test in `make
-// test` unless -rapid.checks was given (make verify runs thousands).
+// modelChecks bounds the number of rapid checks of the model tests in
+// `make test` unless -rapid.checks was given (make verify runs thousands).
+// The bound is set once and kept (only the model tests of this package use
+// rapid), so that the two model tests can run side by side: each waits on
+// its own servers most of the time.
 func modelChecks(t *testing.T, n int) {
 	t.Helper()
-	given := false
-	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
-	if given {
-		return
+	modelChecksOnce.Do(func() {
+		given := false
+		flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
+		if !given {
+			modelChecksErr = flag.Lookup("rapid.checks").Value.Set(strconv.Itoa(n))
+		}
+	})
+	if modelChecksErr != nil {
+		t.Fatal(modelChecksErr)
 	}
-	f := flag.Lookup("rapid.checks")
-	old := f.Value.String()
-	if err := f.Value.Set(strconv.Itoa(n)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Value.Set(old) })
 }
+
+var (
+	modelChecksOnce sync.Once
+	modelChecksErr  error
+)
 
 // modelRedis is the test's redis-server (or a Redis Cluster of one master,
 // for the cross-slot settle); restart kills it (kill -9) and starts it
 // again on the same port and data: an append-only file fsynced on every
 // write, what a deployment that relies on Redis' durability runs.
 type modelRedis struct {
-	t    *testing.T
-	r    *testenv.Redis
-	c    *testenv.RedisCluster
-	port int
+	t     *testing.T
+	r     *testenv.Redis
+	c     *testenv.RedisCluster
+	port  int
+	clock *testenv.FakeClock // steps the server's wall clock (the clock-jump steps)
 }
 
 func (m *modelRedis) url() string {
@@ -92,7 +101,7 @@ func (m *modelRedis) restart() error {
 	}
 	dir := m.r.Dir()
 	m.r.Stop()
-	r, err := testenv.StartRedisProcess(testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port})
+	r, err := testenv.StartRedisProcess(testenv.RedisOptions{Persist: true, Dir: dir, Port: m.port, Env: m.clock.Env()})
 	if err != nil {
 		return err
 	}
@@ -103,7 +112,9 @@ func (m *modelRedis) restart() error {
 
 func startModelRedis(t *testing.T) *modelRedis {
 	port := testenv.FreePort(t)
-	return &modelRedis{t: t, port: port, r: testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port})}
+	clk := testenv.NewFakeClock(t)
+	return &modelRedis{t: t, port: port, clock: clk,
+		r: testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: t.TempDir(), Port: port, Env: clk.Env()})}
 }
 
 // startModelCluster starts a Redis Cluster of one master (every slot on
@@ -111,11 +122,13 @@ func startModelRedis(t *testing.T) *modelRedis {
 // list in another slot than the claims there, so results take the
 // cross-slot settle (three script calls).
 func startModelCluster(t *testing.T) *modelRedis {
-	return &modelRedis{t: t, c: testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 1, NoReplicas: true, Persist: true})}
+	clk := testenv.NewFakeClock(t)
+	return &modelRedis{t: t, clock: clk, c: testenv.StartRedisCluster(t, testenv.RedisClusterOptions{Masters: 1, NoReplicas: true, Persist: true, Env: clk.Env()})}
 }
 
 func TestModelSortedSet(t *testing.T) {
 	modelChecks(t, 12)
+	t.Parallel()
 	runSSModel(t, startModelRedis(t))
 }
 
@@ -127,15 +140,18 @@ func TestModelSortedSet(t *testing.T) {
 // finishes its settle, then resumed).
 func TestModelSortedSetCrossSlot(t *testing.T) {
 	modelChecks(t, 12)
+	t.Parallel()
 	runSSModel(t, startModelCluster(t))
 }
 
 func runSSModel(t *testing.T, rd *modelRedis) {
 	var run atomic.Int64
 	rapid.Check(t, func(rt *rapid.T) {
-		// The producer's envelope form needs a single Redis (upstream's
-		// per-request keys are in other slots): on the cluster, flat only.
-		envelope := rd.c == nil && rapid.Bool().Draw(rt, "envelope")
+		// Envelopes: on one Redis sluice's producer writes them; on the
+		// cluster, where sluice's producer refuses them (upstream's
+		// per-request keys are in other slots), upstream's own producer
+		// does, as it writes them there (upProducer, mode cluster).
+		envelope := rapid.Bool().Draw(rt, "envelope")
 		m := newSSMachine(rt, rd, fmt.Sprintf("mq%d", run.Add(1)), envelope)
 		defer m.close()
 		steps := map[string]func(*rapid.T){
@@ -153,6 +169,8 @@ func runSSModel(t *testing.T, rd *modelRedis) {
 			"close":        m.closeReplica,
 			"restart":      m.restart,
 			"redisRestart": m.redisRestart,
+			"clockForward": m.clockForward,
+			"clockBack":    m.clockBack,
 			"":             m.check,
 		}
 		if m.cross {
@@ -175,6 +193,8 @@ type ssMachine struct {
 	k     keys.Queue
 	env   bool
 	prod  *producer.Producer
+	up    *upProducer // upstream's producer (the cluster's envelope runs), else nil
+	idp   string      // request id prefix (upstream's per-request keys are global)
 	admin *redis.Client
 	model *model.LeaseQueue
 	reps  [modelReplicas]*ssReplica
@@ -205,6 +225,9 @@ type pausedSettle struct {
 func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssMachine {
 	m := &ssMachine{rd: rd, cross: rd.c != nil, ctx: context.Background(), env: envelope, model: model.NewLeaseQueue(2),
 		base: time.Now().Add(time.Hour).Truncate(time.Second)}
+	if err := rd.clock.Set(0); err != nil { // the model's clock starts at 0
+		rt.Fatal(err)
+	}
 	m.q = transport.Queue{Name: queue, ResultName: queue + ":results"}
 	m.k = keys.Names{}.Queue(queue)
 	mode := ""
@@ -223,6 +246,11 @@ func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssM
 		mode = "cluster"
 	}
 	m.admin = redis.NewClient(&redis.Options{Addr: rd.addr()})
+	if m.cross && envelope {
+		m.up = &upProducer{c: m.admin, queue: m.q.Name, results: m.q.ResultName, cluster: true}
+		m.idp = queue + "."
+		envelope = false
+	}
 	p, err := producer.Dial(rd.url(), producer.Config{TopologyOptions: rss.TopologyOptions{Mode: mode}, Envelope: envelope, ResultQueueName: m.q.ResultName})
 	if err != nil {
 		rt.Fatal(err)
@@ -338,11 +366,19 @@ func (m *ssMachine) enqueue(rt *rapid.T) {
 	reqs := make([]*wire.Request, n)
 	for i := range reqs {
 		m.ids++
-		id := "r" + strconv.Itoa(m.ids)
+		id := m.idp + "r" + strconv.Itoa(m.ids)
 		dl := m.base.Add(time.Duration(rapid.IntRange(0, 2).Draw(rt, "deadline")) * time.Second)
 		reqs[i] = &wire.Request{ID: id, Deadline: dl, Created: time.Now(), Payload: json.RawMessage(`{"prompt":"hi"}`)}
 	}
-	if err := m.prod.EnqueueMany(m.ctx, m.q.Name, reqs); err != nil {
+	if m.up != nil {
+		// Upstream's producer, one request at a time: its score is
+		// deadline + enqueue_seq/2^21, the sequence per (queue, deadline).
+		for _, r := range reqs {
+			if _, err := m.up.submitErr(m.ctx, r.ID, r.Deadline.Unix(), string(r.Payload)); err != nil {
+				rt.Fatal(err)
+			}
+		}
+	} else if err := m.prod.EnqueueMany(m.ctx, m.q.Name, reqs); err != nil {
 		rt.Fatal(err)
 	}
 	for _, r := range reqs {
@@ -725,6 +761,48 @@ func (m *ssMachine) redisRestart(rt *rapid.T) {
 	}
 }
 
+// Clock jumps: the model's clock is in seconds, Redis' wall clock is
+// stepped by the same amount (testenv.FakeClock), and the replicas' clocks
+// do not move. Jumps are whole multiples of five minutes and the offset
+// stays within [-10 min, +15 min] of the real clock, so a run (seconds
+// long) never sits near a lease's or delay's edge, the leases (ten
+// minutes) are the only thing a jump passes, and the cross-slot dedupe
+// window (half an hour) is never passed.
+const (
+	jumpUnit     = 300 // s
+	jumpForward  = 3 * jumpUnit
+	jumpMaxAhead = 3 * jumpUnit
+	jumpMaxBack  = 2 * jumpUnit
+)
+
+func (m *ssMachine) jump(rt *rapid.T, d int64) {
+	if err := m.rd.clock.Set(time.Duration(m.model.Now()+d) * time.Second); err != nil {
+		rt.Fatal(err)
+	}
+	m.model.Jump(d)
+}
+
+// clockForward steps Redis' clock forward by more than the lease: every
+// lease not renewed since expires, the retries waiting a lease's length
+// fall due.
+func (m *ssMachine) clockForward(rt *rapid.T) {
+	if m.model.Now()+jumpForward > jumpMaxAhead {
+		rt.Skip("Redis' clock is ahead already")
+	}
+	m.jump(rt, jumpForward)
+}
+
+// clockBack steps Redis' clock back by five or ten minutes (drawn): the
+// leases it passes are live again unless they were reclaimed, the retries
+// due at once wait again.
+func (m *ssMachine) clockBack(rt *rapid.T) {
+	n := rapid.IntRange(1, 2).Draw(rt, "jumpBackUnits")
+	if m.model.Now()-int64(n*jumpUnit) < -jumpMaxBack {
+		rt.Skip("Redis' clock is behind enough")
+	}
+	m.jump(rt, -int64(n*jumpUnit))
+}
+
 // check compares Redis with the model.
 func (m *ssMachine) check(rt *rapid.T) {
 	if err := m.model.Check(); err != nil {
@@ -882,7 +960,7 @@ func (m *ssMachine) drain(rt *rapid.T) {
 			if err := m.admin.ZAddXX(m.ctx, m.k.ClaimsIdx, redis.Z{Score: 0, Member: ck}).Err(); err != nil {
 				rt.Fatal(err)
 			}
-			m.model.Expire(id)
+			m.model.ExpireForGood(id)
 		}
 		rss.Reclaim(r.tp, m.q.Name)
 		m.model.Reclaim()

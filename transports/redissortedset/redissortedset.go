@@ -399,8 +399,20 @@ func (t *Transport) reclaimLoop(qs *queueState) {
 // reclaim returns the expired claims of qs, whoever made them (this or
 // another sluice replica, or an upstream replica), to the queue, and the
 // expired leases of earlier sluice versions.
+//
+// The expired claims are selected by Redis' clock (the node's that holds
+// the queue), never this replica's: the index is scored by Redis' clock,
+// and a replica whose clock is behind it would otherwise leave claims
+// expired by Redis' clock unreclaimed for as long as the skew.
 func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
-	n, finished, err := reclaimExpired(ctx, t.client, qs.k, time.Now(), t.runScript)
+	now, err := redisNow(ctx, t.client, qs.k)
+	if mutant.On(mutant.ReclaimReplicaClock) {
+		now = time.Now() // planted bug: the replica's clock bounds the expired claims
+	}
+	var n, finished int
+	if err == nil {
+		n, finished, err = reclaimExpired(ctx, t.client, qs.k, now, t.runScript)
+	}
 	if err == nil {
 		var legacy int
 		legacy, err = reclaimLegacy(ctx, t.client, qs.k)
@@ -420,12 +432,23 @@ func (t *Transport) reclaim(ctx context.Context, qs *queueState) {
 	}
 }
 
+// redisNow reads the clock of the Redis node that holds queue k.
+func redisNow(ctx context.Context, c redis.Cmdable, k keys.Queue) (time.Time, error) {
+	ms, err := keys.Now.Run(ctx, c, []string{k.ClaimsIdx}).Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the Redis clock for %s: %w", k.Name, err)
+	}
+	return time.UnixMilli(ms), nil
+}
+
 // reclaimPage is how many expired claims one reclaim round examines
 // (upstream's reclaimBatchSize).
 const reclaimPage = 100
 
 // ReclaimExpired returns every claim of queue k whose lease expired before
-// now (by the index; the script checks again by Redis' clock) to the queue
+// now (by the index, scored by Redis' clock: now must be Redis' time too,
+// or claims expired by it stay claimed for the skew; the script checks
+// again by Redis' clock) to the queue
 // with its stored member, scored by QueueScore, as upstream's reclaimer
 // does; it returns how many it returned.
 //

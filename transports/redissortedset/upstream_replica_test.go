@@ -102,6 +102,7 @@ type upProducer struct {
 	queue       string
 	results     string
 	payloadKeys bool
+	cluster     bool // mode cluster: enqueueCluster's writes
 }
 
 // upInternal is upstream's api.InternalRouting after #463/#458, in its
@@ -140,41 +141,93 @@ func randHex(t testing.TB, n int) string {
 	return hex.EncodeToString(b)
 }
 
+// upstreamEnqueueCluster is upstream's enqueueRequestScript (mode
+// cluster): the sequence and the member only, both in the queue's slot
+// (request-seq:{<q>}:<deadline>); the per-request keys are written apart
+// before it (enqueueCluster's pipeline).
+//
+//	KEYS: request-seq:{<q>}:<deadline>, <q>
+//	ARGV: seqExpireAt, jsonBefore, jsonAfter, deadline
+var upstreamEnqueueCluster = redis.NewScript(`
+local seq = redis.call('INCR', KEYS[1])
+redis.call('EXPIREAT', KEYS[1], ARGV[1])
+local s = seq
+if s > 2097151 then s = 2097151 end
+local score = tonumber(ARGV[4]) + s / 2097152
+redis.call('ZADD', KEYS[2], string.format('%.17g', score), ARGV[2] .. seq .. ARGV[3])
+return seq
+`)
+
 // submit enqueues id with deadline dl (whole seconds) and payload, as
 // upstream's producer does, and returns the token.
 func (p upProducer) submit(t testing.TB, id string, dl int64, payload string) string {
 	t.Helper()
-	ctx := context.Background()
-	token := randHex(t, 16)
+	token, err := p.submitErr(context.Background(), id, dl, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token
+}
+
+// submitErr is submit returning its error; with p.cluster it writes as
+// upstream's producer in cluster mode does (enqueueCluster).
+func (p upProducer) submitErr(ctx context.Context, id string, dl int64, payload string) (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	token := hex.EncodeToString(b)
 	env := upEnvelope{
 		Internal:    upInternal{RequestToken: token, RequestQueueName: p.queue, ResultQueueName: p.results, EnqueueSeq: -1},
 		RequestKind: "plain",
 		Data:        upData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payload)},
 	}
-	ks := []string{fmt.Sprintf("request-seq:%s:%d", p.queue, dl), "request-cancel:" + id, "request-active:" + id, p.queue}
+	seqKey := fmt.Sprintf("request-seq:%s:%d", p.queue, dl)
+	if p.cluster {
+		seqKey = fmt.Sprintf("request-seq:{%s}:%d", p.queue, dl)
+	}
+	ks := []string{seqKey, "request-cancel:" + id, "request-active:" + id, p.queue}
+	payloadKey := ""
 	if p.payloadKeys {
-		key := "request-payload:" + id + ":" + token
-		env.Internal.PayloadRef = key
+		payloadKey = "request-payload:" + id + ":" + token
+		env.Internal.PayloadRef = payloadKey
 		env.Data.Payload = json.RawMessage("null")
-		ks = append(ks, key)
+		ks = append(ks, payloadKey)
 	}
-	b, err := json.Marshal(env)
+	jb, err := json.Marshal(env)
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	before, after, ok := strings.Cut(string(b), `"enqueue_seq":-1`)
+	before, after, ok := strings.Cut(string(jb), `"enqueue_seq":-1`)
 	if !ok {
-		t.Fatal("no sequence placeholder")
+		return "", fmt.Errorf("no sequence placeholder in %s", jb)
 	}
 	activeMS := max(time.Until(time.Unix(dl, 0)).Milliseconds(), 1)
+	if p.cluster {
+		_, err := p.c.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			pl.Del(ctx, "request-cancel:"+id)
+			pl.Set(ctx, "request-active:"+id, token, time.Duration(activeMS)*time.Millisecond)
+			if payloadKey != "" {
+				pl.Set(ctx, payloadKey, payload, time.Duration(activeMS+600000)*time.Millisecond)
+			}
+			return nil
+		})
+		if err != nil {
+			return "", fmt.Errorf("upstream enqueue of %s (cluster, its keys): %w", id, err)
+		}
+		if err := upstreamEnqueueCluster.Run(ctx, p.c, []string{seqKey, p.queue}, dl+3600, before+`"enqueue_seq":`, after, dl).Err(); err != nil {
+			return "", fmt.Errorf("upstream enqueue of %s (cluster): %w", id, err)
+		}
+		return token, nil
+	}
 	args := []any{token, activeMS, dl + 3600, before + `"enqueue_seq":`, after, dl}
 	if p.payloadKeys {
 		args = append(args, payload, activeMS+600000)
 	}
 	if err := upstreamSubmit.Run(ctx, p.c, ks, args...).Err(); err != nil {
-		t.Fatal(err)
+		return "", fmt.Errorf("upstream enqueue of %s: %w", id, err)
 	}
-	return token
+	return token, nil
 }
 
 // upQueueScore is upstream's api.QueueScore of a member.

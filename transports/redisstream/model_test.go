@@ -28,7 +28,8 @@ import (
 // (the fenced result script), hand-back, an entry going idle, a crash (a
 // consumer's state dropped, nothing handed back), a graceful close, a
 // restart (a new consumer), a restart of Redis (kill -9, append-only file
-// fsynced on every write) — and checks every move against internal/model's
+// fsynced on every write), a jump of Redis' wall clock forward past
+// claim_idle_ms or back — and checks every move against internal/model's
 // PendingEntries and compares Redis with it after every step. At the end
 // every request must have exactly one result.
 //
@@ -62,14 +63,22 @@ func TestModelStream(t *testing.T) {
 	modelChecks(t, 12)
 	port := testenv.FreePort(t)
 	dir := t.TempDir()
-	rd := testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port})
+	clk := testenv.NewFakeClock(t) // Redis' wall clock, stepped by the clock-jump steps
+	// No automatic rewrite of the append-only file: a rewrite writes the
+	// delivery times as they are in memory, which changes what a later
+	// restart gives back after a backward jump (PendingEntries.Restart).
+	ro := testenv.RedisOptions{Persist: true, Dir: dir, Port: port, Env: clk.Env(), Args: []string{"--auto-aof-rewrite-percentage", "0"}}
+	rd := testenv.StartRedis(t, ro)
 	restart := func() {
 		rd.Stop()
-		rd = testenv.StartRedis(t, testenv.RedisOptions{Persist: true, Dir: dir, Port: port})
+		rd = testenv.StartRedis(t, ro)
 	}
 	var run atomic.Int64
 	rapid.Check(t, func(rt *rapid.T) {
-		m := &stMachine{ctx: context.Background(), url: rd.URL, restartRedis: restart, model: model.NewPendingEntries()}
+		if err := clk.Set(0); err != nil { // the model's clock starts at 0
+			rt.Fatal(err)
+		}
+		m := &stMachine{ctx: context.Background(), url: rd.URL, restartRedis: restart, model: model.NewPendingEntries(), clock: clk}
 		m.q = transport.Queue{Name: fmt.Sprintf("ms%d", run.Add(1))}
 		m.results = m.q.Name + ":results"
 		m.admin = redis.NewClient(&redis.Options{Addr: rd.Addr})
@@ -89,6 +98,8 @@ func TestModelStream(t *testing.T) {
 			"close":        m.closeConsumer,
 			"restart":      m.restart,
 			"redisRestart": m.redisRestart,
+			"clockForward": m.clockForward,
+			"clockBack":    m.clockBack,
 			"":             m.check,
 		})
 		m.drain(rt)
@@ -96,6 +107,7 @@ func TestModelStream(t *testing.T) {
 }
 
 type stMachine struct {
+	clock        *testenv.FakeClock
 	ctx          context.Context
 	url          string
 	restartRedis func()
@@ -254,7 +266,12 @@ func (m *stMachine) claimN(rt *rapid.T, c *stConsumer, n int) {
 			}
 			continue
 		}
-		m.model.Heartbeat(c.name, map[string]string{e: id})
+		if model[id].Idle {
+			// Idle in the model, live in Redis: XAUTOCLAIM reset its
+			// delivery time. (One live in both was not touched: its
+			// delivery time stays, which a later clock jump shows.)
+			m.model.Heartbeat(c.name, map[string]string{e: id})
+		}
 	}
 }
 
@@ -406,6 +423,41 @@ func (m *stMachine) redisRestart(rt *rapid.T) {
 		rt.Skip("Redis restarts are slow: one draw in eight")
 	}
 	m.restartRedis()
+	m.model.Restart()
+}
+
+// Clock jumps of Redis' wall clock, as in the sorted-set test: whole
+// multiples of five minutes, the offset within [-10 min, +15 min]. A
+// pending entry's idle time is Redis' clock minus its delivery time, so a
+// forward jump past claim_idle_ms makes every entry idle (another consumer
+// may take it over) and a backward one makes those it passes live again.
+const (
+	jumpUnit     = 300 // s
+	jumpForward  = 3 * jumpUnit
+	jumpMaxAhead = 3 * jumpUnit
+	jumpMaxBack  = 2 * jumpUnit
+)
+
+func (m *stMachine) jump(rt *rapid.T, d int64) {
+	if err := m.clock.Set(time.Duration(m.model.Now()+d) * time.Second); err != nil {
+		rt.Fatal(err)
+	}
+	m.model.Jump(d)
+}
+
+func (m *stMachine) clockForward(rt *rapid.T) {
+	if m.model.Now()+jumpForward > jumpMaxAhead {
+		rt.Skip("Redis' clock is ahead already")
+	}
+	m.jump(rt, jumpForward)
+}
+
+func (m *stMachine) clockBack(rt *rapid.T) {
+	n := rapid.IntRange(1, 2).Draw(rt, "jumpBackUnits")
+	if m.model.Now()-int64(n*jumpUnit) < -jumpMaxBack {
+		rt.Skip("Redis' clock is behind enough")
+	}
+	m.jump(rt, -int64(n*jumpUnit))
 }
 
 // pendingNow reads the group's pending entries: entry id -> consumer and idleness.
@@ -463,7 +515,7 @@ func (m *stMachine) check(rt *rapid.T) {
 	}
 	for e, p := range pend {
 		id := m.entryRequest(rt, e)
-		if w, ok := want[id]; !ok || w != p {
+		if w, ok := want[id]; !ok || w.Entry != p.Entry || w.Consumer != p.Consumer || w.Idle != p.Idle {
 			rt.Fatalf("request %s pending in Redis as %+v, in the model %+v", id, p, w)
 		}
 	}

@@ -589,6 +589,17 @@ return n
 //	returns: {number of messages returned, claim id, record, ...}
 var Reclaim = redis.NewScript(reclaimSrc)
 
+// Now reads Redis' clock, in Unix ms, on the node that holds KEYS[1] (on a
+// cluster each master has its own clock): what a caller that selects
+// expired claims by their index compares with, since the index is scored
+// by that clock.
+//
+//	KEYS: any key of the queue (for the routing)
+var Now = redis.NewScript(`
+local t = redis.call('TIME')
+return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`)
+
 const reclaimSrc = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
