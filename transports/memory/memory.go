@@ -81,14 +81,16 @@ func New(o Options) *Transport {
 }
 
 type item struct {
-	deadline int64 // Unix ns; ordering key
-	due      int64 // Unix ns; delay-set key
-	seq      uint64
+	deadline int64  // Unix ns; ordering key
+	due      int64  // Unix ns; delay-set key
+	seq      uint64 // identity: the message's UUID while it is claimed
+	order    uint64 // place among equal deadlines: its first enqueue's seq, kept across re-queues
 	payload  []byte
 	id, job  string // the request's id and metadata.job_id, for Cancel
 }
 
-// readyHeap orders by deadline, then arrival.
+// readyHeap orders by deadline, then first arrival (a re-queued request
+// keeps its place, as the sorted set's enqueue sequence does).
 type readyHeap []*item
 
 func (h readyHeap) Len() int { return len(h) }
@@ -96,7 +98,7 @@ func (h readyHeap) Less(i, j int) bool {
 	if h[i].deadline != h[j].deadline {
 		return h[i].deadline < h[j].deadline
 	}
-	return h[i].seq < h[j].seq
+	return h[i].order < h[j].order
 }
 func (h readyHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
 func (h *readyHeap) Push(x any)   { *h = append(*h, x.(*item)) }
@@ -157,7 +159,8 @@ func (qu *queue) signal() {
 // Cancel matches; an undecodable payload sorts first, so that its
 // INVALID_REQUEST answer is not delayed.
 func (t *Transport) newItem(payload []byte) *item {
-	it := &item{seq: t.seq.Add(1), payload: payload}
+	seq := t.seq.Add(1)
+	it := &item{seq: seq, order: seq, payload: payload}
 	if r, err := wire.Decode(payload); err == nil {
 		it.deadline, it.id, it.job = r.Deadline.UnixNano(), r.ID, r.JobID()
 	}
@@ -203,7 +206,10 @@ func (t *Transport) PublishRequest(_ context.Context, q transport.Queue, payload
 }
 
 // Requeue implements transport.Requeuer: payload becomes due at due, ordered
-// by its own (original) deadline once due.
+// by its own (original) deadline once due and, among equal deadlines, at
+// the place of its first enqueue (a retried or evicted request does not go
+// behind the requests enqueued after it). It gets a new identity, so that
+// a late settle of the delivery it replaces cannot touch it.
 func (t *Transport) Requeue(_ context.Context, q transport.Queue, m *message.Message, payload []byte, due time.Time) error {
 	it := t.newItem(payload)
 	it.due = due.UnixNano()
@@ -211,6 +217,9 @@ func (t *Transport) Requeue(_ context.Context, q transport.Queue, m *message.Mes
 	defer t.mu.Unlock()
 	qu := t.q(q.Name)
 	if id, err := strconv.ParseUint(m.UUID, 10, 64); err == nil {
+		if old, ok := qu.inflight[id]; ok {
+			it.order = old.order
+		}
 		delete(qu.inflight, id)
 	}
 	heap.Push(&qu.delayed, it)

@@ -19,6 +19,7 @@ func TestConformance(t *testing.T) {
 			Ordering:            transporttest.ByDeadline,
 			AtLeastOnce:         true,
 			DelayedRequeue:      true,
+			RequeueKeepsPlace:   true,
 			Results:             true,
 			ConcurrentConsumers: true,
 		},

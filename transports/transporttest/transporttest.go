@@ -47,6 +47,10 @@ type Features struct {
 	// DelayedRequeue: the transport implements transport.Requeuer and
 	// delivers the new bytes no earlier than the due time.
 	DelayedRequeue bool
+	// RequeueKeepsPlace: with ByDeadline and DelayedRequeue, a re-queued
+	// request comes back ahead of the requests of its deadline enqueued
+	// after it (as Harness.Publish writes them).
+	RequeueKeepsPlace bool
 	// Results: results published through Publisher can be read back with
 	// Harness.Results.
 	Results bool
@@ -84,10 +88,16 @@ type Harness struct {
 
 // Request returns the payload of a flat request with id, deadline in from now.
 func Request(id string, deadline time.Duration) []byte {
+	return RequestAt(id, time.Now().Add(deadline))
+}
+
+// RequestAt returns the payload of a flat request with id and the given
+// deadline (to the millisecond, as the wire carries it).
+func RequestAt(id string, deadline time.Time) []byte {
 	b, err := json.Marshal(map[string]any{
 		"id":       id,
 		"created":  time.Now().Unix(),
-		"deadline": float64(time.Now().Add(deadline).UnixMilli()) / 1000,
+		"deadline": float64(deadline.UnixMilli()) / 1000,
 		"payload":  map[string]any{"prompt": "hi " + id},
 		"metadata": map[string]string{"job_id": "job-1"},
 	})
@@ -121,6 +131,7 @@ func Run(t *testing.T, h Harness) {
 		{"Ordering", testOrdering, func(f Features) bool { return f.Ordering != Unordered }},
 		{"NackHandsBack", testNack, func(f Features) bool { return f.AtLeastOnce }},
 		{"DelayedRequeue", testRequeue, func(f Features) bool { return f.DelayedRequeue }},
+		{"RequeueKeepsPlace", testRequeueKeepsPlace, func(f Features) bool { return f.RequeueKeepsPlace && f.DelayedRequeue && f.Ordering == ByDeadline }},
 		{"Results", testResults, func(f Features) bool { return f.Results }},
 		{"CloseAndReopen", testReopen, func(f Features) bool { return f.Reopen }},
 		{"ConcurrentConsumers", testConcurrent, func(f Features) bool { return f.ConcurrentConsumers || f.FanOut }},
@@ -470,6 +481,45 @@ func testRequeue(t *testing.T, h Harness) {
 	answer(t, tp, q, again)
 	if m := c.next(300 * time.Millisecond); m != nil {
 		t.Fatalf("old bytes delivered again after Requeue: %s", m.Payload)
+	}
+}
+
+// testRequeueKeepsPlace: a re-queued request comes back ahead of the
+// requests with its deadline that were enqueued after it (a retried or
+// evicted request does not lose its turn; upstream's enqueue sequence).
+func testRequeueKeepsPlace(t *testing.T, h Harness) {
+	tp := newTransport(t, h)
+	rq, ok := tp.(transport.Requeuer)
+	if !ok {
+		t.Fatalf("Features.DelayedRequeue is set but %T is not a transport.Requeuer", tp)
+	}
+	q := h.Queue(t)
+	deadline := time.Now().Add(time.Hour)
+	for _, id := range []string{"k1", "k2", "k3"} {
+		h.Publish(t, q, RequestAt(id, deadline))
+	}
+	c := subscribe(t, h, tp, q, 1)
+	defer c.close(t)
+	m := c.mustNext(t, wait, "first delivery")
+	if got := idOf(t, m.Payload); got != "k1" {
+		t.Fatalf("first delivery %s, want k1 (equal deadlines in enqueue order)", got)
+	}
+	next, err := wire.WithRetryCount(m.Payload, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rq.Requeue(context.Background(), q, m, next, time.Now()); err != nil {
+		t.Fatalf("Requeue: %v", err)
+	}
+	transport.Ack(m)
+	var got []string
+	for range 3 {
+		m := c.mustNext(t, wait, "delivery after the re-queue")
+		got = append(got, idOf(t, m.Payload))
+		answer(t, tp, q, m)
+	}
+	if fmt.Sprint(got) != "[k1 k2 k3]" {
+		t.Fatalf("after k1 was re-queued: delivered %v, want [k1 k2 k3] (it keeps its place among equal deadlines)", got)
 	}
 }
 
