@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -74,15 +75,17 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 	input := batchAPIInput(batchAPILines)
 	var api, direct, apiCPU, directCPU, apiAllocs, directAllocs []float64
 	failed, baseFailed := 0, 0
+	var stages, directStages []map[string]float64
 	err = alternate(ctx, o.runs,
 		func(ctx context.Context, _ int) error {
 			c := startCost()
 			var secs float64
 			var out []byte
 			var err error
+			clock := newStageClock()
 			// The label splits a -cpuprofile by side (pprof -tagfocus side=api).
 			pprof.Do(ctx, pprof.Labels("side", "api"), func(ctx context.Context) {
-				secs, out, err = batchAPIRun(ctx, url, input)
+				secs, out, err = batchAPIRun(ctx, url, input, clock)
 			})
 			if err != nil {
 				return fmt.Errorf("batch api: %w", err)
@@ -93,6 +96,7 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 				return fmt.Errorf("batch api: %w", err)
 			}
 			api, failed = append(api, batchAPILines/secs), failed+bad
+			stages = append(stages, clock.ms())
 			apiCPU, apiAllocs = append(apiCPU, cpu), append(apiAllocs, allocs)
 			return nil
 		},
@@ -101,21 +105,23 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 			var secs float64
 			var bad int
 			var err error
+			clock := newStageClock()
 			pprof.Do(ctx, pprof.Labels("side", "direct"), func(ctx context.Context) {
-				secs, bad, err = batchDirectRun(ctx, url, input)
+				secs, bad, err = batchDirectRun(ctx, url, input, clock)
 			})
 			if err != nil {
 				return fmt.Errorf("direct: %w", err)
 			}
 			cpu, allocs := c.perLine(batchAPILines)
 			direct, baseFailed = append(direct, batchAPILines/secs), baseFailed+bad
+			directStages = append(directStages, clock.ms())
 			directCPU, directAllocs = append(directCPU, cpu), append(directAllocs, allocs)
 			return nil
 		})
 	if err != nil {
 		return nil, err
 	}
-	return figures{
+	f := figures{
 		"lines":                  batchAPILines,
 		"failed":                 float64(failed),
 		"baseline_failed":        float64(baseFailed),
@@ -127,7 +133,28 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 		"direct_cpu_us_per_line": median(directCPU),
 		"allocs_per_line":        median(apiAllocs),
 		"direct_allocs_per_line": median(directAllocs),
-	}, nil
+	}
+	for _, name := range batchStageNames {
+		f["at_"+name+"_ms"] = medianOf(stages, name)
+	}
+	for _, name := range batchDirectStageNames {
+		f["direct_at_"+name+"_ms"] = medianOf(directStages, name)
+	}
+	return f, nil
+}
+
+// medianOf is the median of stage name over the runs (NaN when a run did
+// not note it).
+func medianOf(runs []map[string]float64, name string) float64 {
+	vs := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		v, ok := r[name]
+		if !ok {
+			return math.NaN()
+		}
+		vs = append(vs, v)
+	}
+	return median(vs)
 }
 
 // cost is where a side started in the process's CPU time and heap
@@ -198,7 +225,7 @@ func runUntil(ctx context.Context, body func(context.Context) error, fns ...func
 
 // batchAPIRun is one run of the Batch API side: seconds from the upload's
 // start to the output downloaded, and the output file.
-func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, out []byte, err error) {
+func batchAPIRun(ctx context.Context, gatewayURL string, input []byte, clock *stageClock) (secs float64, out []byte, err error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-batch-")
 	if err != nil {
 		return 0, nil, err
@@ -208,16 +235,19 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 	if err != nil {
 		return 0, nil, err
 	}
-	files, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
+	diskFiles, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
 	if err != nil {
 		return 0, nil, err
 	}
-	state, err := boltstate.Open(filepath.Join(dir, "state.db"))
+	boltState, err := boltstate.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		return 0, nil, err
 	}
-	defer state.Close()
-	prod := submitmem.New(mem, submitmem.Options{})
+	defer boltState.Close()
+	// The seams wrapped only to note the stages' times (batchstages.go).
+	state := stageState{State: boltState, c: clock}
+	files := stageFiles{Store: diskFiles, c: clock}
+	prod := stageProducer{Producer: submitmem.New(mem, submitmem.Options{}), c: clock}
 	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
 	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
 	if err != nil {
@@ -237,9 +267,9 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 		return nil
 	}
 	err = runUntil(ctx, func(ctx context.Context) error {
-		start := time.Now()
-		out, err = batchAPIJob(ctx, base, input)
-		secs = time.Since(start).Seconds()
+		clock.restart()
+		out, err = batchAPIJob(ctx, base, input, clock)
+		secs = clock.elapsed().Seconds()
 		return err
 	}, a.Run, svc.Run, serve)
 	return secs, out, err
@@ -247,7 +277,7 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 
 // batchAPIJob uploads input, creates a batch on it, waits for it to end
 // and returns its downloaded output file.
-func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error) {
+func batchAPIJob(ctx context.Context, base string, input []byte, clock *stageClock) ([]byte, error) {
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	_ = mw.WriteField("purpose", "batch")
@@ -263,6 +293,7 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/files", mw.FormDataContentType(), &body, &file); err != nil {
 		return nil, fmt.Errorf("upload: %w", err)
 	}
+	clock.first("upload")
 	create, _ := json.Marshal(map[string]string{"input_file_id": file.ID, "endpoint": batchAPIEndpoint, "completion_window": "24h"})
 	var job struct {
 		ID           string       `json:"id"`
@@ -273,6 +304,7 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/batches", "application/json", bytes.NewReader(create), &job); err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
+	clock.first("created")
 	deadline := time.Now().Add(5 * time.Minute)
 	for !batch.Final(job.Status) {
 		if time.Now().After(deadline) {
@@ -285,6 +317,7 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 			return nil, fmt.Errorf("retrieve: %w", err)
 		}
 	}
+	clock.first("polled")
 	if job.Status != batch.StatusCompleted || job.OutputFileID == nil {
 		return nil, fmt.Errorf("batch %s ended %s (%+v)", job.ID, job.Status, job.Counts)
 	}
@@ -292,6 +325,7 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 	if err := batchHTTP(ctx, http.MethodGet, base+"/v1/files/"+*job.OutputFileID+"/content", "", nil, &out); err != nil {
 		return nil, fmt.Errorf("download: %w", err)
 	}
+	clock.first("downloaded")
 	return out.Bytes(), nil
 }
 
@@ -358,7 +392,7 @@ func batchOutputFailures(out []byte, n int) (int, error) {
 // chunks of 1000, their results read from a route of their own and acked;
 // seconds from the first line read to the last result acked, and the
 // results that were not a 200 (or never came).
-func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+func batchDirectRun(ctx context.Context, gatewayURL string, input []byte, clock *stageClock) (secs float64, failed int, err error) {
 	mem, a, err := batchDeployment(gatewayURL)
 	if err != nil {
 		return 0, 0, err
@@ -366,7 +400,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 	prod := submitmem.New(mem, submitmem.Options{})
 	const job, route, chunkSize = "direct", "sluice-batch:direct", 1000
 	err = runUntil(ctx, func(ctx context.Context) error {
-		start := time.Now()
+		clock.restart()
 		r, err := prod.Results(ctx, route)
 		if err != nil {
 			return err
@@ -402,6 +436,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 				return err
 			}
 		}
+		clock.first("last_enqueue")
 		seen := make([]bool, n)
 		got := 0
 		for got < n {
@@ -411,6 +446,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 			if err != nil {
 				return fmt.Errorf("results after %d of %d: %w", got, n, err)
 			}
+			clock.first("first_result")
 			for _, res := range rs {
 				i := -1
 				if res.Result != nil && len(res.ID) > len(job)+1 {
@@ -427,7 +463,8 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 				return err
 			}
 		}
-		secs = time.Since(start).Seconds()
+		secs = clock.elapsed().Seconds()
+		clock.first("done")
 		return nil
 	}, a.Run)
 	return secs, failed, err
