@@ -354,12 +354,8 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 		kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
 	}
 	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
-	tooMany := errors.New("too many lines")
-	err = eachLine(rc, func(n int, b []byte) error {
-		if c.lines == s.cfg.MaxLines {
-			return tooMany
-		}
-		customID, body, ok := c.check(n, b)
+	err = validateLines(ctx, rc, j.Endpoint, s.cfg.MaxLines, func(lc lineCheck) {
+		customID, body, ok := c.accept(lc)
 		switch {
 		case !ok || len(c.errs) > 0:
 			kept = nil // the job fails: nothing to enqueue
@@ -370,10 +366,11 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 		default:
 			kept = nil // the file grew since its record: read it again
 		}
-		return nil
 	})
 	switch {
-	case errors.Is(err, tooMany):
+	case ctx.Err() != nil:
+		return j, nil, ctx.Err() // stopping: the next owner validates again
+	case errors.Is(err, errTooManyLines):
 		return fail([]LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
 	case err != nil:
 		return fail([]LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})

@@ -99,17 +99,35 @@ func (c *checker) fail(line int, code, param, msg string) {
 	}
 }
 
-// check validates one line (number n). It reads the line once, by byte
-// offset (jsonscan.go), with the outcome decoding it into inputLine and
-// its body into a struct of the model would have. A valid line's
-// custom_id and body (a slice of b) come back with ok.
+// check validates one line (number n): checkLine, then accept. A valid
+// line's custom_id and body (a slice of b) come back with ok.
 func (c *checker) check(n int, b []byte) (customID string, body []byte, ok bool) {
-	c.lines++
+	return c.accept(checkLine(c.endpoint, n, b))
+}
+
+// lineCheck is what checkLine found on one line: what the line says alone.
+type lineCheck struct {
+	n        int    // the line's number
+	customID string // when valid
+	model    string // when valid
+	body     []byte // a slice of the line, when valid
+	err      LineError
+}
+
+// checkLine checks what one line (number n, b) says by itself against the
+// batch's endpoint; the checks against the lines before it (one model,
+// custom_id unique) are accept's. It reads the line once, by byte offset
+// (jsonscan.go), with the outcome decoding it into inputLine and its body
+// into a struct of the model would have. It keeps no state, so the lines
+// of a file are checked in parallel (validateLines).
+func checkLine(endpoint string, n int, b []byte) lineCheck {
+	fail := func(code, param, msg string) lineCheck {
+		return lineCheck{n: n, err: LineError{Code: code, Message: msg, Param: param, Line: n}}
+	}
 	if !json.Valid(b) {
 		var v any
 		err := json.Unmarshal(b, &v) // for the syntax error's message
-		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
-		return "", nil, false
+		return fail("invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
 	}
 	var l struct {
 		CustomID, Method, URL string
@@ -145,11 +163,9 @@ func (c *checker) check(n int, b []byte) (customID string, body []byte, ok bool)
 	})
 	switch {
 	case !isObject:
-		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: it is not a JSON object.")
-		return "", nil, false
+		return fail("invalid_json_line", "", "This line is not parseable as valid JSON: it is not a JSON object.")
 	case badType != "":
-		c.fail(n, "invalid_json_line", "", "This line is not parseable as valid JSON: "+badType+" is not a string.")
-		return "", nil, false
+		return fail("invalid_json_line", "", "This line is not parseable as valid JSON: "+badType+" is not a string.")
 	}
 	var model *string
 	if len(l.Body) > 0 && l.Body[0] == '{' {
@@ -173,34 +189,41 @@ func (c *checker) check(n int, b []byte) (customID string, body []byte, ok bool)
 	}
 	switch {
 	case l.CustomID == "":
-		c.fail(n, "missing_required_parameter", "custom_id", "custom_id is missing or empty.")
-		return "", nil, false
+		return fail("missing_required_parameter", "custom_id", "custom_id is missing or empty.")
 	case l.Method != "POST":
-		c.fail(n, "invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
-		return "", nil, false
-	case l.URL != c.endpoint:
-		c.fail(n, "mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, c.endpoint))
-		return "", nil, false
+		return fail("invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
+	case l.URL != endpoint:
+		return fail("mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, endpoint))
 	case l.Body == nil:
-		c.fail(n, "invalid_request", "body", "body must be a JSON object.")
-		return "", nil, false
+		return fail("invalid_request", "body", "body must be a JSON object.")
+	case model == nil || *model == "":
+		return fail("missing_required_parameter", "body.model", "body.model is missing or empty.")
 	}
-	if model == nil || *model == "" {
-		c.fail(n, "missing_required_parameter", "body.model", "body.model is missing or empty.")
+	return lineCheck{n: n, customID: l.CustomID, model: *model, body: l.Body}
+}
+
+// accept takes the next line's check in file order: it counts the line,
+// records its error, or checks it against the lines before it (the file's
+// model is the first valid line's; a custom_id must not repeat an earlier
+// valid line's). A valid line's custom_id and body come back with ok.
+func (c *checker) accept(lc lineCheck) (customID string, body []byte, ok bool) {
+	c.lines++
+	if lc.err.Code != "" {
+		c.fail(lc.n, lc.err.Code, lc.err.Param, lc.err.Message)
 		return "", nil, false
 	}
 	if c.model == "" {
-		c.model = *model
-	} else if *model != c.model {
-		c.fail(n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", *model, c.model))
+		c.model = lc.model
+	} else if lc.model != c.model {
+		c.fail(lc.n, "mismatched_model", "body.model", fmt.Sprintf("The model %q differs from the file's model %q: one model per file.", lc.model, c.model))
 		return "", nil, false
 	}
-	if _, dup := c.ids[l.CustomID]; dup {
-		c.fail(n, "duplicate_custom_id", "custom_id", fmt.Sprintf("The custom_id %q appears on an earlier line.", l.CustomID))
+	if _, dup := c.ids[lc.customID]; dup {
+		c.fail(lc.n, "duplicate_custom_id", "custom_id", fmt.Sprintf("The custom_id %q appears on an earlier line.", lc.customID))
 		return "", nil, false
 	}
-	c.ids[l.CustomID] = struct{}{}
-	return l.CustomID, l.Body, true
+	c.ids[lc.customID] = struct{}{}
+	return lc.customID, lc.body, true
 }
 
 // requestID is the queue request id of line index i of job.
