@@ -350,10 +350,15 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 	defer rc.Close()
 	var kept []inputLine
 	var arena []byte // the bodies of kept, one allocation
-	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil && f.Bytes <= keepLinesBytes {
-		kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
+	lines := 0       // the file's lines as its upload counted them
+	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil {
+		lines = min(f.Lines, s.cfg.MaxLines)
+		if f.Bytes <= keepLinesBytes {
+			kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
+		}
 	}
-	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
+	// The custom_ids' set sized at once (growing it rehashed it 17 times).
+	c := &checker{endpoint: j.Endpoint, ids: make(map[string]struct{}, lines), maxErrs: 100}
 	err = validateLines(ctx, rc, j.Endpoint, s.cfg.MaxLines, func(lc lineCheck) {
 		customID, body, ok := c.accept(lc)
 		switch {

@@ -79,6 +79,24 @@ func stringValue(v []byte) (s string, ok bool) {
 	return s, json.Unmarshal(v, &s) == nil
 }
 
+// stringIs reports whether the raw string token v (nil: absent or null,
+// read as "") reads as s, as stringValue(v) == s would, without
+// allocating when v has no escapes.
+func stringIs(v []byte, s string) bool {
+	if v == nil {
+		return s == ""
+	}
+	if len(v) < 2 || v[0] != '"' {
+		return false
+	}
+	raw := v[1 : len(v)-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw) == s
+	}
+	str, ok := stringValue(v)
+	return ok && str == s
+}
+
 // trimSpace drops the JSON whitespace around b.
 func trimSpace(b []byte) []byte {
 	i := jsonscan.SkipSpace(b, 0)

@@ -130,36 +130,42 @@ func checkLine(endpoint string, n int, b []byte) lineCheck {
 		return fail("invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
 	}
 	var l struct {
-		CustomID, Method, URL string
-		Body                  []byte // the raw value; nil when absent or null
+		CustomID    string
+		Method, URL []byte // raw string tokens, quotes included; nil when absent or null
+		Body        []byte // the raw value; nil when absent or null
 	}
 	badType := ""
 	isObject := eachMember(b, func(name, v []byte) {
-		var dst *string
 		switch {
 		case nameIs(name, "custom_id"):
-			dst = &l.CustomID
-		case nameIs(name, "method"):
-			dst = &l.Method
-		case nameIs(name, "url"):
-			dst = &l.URL
+			if string(v) == "null" {
+				return // null leaves a string as it was
+			}
+			str, ok := stringValue(v)
+			if !ok && badType == "" {
+				badType = string(name)
+			}
+			l.CustomID = str
+		case nameIs(name, "method"), nameIs(name, "url"):
+			// Kept raw: compared with what they must be without
+			// allocating (stringIs), decoded only for an error message.
+			if string(v) == "null" {
+				return
+			}
+			if (len(v) < 2 || v[0] != '"') && badType == "" {
+				badType = string(name)
+			}
+			if nameIs(name, "method") {
+				l.Method = v
+			} else {
+				l.URL = v
+			}
 		case nameIs(name, "body"):
 			l.Body = v
 			if string(v) == "null" {
 				l.Body = nil
 			}
-			return
-		default:
-			return
 		}
-		if string(v) == "null" {
-			return // null leaves a string as it was
-		}
-		str, ok := stringValue(v)
-		if !ok && badType == "" {
-			badType = string(name)
-		}
-		*dst = str
 	})
 	switch {
 	case !isObject:
@@ -190,10 +196,12 @@ func checkLine(endpoint string, n int, b []byte) lineCheck {
 	switch {
 	case l.CustomID == "":
 		return fail("missing_required_parameter", "custom_id", "custom_id is missing or empty.")
-	case l.Method != "POST":
-		return fail("invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", l.Method))
-	case l.URL != endpoint:
-		return fail("mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", l.URL, endpoint))
+	case !stringIs(l.Method, "POST"):
+		method, _ := stringValue(l.Method)
+		return fail("invalid_method", "method", fmt.Sprintf("method %q: only POST is supported.", method))
+	case !stringIs(l.URL, endpoint):
+		url, _ := stringValue(l.URL)
+		return fail("mismatched_endpoint", "url", fmt.Sprintf("The url %q does not match the batch's endpoint %q.", url, endpoint))
 	case l.Body == nil:
 		return fail("invalid_request", "body", "body must be a JSON object.")
 	case model == nil || *model == "":

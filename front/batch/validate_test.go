@@ -76,3 +76,20 @@ func TestValidateLinesMatchesInOrder(t *testing.T) {
 		t.Errorf("a limit of %d lines: %d lines accepted, error %v", checkChunkLines+3, n, err)
 	}
 }
+
+// BenchmarkValidate50k is validation's pass over a 50,000-line file (the
+// bench's batch-api input), as validate makes it.
+func BenchmarkValidate50k(b *testing.B) {
+	const ep = "/v1/chat/completions"
+	var file bytes.Buffer
+	for i := range 50000 {
+		fmt.Fprintf(&file, `{"custom_id":"req-%d","method":"POST","url":%q,"body":{"model":"m1","messages":[{"role":"user","content":"hello %d"}],"max_tokens":8}}`+"\n", i, ep, i)
+	}
+	b.SetBytes(int64(file.Len()))
+	for b.Loop() {
+		c := &checker{endpoint: ep, ids: map[string]struct{}{}, maxErrs: 100}
+		if err := validateLines(context.Background(), bytes.NewReader(file.Bytes()), ep, 50000, func(lc lineCheck) { c.accept(lc) }); err != nil || len(c.errs) > 0 || c.lines != 50000 {
+			b.Fatal(err, c.errs)
+		}
+	}
+}
