@@ -575,13 +575,19 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 // lines still without a record) came, it lets RecordWait pass and then
 // takes what arrived meanwhile, up to ChunkSize, so that one state step
 // records many (group commit). It sleeps through the window rather than
-// reading on every publish, which would cost a read per few results.
+// reading on every publish, which would cost a read per few results;
+// but in the job's last step (left at most ChunkSize) it looks every
+// lastStepPoll and ends the window once every line left has a result,
+// so the job's end does not wait out the window.
 func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]submit.Result, error) {
 	nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	rs, err := r.Next(nctx)
 	cancel()
 	if err != nil || len(rs) == 0 || len(rs) >= s.cfg.ChunkSize || int64(len(rs)) >= left {
 		return rs, err
+	}
+	if left <= int64(s.cfg.ChunkSize) {
+		return s.gatherLast(ctx, r, rs, left), nil
 	}
 	t := time.NewTimer(s.cfg.RecordWait)
 	select {
@@ -601,6 +607,34 @@ func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]su
 		rs = append(rs, more...)
 	}
 	return rs, nil
+}
+
+// lastStepPoll is how often gather looks for the results of a job's last
+// step during its window.
+const lastStepPoll = time.Millisecond
+
+// gatherLast is gather's window for the job's last step: rs came, left
+// lines have no record; it takes what arrives every lastStepPoll until
+// left results came or RecordWait passed.
+func (s *Service) gatherLast(ctx context.Context, r submit.Reader, rs []submit.Result, left int64) []submit.Result {
+	end := time.Now().Add(s.cfg.RecordWait)
+	for int64(len(rs)) < left {
+		wait := min(lastStepPoll, time.Until(end))
+		if wait <= 0 {
+			break
+		}
+		tctx, cancel := context.WithTimeout(ctx, wait)
+		more, err := r.Next(tctx)
+		cancel()
+		if ctx.Err() != nil {
+			break // the caller sees ctx end; these are handed out again
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		rs = append(rs, more...)
+	}
+	return rs
 }
 
 // stop cancels what is left of job j on the queue (once: CancelSent) as it
