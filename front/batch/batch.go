@@ -68,7 +68,8 @@ type Config struct {
 	// RecordWait is how long the collector of a job gathers the results
 	// it reads before it records them in one state step (one transaction,
 	// one fsync on the local store) and acks them: up to ChunkSize results
-	// or this long after the first (default 20ms). A result is acked only
+	// or this long after the first (default 20ms; the job's last step ends
+	// sooner, once every line left has a result). A result is acked only
 	// after its record is committed, as before; the wait trades that
 	// much latency per result for fewer, larger steps.
 	RecordWait time.Duration
