@@ -68,7 +68,8 @@ type Config struct {
 	// RecordWait is how long the collector of a job gathers the results
 	// it reads before it records them in one state step (one transaction,
 	// one fsync on the local store) and acks them: up to ChunkSize results
-	// or this long after the first (default 20ms). A result is acked only
+	// or this long after the first (default 20ms; the job's last step ends
+	// sooner, once every line left has a result). A result is acked only
 	// after its record is committed, as before; the wait trades that
 	// much latency per result for fewer, larger steps.
 	RecordWait time.Duration
@@ -350,16 +351,17 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 	defer rc.Close()
 	var kept []inputLine
 	var arena []byte // the bodies of kept, one allocation
-	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil && f.Bytes <= keepLinesBytes {
-		kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
-	}
-	c := &checker{endpoint: j.Endpoint, ids: map[string]struct{}{}, maxErrs: 100}
-	tooMany := errors.New("too many lines")
-	err = eachLine(rc, func(n int, b []byte) error {
-		if c.lines == s.cfg.MaxLines {
-			return tooMany
+	lines := 0       // the file's lines as its upload counted them
+	if f, err := s.state.GetFile(ctx, j.InputFileID); err == nil {
+		lines = min(f.Lines, s.cfg.MaxLines)
+		if f.Bytes <= keepLinesBytes {
+			kept, arena = make([]inputLine, 0, f.Lines+1), make([]byte, 0, f.Bytes)
 		}
-		customID, body, ok := c.check(n, b)
+	}
+	// The custom_ids' set sized at once (growing it rehashed it 17 times).
+	c := &checker{endpoint: j.Endpoint, ids: make(map[string]struct{}, lines), maxErrs: 100}
+	err = validateLines(ctx, rc, j.Endpoint, s.cfg.MaxLines, func(lc lineCheck) {
+		customID, body, ok := c.accept(lc)
 		switch {
 		case !ok || len(c.errs) > 0:
 			kept = nil // the job fails: nothing to enqueue
@@ -370,10 +372,11 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 		default:
 			kept = nil // the file grew since its record: read it again
 		}
-		return nil
 	})
 	switch {
-	case errors.Is(err, tooMany):
+	case ctx.Err() != nil:
+		return j, nil, ctx.Err() // stopping: the next owner validates again
+	case errors.Is(err, errTooManyLines):
 		return fail([]LineError{{Code: "too_many_requests", Message: fmt.Sprintf("The input file holds more than %d requests.", s.cfg.MaxLines)}})
 	case err != nil:
 		return fail([]LineError{{Code: "invalid_file", Message: "The input file cannot be read: " + err.Error()}})
@@ -573,13 +576,19 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 // lines still without a record) came, it lets RecordWait pass and then
 // takes what arrived meanwhile, up to ChunkSize, so that one state step
 // records many (group commit). It sleeps through the window rather than
-// reading on every publish, which would cost a read per few results.
+// reading on every publish, which would cost a read per few results;
+// but in the job's last step (left at most ChunkSize) it looks every
+// lastStepPoll and ends the window once every line left has a result,
+// so the job's end does not wait out the window.
 func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]submit.Result, error) {
 	nctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	rs, err := r.Next(nctx)
 	cancel()
 	if err != nil || len(rs) == 0 || len(rs) >= s.cfg.ChunkSize || int64(len(rs)) >= left {
 		return rs, err
+	}
+	if left <= int64(s.cfg.ChunkSize) {
+		return s.gatherLast(ctx, r, rs, left), nil
 	}
 	t := time.NewTimer(s.cfg.RecordWait)
 	select {
@@ -599,6 +608,34 @@ func (s *Service) gather(ctx context.Context, r submit.Reader, left int64) ([]su
 		rs = append(rs, more...)
 	}
 	return rs, nil
+}
+
+// lastStepPoll is how often gather looks for the results of a job's last
+// step during its window.
+const lastStepPoll = time.Millisecond
+
+// gatherLast is gather's window for the job's last step: rs came, left
+// lines have no record; it takes what arrives every lastStepPoll until
+// left results came or RecordWait passed.
+func (s *Service) gatherLast(ctx context.Context, r submit.Reader, rs []submit.Result, left int64) []submit.Result {
+	end := time.Now().Add(s.cfg.RecordWait)
+	for int64(len(rs)) < left {
+		wait := min(lastStepPoll, time.Until(end))
+		if wait <= 0 {
+			break
+		}
+		tctx, cancel := context.WithTimeout(ctx, wait)
+		more, err := r.Next(tctx)
+		cancel()
+		if ctx.Err() != nil {
+			break // the caller sees ctx end; these are handed out again
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		rs = append(rs, more...)
+	}
+	return rs
 }
 
 // stop cancels what is left of job j on the queue (once: CancelSent) as it

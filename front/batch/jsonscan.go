@@ -3,6 +3,7 @@ package batch
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"unicode/utf8"
 
 	"github.com/sluice-io/sluice/internal/jsonscan"
@@ -78,6 +79,24 @@ func stringValue(v []byte) (s string, ok bool) {
 	return s, json.Unmarshal(v, &s) == nil
 }
 
+// stringIs reports whether the raw string token v (nil: absent or null,
+// read as "") reads as s, as stringValue(v) == s would, without
+// allocating when v has no escapes.
+func stringIs(v []byte, s string) bool {
+	if v == nil {
+		return s == ""
+	}
+	if len(v) < 2 || v[0] != '"' {
+		return false
+	}
+	raw := v[1 : len(v)-1]
+	if bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw) == s
+	}
+	str, ok := stringValue(v)
+	return ok && str == s
+}
+
 // trimSpace drops the JSON whitespace around b.
 func trimSpace(b []byte) []byte {
 	i := jsonscan.SkipSpace(b, 0)
@@ -100,11 +119,122 @@ func bodyUsageOf(body []byte) *lineUsage {
 	var lu *lineUsage
 	ok := true
 	if !eachMember(body, func(name, v []byte) {
-		if nameIs(name, "usage") && json.Unmarshal(v, &lu) != nil {
+		if nameIs(name, "usage") && !decodeUsage(v, &lu) {
 			ok = false
 		}
 	}) || !ok {
 		return nil
 	}
 	return lu
+}
+
+// decodeUsage reads the usage value v (valid JSON) into *lu by byte
+// offset, as json.Unmarshal(v, lu) would (null sets *lu nil; an object
+// fills *lu, allocated when nil, member by member); false where that
+// would fail (a value of another type, a number that is not an int64).
+// Every response body's usage is read (1 µs a line with encoding/json's
+// reflective decoder, most of building an output line).
+func decodeUsage(v []byte, lu **lineUsage) bool {
+	if string(v) == "null" {
+		*lu = nil
+		return true
+	}
+	if len(v) == 0 || v[0] != '{' {
+		return false
+	}
+	if *lu == nil {
+		*lu = new(lineUsage)
+	}
+	u := *lu
+	ok := true
+	eachMember(v, func(name, v []byte) {
+		var dst *int64
+		switch {
+		case nameIs(name, "prompt_tokens"):
+			dst = &u.PromptTokens
+		case nameIs(name, "completion_tokens"):
+			dst = &u.CompletionTokens
+		case nameIs(name, "input_tokens"):
+			dst = &u.InputTokens
+		case nameIs(name, "output_tokens"):
+			dst = &u.OutputTokens
+		case nameIs(name, "total_tokens"):
+			dst = &u.TotalTokens
+		case nameIs(name, "prompt_tokens_details"):
+			ok = decodeDetail(v, "cached_tokens", func() *int64 {
+				if u.PromptTokensDetails == nil {
+					u.PromptTokensDetails = &cachedTokens{}
+				}
+				return &u.PromptTokensDetails.CachedTokens
+			}, func() { u.PromptTokensDetails = nil }) && ok
+			return
+		case nameIs(name, "input_tokens_details"):
+			ok = decodeDetail(v, "cached_tokens", func() *int64 {
+				if u.InputTokensDetails == nil {
+					u.InputTokensDetails = &cachedTokens{}
+				}
+				return &u.InputTokensDetails.CachedTokens
+			}, func() { u.InputTokensDetails = nil }) && ok
+			return
+		case nameIs(name, "completion_tokens_details"):
+			ok = decodeDetail(v, "reasoning_tokens", func() *int64 {
+				if u.CompletionTokensDetails == nil {
+					u.CompletionTokensDetails = &reasoningTokens{}
+				}
+				return &u.CompletionTokensDetails.ReasoningTokens
+			}, func() { u.CompletionTokensDetails = nil }) && ok
+			return
+		case nameIs(name, "output_tokens_details"):
+			ok = decodeDetail(v, "reasoning_tokens", func() *int64 {
+				if u.OutputTokensDetails == nil {
+					u.OutputTokensDetails = &reasoningTokens{}
+				}
+				return &u.OutputTokensDetails.ReasoningTokens
+			}, func() { u.OutputTokensDetails = nil }) && ok
+			return
+		default:
+			return
+		}
+		ok = decodeInt(v, dst) && ok
+	})
+	return ok
+}
+
+// decodeDetail reads a details object of one int64 member (field) as
+// json.Unmarshal into a pointer to its struct would: null clears the
+// pointer (clear), an object allocates it when nil (n returns the
+// member's address, allocating) and sets the member it names.
+func decodeDetail(v []byte, field string, n func() *int64, clear func()) bool {
+	if string(v) == "null" {
+		clear()
+		return true
+	}
+	if len(v) == 0 || v[0] != '{' {
+		return false
+	}
+	dst := n()
+	ok := true
+	eachMember(v, func(name, v []byte) {
+		if nameIs(name, field) {
+			ok = decodeInt(v, dst) && ok
+		}
+	})
+	return ok
+}
+
+// decodeInt reads a JSON number into an int64 as encoding/json does (an
+// integer literal in range; null leaves *n as it was).
+func decodeInt(v []byte, n *int64) bool {
+	if string(v) == "null" {
+		return true
+	}
+	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+		return false
+	}
+	i, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil {
+		return false
+	}
+	*n = i
+	return true
 }

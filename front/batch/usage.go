@@ -26,23 +26,23 @@ type OutputTokensDetails struct {
 
 // lineUsage is the usage of a response body, in either naming.
 type lineUsage struct {
-	PromptTokens        int64 `json:"prompt_tokens"`
-	CompletionTokens    int64 `json:"completion_tokens"`
-	InputTokens         int64 `json:"input_tokens"`
-	OutputTokens        int64 `json:"output_tokens"`
-	TotalTokens         int64 `json:"total_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-	InputTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"input_tokens_details"`
-	CompletionTokensDetails *struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"completion_tokens_details"`
-	OutputTokensDetails *struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	} `json:"output_tokens_details"`
+	PromptTokens            int64            `json:"prompt_tokens"`
+	CompletionTokens        int64            `json:"completion_tokens"`
+	InputTokens             int64            `json:"input_tokens"`
+	OutputTokens            int64            `json:"output_tokens"`
+	TotalTokens             int64            `json:"total_tokens"`
+	PromptTokensDetails     *cachedTokens    `json:"prompt_tokens_details"`
+	InputTokensDetails      *cachedTokens    `json:"input_tokens_details"`
+	CompletionTokensDetails *reasoningTokens `json:"completion_tokens_details"`
+	OutputTokensDetails     *reasoningTokens `json:"output_tokens_details"`
+}
+
+type cachedTokens struct {
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+type reasoningTokens struct {
+	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
 // add adds the usage of one output or error line (a record's Line) to u;
@@ -74,16 +74,12 @@ func (u *Usage) addUsage(lu *lineUsage) {
 	} else {
 		u.TotalTokens += in + out
 	}
-	for _, d := range []*struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	}{lu.PromptTokensDetails, lu.InputTokensDetails} {
+	for _, d := range []*cachedTokens{lu.PromptTokensDetails, lu.InputTokensDetails} {
 		if d != nil {
 			u.InputTokensDetails.CachedTokens += d.CachedTokens
 		}
 	}
-	for _, d := range []*struct {
-		ReasoningTokens int64 `json:"reasoning_tokens"`
-	}{lu.CompletionTokensDetails, lu.OutputTokensDetails} {
+	for _, d := range []*reasoningTokens{lu.CompletionTokensDetails, lu.OutputTokensDetails} {
 		if d != nil {
 			u.OutputTokensDetails.ReasoningTokens += d.ReasoningTokens
 		}

@@ -1,6 +1,10 @@
 package batch
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/sluice-io/sluice/core/wire"
+)
 
 func TestUsageAdd(t *testing.T) {
 	var u Usage
@@ -49,5 +53,21 @@ func TestUsageTally(t *testing.T) {
 	resumed.recorded([]*lineUsage{one}, 1)
 	if resumed.exact || resumed.sum.TotalTokens != 0 {
 		t.Fatalf("a resumed job's tally: %+v", resumed)
+	}
+}
+
+// BenchmarkRecordOf is the front's work per result: the output line built
+// around a chat completion's body (as the simulator answers) and its
+// usage read.
+func BenchmarkRecordOf(b *testing.B) {
+	r := &wire.Result{ID: "batch_18b0c0ffee0000001a2b3c4d-12345", StatusCode: 200,
+		Payload: `{"id":"chatcmpl-12345","object":"chat.completion","created":1764700000,"model":"m1",` +
+			`"choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],` +
+			`"usage":{"prompt_tokens":25,"completion_tokens":9,"total_tokens":34}}` + "\n"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, u := recordOf(12345, "req-12345", r); u == nil || u.TotalTokens != 34 {
+			b.Fatalf("usage %+v", u)
+		}
 	}
 }

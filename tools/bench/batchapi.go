@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -74,15 +75,17 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 	input := batchAPIInput(batchAPILines)
 	var api, direct, apiCPU, directCPU, apiAllocs, directAllocs []float64
 	failed, baseFailed := 0, 0
+	var stages, directStages []map[string]float64
 	err = alternate(ctx, o.runs,
 		func(ctx context.Context, _ int) error {
 			c := startCost()
 			var secs float64
 			var out []byte
 			var err error
+			clock := newStageClock()
 			// The label splits a -cpuprofile by side (pprof -tagfocus side=api).
 			pprof.Do(ctx, pprof.Labels("side", "api"), func(ctx context.Context) {
-				secs, out, err = batchAPIRun(ctx, url, input)
+				secs, out, err = batchAPIRun(ctx, url, input, clock)
 			})
 			if err != nil {
 				return fmt.Errorf("batch api: %w", err)
@@ -93,6 +96,7 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 				return fmt.Errorf("batch api: %w", err)
 			}
 			api, failed = append(api, batchAPILines/secs), failed+bad
+			stages = append(stages, clock.ms())
 			apiCPU, apiAllocs = append(apiCPU, cpu), append(apiAllocs, allocs)
 			return nil
 		},
@@ -101,21 +105,23 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 			var secs float64
 			var bad int
 			var err error
+			clock := newStageClock()
 			pprof.Do(ctx, pprof.Labels("side", "direct"), func(ctx context.Context) {
-				secs, bad, err = batchDirectRun(ctx, url, input)
+				secs, bad, err = batchDirectRun(ctx, url, input, clock)
 			})
 			if err != nil {
 				return fmt.Errorf("direct: %w", err)
 			}
 			cpu, allocs := c.perLine(batchAPILines)
 			direct, baseFailed = append(direct, batchAPILines/secs), baseFailed+bad
+			directStages = append(directStages, clock.ms())
 			directCPU, directAllocs = append(directCPU, cpu), append(directAllocs, allocs)
 			return nil
 		})
 	if err != nil {
 		return nil, err
 	}
-	return figures{
+	f := figures{
 		"lines":                  batchAPILines,
 		"failed":                 float64(failed),
 		"baseline_failed":        float64(baseFailed),
@@ -127,7 +133,36 @@ func runBatchAPI(ctx context.Context, o options) (figures, error) {
 		"direct_cpu_us_per_line": median(directCPU),
 		"allocs_per_line":        median(apiAllocs),
 		"direct_allocs_per_line": median(directAllocs),
-	}, nil
+	}
+	for i := range api {
+		fmt.Fprintf(os.Stderr, "bench: batch-api run %d/%d: api %.0f lines/s, direct %.0f lines/s, ratio %.2f; api stages (ms from the start):",
+			i+1, len(api), api[i], direct[i], api[i]/direct[i])
+		for _, name := range batchStageNames {
+			fmt.Fprintf(os.Stderr, " %s %.0f", name, stages[i][name])
+		}
+		fmt.Fprintf(os.Stderr, "; direct done %.0f\n", directStages[i]["done"])
+	}
+	for _, name := range batchStageNames {
+		f["at_"+name+"_ms"] = medianOf(stages, name)
+	}
+	for _, name := range batchDirectStageNames {
+		f["direct_at_"+name+"_ms"] = medianOf(directStages, name)
+	}
+	return f, nil
+}
+
+// medianOf is the median of stage name over the runs (NaN when a run did
+// not note it).
+func medianOf(runs []map[string]float64, name string) float64 {
+	vs := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		v, ok := r[name]
+		if !ok {
+			return math.NaN()
+		}
+		vs = append(vs, v)
+	}
+	return median(vs)
 }
 
 // cost is where a side started in the process's CPU time and heap
@@ -198,7 +233,7 @@ func runUntil(ctx context.Context, body func(context.Context) error, fns ...func
 
 // batchAPIRun is one run of the Batch API side: seconds from the upload's
 // start to the output downloaded, and the output file.
-func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, out []byte, err error) {
+func batchAPIRun(ctx context.Context, gatewayURL string, input []byte, clock *stageClock) (secs float64, out []byte, err error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-batch-")
 	if err != nil {
 		return 0, nil, err
@@ -208,16 +243,19 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 	if err != nil {
 		return 0, nil, err
 	}
-	files, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
+	diskFiles, err := disk.Open(disk.Config{Dir: filepath.Join(dir, "files")})
 	if err != nil {
 		return 0, nil, err
 	}
-	state, err := boltstate.Open(filepath.Join(dir, "state.db"))
+	boltState, err := boltstate.Open(filepath.Join(dir, "state.db"))
 	if err != nil {
 		return 0, nil, err
 	}
-	defer state.Close()
-	prod := submitmem.New(mem, submitmem.Options{})
+	defer boltState.Close()
+	// The seams wrapped only to note the stages' times (batchstages.go).
+	state := stageState{State: boltState, c: clock}
+	files := stageFiles{Store: diskFiles, c: clock}
+	prod := stageProducer{Producer: submitmem.New(mem, submitmem.Options{}), c: clock}
 	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
 	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
 	if err != nil {
@@ -236,24 +274,32 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte) (secs flo
 		}
 		return nil
 	}
+	outPath := filepath.Join(dir, "output.jsonl")
 	err = runUntil(ctx, func(ctx context.Context) error {
-		start := time.Now()
-		out, err = batchAPIJob(ctx, base, input)
-		secs = time.Since(start).Seconds()
+		clock.restart()
+		err := batchAPIJob(ctx, base, input, outPath, clock)
+		secs = clock.elapsed().Seconds()
 		return err
 	}, a.Run, svc.Run, serve)
+	if err != nil {
+		return 0, nil, err
+	}
+	out, err = os.ReadFile(outPath) // for the check, after the clock stopped
 	return secs, out, err
 }
 
 // batchAPIJob uploads input, creates a batch on it, waits for it to end
-// and returns its downloaded output file.
-func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error) {
+// and downloads its output file to outPath, as `sluice batch download`
+// does (to a file: held in the bench's heap instead, the 20 MB buffer
+// cost the client 10-90 ms of allocation and garbage collection, more
+// than the download).
+func batchAPIJob(ctx context.Context, base string, input []byte, outPath string, clock *stageClock) error {
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	_ = mw.WriteField("purpose", "batch")
 	fw, err := mw.CreateFormFile("file", "input.jsonl")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	_, _ = fw.Write(input)
 	_ = mw.Close()
@@ -261,8 +307,9 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 		ID string `json:"id"`
 	}
 	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/files", mw.FormDataContentType(), &body, &file); err != nil {
-		return nil, fmt.Errorf("upload: %w", err)
+		return fmt.Errorf("upload: %w", err)
 	}
+	clock.first("upload")
 	create, _ := json.Marshal(map[string]string{"input_file_id": file.ID, "endpoint": batchAPIEndpoint, "completion_window": "24h"})
 	var job struct {
 		ID           string       `json:"id"`
@@ -271,31 +318,41 @@ func batchAPIJob(ctx context.Context, base string, input []byte) ([]byte, error)
 		Counts       batch.Counts `json:"request_counts"`
 	}
 	if err := batchHTTP(ctx, http.MethodPost, base+"/v1/batches", "application/json", bytes.NewReader(create), &job); err != nil {
-		return nil, fmt.Errorf("create: %w", err)
+		return fmt.Errorf("create: %w", err)
 	}
+	clock.first("created")
 	deadline := time.Now().Add(5 * time.Minute)
 	for !batch.Final(job.Status) {
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("batch %s still %s after 5m (%+v)", job.ID, job.Status, job.Counts)
+			return fmt.Errorf("batch %s still %s after 5m (%+v)", job.ID, job.Status, job.Counts)
 		}
 		if !sleep(ctx, 20*time.Millisecond) {
-			return nil, ctx.Err()
+			return ctx.Err()
 		}
 		if err := batchHTTP(ctx, http.MethodGet, base+"/v1/batches/"+job.ID, "", nil, &job); err != nil {
-			return nil, fmt.Errorf("retrieve: %w", err)
+			return fmt.Errorf("retrieve: %w", err)
 		}
 	}
+	clock.first("polled")
 	if job.Status != batch.StatusCompleted || job.OutputFileID == nil {
-		return nil, fmt.Errorf("batch %s ended %s (%+v)", job.ID, job.Status, job.Counts)
+		return fmt.Errorf("batch %s ended %s (%+v)", job.ID, job.Status, job.Counts)
 	}
-	var out bytes.Buffer
-	if err := batchHTTP(ctx, http.MethodGet, base+"/v1/files/"+*job.OutputFileID+"/content", "", nil, &out); err != nil {
-		return nil, fmt.Errorf("download: %w", err)
+	out, err := os.Create(outPath)
+	if err != nil {
+		return err
 	}
-	return out.Bytes(), nil
+	defer out.Close()
+	if err := batchHTTP(ctx, http.MethodGet, base+"/v1/files/"+*job.OutputFileID+"/content", "", nil, out); err != nil {
+		return fmt.Errorf("download: %w", err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("download: %w", err)
+	}
+	clock.first("downloaded")
+	return nil
 }
 
-// batchHTTP makes one call; into is decoded JSON, or a *bytes.Buffer that
+// batchHTTP makes one call; into is decoded JSON, or an io.Writer that
 // gets the body as it is.
 func batchHTTP(ctx context.Context, method, url, ctype string, body io.Reader, into any) error {
 	req, err := http.NewRequestWithContext(ctx, method, url, body)
@@ -314,8 +371,8 @@ func batchHTTP(ctx context.Context, method, url, ctype string, body io.Reader, i
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return fmt.Errorf("%s %s: %s: %s", method, url, resp.Status, b)
 	}
-	if buf, ok := into.(*bytes.Buffer); ok {
-		_, err = buf.ReadFrom(resp.Body)
+	if w, ok := into.(io.Writer); ok {
+		_, err = io.Copy(w, resp.Body)
 		return err
 	}
 	return json.NewDecoder(resp.Body).Decode(into)
@@ -358,7 +415,7 @@ func batchOutputFailures(out []byte, n int) (int, error) {
 // chunks of 1000, their results read from a route of their own and acked;
 // seconds from the first line read to the last result acked, and the
 // results that were not a 200 (or never came).
-func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs float64, failed int, err error) {
+func batchDirectRun(ctx context.Context, gatewayURL string, input []byte, clock *stageClock) (secs float64, failed int, err error) {
 	mem, a, err := batchDeployment(gatewayURL)
 	if err != nil {
 		return 0, 0, err
@@ -366,7 +423,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 	prod := submitmem.New(mem, submitmem.Options{})
 	const job, route, chunkSize = "direct", "sluice-batch:direct", 1000
 	err = runUntil(ctx, func(ctx context.Context) error {
-		start := time.Now()
+		clock.restart()
 		r, err := prod.Results(ctx, route)
 		if err != nil {
 			return err
@@ -402,6 +459,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 				return err
 			}
 		}
+		clock.first("last_enqueue")
 		seen := make([]bool, n)
 		got := 0
 		for got < n {
@@ -411,6 +469,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 			if err != nil {
 				return fmt.Errorf("results after %d of %d: %w", got, n, err)
 			}
+			clock.first("first_result")
 			for _, res := range rs {
 				i := -1
 				if res.Result != nil && len(res.ID) > len(job)+1 {
@@ -427,7 +486,8 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte) (secs 
 				return err
 			}
 		}
-		secs = time.Since(start).Seconds()
+		secs = clock.elapsed().Seconds()
+		clock.first("done")
 		return nil
 	}, a.Run)
 	return secs, failed, err
