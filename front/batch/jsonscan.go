@@ -161,36 +161,16 @@ func decodeUsage(v []byte, lu **lineUsage) bool {
 		case nameIs(name, "total_tokens"):
 			dst = &u.TotalTokens
 		case nameIs(name, "prompt_tokens_details"):
-			ok = decodeDetail(v, "cached_tokens", func() *int64 {
-				if u.PromptTokensDetails == nil {
-					u.PromptTokensDetails = &cachedTokens{}
-				}
-				return &u.PromptTokensDetails.CachedTokens
-			}, func() { u.PromptTokensDetails = nil }) && ok
+			ok = detailInto(v, "cached_tokens", &u.PromptTokensDetails, cachedOf) && ok
 			return
 		case nameIs(name, "input_tokens_details"):
-			ok = decodeDetail(v, "cached_tokens", func() *int64 {
-				if u.InputTokensDetails == nil {
-					u.InputTokensDetails = &cachedTokens{}
-				}
-				return &u.InputTokensDetails.CachedTokens
-			}, func() { u.InputTokensDetails = nil }) && ok
+			ok = detailInto(v, "cached_tokens", &u.InputTokensDetails, cachedOf) && ok
 			return
 		case nameIs(name, "completion_tokens_details"):
-			ok = decodeDetail(v, "reasoning_tokens", func() *int64 {
-				if u.CompletionTokensDetails == nil {
-					u.CompletionTokensDetails = &reasoningTokens{}
-				}
-				return &u.CompletionTokensDetails.ReasoningTokens
-			}, func() { u.CompletionTokensDetails = nil }) && ok
+			ok = detailInto(v, "reasoning_tokens", &u.CompletionTokensDetails, reasoningOf) && ok
 			return
 		case nameIs(name, "output_tokens_details"):
-			ok = decodeDetail(v, "reasoning_tokens", func() *int64 {
-				if u.OutputTokensDetails == nil {
-					u.OutputTokensDetails = &reasoningTokens{}
-				}
-				return &u.OutputTokensDetails.ReasoningTokens
-			}, func() { u.OutputTokensDetails = nil }) && ok
+			ok = detailInto(v, "reasoning_tokens", &u.OutputTokensDetails, reasoningOf) && ok
 			return
 		default:
 			return
@@ -238,3 +218,18 @@ func decodeInt(v []byte, n *int64) bool {
 	*n = i
 	return true
 }
+
+// detailInto decodes the details object v into *p (member is its one
+// counted field, field its place in T), allocating *p on the first count
+// and clearing it on null, as decodeDetail's callbacks ask.
+func detailInto[T any](v []byte, member string, p **T, field func(*T) *int64) bool {
+	return decodeDetail(v, member, func() *int64 {
+		if *p == nil {
+			*p = new(T)
+		}
+		return field(*p)
+	}, func() { *p = nil })
+}
+
+func cachedOf(d *cachedTokens) *int64       { return &d.CachedTokens }
+func reasoningOf(d *reasoningTokens) *int64 { return &d.ReasoningTokens }
