@@ -30,6 +30,16 @@
 // in flight over it (core/pipeline's evictor), which is what frees seats
 // within a step instead of after a batch generation.
 //
+// With kv_limit (off by default) it also reads kv_metric (vLLM's
+// vllm:kv_cache_usage_perc) per pod: while the fullest pod's KV cache is
+// above kv_limit, the limit holds at own, so nothing more is admitted and
+// nothing is taken back for it. A long batch generation's context grows
+// with every token, so seats alone let the batch fill the cache, and an
+// interactive request then waits for blocks however many seats are free.
+// (Lowering the limit below own, which takes calls back, was tried: the
+// take-backs in idle phases used up the requests' evict_limit, and in the
+// bursts the batch could no longer be taken back.)
+//
 // A failed reading (an endpoint down, a metric missing) keeps the last
 // budget (failure policy keep-last; an eviction happens only on a reading
 // that worked). The gate is an Admitter only to count what it admitted;
@@ -63,6 +73,7 @@ const (
 	DefaultReserve         = 2
 	DefaultRunningMetric   = "vllm:num_requests_running"
 	DefaultWaitingMetric   = "vllm:num_requests_waiting"
+	DefaultKVMetric        = "vllm:kv_cache_usage_perc"
 	DefaultRefreshInterval = 50 * time.Millisecond
 	DefaultHold            = time.Second
 	// ScrapeTimeout bounds one endpoint's GET.
@@ -99,6 +110,13 @@ type Config struct {
 	Hold time.Duration
 	// RunningMetric and WaitingMetric are the gauges read per pod.
 	RunningMetric, WaitingMetric string
+	// KVLimit is the KV-cache usage (0..1] of the fullest pod above which
+	// the limit holds at what the queue has in flight (default 0: KV not
+	// read).
+	KVLimit float64
+	// KVMetric is the KV-cache usage gauge read per pod with KVLimit
+	// (default vllm:kv_cache_usage_perc).
+	KVMetric string
 	// Labels filter the series read ("" also matches a series without the label).
 	Labels map[string]string
 	// MaxConcurrency is the queue's in-flight limit at budget 1 (gate.Env's).
@@ -124,6 +142,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.WaitingMetric == "" {
 		c.WaitingMetric = DefaultWaitingMetric
+	}
+	if c.KVMetric == "" {
+		c.KVMetric = DefaultKVMetric
 	}
 	if c.RefreshInterval <= 0 {
 		c.RefreshInterval = DefaultRefreshInterval
@@ -162,6 +183,9 @@ func (c Config) Validate() error {
 	}
 	if !(c.WaitingWeight >= 0) || math.IsInf(c.WaitingWeight, 0) {
 		errs = append(errs, fmt.Errorf("gate_params.waiting_weight: %v, want a finite number ≥ 0", c.WaitingWeight))
+	}
+	if !(c.KVLimit >= 0 && c.KVLimit <= 1) {
+		errs = append(errs, fmt.Errorf("gate_params.kv_limit: %v outside [0,1] (0: KV not read)", c.KVLimit))
 	}
 	if !(c.ReserveShare >= 0 && c.ReserveShare < 1) {
 		errs = append(errs, fmt.Errorf("gate_params.reserve_share: %v outside [0,1)", c.ReserveShare))
@@ -218,7 +242,11 @@ type Reading struct {
 	// Others is the traffic sluice does not send; Held its peak within Hold.
 	Others, Held         int
 	Keep, Allowed, Seats int
-	Budget               float64
+	// KV is the fullest pod's KV-cache usage (with KVLimit), KVCap the
+	// limit it held the queue at (-1: none).
+	KV     float64
+	KVCap  int
+	Budget float64
 }
 
 var (
@@ -269,6 +297,10 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.Hold, err = p.Duration("hold", DefaultHold); err != nil {
 		return nil, err
 	}
+	if cfg.KVLimit, err = p.Float("kv_limit", 0); err != nil {
+		return nil, err
+	}
+	cfg.KVMetric = p.String("kv_metric", "")
 	if cfg.Labels, err = p.StringMap("labels"); err != nil {
 		return nil, err
 	}
@@ -305,7 +337,7 @@ func endpoints(p gate.Params) ([]string, error) {
 // Budget reads every pod and returns the share of the queue's concurrency
 // the other traffic leaves beyond the reserve.
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
-	running, waiting, err := g.read(ctx)
+	running, waiting, kv, err := g.read(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -316,6 +348,11 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	r.Held = g.held(r.At, r.Others)
 	r.Keep = *c.Reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
 	r.Allowed = max(0, r.Seats-r.Keep-r.Held)
+	r.KV, r.KVCap = kv, -1
+	if c.KVLimit > 0 && kv > c.KVLimit {
+		r.KVCap = r.Own
+		r.Allowed = min(r.Allowed, r.KVCap)
+	}
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.mu.Lock()
 	g.last = r
@@ -323,11 +360,12 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	return r.Budget, nil
 }
 
-// read sums the running and waiting gauges over the pods.
-func (g *Gate) read(ctx context.Context) (running, waiting int, err error) {
+// read sums the running and waiting gauges over the pods and, with
+// KVLimit, returns the highest KV-cache usage of any pod.
+func (g *Gate) read(ctx context.Context) (running, waiting int, kv float64, err error) {
 	type page struct {
-		run, wait float64
-		err       error
+		run, wait, kv float64
+		err           error
 	}
 	pages := make([]page, len(g.cfg.Endpoints))
 	var wg sync.WaitGroup
@@ -344,6 +382,9 @@ func (g *Gate) read(ctx context.Context) (running, waiting int, err error) {
 			if pages[i].err == nil {
 				pages[i].wait, pages[i].err = sum(fams[g.cfg.WaitingMetric], g.cfg.Labels, u, g.cfg.WaitingMetric)
 			}
+			if pages[i].err == nil && g.cfg.KVLimit > 0 {
+				pages[i].kv, pages[i].err = sum(fams[g.cfg.KVMetric], g.cfg.Labels, u, g.cfg.KVMetric)
+			}
 		}()
 	}
 	wg.Wait()
@@ -353,11 +394,12 @@ func (g *Gate) read(ctx context.Context) (running, waiting int, err error) {
 		errs = append(errs, p.err)
 		run += p.run
 		wait += p.wait
+		kv = max(kv, p.kv)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return int(math.Round(run)), int(math.Round(wait)), nil
+	return int(math.Round(run)), int(math.Round(wait)), kv, nil
 }
 
 // ErrNoSample means a page had no series of a metric matching the labels.
@@ -426,8 +468,12 @@ func (g *Gate) FailurePolicy() gate.FailurePolicy { return gate.FailKeepLast }
 
 // Describe implements gate.Describer.
 func (g *Gate) Describe() string {
-	return fmt.Sprintf("keeps %d seats (+%g of the other traffic's) free of %d×%d on %s", *g.cfg.Reserve, g.cfg.ReserveShare,
-		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, strings.Join(g.cfg.Endpoints, ","))
+	kv := ""
+	if g.cfg.KVLimit > 0 {
+		kv = fmt.Sprintf(", each pod's KV cache at most %g full", g.cfg.KVLimit)
+	}
+	return fmt.Sprintf("keeps %d seats (+%g of the other traffic's) free of %d×%d%s on %s", *g.cfg.Reserve, g.cfg.ReserveShare,
+		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","))
 }
 
 // Close drops the idle connections.

@@ -20,16 +20,18 @@ import (
 type pods struct {
 	mu               sync.Mutex
 	running, waiting []int
+	kv               []float64
 	srv              []*httptest.Server
 }
 
 func newPods(t testing.TB, n int) *pods {
-	p := &pods{running: make([]int, n), waiting: make([]int, n)}
+	p := &pods{running: make([]int, n), waiting: make([]int, n), kv: make([]float64, n)}
 	for i := range n {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			p.mu.Lock()
-			r, q := p.running[i], p.waiting[i]
+			r, q, kv := p.running[i], p.waiting[i], p.kv[i]
 			p.mu.Unlock()
+			fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} %g\n", kv)
 			fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\",engine=\"0\"} %d\n", r)
 			fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} %d\n", q)
 		}))
@@ -125,6 +127,47 @@ func TestBudgetFormula(t *testing.T) {
 	}
 }
 
+// kv_limit: above it on the fullest pod, the limit holds at what the queue
+// has in flight (no more admissions, none taken back); at or below it,
+// seats alone decide; without it, KV is not read.
+func TestKVLimit(t *testing.T) {
+	p := newPods(t, 2)
+	ctx := context.Background()
+	g := mustBuild(t, p.params(`,"reserve":4,"kv_limit":0.8`), 32)
+	off := mustBuild(t, p.params(`,"reserve":4`), 32)
+	for range 20 {
+		if _, err := g.Admit(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := off.Admit(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.set(0, 10, 0)
+	p.set(1, 10, 0) // the 20 running are the queue's own: seats leave 28
+	for _, c := range []struct {
+		kv0, kv1 float64
+		want     float64
+		cap      int
+	}{
+		{0.5, 0.7, 28.0 / 32, -1},  // below the limit: seats decide
+		{0.8, 0.3, 28.0 / 32, -1},  // at the limit
+		{0.6, 0.95, 20.0 / 32, 20}, // the fullest pod above it: hold at own
+		{0.9, 0.2, 20.0 / 32, 20},
+	} {
+		p.mu.Lock()
+		p.kv[0], p.kv[1] = c.kv0, c.kv1
+		p.mu.Unlock()
+		b, err := g.Budget(ctx)
+		if err != nil || b != c.want || g.Last().KVCap != c.cap {
+			t.Errorf("kv %v/%v: budget %v, %v, reading %+v; want %v with KVCap %d", c.kv0, c.kv1, b, err, g.Last(), c.want, c.cap)
+		}
+		if b, err := off.Budget(ctx); err != nil || b != 28.0/32 {
+			t.Errorf("kv %v/%v without kv_limit: budget %v, %v; want 28/32", c.kv0, c.kv1, b, err)
+		}
+	}
+}
+
 // A peak of the other traffic holds the limit down for hold: it falls at
 // once and rises only once the traffic stayed lower that long.
 func TestHold(t *testing.T) {
@@ -157,6 +200,7 @@ func TestValidation(t *testing.T) {
 		{`{"endpoints":"http://a/metrics"}`, "seats_per_pod"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"reserve":-1}`, "reserve: -1 is negative"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"reserve_share":1}`, "reserve_share"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"kv_limit":1.5}`, "kv_limit"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"resrve":2}`, "resrve"},
 		{`{"endpoints":["http://a/metrics",3],"seats_per_pod":16}`, "endpoints"},
 	} {

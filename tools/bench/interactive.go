@@ -224,9 +224,9 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
 		// reserve of seats kept free; "-evict" takes batch requests back
 		// when the reserve is eaten. "-resume" (implies evict) continues
-		// them from the tokens they had made. Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>].
+		// them from the tokens they had made. Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>].
 		a := ipArm{batch: true}
-		reserve, share, weight, hold := 4, 0.0, 1.0, "1s"
+		reserve, share, weight, hold, kv := 4, 0.0, 1.0, "1s", 0.0
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -255,6 +255,12 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 					return ipArm{}, fmt.Errorf("arm %q: w<weight> wants a count", name)
 				}
 				weight = float64(n)
+			case strings.HasPrefix(part, "k"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n <= 0 || n > 100 {
+					return ipArm{}, fmt.Errorf("arm %q: k<percent> wants a KV-cache limit in (0,100]", name)
+				}
+				kv = float64(n) / 100
 			case strings.HasPrefix(part, "s"):
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n < 0 || n >= 100 {
@@ -271,7 +277,7 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 			for i := range eps {
 				eps[i] = fmt.Sprintf("%s/pods/%d/metrics", front, i)
 			}
-			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold}
+			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold, "kv_limit": kv}
 		}
 		return a, nil
 	}
