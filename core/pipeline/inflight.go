@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -20,6 +21,11 @@ type inflightIndex struct {
 type inflightEntry struct {
 	job    string
 	cancel context.CancelCauseFunc
+	// For the poll of per-request cancel markers (pollCancels): the
+	// request, its queue and when it was registered.
+	req   *wire.Request
+	q     transport.Queue
+	since time.Time
 }
 
 // newInflightIndex returns an empty index.
@@ -27,9 +33,13 @@ func newInflightIndex() *inflightIndex {
 	return &inflightIndex{byID: map[string]*inflightEntry{}, byJob: map[string]map[*inflightEntry]struct{}{}}
 }
 
-// Register adds req; cancel aborts its work. The returned func removes it.
-func (f *inflightIndex) Register(req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
-	e := &inflightEntry{job: req.JobID(), cancel: cancel}
+// Register adds req of queue q; cancel aborts its work. The returned func
+// removes it.
+func (f *inflightIndex) Register(q transport.Queue, req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
+	e := &inflightEntry{job: req.JobID(), cancel: cancel, req: req, q: q}
+	if req.Token != "" {
+		e.since = time.Now()
+	}
 	f.mu.Lock()
 	f.byID[req.ID] = e
 	if e.job != "" {
@@ -76,6 +86,20 @@ func (f *inflightIndex) Cancel(c transport.Cancellation) int {
 		e.cancel(errCancelled)
 	}
 	return len(victims)
+}
+
+// tokened returns the registered requests that carry a request token
+// (upstream's per-request cancel marker) and were registered at or before
+// upTo, appended to into.
+func (f *inflightIndex) tokened(upTo time.Time, into []*inflightEntry) []*inflightEntry {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.byID {
+		if !e.since.IsZero() && !e.since.After(upTo) {
+			into = append(into, e)
+		}
+	}
+	return into
 }
 
 // Len returns how many requests are registered.

@@ -164,7 +164,7 @@ func cancelCheck(checker transport.CancelChecker, inflight *inflightIndex, log *
 			}
 			if inflight != nil {
 				ctx, cancel := context.WithCancelCause(d.Ctx)
-				done := inflight.Register(d.Req, cancel)
+				done := inflight.Register(d.Queue.Queue, d.Req, cancel)
 				defer func() {
 					done()
 					cancel(nil)

@@ -23,7 +23,7 @@ func TestInflightCancelByJobAndID(t *testing.T) {
 	}
 	reg := func(id, job string) entry {
 		ctx, cancel := context.WithCancelCause(context.Background())
-		return entry{ctx, f.Register(&wire.Request{ID: id, Metadata: map[string]string{"job_id": job}}, cancel)}
+		return entry{ctx, f.Register(transport.Queue{Name: "q"}, &wire.Request{ID: id, Metadata: map[string]string{"job_id": job}}, cancel)}
 	}
 	a1, a2, b1 := reg("a1", "A"), reg("a2", "A"), reg("b1", "B")
 	if n := f.Cancel(transport.Cancellation{JobID: "A"}); n != 2 {

@@ -303,7 +303,9 @@ func New(cfg Config) (*Pipeline, error) {
 		return nil, err
 	}
 	p.pools = pools
-	if _, ok := cfg.Transport.(transport.CancelWatcher); ok {
+	_, watches := cfg.Transport.(transport.CancelWatcher)
+	_, checks := cfg.Transport.(transport.CancelChecker)
+	if watches || checks {
 		p.inflight = newInflightIndex()
 	}
 	if _, ok := cfg.Transport.(transport.Requeuer); !ok {
@@ -438,6 +440,12 @@ func (p *Pipeline) settler(w *resultWriter) message.HandlerMiddleware {
 				return nil, err
 			}
 			if len(out) > 0 {
+				if w.early.take() {
+					// The call is over: its credit may take the next request
+					// while the result is written.
+					transport.FreeCredit(m)
+					defer w.early.give()
+				}
 				return nil, w.write(m, out)
 			}
 			transport.Ack(m)
@@ -464,6 +472,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		return err
 	}
 	p.watchCancellations(work)
+	p.pollCancels(work)
 	routerDone, err := p.startRouter(ctx, router)
 	if err != nil {
 		// Nothing was claimed: release the transport's clients and report why.
@@ -616,6 +625,63 @@ func (p *Pipeline) watchCancellations(work context.Context) {
 		})
 		if err != nil && work.Err() == nil {
 			p.log.Error("cancellation watch ended", "err", err)
+		}
+	}()
+}
+
+// Polling upstream's per-request cancel markers.
+//
+// Upstream's producer cancels a request by writing request-cancel:<id>;
+// nothing announces it. Upstream's dispatcher (v0.10, U-494) reads the
+// marker again every second while a request's call runs and aborts the call
+// when it holds the request's token. pollCancels does the same for every
+// request with a request token registered at least cancelPollEvery ago
+// (waiting in admission or in its call): each tick asks the transport's
+// CancelChecker about all of them at once (the checks of one tick share
+// round trips: transports/internal/upstream.CancelReader), and a request
+// found cancelled is aborted and answered CANCELLED. Requests without a
+// token are not polled: their cancellations are announced
+// (CancelWatcher).
+const (
+	cancelPollEvery = time.Second
+	// cancelPollParallel bounds the checks of one tick running at once.
+	cancelPollParallel = 256
+)
+
+// pollCancels runs the poll until work ends.
+func (p *Pipeline) pollCancels(work context.Context) {
+	checker, ok := p.cfg.Transport.(transport.CancelChecker)
+	if !ok || p.inflight == nil {
+		return
+	}
+	go func() {
+		t := time.NewTicker(cancelPollEvery)
+		defer t.Stop()
+		var due []*inflightEntry
+		sem := make(chan struct{}, cancelPollParallel)
+		var wg sync.WaitGroup
+		for {
+			select {
+			case <-work.Done():
+				return
+			case now := <-t.C:
+				due = p.inflight.tokened(now.Add(-cancelPollEvery), due[:0])
+				for _, e := range due {
+					sem <- struct{}{}
+					wg.Add(1)
+					go func() {
+						defer func() { <-sem; wg.Done() }()
+						ctx, cancel := context.WithTimeout(work, cancelPollEvery)
+						defer cancel()
+						if c, err := checker.Cancelled(ctx, e.q, e.req); err == nil && c {
+							e.cancel(errCancelled)
+							p.log.Info("aborted a request cancelled in flight", "queue", e.q.Name, "id", e.req.ID)
+						}
+					}()
+				}
+				wg.Wait()
+				clear(due)
+			}
 		}
 	}()
 }

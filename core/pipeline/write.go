@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -72,6 +73,34 @@ func (e *everyLog) allow(now time.Time) (bool, int) {
 	return true, n
 }
 
+// Freeing a credit before the result is written.
+//
+// A credit bounds a queue's requests at the gateway. Once a call has
+// answered, only the result write is left (a group-committed round trip on
+// Redis), so the settler gives the credit back before writing and the
+// claim loop can take the next request meanwhile: a 0-ms gateway is then
+// bound by the calls, not by the calls plus the writes. The results being
+// written on freed credits are bounded too (earlyWrites, as many as the
+// queue's concurrency): when writes are slow or failing, the next results
+// keep their credits while they are written, and once every credit is held
+// that way no new request is claimed, as before.
+type earlyWrites struct {
+	max int64
+	n   atomic.Int64
+}
+
+// take reserves one early write, if fewer than max are under way.
+func (e *earlyWrites) take() bool {
+	if e.n.Add(1) <= e.max {
+		return true
+	}
+	e.n.Add(-1)
+	return false
+}
+
+// give ends an early write.
+func (e *earlyWrites) give() { e.n.Add(-1) }
+
 // resultWriter writes the results of one queue (see above).
 type resultWriter struct {
 	p      *Pipeline
@@ -81,11 +110,13 @@ type resultWriter struct {
 	routes bool            // a request may name its own result destination
 	hold   time.Duration   // how long a delivery may be held after its claim (0: no limit)
 	logs   everyLog
+	early  earlyWrites // results written after their credit went back
 }
 
 func (p *Pipeline) newResultWriter(work context.Context, pub message.Publisher, q *Queue) *resultWriter {
 	_, routes := p.cfg.Transport.(transport.ResultRouter)
-	w := &resultWriter{p: p, q: q, pub: pub, work: work, routes: routes && q.ResultFromMessage, logs: everyLog{every: resultLogEvery}}
+	w := &resultWriter{p: p, q: q, pub: pub, work: work, routes: routes && q.ResultFromMessage, logs: everyLog{every: resultLogEvery},
+		early: earlyWrites{max: int64(max(q.MaxConcurrency, 1))}}
 	if hl, ok := p.cfg.Transport.(transport.HoldLimiter); ok {
 		w.hold = hl.MaxHold(q.Queue)
 	}

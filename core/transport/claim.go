@@ -73,7 +73,8 @@ const (
 // credits from pool before each claim, claims at most what it was granted,
 // gives back what it did not use, and frees a message's credit when the
 // core settles it with Ack or Nack (the settle hook: no goroutine waits per
-// message). Watermill's router starts a goroutine per delivered message and
+// message), or earlier, when the core says with FreeCredit that only the
+// message's result is left to write. Watermill's router starts a goroutine per delivered message and
 // has no limit of its own, so this is where a gate's budget bounds the
 // requests in flight.
 //

@@ -25,6 +25,7 @@ type settleKey struct{}
 
 type settleHook struct {
 	done    atomic.Bool
+	freed   atomic.Bool // the credit went back before the settle (FreeCredit)
 	src     Source
 	pool    credit.Credits
 	claimed time.Time
@@ -52,8 +53,21 @@ func settle(m *message.Message, acked bool) {
 		if !acked && mutant.On(mutant.CreditNotReturnedOnHandBack) {
 			return // planted: a handed-back delivery keeps its credit
 		}
-		h.pool.Release(1)
+		if h.freed.CompareAndSwap(false, true) {
+			h.pool.Release(1)
+		}
 	}
+}
+
+// FreeCredit gives m's credit back to its pool before m is settled, once:
+// its gateway call is over and only its result remains to be written. The
+// settle then frees nothing more. It reports whether a credit was freed.
+func FreeCredit(m *message.Message) bool {
+	if h, ok := m.Context().Value(settleKey{}).(*settleHook); ok && !h.done.Load() && h.freed.CompareAndSwap(false, true) {
+		h.pool.Release(1)
+		return true
+	}
+	return false
 }
 
 // Ack runs m's settle hook, if any, and acks m.

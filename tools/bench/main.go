@@ -20,11 +20,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -118,6 +120,7 @@ func main() {
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	listTargets := flag.Bool("targets", false, "print every scenario's targets as docs/benchmarks.md's table and exit")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof), to find per-message costs")
+	memProfile := flag.String("memprofile", "", "write an allocation profile of the whole run to this file at the end (go tool pprof -sample_index=alloc_space), to find per-message allocations")
 	noFail := flag.Bool("no-fail", false, "print MISS lines but exit 0 when figures miss their targets (exploratory runs); a scenario that fails still exits 1")
 	flag.Parse()
 	if *runs < 1 {
@@ -142,6 +145,17 @@ func main() {
 		}
 		defer stop() // the early returns; os.Exit below skips defers
 		stopProfile = stop
+	}
+	if *memProfile != "" {
+		runtime.MemProfileRate = 4096 // finer than the default, for per-message counts
+		stopCPU := stopProfile
+		stopProfile = sync.OnceFunc(func() {
+			stopCPU()
+			if err := writeHeapProfile(*memProfile); err != nil {
+				fmt.Fprintf(os.Stderr, "bench: -memprofile: %v\n", err)
+			}
+		})
+		defer stopProfile() // the early returns; os.Exit below skips defers
 	}
 	all := scenarios()
 	if *list {
@@ -278,6 +292,20 @@ func rssMB() float64 {
 }
 
 // startCPUProfile profiles the process into path until stop is called.
+// writeHeapProfile writes the allocations so far (alloc_space and
+// alloc_objects count every allocation of the run, freed or not).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 func startCPUProfile(path string) (stop func(), err error) {
 	f, err := os.Create(path)
 	if err != nil {

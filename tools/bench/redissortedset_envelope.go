@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -95,7 +97,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 	lists := []string{results}
 	const concurrency = 64
 	var sl, base samples
-	var slCPU, baseCPU []float64
+	var slCPU, baseCPU, slRedis, baseRedis []float64
 	err = alternate(ctx, o.runs,
 		func(ctx context.Context, _ int) error {
 			if err := fill(ctx); err != nil {
@@ -111,8 +113,9 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			if err != nil {
 				return err
 			}
-			c0 := cpuNow()
-			s, err := timeRedisSide(ctx, pc, lists, n, a.Run)
+			c0, r0 := cpuNow(), redisCPU(ctx, pc)
+			s, err := timeRedisSide(ctx, pc, lists, n, labelled("sluice", a.Run))
+			slRedis = append(slRedis, (redisCPU(ctx, pc)-r0).Seconds()*1e6/n)
 			if err != nil {
 				return fmt.Errorf("sluice: %w", err)
 			}
@@ -124,10 +127,11 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			if err := fill(ctx); err != nil {
 				return err
 			}
-			c0 := cpuNow()
-			s, err := timeRedisSide(ctx, pc, lists, n, func(ctx context.Context) error {
+			c0, r0 := cpuNow(), redisCPU(ctx, pc)
+			s, err := timeRedisSide(ctx, pc, lists, n, labelled("baseline", func(ctx context.Context) error {
 				return envelopeBaseline(ctx, pc, gw, queue, concurrency, baseBatch)
-			})
+			}))
+			baseRedis = append(baseRedis, (redisCPU(ctx, pc)-r0).Seconds()*1e6/n)
 			if err != nil {
 				return fmt.Errorf("baseline: %w", err)
 			}
@@ -142,6 +146,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 	f["requests"], f["rss_mb"] = n, rssMB()
 	f["cpu_us_per_req"], f["baseline_cpu_us_per_req"] = median(slCPU), median(baseCPU)
 	f["cpu_ratio"] = medianRatio(slCPU, baseCPU)
+	f["redis_cpu_us_per_req"], f["baseline_redis_cpu_us_per_req"] = median(slRedis), median(baseRedis)
 	return f, nil
 }
 
@@ -152,6 +157,34 @@ func cpuNow() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// labelled runs f under the CPU profile label side=<side>, which every
+// goroutine f starts inherits: `go tool pprof -tagfocus side=sluice` shows
+// one side's own CPU without the gateway's or the other side's.
+func labelled(side string, f func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) (err error) {
+		pprof.Do(ctx, pprof.Labels("side", side), func(ctx context.Context) { err = f(ctx) })
+		return err
+	}
+}
+
+// redisCPU is the Redis server's CPU time so far (INFO cpu: used_cpu_user
+// + used_cpu_sys); 0 when it cannot be read.
+func redisCPU(ctx context.Context, c redis.UniversalClient) time.Duration {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // envelopeBaseline drains queue as benchBaselineRedisQueue does, each

@@ -133,6 +133,43 @@ func TestUpstreamCancelKey(t *testing.T) {
 	}
 }
 
+// Upstream's producer cancels by writing request-cancel:<id>; nothing
+// announces it. A request whose marker is written while its call runs is
+// aborted by the in-flight poll (every second, as upstream's dispatcher
+// since v0.10) and answered CANCELLED; a marker holding another token
+// (an older enqueue of the id) aborts nothing.
+func TestUpstreamCancelInFlight(t *testing.T) {
+	f := newFixture(t, simulator.Config{Latency: simulator.Fixed(6 * time.Second)})
+	ctx := context.Background()
+	q, res := "upstream-inflight", "upstream-inflight:results"
+	dl := time.Now().Add(time.Hour).Unix()
+	c := f.prod.Client()
+	for _, id := range []string{"u-1", "u-2"} {
+		m := fmt.Sprintf(`{"request_kind":"redis","internal":{"retry_count":0,"request_token":"tok-%s"},"data":{"id":%q,"deadline":%d,"payload":{"model":"m"}}}`, id, id, dl)
+		if err := c.ZAdd(ctx, q, redisZ(float64(dl), m)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.runApp(f.transport(rss.Options{}), q, res, 4)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.depth(q) != "waiting=0 inflight=2 delayed=0 dead=0" {
+		if time.Now().After(deadline) {
+			t.Fatalf("requests not in flight: %s", f.depth(q))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // the calls have started: the claim found no marker
+	c.Set(ctx, "request-cancel:u-1", "tok-u-1", time.Hour)
+	c.Set(ctx, "request-cancel:u-2", "an-older-token", time.Hour)
+	start := time.Now()
+	got := f.collect(res, 1, 4*time.Second) // without the poll: 6 s
+	if r := got["u-1"]; r == nil || r.ErrorCode != wire.CodeCancelled {
+		t.Fatalf("u-1: %+v", got)
+	}
+	t.Logf("aborted %v after the marker was written", time.Since(start).Round(time.Millisecond))
+	f.expectNoMore(res, 1500*time.Millisecond) // u-2 is still in its call
+}
+
 // A queue without a result list of its own routes each result as upstream
 // does: to the list the envelope names (internal.result_queue_name), else to
 // the transport's.

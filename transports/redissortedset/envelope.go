@@ -246,15 +246,20 @@ func ownResult(q transport.Queue) bool { return !q.ResultFromMessage && q.Result
 //
 //   - the request id and token (the result carries request_token; the
 //     settle cleans upstream's cancellation keys);
-//   - request_queue_name and queue_id, when empty, become the queue's;
-//   - unless result_routing_resolved, the routing is resolved once and
-//     stamped: result_queue_name becomes the queue's own result list when
-//     it has one, result_ttl_seconds the queue's, result_routing_resolved
-//     true. The result goes to the envelope's result_queue_name (else the
-//     deployment's list) with its result_ttl_seconds, so a retry or another
-//     replica (sluice or upstream) routes it the same way;
+//   - the result's route and ttl: unless result_routing_resolved, the
+//     routing is resolved once, as routingStamps says. The result goes to
+//     the envelope's result_queue_name (else the deployment's list) with its
+//     result_ttl_seconds;
 //   - internal.payload_ref names the key holding the payload (it reports
 //     true: the payload is to be attached).
+//
+// The envelope's bytes are not rewritten here: nothing the core reads from
+// it depends on the stamps (the route and ttl travel in the metadata). The
+// stamps are written into the envelope when it goes back to Redis — a
+// retry, a hand-back with a kept result, a dead letter (stampPayload) — so
+// a retry or another replica (sluice or upstream) routes it the same way.
+// That spares every request that is simply answered a rewrite of its
+// envelope (a copy and a dozen allocations).
 //
 // A flat message gets the queue's result ttl only.
 func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
@@ -269,38 +274,10 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 	if id, tok := e.keys(m.Payload); tok != "" {
 		m.Metadata[metaRequestID], m.Metadata[metaRequestToken] = id, tok
 	}
-	var set []wire.InternalMember
-	str := quoteJSON
-	if e.empty(func() rawJSON { return e.Internal.RequestQueueName }) {
-		set = append(set, wire.InternalMember{Name: "request_queue_name", Value: str(q.Name)})
-	}
-	if q.ID != "" && e.empty(func() rawJSON { return e.Internal.QueueID }) {
-		set = append(set, wire.InternalMember{Name: "queue_id", Value: str(q.ID)})
-	}
-	route := e.str(func() rawJSON { return e.Internal.ResultQueueName })
-	var ttl int64
-	if e.resolved() {
-		ttl = e.int(e.Internal.ResultTTLSeconds)
-	} else {
-		if ownResult(q) {
-			route = q.ResultName
-			set = append(set, wire.InternalMember{Name: "result_queue_name", Value: str(route)})
-		}
-		ttl = q.ResultTTLSeconds
-		if ttl > 0 { // upstream omits a zero ttl (omitempty)
-			set = append(set, wire.InternalMember{Name: "result_ttl_seconds", Value: strconv.AppendInt(nil, ttl, 10)})
-		}
-		set = append(set, wire.InternalMember{Name: "result_routing_resolved", Value: []byte("true")})
-	}
-	if route == "" {
-		route = q.ResultName
-	}
+	_, route, ttl := routingStamps(q, &e, false)
 	m.Metadata[metaRoute] = route
 	if ttl > 0 {
 		m.Metadata[metaTTL] = strconv.FormatInt(ttl, 10)
-	}
-	if stamped, err := wire.SetInternal(m.Payload, set...); err == nil {
-		m.Payload = stamped
 	}
 	if ref := e.str(func() rawJSON { return e.Internal.PayloadRef }); ref != "" {
 		m.Metadata[metaPayloadKey] = ref
@@ -314,6 +291,65 @@ func (s *source) stampEnvelope(m *message.Message) (payloadRef bool) {
 		return true
 	}
 	return false
+}
+
+// routingStamps returns what upstream's dequeue resolves for envelope e of
+// queue q: the result's route (the envelope's result_queue_name, else the
+// deployment's list) and ttl, and, with members set, the internal members
+// it stamps into the envelope:
+//
+//   - request_queue_name and queue_id, when empty, become the queue's;
+//   - unless result_routing_resolved: result_queue_name becomes the queue's
+//     own result list when it has one, result_ttl_seconds the queue's,
+//     result_routing_resolved true.
+func routingStamps(q transport.Queue, e *envelopeInfo, members bool) (set []wire.InternalMember, route string, ttl int64) {
+	str := quoteJSON
+	if members && e.empty(func() rawJSON { return e.Internal.RequestQueueName }) {
+		set = append(set, wire.InternalMember{Name: "request_queue_name", Value: str(q.Name)})
+	}
+	if members && q.ID != "" && e.empty(func() rawJSON { return e.Internal.QueueID }) {
+		set = append(set, wire.InternalMember{Name: "queue_id", Value: str(q.ID)})
+	}
+	route = e.str(func() rawJSON { return e.Internal.ResultQueueName })
+	if e.resolved() {
+		ttl = e.int(e.Internal.ResultTTLSeconds)
+	} else {
+		if ownResult(q) {
+			route = q.ResultName
+			if members {
+				set = append(set, wire.InternalMember{Name: "result_queue_name", Value: str(route)})
+			}
+		}
+		ttl = q.ResultTTLSeconds
+		if members {
+			if ttl > 0 { // upstream omits a zero ttl (omitempty)
+				set = append(set, wire.InternalMember{Name: "result_ttl_seconds", Value: strconv.AppendInt(nil, ttl, 10)})
+			}
+			set = append(set, wire.InternalMember{Name: "result_routing_resolved", Value: []byte("true")})
+		}
+	}
+	if route == "" {
+		route = q.ResultName
+	}
+	return set, route, ttl
+}
+
+// stampPayload writes upstream's dequeue stamps (routingStamps) into
+// payload, an envelope of queue q going back to Redis; any other message
+// is returned as it is.
+func stampPayload(q transport.Queue, payload []byte) []byte {
+	e, ok := parseEnvelope(payload)
+	if !ok {
+		return payload
+	}
+	set, _, _ := routingStamps(q, &e, true)
+	if len(set) == 0 {
+		return payload
+	}
+	if stamped, err := wire.SetInternal(payload, set...); err == nil {
+		return stamped
+	}
+	return payload
 }
 
 // metaNoPayload marks a delivery whose payload is not needed: it carries a

@@ -690,6 +690,7 @@ func (t *Transport) Requeue(ctx context.Context, q transport.Queue, m *message.M
 			payload = stripped
 		}
 	}
+	payload = stampPayload(q, payload)
 	if !mutant.On(mutant.RetryLosesOrder) { // planted bug: the retry as the core rewrote it
 		payload = keepMemberTag(m.Payload, payload)
 	}
@@ -741,7 +742,7 @@ func (t *Transport) DeadLetter(_ context.Context, q transport.Queue, m *message.
 	}
 	qs := t.queue(q.Name)
 	t.log.Warn("dead-lettering a message", "queue", q.Name, "reason", reason)
-	return t.settleRetrying(qs, q.ResultName, settleItem{mode: 'd', token: token, claim: m.Metadata.Get(MetaClaim), dead: m.Payload})
+	return t.settleRetrying(qs, q.ResultName, settleItem{mode: 'd', token: token, claim: m.Metadata.Get(MetaClaim), dead: stampPayload(q, m.Payload)})
 }
 
 // Depth implements transport.DepthReporter.

@@ -84,6 +84,7 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 	prev := qs.lastCall
 	qs.lastCall = ks[6]
 	qs.mu.Unlock()
+	at := time.Now() // before the claim: an answer it reads is at least this fresh
 	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix, prev).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim from %s: %w", qs.k.Name, err)
@@ -111,6 +112,11 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 		c.member, _ = raw[i+3].(string)
 		c.claim, _ = raw[i+4].(string)
 		c.capMS, _ = raw[i+5].(int64) // the heartbeat keeps the lease within deadline + 5 min
+		if cm, _ := raw[i+6].(int64); cm != keys.CancelUnread {
+			if id, token, ok := strings.Cut(c.claim, "\x00"); ok {
+				t.upCancel.Claimed(id, token, cm == keys.CancelSet, at)
+			}
+		}
 		res.items = append(res.items, c)
 	}
 	t.claimed.Add(int64(len(res.items)))

@@ -30,6 +30,14 @@ const maxCancelBatch = 256
 // check fall towards 1/maxCancelBatch. It needs no goroutine of its own:
 // the first caller to find no read running does the reads until none is
 // waiting.
+//
+// A transport whose claim reads the markers itself (the sorted set's claim
+// script on a single node) records each answer with Claimed; the first
+// check of that request within ClaimedFresh of the claim takes it instead
+// of a round trip. That is upstream's own cadence: it reads the marker at
+// dequeue and throttles its later checks to one a second; a cancellation
+// written between the claim and the dispatch is found by the in-flight
+// poll (the core asks again every second while the call runs).
 type CancelReader struct {
 	c redis.Cmdable
 	// mget: c is one node (not a Cluster client), so a batch is one MGET,
@@ -39,6 +47,70 @@ type CancelReader struct {
 	mu      sync.Mutex
 	waiting []*cancelAsk
 	reading bool
+
+	claims claimAnswers
+}
+
+// ClaimedFresh is how long the answer a claim read stands in for a check
+// (upstream's throttle of its per-request checks).
+const ClaimedFresh = time.Second
+
+// claimKey names one enqueue of a request: its id and request token.
+type claimKey struct{ id, token string }
+
+// claimAnswer is what a claim read, and when.
+type claimAnswer struct {
+	at        time.Time
+	cancelled bool
+}
+
+// claimAnswers holds the claims' answers not yet taken, in two
+// generations: cur since turned, prev the one before. A turn every
+// ClaimedFresh drops what was never asked for (a request that ended before
+// its check); each answer's own time decides whether it still stands.
+type claimAnswers struct {
+	mu        sync.Mutex
+	cur, prev map[claimKey]claimAnswer
+	turned    time.Time
+}
+
+// Claimed records that a claim at at read req's cancel marker: cancelled
+// says it held the request's token.
+func (r *CancelReader) Claimed(id, token string, cancelled bool, at time.Time) {
+	if token == "" {
+		return
+	}
+	a := &r.claims
+	a.mu.Lock()
+	a.turn(at)
+	a.cur[claimKey{id, token}] = claimAnswer{at: at, cancelled: cancelled}
+	a.mu.Unlock()
+}
+
+// turn starts a new generation when the current one is ClaimedFresh old.
+func (a *claimAnswers) turn(now time.Time) {
+	if a.cur == nil {
+		a.cur, a.turned = map[claimKey]claimAnswer{}, now
+		return
+	}
+	if now.Sub(a.turned) >= ClaimedFresh {
+		a.prev, a.cur, a.turned = a.cur, make(map[claimKey]claimAnswer, len(a.cur)), now
+	}
+}
+
+// take removes and returns the claim's answer for (id, token) if it is
+// younger than ClaimedFresh at now.
+func (a *claimAnswers) take(id, token string, now time.Time) (cancelled, ok bool) {
+	k := claimKey{id, token}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range [2]map[claimKey]claimAnswer{a.cur, a.prev} {
+		if v, found := m[k]; found {
+			delete(m, k)
+			return v.cancelled, now.Sub(v.at) < ClaimedFresh
+		}
+	}
+	return false, false
 }
 
 type cancelAsk struct {
@@ -61,6 +133,9 @@ func NewCancelReader(c redis.Cmdable) *CancelReader {
 func (r *CancelReader) Cancelled(ctx context.Context, req *wire.Request) (bool, error) {
 	if req.Token == "" {
 		return false, nil
+	}
+	if cancelled, ok := r.claims.take(req.ID, req.Token, time.Now()); ok {
+		return cancelled, nil
 	}
 	a := &cancelAsk{key: CancelKey(req.ID), token: req.Token, done: make(chan struct{})}
 	r.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -54,5 +55,37 @@ func TestCancelReader(t *testing.T) {
 	mr.Close()
 	if _, err := r.Cancelled(ctx, &wire.Request{ID: "r0", Token: "tok-0"}); err == nil {
 		t.Error("no error with Redis down")
+	}
+}
+
+// TestCancelReaderClaimed: the answer a claim read stands in for the first
+// check of that enqueue within ClaimedFresh (no round trip: Redis is down
+// here), and only for that one; a later check, an older answer, or another
+// token reads the marker.
+func TestCancelReaderClaimed(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	defer c.Close()
+	ctx := context.Background()
+	r := NewCancelReader(c)
+	now := time.Now()
+	r.Claimed("a", "tok-a", true, now)
+	r.Claimed("b", "tok-b", false, now)
+	r.Claimed("old", "tok-old", false, now.Add(-ClaimedFresh-time.Millisecond))
+	mr.Close() // every check below that reads Redis fails
+	if got, err := r.Cancelled(ctx, &wire.Request{ID: "a", Token: "tok-a"}); !got || err != nil {
+		t.Errorf("a: %v %v, want the claim's answer (cancelled)", got, err)
+	}
+	if got, err := r.Cancelled(ctx, &wire.Request{ID: "b", Token: "tok-b"}); got || err != nil {
+		t.Errorf("b: %v %v, want the claim's answer (not cancelled)", got, err)
+	}
+	for _, req := range []*wire.Request{
+		{ID: "a", Token: "tok-a"},     // its answer was taken
+		{ID: "old", Token: "tok-old"}, // read more than ClaimedFresh ago
+		{ID: "b", Token: "tok-other"}, // another enqueue of b
+	} {
+		if _, err := r.Cancelled(ctx, req); err == nil {
+			t.Errorf("%s/%s: answered without reading the marker", req.ID, req.Token)
+		}
 	}
 }

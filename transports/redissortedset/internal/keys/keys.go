@@ -283,6 +283,12 @@ const ClaimGraceSeconds = 300
 // of claiming more. The next claim of the loop deletes the record (ARGV[5]:
 // the previous call's record, "" for none), so a busy queue keeps one.
 //
+// On a single node (the cancel-epoch key is given) the claim also reads
+// upstream's cancel marker of every envelope that carries a request token,
+// request-cancel:<data.id>, and answers whether it holds that token, so the
+// dispatcher need not read it again right after the claim (upstream reads
+// it at its dequeue). A replayed claim answers "not read".
+//
 //	KEYS: queue, claimed, owners, idx, redeliveries, delayed, call record[, cancel-epoch]
 //	ARGV: n, lease ms, owner-token prefix, job index prefix, previous call record
 //
@@ -291,7 +297,8 @@ const ClaimGraceSeconds = 300
 //
 //	returns: {next delayed due ms or -1, cancel epoch, now ms,
 //	          owner token, score, deliveries, message, claim id,
-//	          lease cap ms (deadline + 5 min; 0 for none), ...}
+//	          lease cap ms (deadline + 5 min; 0 for none),
+//	          upstream cancel marker (CancelUnread, CancelClear, CancelSet), ...}
 var Claim = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -315,6 +322,7 @@ if #prev > 0 then
       out[#out + 1] = redis.call('HGET', KEYS[2], ck)
       out[#out + 1] = ck
       out[#out + 1] = tonumber(string.sub(rec, b + 1, c - 1))
+      out[#out + 1] = 0
     end
   end
 else
@@ -343,14 +351,20 @@ else
         local p = redis.call('HGET', KEYS[5], m)
         if p then d = tonumber(p) + 1 end
       end
-      local ck, exp, cap = tok, lease, 0
+      local ck, exp, cap, cm = tok, lease, 0, 0
       if string.find(m, '"request_token"', 1, true) or string.find(m, '"request_kind"', 1, true) then
         local ok, v = pcall(cjson.decode, m)
         if ok and type(v) == 'table' and type(v.data) == 'table' and type(v.data.id) == 'string' and v.data.id ~= '' then
           ck = v.data.id
           local rt = nil
           if type(v.internal) == 'table' then rt = v.internal.request_token end
-          if type(rt) == 'string' and rt ~= '' then ck = ck .. '\0' .. rt end
+          if type(rt) == 'string' and rt ~= '' then
+            ck = ck .. '\0' .. rt
+            if #KEYS >= 8 then
+              cm = 1
+              if redis.call('GET', '` + CancelPrefix + `' .. v.data.id) == rt then cm = 2 end
+            end
+          end
           local dl = tonumber(v.data.deadline)
           if dl and dl > 0 then
             cap = math.floor((dl + 300) * 1000)
@@ -375,6 +389,7 @@ else
       out[#out + 1] = m
       out[#out + 1] = ck
       out[#out + 1] = cap
+      out[#out + 1] = cm
     end
     redis.call('HSET', KEYS[2], unpack(hc))
     redis.call('HSET', KEYS[3], unpack(ho))
@@ -389,7 +404,17 @@ return out
 `)
 
 // ClaimReplyFields is the number of reply elements per claimed request.
-const ClaimReplyFields = 6
+const ClaimReplyFields = 7
+
+// The claim's answer about upstream's cancel marker of a request.
+const (
+	// CancelUnread: not read (no request token, a cluster, a replayed claim).
+	CancelUnread = 0
+	// CancelClear: request-cancel:<id> did not hold the request's token.
+	CancelClear = 1
+	// CancelSet: request-cancel:<id> held the request's token: cancelled.
+	CancelSet = 2
+)
 
 // Settle is the fenced acknowledgement of many claims at once. Each item is
 // (mode, owner token, claim id, result, dead, request id, request token,
