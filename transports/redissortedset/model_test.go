@@ -225,6 +225,10 @@ type pausedSettle struct {
 func newSSMachine(rt *rapid.T, rd *modelRedis, queue string, envelope bool) *ssMachine {
 	m := &ssMachine{rd: rd, cross: rd.c != nil, ctx: context.Background(), env: envelope, model: model.NewLeaseQueue(2),
 		base: time.Now().Add(time.Hour).Truncate(time.Second)}
+	// Leases of 610 s (modelLeaseMS): the clock jumps are multiples of five
+	// minutes, so no sum of them lands on a lease's edge, where the claim's
+	// rounding of the expiry up to a whole second would decide.
+	m.model.LeaseTTL = modelLeaseMS / 1000
 	if err := rd.clock.Set(0); err != nil { // the model's clock starts at 0
 		rt.Fatal(err)
 	}
@@ -268,7 +272,7 @@ func (m *ssMachine) start(rt *rapid.T) *ssReplica {
 		mode = "cluster"
 	}
 	tp, err := rss.New(rss.Options{Server: rss.Server{URL: m.rd.url()}, TopologyOptions: rss.TopologyOptions{Mode: mode},
-		LeaseMS: 600000, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
+		LeaseMS: modelLeaseMS, HeartbeatMS: 300000, ReclaimIntervalMS: 600000,
 		PollIntervalMS: 600000, MaxDeliveries: 2}, nil)
 	if err != nil {
 		rt.Fatal(err)
@@ -620,7 +624,7 @@ func (m *ssMachine) requeue(rt *rapid.T) {
 	now := rapid.Bool().Draw(rt, "dueAtOnce")
 	due := time.Now()
 	if !now {
-		due = due.Add(10 * time.Minute)
+		due = due.Add(time.Duration(m.model.LeaseTTL) * time.Second) // the model delays a retry by a lease
 	}
 	if err := r.tp.Requeue(m.ctx, m.q, d, payload, due); err != nil {
 		rt.Fatal(err)
@@ -682,6 +686,9 @@ func (m *ssMachine) claimOf(rt *rapid.T, token string) string {
 	rt.Fatalf("no claim owned by %s in %s (%v)", token, m.k.Owners, owners)
 	return ""
 }
+
+// modelLeaseMS is the replicas' lease in the model tests.
+const modelLeaseMS = 610000
 
 func (m *ssMachine) redisNow(rt *rapid.T) time.Time {
 	now, err := m.admin.Time(m.ctx).Result()

@@ -42,6 +42,7 @@ package keys
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -268,6 +269,18 @@ const SeqWidth = 20
 // sluice's owner tokens are "<replica>:<claim call>:<i>", unique per claim;
 // upstream's are 16 hex digits per process: the colon tells them apart.
 // A lease lasts min(now + lease, deadline + 5 min), as upstream bounds it.
+// A lease of WholeSecondLeaseMS or more (the default is ten minutes) is
+// written rounded up to a whole second, unless that would pass the
+// deadline bound: a small sorted set such as Q:claims-idx is stored as a
+// listpack, which keeps a fractional score as text and parses every stored
+// score again at each insert (the claim's ZADD was a fifth of the Redis
+// time of a busy queue); whole seconds are stored as integers. Up to a
+// second more is nothing to a lease of minutes (every reader compares it
+// with its clock in seconds); a shorter lease keeps its milliseconds.
+
+// WholeSecondLeaseMS is the shortest lease the claim writes in whole
+// seconds (see Claim).
+const WholeSecondLeaseMS = 60000
 
 // ClaimGraceSeconds bounds a lease to the request's deadline plus this
 // (upstream's reclaimGraceAfterDeadline).
@@ -341,6 +354,7 @@ else
   local popped = redis.call('ZPOPMIN', KEYS[1], tonumber(ARGV[1]))
   if #popped > 0 then
     local lease = now + tonumber(ARGV[2])
+    local whole = tonumber(ARGV[2]) >= ` + strconv.Itoa(WholeSecondLeaseMS) + `
     local redel = redis.call('EXISTS', KEYS[5]) == 1
     local mark, hc, ho, zi = {}, {}, {}, {}
     for i = 1, #popped, 2 do
@@ -380,7 +394,12 @@ else
       hc[#hc + 1] = m
       ho[#ho + 1] = ck
       ho[#ho + 1] = tok
-      zi[#zi + 1] = exp / 1000
+      local sc = exp / 1000
+      if whole then
+        sc = math.ceil(sc)
+        if cap > 0 and sc * 1000 > cap then sc = cap / 1000 end
+      end
+      zi[#zi + 1] = sc
       zi[#zi + 1] = ck
       mark[#mark + 1] = s .. '|' .. d .. '|' .. cap .. '|' .. ck
       out[#out + 1] = tok
