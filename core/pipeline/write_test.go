@@ -6,8 +6,10 @@ import "testing"
 // at once; the next ones keep their credits until one of those ends.
 func TestEarlyWritesBound(t *testing.T) {
 	e := earlyWrites{max: 2}
-	if !e.take() || !e.take() {
-		t.Fatal("the first two early writes were refused")
+	for i := range 2 {
+		if !e.take() {
+			t.Fatalf("early write %d of 2 was refused", i+1)
+		}
 	}
 	if e.take() {
 		t.Fatal("a third early write was allowed with two under way")
