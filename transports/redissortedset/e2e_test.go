@@ -87,13 +87,7 @@ func TestCancelInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.runApp(f.transport(rss.Options{}), q, res, 8)
-	deadline := time.Now().Add(5 * time.Second)
-	for f.depth(q) != "waiting=0 inflight=4 delayed=0 dead=0" {
-		if time.Now().After(deadline) {
-			t.Fatalf("requests not in flight: %s", f.depth(q))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	f.waitInFlight(q, 4, 5*time.Second)
 	time.Sleep(100 * time.Millisecond) // let the HTTP calls start
 	if _, err := f.prod.CancelJob(ctx, "slow-job"); err != nil {
 		t.Fatal(err)
@@ -151,13 +145,7 @@ func TestUpstreamCancelInFlight(t *testing.T) {
 		}
 	}
 	f.runApp(f.transport(rss.Options{}), q, res, 4)
-	deadline := time.Now().Add(5 * time.Second)
-	for f.depth(q) != "waiting=0 inflight=2 delayed=0 dead=0" {
-		if time.Now().After(deadline) {
-			t.Fatalf("requests not in flight: %s", f.depth(q))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	f.waitInFlight(q, 2, 5*time.Second)
 	time.Sleep(100 * time.Millisecond) // the calls have started: the claim found no marker
 	c.Set(ctx, "request-cancel:u-1", "tok-u-1", time.Hour)
 	c.Set(ctx, "request-cancel:u-2", "an-older-token", time.Hour)

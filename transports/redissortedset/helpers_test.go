@@ -212,6 +212,20 @@ func (f *fixture) expectNoMore(list string, d time.Duration) {
 }
 
 // depth returns the queue's depths.
+// waitInFlight waits until queue has n requests in flight and none
+// waiting, delayed or dead.
+func (f *fixture) waitInFlight(queue string, n int, timeout time.Duration) {
+	f.t.Helper()
+	want := fmt.Sprintf("waiting=0 inflight=%d delayed=0 dead=0", n)
+	deadline := time.Now().Add(timeout)
+	for f.depth(queue) != want {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("requests not in flight: %s", f.depth(queue))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (f *fixture) depth(queue string) string {
 	f.t.Helper()
 	d, err := rss.QueueDepth(context.Background(), f.prod.Client(), f.prod.Names(), queue)
