@@ -246,8 +246,9 @@ func (s *source) Claim(ctx context.Context, n int) ([]*message.Message, error) {
 			continue
 		}
 		m := message.NewMessage(c.token, []byte(c.member))
-		m.Metadata = message.Metadata{MetaLease: c.token, MetaClaim: c.claim, MetaScore: c.score,
-			MetaDeliveries: strconv.Itoa(c.deliveries), MetaQueue: s.q.Name}
+		md := m.Metadata // NewMessage's own (empty) map: filled, not replaced
+		md[MetaLease], md[MetaClaim], md[MetaScore] = c.token, c.claim, c.score
+		md[MetaDeliveries], md[MetaQueue] = strconv.Itoa(c.deliveries), s.q.Name
 		if s.stampEnvelope(m) {
 			refs = append(refs, m)
 		}
