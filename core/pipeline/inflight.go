@@ -22,10 +22,11 @@ type inflightEntry struct {
 	job    string
 	cancel context.CancelCauseFunc
 	// For the poll of per-request cancel markers (pollCancels): the
-	// request, its queue and when it was registered.
-	req   *wire.Request
-	q     transport.Queue
-	since time.Time
+	// request's id and token only (the handler owns the request; the poll
+	// reads nothing it may change), its queue and when it was registered.
+	id, token string
+	q         transport.Queue
+	since     time.Time
 }
 
 // newInflightIndex returns an empty index.
@@ -36,9 +37,9 @@ func newInflightIndex() *inflightIndex {
 // Register adds req of queue q; cancel aborts its work. The returned func
 // removes it.
 func (f *inflightIndex) Register(q transport.Queue, req *wire.Request, cancel context.CancelCauseFunc) (done func()) {
-	e := &inflightEntry{job: req.JobID(), cancel: cancel, req: req, q: q}
+	e := &inflightEntry{job: req.JobID(), cancel: cancel, q: q}
 	if req.Token != "" {
-		e.since = time.Now()
+		e.id, e.token, e.since = req.ID, req.Token, time.Now()
 	}
 	f.mu.Lock()
 	f.byID[req.ID] = e

@@ -673,9 +673,10 @@ func (p *Pipeline) pollCancels(work context.Context) {
 						defer func() { <-sem; wg.Done() }()
 						ctx, cancel := context.WithTimeout(work, cancelPollEvery)
 						defer cancel()
-						if c, err := checker.Cancelled(ctx, e.q, e.req); err == nil && c {
+						req := &wire.Request{ID: e.id, Token: e.token}
+						if c, err := checker.Cancelled(ctx, e.q, req); err == nil && c {
 							e.cancel(errCancelled)
-							p.log.Info("aborted a request cancelled in flight", "queue", e.q.Name, "id", e.req.ID)
+							p.log.Info("aborted a request cancelled in flight", "queue", e.q.Name, "id", e.id)
 						}
 					}()
 				}
