@@ -115,7 +115,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			}
 			c0, r0 := cpuNow(), redisCPU(ctx, pc)
 			s, err := timeRedisSide(ctx, pc, lists, n, labelled("sluice", a.Run))
-			slRedis = append(slRedis, (redisCPU(ctx, pc)-r0).Seconds()*1e6/n)
+			slRedis = appendRedisCPU(slRedis, r0, redisCPU(ctx, pc), n)
 			if err != nil {
 				return fmt.Errorf("sluice: %w", err)
 			}
@@ -131,7 +131,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			s, err := timeRedisSide(ctx, pc, lists, n, labelled("baseline", func(ctx context.Context) error {
 				return envelopeBaseline(ctx, pc, gw, queue, concurrency, baseBatch)
 			}))
-			baseRedis = append(baseRedis, (redisCPU(ctx, pc)-r0).Seconds()*1e6/n)
+			baseRedis = appendRedisCPU(baseRedis, r0, redisCPU(ctx, pc), n)
 			if err != nil {
 				return fmt.Errorf("baseline: %w", err)
 			}
@@ -146,7 +146,9 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 	f["requests"], f["rss_mb"] = n, rssMB()
 	f["cpu_us_per_req"], f["baseline_cpu_us_per_req"] = median(slCPU), median(baseCPU)
 	f["cpu_ratio"] = medianRatio(slCPU, baseCPU)
-	f["redis_cpu_us_per_req"], f["baseline_redis_cpu_us_per_req"] = median(slRedis), median(baseRedis)
+	if len(slRedis) > 0 && len(baseRedis) > 0 {
+		f["redis_cpu_us_per_req"], f["baseline_redis_cpu_us_per_req"] = median(slRedis), median(baseRedis)
+	}
 	return f, nil
 }
 
@@ -170,21 +172,39 @@ func labelled(side string, f func(context.Context) error) func(context.Context) 
 }
 
 // redisCPU is the Redis server's CPU time so far (INFO cpu: used_cpu_user
-// + used_cpu_sys); 0 when it cannot be read.
+// + used_cpu_sys); -1 when it cannot be read.
 func redisCPU(ctx context.Context, c redis.UniversalClient) time.Duration {
 	info, err := c.Info(ctx, "cpu").Result()
 	if err != nil {
-		return 0
+		return -1
 	}
 	var total float64
+	found := 0
 	for _, line := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(v, 64)
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return -1
+			}
 			total += f
+			found++
 		}
 	}
+	if found != 2 {
+		return -1
+	}
 	return time.Duration(total * float64(time.Second))
+}
+
+// appendRedisCPU appends the Redis CPU per request between two readings
+// (µs), unless either could not be read: a missing sample leaves the figure
+// to the other runs (no samples: the figure is absent, not 0).
+func appendRedisCPU(into []float64, before, after time.Duration, n int) []float64 {
+	if before < 0 || after < 0 {
+		return into
+	}
+	return append(into, (after-before).Seconds()*1e6/float64(n))
 }
 
 // envelopeBaseline drains queue as benchBaselineRedisQueue does, each
