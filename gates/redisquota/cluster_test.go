@@ -277,6 +277,22 @@ func TestCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// The kill must lose nothing the test counts on: the releases above
+		// are written (they are queued) and have reached the replica that
+		// will be promoted (replication is asynchronous; a write the replica
+		// never saw would leave the counter above 0 until its lease expired).
+		for _, v := range []string{dead, live} {
+			waitFor(t, func() bool {
+				n, err := admin.Get(ctx, "quota:userid:"+v).Int()
+				return err == nil && n == 0
+			}, "tenant "+v+" released before the kill")
+		}
+		m := redis.NewClient(&redis.Options{Addr: c.Nodes[0].Addr})
+		acked, err := m.Wait(ctx, 1, 5*time.Second).Result()
+		m.Close()
+		if err != nil || acked < 1 {
+			t.Fatalf("the killed master's writes reached %d replicas (%v), want 1", acked, err)
+		}
 		c.Nodes[0].Stop()
 		killed := time.Now()
 		var deadErrs, liveErrs int
@@ -310,10 +326,23 @@ func TestCluster(t *testing.T) {
 		}
 		// Its counter and leases on the promoted replica are consistent:
 		// every admission above was released.
-		waitFor(t, func() bool {
+		var last string
+		deadline := time.Now().Add(5 * time.Second)
+		for {
 			n, err := admin.Get(ctx, "quota:userid:"+dead).Int()
-			return err == nil && n == 0
-		}, "the dead master's tenant released on the promoted replica")
+			if err == nil && n == 0 {
+				break
+			}
+			last = "counter " + strconv.Itoa(n)
+			if err != nil {
+				last = err.Error()
+			}
+			if time.Now().After(deadline) {
+				leases, _ := admin.ZRangeWithScores(ctx, g.(leaseSetKeyer).LeaseSetKey(dead), 0, -1).Result()
+				t.Fatalf("the dead master's tenant not released on the promoted replica within 5 s: %s, leases %v", last, leases)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	})
 }
 
