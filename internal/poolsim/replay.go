@@ -85,6 +85,8 @@ type Others struct {
 	// Running and Waiting count them in the engines' running lists and
 	// waiting queues.
 	Running, Waiting int
+	// Batch counts the backlog's requests in the pool.
+	Batch int
 }
 
 // In is every arrival in the pool.
@@ -195,7 +197,9 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			return
 		}
 		at := now.Sub(t0)
-		want := b.Limit(at, others())
+		o := others()
+		o.Batch = len(inPool)
+		want := b.Limit(at, o)
 		if at >= b.Until {
 			want = min(want, len(inPool)) // nothing new, nothing resumed
 		}

@@ -31,7 +31,10 @@ import (
 // (burst-phase arrivals, exact percentiles, to the floor replayed on the
 // same arrivals), batch_goodput_share (output tokens of the batch requests
 // finished in the window ÷ the calibrated capacity × (1 − the floor's
-// interactive seat share)). The summary line gives, per profile,
+// interactive seat share)), and ttft_idle_p99_ratio (the idle phases'
+// arrivals, which the bar does not judge). The summary line gives, per
+// profile, idle_p99_when_feasible (the lowest idle-phase p99 ratio of the
+// policies that meet the bar: what meeting it cost between the bursts),
 // best_goodput_at_p99_1_5 (the highest goodput of a policy whose p99
 // ratio is ≤ 1.5) and best_p99_at_goodput_0_8 (the lowest p99 ratio of a
 // policy with goodput ≥ 0.80), and feasible: 1 when one policy meets both,
@@ -64,8 +67,13 @@ type frontierPolicy struct {
 
 // frontierPolicies: the oracle; reactive dispatchers that keep reserve
 // seats free beside the arrivals in the pool, knowing them at once or
-// reading them every 50 ms as pool-headroom does; and phase-aware static
-// limits, which show that reacting within a burst is what matters.
+// reading them every 50 ms as pool-headroom does; reactive ones that also
+// choose when batch prefills run (phasereactive: a reserve per phase;
+// phaseslow: in bursts the batch grows by one request per gap at most;
+// detect: the same with the burst seen from the arrivals in the pool
+// instead of known; nogrow: no growth while an arrival is in the pool);
+// and phase-aware static limits, which show that reacting within a burst
+// is what matters.
 func frontierPolicies(seats int) []frontierPolicy {
 	ps := []frontierPolicy{{name: "oracle", oracle: true, limit: func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 		return func(time.Duration, poolsim.Others) int { return frontierBacklog }
@@ -86,6 +94,104 @@ func frontierPolicies(seats int) []frontierPolicy {
 	}
 	for _, r := range []int{2, 4, 8} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms", r), limit: reactive(r, 50*time.Millisecond)})
+	}
+	// A dispatcher that also chooses when batch prefills run: the reactive
+	// limit, but the batch does not grow (no new request, no resume, so no
+	// batch prefill) while an arrival is in the pool or until cool after
+	// the last one left; it only shrinks then.
+	noGrow := func(reserve int, cool time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			busy := time.Duration(-1)
+			return func(at time.Duration, o poolsim.Others) int {
+				want := max(0, seats-reserve-o.In())
+				if o.In() > 0 {
+					busy = at
+				}
+				if busy >= 0 && at-busy <= cool {
+					want = min(want, o.Batch)
+				}
+				return want
+			}
+		}
+	}
+	phaseReactive := func(idle, burst int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func(bursts [][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			return func(at time.Duration, o poolsim.Others) int {
+				r := idle
+				if poolsim.InBurst(bursts, at) {
+					r = burst
+				}
+				return max(0, seats-r-o.In())
+			}
+		}
+	}
+	for _, rb := range []int{2, 4} {
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phasereactive-i0-b%d", rb), limit: phaseReactive(0, rb)})
+	}
+	// in bursts, the batch grows by at most one request per gap
+	phaseSlowGrow := func(idle, burst int, gap time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func(bursts [][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			grew := time.Duration(-1 << 62)
+			return func(at time.Duration, o poolsim.Others) int {
+				if !poolsim.InBurst(bursts, at) {
+					return max(0, seats-idle-o.In())
+				}
+				want := max(0, seats-burst-o.In())
+				if want > o.Batch {
+					if at-grew < gap {
+						return o.Batch
+					}
+					grew = at
+					return o.Batch + 1
+				}
+				return want
+			}
+		}
+	}
+	for _, rb := range []int{2, 4} {
+		for _, gap := range []time.Duration{50 * time.Millisecond, 200 * time.Millisecond} {
+			ps = append(ps, frontierPolicy{name: fmt.Sprintf("phaseslow-i0-b%d-g%d", rb, gap.Milliseconds()), limit: phaseSlowGrow(0, rb, gap)})
+		}
+	}
+	// The same, but the phase is seen, not known: a burst is when the
+	// arrivals in the pool (read every `every`) reached thr within the
+	// last window.
+	detectSlow := func(idle, burst, thr int, window, gap, every time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			grew := time.Duration(-1 << 62)
+			read, seen := time.Duration(-1), 0
+			hot := time.Duration(-1 << 62)
+			return func(at time.Duration, o poolsim.Others) int {
+				if every <= 0 || read < 0 || at-read >= every {
+					read, seen = at, o.In()
+					if seen >= thr {
+						hot = at
+					}
+				}
+				if at-hot > window {
+					return max(0, seats-idle-seen)
+				}
+				want := max(0, seats-burst-seen)
+				if want > o.Batch {
+					if at-grew < gap {
+						return o.Batch
+					}
+					grew = at
+					return o.Batch + 1
+				}
+				return want
+			}
+		}
+	}
+	for _, thr := range []int{3, 4} {
+		for _, every := range []time.Duration{0, 50 * time.Millisecond} {
+			ps = append(ps, frontierPolicy{name: fmt.Sprintf("detect-i0-b2-g50-t%d-w2000-e%d", thr, every.Milliseconds()),
+				limit: detectSlow(0, 2, thr, 2*time.Second, 50*time.Millisecond, every)})
+		}
+	}
+	ps = append(ps, frontierPolicy{name: "detect-i0-b2-g50-t4-w2000-e50-recompute", limit: detectSlow(0, 2, 4, 2*time.Second, 50*time.Millisecond, 50*time.Millisecond), recompute: true})
+	for _, r := range []int{2, 4} {
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("nogrow-r%d", r), limit: noGrow(r, 0)})
 	}
 	for _, r := range []int{2, 4, 8} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms-recompute", r), limit: reactive(r, 50*time.Millisecond), recompute: true})
@@ -176,7 +282,7 @@ func frontierProfile(prof ipProfile) (figures, error) {
 			out[k] += v / frontierSeeds
 		}
 	}
-	bestGoodput, bestP99 := 0.0, math.Inf(1)
+	bestGoodput, bestP99, bestIdle := 0.0, math.Inf(1), math.Inf(1)
 	for _, name := range pols {
 		f := medianFigures(per[name])
 		fmt.Println(frontierLine(prof.name, name, f))
@@ -186,7 +292,14 @@ func frontierProfile(prof ipProfile) (figures, error) {
 		if f["batch_goodput_share"] >= 0.80 {
 			bestP99 = min(bestP99, f["ttft_p99_ratio"])
 		}
+		if f["ttft_p99_ratio"] <= 1.5 && f["batch_goodput_share"] >= 0.80 {
+			bestIdle = min(bestIdle, f["ttft_idle_p99_ratio"])
+		}
 	}
+	if math.IsInf(bestIdle, 1) {
+		bestIdle = -1
+	}
+	out["idle_p99_when_feasible"] = bestIdle
 	out["best_goodput_at_p99_1_5"] = bestGoodput
 	if math.IsInf(bestP99, 1) {
 		bestP99 = -1
@@ -226,8 +339,9 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 	if err != nil {
 		return nil, nil, err
 	}
-	floorTTFT := frontierTTFTs(arrivals, floor, bursts, prof.warmup)
+	floorTTFT := frontierTTFTs(arrivals, floor, bursts, prof.warmup, true)
 	floorP50, floorP99 := percentile(slices.Clone(floorTTFT), 0.50), percentile(slices.Clone(floorTTFT), 0.99)
+	floorIdleP99 := percentile(frontierTTFTs(arrivals, floor, bursts, prof.warmup, false), 0.99)
 	seatS := 0.0
 	for _, tr := range floor {
 		if n := len(tr.Tokens); n > 0 && tr.FirstScheduled >= prof.warmup && tr.Tokens[n-1] <= end {
@@ -259,22 +373,24 @@ func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, err
 		if err != nil {
 			return nil, nil, fmt.Errorf("policy %s: %w", pol.name, err)
 		}
-		ttft := frontierTTFTs(arrivals, traces, bursts, prof.warmup)
+		ttft := frontierTTFTs(arrivals, traces, bursts, prof.warmup, true)
 		res = append(res, frontierResult{pol.name, figures{
-			"ttft_p50_ratio":      percentile(slices.Clone(ttft), 0.50) / floorP50,
-			"ttft_p99_ratio":      percentile(slices.Clone(ttft), 0.99) / floorP99,
+			"ttft_p50_ratio": percentile(slices.Clone(ttft), 0.50) / floorP50,
+			"ttft_p99_ratio": percentile(slices.Clone(ttft), 0.99) / floorP99,
+			// the idle phases' arrivals, which the bar does not judge
+			"ttft_idle_p99_ratio": percentile(frontierTTFTs(arrivals, traces, bursts, prof.warmup, false), 0.99) / floorIdleP99,
 			"batch_goodput_share": frontierTokens(batch, prof.warmup, end) / slack,
 		}})
 	}
 	return out, res, nil
 }
 
-// frontierTTFTs are the TTFTs (ms) of the arrivals in burst phases after
-// the warm-up.
-func frontierTTFTs(arrivals []poolsim.Arrival, traces []poolsim.Trace, bursts [][2]time.Duration, warmup time.Duration) []float64 {
+// frontierTTFTs are the TTFTs (ms) of the arrivals after the warm-up in
+// burst phases (inBurst) or in idle phases.
+func frontierTTFTs(arrivals []poolsim.Arrival, traces []poolsim.Trace, bursts [][2]time.Duration, warmup time.Duration, inBurst bool) []float64 {
 	var out []float64
 	for i, a := range arrivals {
-		if a.At >= warmup && poolsim.InBurst(bursts, a.At) && len(traces[i].Tokens) > 0 {
+		if a.At >= warmup && poolsim.InBurst(bursts, a.At) == inBurst && len(traces[i].Tokens) > 0 {
 			out = append(out, float64(traces[i].TTFT(a))/float64(time.Millisecond))
 		}
 	}
@@ -308,6 +424,7 @@ func frontierTargets() []target {
 			reportedOnly(k+"feasible", "1 when an ideal dispatcher meets issue 28's bar (p99 ≤ 1.5× with goodput ≥ 0.80) on the pool model"),
 			reportedOnly(k+"best_goodput_at_p99_1_5", "the best goodput of an ideal dispatcher that keeps p99 ≤ 1.5×"),
 			reportedOnly(k+"best_p99_at_goodput_0_8", "the best p99 ratio of an ideal dispatcher with goodput ≥ 0.80 (-1: none)"),
+			reportedOnly(k+"idle_p99_when_feasible", "the lowest idle-phase p99 ratio of the ideal dispatchers that meet the bar, which judges burst phases only (-1: none meets it)"),
 		)
 	}
 	return ts
