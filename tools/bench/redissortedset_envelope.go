@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -113,9 +116,10 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			if err != nil {
 				return err
 			}
-			c0, r0 := cpuNow(), redisCPU(ctx, pc)
+			c0, r0, cs0 := cpuNow(), redisCPU(ctx, pc), commandStats(ctx, pc)
 			s, err := timeRedisSide(ctx, pc, lists, n, labelled("sluice", a.Run))
 			slRedis = appendRedisCPU(slRedis, r0, redisCPU(ctx, pc), n)
+			printCommandStats("sluice", cs0, commandStats(ctx, pc), n)
 			if err != nil {
 				return fmt.Errorf("sluice: %w", err)
 			}
@@ -127,11 +131,12 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			if err := fill(ctx); err != nil {
 				return err
 			}
-			c0, r0 := cpuNow(), redisCPU(ctx, pc)
+			c0, r0, cs0 := cpuNow(), redisCPU(ctx, pc), commandStats(ctx, pc)
 			s, err := timeRedisSide(ctx, pc, lists, n, labelled("baseline", func(ctx context.Context) error {
 				return envelopeBaseline(ctx, pc, gw, queue, concurrency, baseBatch)
 			}))
 			baseRedis = appendRedisCPU(baseRedis, r0, redisCPU(ctx, pc), n)
+			printCommandStats("baseline", cs0, commandStats(ctx, pc), n)
 			if err != nil {
 				return fmt.Errorf("baseline: %w", err)
 			}
@@ -169,6 +174,65 @@ func labelled(side string, f func(context.Context) error) func(context.Context) 
 		pprof.Do(ctx, pprof.Labels("side", side), func(ctx context.Context) { err = f(ctx) })
 		return err
 	}
+}
+
+// commandStats is the Redis server's time per command so far (INFO
+// commandstats: usec, and calls), read only when SLUICE_BENCH_COMMANDSTATS
+// is set; nil otherwise or when it cannot be read.
+func commandStats(ctx context.Context, c redis.UniversalClient) map[string][2]float64 {
+	if os.Getenv("SLUICE_BENCH_COMMANDSTATS") == "" {
+		return nil
+	}
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil
+	}
+	out := map[string][2]float64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, found := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !found {
+			continue
+		}
+		var calls, usec float64
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseFloat(v, 64)
+			case "usec":
+				usec, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		out[name] = [2]float64{usec, calls}
+	}
+	return out
+}
+
+// printCommandStats prints, on stderr, the Redis time per request of each
+// command one side ran between two commandStats readings, largest first
+// (the time of a script's calls is in evalsha's and again in each call's).
+func printCommandStats(side string, before, after map[string][2]float64, n float64) {
+	if before == nil || after == nil {
+		return
+	}
+	type row struct {
+		name        string
+		usec, calls float64
+	}
+	var rows []row
+	for k, a := range after {
+		b := before[k]
+		if d := (row{k, a[0] - b[0], a[1] - b[1]}); d.calls > 0 {
+			rows = append(rows, d)
+		}
+	}
+	slices.SortFunc(rows, func(x, y row) int { return cmp.Compare(y.usec, x.usec) })
+	var sb strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&sb, " %s=%.2fus/req(%.2f calls/req)", r.name, r.usec/n, r.calls/n)
+	}
+	fmt.Fprintf(os.Stderr, "bench: redis-sortedset-envelope %s commandstats:%s\n", side, sb.String())
 }
 
 // redisCPU is the Redis server's CPU time so far (INFO cpu: used_cpu_user

@@ -269,18 +269,19 @@ const SeqWidth = 20
 // sluice's owner tokens are "<replica>:<claim call>:<i>", unique per claim;
 // upstream's are 16 hex digits per process: the colon tells them apart.
 // A lease lasts min(now + lease, deadline + 5 min), as upstream bounds it.
-// A lease of WholeSecondLeaseMS or more (the default is ten minutes) is
-// written rounded up to a whole second, unless that would pass the
-// deadline bound: a small sorted set such as Q:claims-idx is stored as a
-// listpack, which keeps a fractional score as text and parses every stored
+// A lease of WholeSecondLeaseMS or more (the default lease_ms is 15 s) is
+// written rounded up to a whole second, by the claim and by every renewal
+// (Extend), unless that would pass the deadline bound: a small sorted set
+// such as Q:claims-idx is stored as a listpack, which keeps a fractional score as text and parses every stored
 // score again at each insert (the claim's ZADD was a fifth of the Redis
 // time of a busy queue); whole seconds are stored as integers. Up to a
-// second more is nothing to a lease of minutes (every reader compares it
-// with its clock in seconds); a shorter lease keeps its milliseconds.
+// second more (a tenth at most) only delays the reclaim of a dead
+// replica's requests by as much (every reader compares the expiry with
+// its clock); a shorter lease keeps its milliseconds.
 
 // WholeSecondLeaseMS is the shortest lease the claim writes in whole
 // seconds (see Claim).
-const WholeSecondLeaseMS = 60000
+const WholeSecondLeaseMS = 10000
 
 // ClaimGraceSeconds bounds a lease to the request's deadline plus this
 // (upstream's reclaimGraceAfterDeadline).
@@ -357,6 +358,7 @@ else
     local whole = tonumber(ARGV[2]) >= ` + strconv.Itoa(WholeSecondLeaseMS) + `
     local redel = redis.call('EXISTS', KEYS[5]) == 1
     local mark, hc, ho, zi = {}, {}, {}, {}
+    local ckeys, ctoks, cpos = {}, {}, {}
     for i = 1, #popped, 2 do
       local m, s = popped[i], popped[i + 1]
       local tok = ARGV[3] .. ((i + 1) / 2)
@@ -376,7 +378,9 @@ else
             ck = ck .. '\0' .. rt
             if #KEYS >= 8 then
               cm = 1
-              if redis.call('GET', '` + CancelPrefix + `' .. v.data.id) == rt then cm = 2 end
+              ckeys[#ckeys + 1] = '` + CancelPrefix + `' .. v.data.id
+              ctoks[#ctoks + 1] = rt
+              cpos[#cpos + 1] = #out + 7
             end
           end
           local dl = tonumber(v.data.deadline)
@@ -409,6 +413,12 @@ else
       out[#out + 1] = ck
       out[#out + 1] = cap
       out[#out + 1] = cm
+    end
+    if #ckeys > 0 then
+      local vals = redis.call('MGET', unpack(ckeys))
+      for k = 1, #ckeys do
+        if vals[k] == ctoks[k] then out[cpos[k]] = 2 end
+      end
     end
     redis.call('HSET', KEYS[2], unpack(hc))
     redis.call('HSET', KEYS[3], unpack(ho))
@@ -451,6 +461,12 @@ const (
 //     upstream's result_ttl_seconds).
 //
 // Request id, token and payload key are "" in a cluster (other slots).
+// The script reads every owner in one HMGET and drops the claims, reads
+// the markers and deletes what it writes off in one call per key kind, not
+// one per item (each call from Lua costs about a microsecond of the
+// server's time); an item repeated in one call is settled once, the
+// repeat counted late. Lua's unpack bounds a call to about 4,000 items
+// (the transport sends at most 256).
 // A result or dead-letter list key holding another type fails the whole
 // call before anything is written (a script is not rolled back: were the
 // claims dropped first, a failing LPUSH would lose their requests).
@@ -466,43 +482,76 @@ for _, k in ipairs({KEYS[4], KEYS[5]}) do
     return redis.error_reply('WRONGTYPE ' .. k .. ' holds a ' .. t .. ', not a list: nothing settled')
   end
 end
+local n = #ARGV / 9
+if n == 0 then return {} end
 local redel = redis.call('EXISTS', KEYS[7]) == 1
-local out, results, late, ttl = {}, {}, 0, 0
-for i = 1, #ARGV, 9 do
-  local mode, tok, ck = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then
-    local rec
-    if redel or mode == 'b' then rec = redis.call('HGET', KEYS[1], ck) end
-    redis.call('HDEL', KEYS[1], ck)
-    redis.call('HDEL', KEYS[2], ck)
-    redis.call('ZREM', KEYS[3], ck)
-    if redel and rec then redis.call('HDEL', KEYS[7], rec) end
-    if mode ~= 'd' then results[#results + 1] = ARGV[i + 3] end
+local cks = {}
+for j = 1, n do cks[j] = ARGV[(j - 1) * 9 + 3] end
+local owners = redis.call('HMGET', KEYS[2], unpack(cks))
+local out, live, seen, late = {}, {}, {}, 0
+local needRec = {}
+for j = 1, n do
+  local i = (j - 1) * 9 + 1
+  local tok, ck = ARGV[i + 1], cks[j]
+  if tok ~= '' and owners[j] == tok and not seen[ck] then
+    seen[ck] = true
+    live[#live + 1] = j
+    if redel or ARGV[i] == 'b' then needRec[#needRec + 1] = ck end
+    out[j] = 1
+  else
+    late = late + 1
+    out[j] = 0
+  end
+end
+if #live > 0 then
+  local rec = {}
+  if #needRec > 0 then
+    local got = redis.call('HMGET', KEYS[1], unpack(needRec))
+    for k = 1, #needRec do rec[needRec[k]] = got[k] end
+  end
+  local gone, redels, results, dead, marks, markTok, payloads, ttl = {}, {}, {}, {}, {}, {}, {}, 0
+  for _, j in ipairs(live) do
+    local i = (j - 1) * 9 + 1
+    local mode, ck = ARGV[i], cks[j]
+    local r = rec[ck]
+    gone[#gone + 1] = ck
+    if redel and r then redels[#redels + 1] = r end
     if mode == 'd' then
-      redis.call('LPUSH', KEYS[5], ARGV[i + 4])
-    elseif mode == 'b' and rec then
-      redis.call('LPUSH', KEYS[5], rec)
-    end
-    if mode ~= 'd' then
+      dead[#dead + 1] = ARGV[i + 4]
+    else
+      results[#results + 1] = ARGV[i + 3]
+      if mode == 'b' and r then dead[#dead + 1] = r end
       local rt = ARGV[i + 6]
       if rt ~= '' then
-        local ak, xk = '` + ActivePrefix + `' .. ARGV[i + 5], '` + CancelPrefix + `' .. ARGV[i + 5]
-        if redis.pcall('GET', ak) == rt then redis.call('DEL', ak) end
-        if redis.pcall('GET', xk) == rt then redis.call('DEL', xk) end
+        marks[#marks + 1] = '` + ActivePrefix + `' .. ARGV[i + 5]
+        marks[#marks + 1] = '` + CancelPrefix + `' .. ARGV[i + 5]
+        markTok[#markTok + 1] = rt
+        markTok[#markTok + 1] = rt
       end
-      if ARGV[i + 7] ~= '' then redis.call('DEL', ARGV[i + 7]) end
+      if ARGV[i + 7] ~= '' then payloads[#payloads + 1] = ARGV[i + 7] end
       local t = tonumber(ARGV[i + 8]) or 0
       if t > 0 then ttl = t end
     end
-    out[#out + 1] = 1
-  else
-    late = late + 1
-    out[#out + 1] = 0
   end
-end
-if #results > 0 then
-  redis.call('LPUSH', KEYS[4], unpack(results))
-  if ttl > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
+  redis.call('HDEL', KEYS[1], unpack(gone))
+  redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('ZREM', KEYS[3], unpack(gone))
+  if #redels > 0 then redis.call('HDEL', KEYS[7], unpack(redels)) end
+  if #dead > 0 then redis.call('LPUSH', KEYS[5], unpack(dead)) end
+  if #marks > 0 then
+    -- MGET answers nil for a key of another type, as the GET it replaces
+    -- was called to fail softly there
+    local vals, del = redis.call('MGET', unpack(marks)), {}
+    for k = 1, #marks do
+      if vals[k] == markTok[k] then del[#del + 1] = marks[k] end
+    end
+    if #del > 0 then redis.call('DEL', unpack(del)) end
+  end
+  if #payloads > 0 then redis.call('DEL', unpack(payloads)) end
+  if #results > 0 then
+    redis.call('LPUSH', KEYS[4], unpack(results))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
+  end
 end
 if late > 0 then redis.call('HINCRBY', KEYS[6], 'late_results', late) end
 return out
@@ -807,28 +856,45 @@ return out
 
 // Extend renews the claims this replica still owns: items are triples
 // (owner token, claim id, cap ms or 0) and each lease becomes
-// min(now + lease, cap), as upstream's heartbeat bounds it.
+// min(now + lease, cap), as upstream's heartbeat bounds it, rounded up to
+// a whole second as the claim writes it (see Claim). The owners are read
+// in one HMGET and the leases written in one ZADD (about 4,000 items at
+// most per call: Lua's unpack).
 //
 //	KEYS: owners, idx
 //	ARGV: lease ms, triples...
 //	returns: the owner tokens whose claim was lost (taken over or gone)
 var Extend = redis.NewScript(extendSrc)
 
-const extendSrc = `
+var extendSrc = `
 local t = redis.call('TIME')
 local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local whole = tonumber(ARGV[1]) >= ` + strconv.Itoa(WholeSecondLeaseMS) + `
 local lost = {}
-for i = 2, #ARGV, 3 do
-  local tok, ck = ARGV[i], ARGV[i + 1]
-  if redis.call('HGET', KEYS[1], ck) == tok then
+local n = (#ARGV - 1) / 3
+if n < 1 then return lost end
+local cks = {}
+for j = 1, n do cks[j] = ARGV[(j - 1) * 3 + 3] end
+local owners = redis.call('HMGET', KEYS[1], unpack(cks))
+local zi = {}
+for j = 1, n do
+  local i = (j - 1) * 3 + 2
+  if owners[j] == ARGV[i] then
     local e = exp
     local cap = tonumber(ARGV[i + 2])
     if cap and cap > 0 and cap < e then e = cap end
-    redis.call('ZADD', KEYS[2], e / 1000, ck)
+    local sc = e / 1000
+    if whole then
+      sc = math.ceil(sc)
+      if cap and cap > 0 and sc * 1000 > cap then sc = cap / 1000 end
+    end
+    zi[#zi + 1] = sc
+    zi[#zi + 1] = cks[j]
   else
-    lost[#lost + 1] = tok
+    lost[#lost + 1] = ARGV[i]
   end
 end
+if #zi > 0 then redis.call('ZADD', KEYS[2], unpack(zi)) end
 return lost
 `
 

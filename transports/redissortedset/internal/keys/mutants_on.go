@@ -18,12 +18,12 @@ import (
 func Mutated(n mutant.Name) *redis.Script {
 	switch n {
 	case mutant.SettleNoFence:
-		return redis.NewScript(edit(settleSrc, "if tok ~= '' and redis.call('HGET', KEYS[2], ck) == tok then", "if tok ~= '' then"))
+		return redis.NewScript(edit(settleSrc, "if tok ~= '' and owners[j] == tok and not seen[ck] then", "if tok ~= '' and not seen[ck] then"))
 	case mutant.AckBeforeResult:
 		// The first of two calls: the claims are dropped, the results not written.
 		return redis.NewScript(edit(settleSrc, "  redis.call('LPUSH', KEYS[4], unpack(results))\n", ""))
 	case mutant.HeartbeatNoRenew:
-		return redis.NewScript(edit(extendSrc, "    redis.call('ZADD', KEYS[2], e / 1000, ck)\n", ""))
+		return redis.NewScript(edit(extendSrc, "if #zi > 0 then redis.call('ZADD', KEYS[2], unpack(zi)) end\n", ""))
 	case mutant.TakeoverIgnoresLive:
 		return redis.NewScript(edit(reclaimSrc, "if exp and tonumber(exp) <= now then", "if exp then"))
 	}
