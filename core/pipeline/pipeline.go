@@ -100,6 +100,7 @@ type Queue struct {
 	followers []gate.Follower    // what the queue attached to Gate (detached when it is removed)
 	sub       message.Subscriber // the claim loop (set when its handler is added)
 	pub       message.Publisher  // the result publisher (set when its handler is added)
+	workers   *workers           // the goroutines its handler runs on (set with the handler)
 }
 
 // queueSpec is the part of a Queue its caller gives, in a form that
@@ -604,10 +605,11 @@ func (p *Pipeline) handlerOf(work context.Context, q *Queue) message.NoPublishHa
 		handler = chain[i](handler)
 	}
 	// The settler published the result: the router publishes nothing.
-	return func(m *message.Message) error {
+	q.workers = newWorkers(work, func(m *message.Message) error {
 		_, err := handler(m)
 		return err
-	}
+	})
+	return q.workers.run
 }
 
 // watchCancellations aborts the calls of requests cancelled while in

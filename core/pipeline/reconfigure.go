@@ -213,6 +213,7 @@ func (p *Pipeline) retire(q *Queue) {
 // p.retiring.
 func (p *Pipeline) release(q *Queue) {
 	p.detach(q)
+	q.workers.close()
 	p.mu.Lock()
 	p.publishers = slices.DeleteFunc(p.publishers, func(x message.Publisher) bool { return x == q.pub })
 	gateUsed, labelsUsed := false, false
