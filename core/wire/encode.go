@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // EncodeRequest returns r in the flat form, for producers:
@@ -77,7 +79,7 @@ func checkEncodable(r *Request) string {
 			return "created: " + msg
 		}
 	}
-	if !json.Valid(r.Payload) {
+	if !jsonscan.Valid(r.Payload) {
 		return "payload: not valid JSON"
 	}
 	if k := jsonKind(r.Payload); k != "object" {
@@ -187,7 +189,7 @@ func setInternal(raw []byte, n int, labels map[string]string, setLabels bool) ([
 // decode. The member is internal.kept_result, added as WithEnvelope adds
 // its members (a flat message is wrapped in an envelope).
 func WithKeptResult(raw, result []byte) ([]byte, error) {
-	if !json.Valid(result) || jsonKind(result) != "object" {
+	if !jsonscan.Valid(result) || jsonKind(result) != "object" {
 		return nil, errors.New("keep result: not a JSON object")
 	}
 	req, env, err := decode(raw)

@@ -1,9 +1,10 @@
 package wire
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // InternalMember is a member of an envelope's internal object to set with
@@ -98,14 +99,14 @@ type EnvelopeScan struct {
 // request_kind and of the named members of an envelope's internal and data
 // objects: what encoding/json reads into a struct of json.RawMessage
 // fields (a pointer to a struct for internal and for data). It costs a
-// json.Valid and one walk of the top two levels, with two allocations for
+// validity check (jsonscan.Valid, json.Valid's answer) and one walk of the top two levels, with two allocations for
 // the value slices. ok is false when encoding/json must decide: b is not
 // valid JSON or not an object, internal or data is neither an object nor
 // null, a member it reads is repeated or spelled in a way encoding/json
 // folds (another case, escapes, non-ASCII). The caller then decodes b with
 // encoding/json, whose answer defines the result.
 func ScanEnvelope(b []byte, internal, data []string) (v EnvelopeScan, ok bool) {
-	if len(internal) > 16 || len(data) > 16 || !json.Valid(b) {
+	if len(internal) > 16 || len(data) > 16 || !jsonscan.Valid(b) {
 		return v, false
 	}
 	v.Internal, v.Data = make([][]byte, len(internal)), make([][]byte, len(data))

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // inputLine is one line of an input file.
@@ -26,7 +27,7 @@ type inputLine struct {
 // changed since.
 func parseInput(b []byte) (inputLine, error) {
 	var l inputLine
-	if !json.Valid(b) {
+	if !jsonscan.Valid(b) {
 		return l, errors.New("input line is not JSON")
 	}
 	bad := false
@@ -124,7 +125,7 @@ func checkLine(endpoint string, n int, b []byte) lineCheck {
 	fail := func(code, param, msg string) lineCheck {
 		return lineCheck{n: n, err: LineError{Code: code, Message: msg, Param: param, Line: n}}
 	}
-	if !json.Valid(b) {
+	if !jsonscan.Valid(b) {
 		var v any
 		err := json.Unmarshal(b, &v) // for the syntax error's message
 		return fail("invalid_json_line", "", "This line is not parseable as valid JSON: "+err.Error())
@@ -310,7 +311,7 @@ func recordOf(index int, customID string, r *wire.Result) (Record, *lineUsage) {
 		b = append(b, `,"body":`...)
 		body := trimSpace([]byte(r.Payload))
 		switch {
-		case len(body) == 0 || !json.Valid(body):
+		case len(body) == 0 || !jsonscan.Valid(body):
 			b = appendJSONString(b, r.Payload) // not JSON: the body as a string
 		case bytes.ContainsAny(body, "\r\n"):
 			var c bytes.Buffer
