@@ -77,19 +77,21 @@ func TestNewWithoutAdapters(t *testing.T) {
 }
 
 // core/app links no adapter, no demo, no simulator, no bench: only core,
-// and two ground-floor libraries that import only the standard library:
+// and three ground-floor libraries that import only the standard library:
 // internal/mutant, the planted-bug switch of the protocol tests
-// (docs/verification.md), a constant false outside `-tags sluice_mutants`,
-// and internal/redistopology, the Redis topology rules config.Validate and
-// internal/redisclient share.
+// (docs/verification.md), a constant false outside `-tags sluice_mutants`;
+// internal/redistopology, the Redis topology rules config.Validate and
+// internal/redisclient share; and internal/jsonscan, the JSON validity
+// scanner core/wire and the Batch API front share.
 func TestLinksOnlyCore(t *testing.T) {
+	groundFloor := map[string]bool{"internal/mutant": true, "internal/redistopology": true, "internal/jsonscan": true}
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
 	const module = "github.com/sluice-io/sluice/"
 	for _, pkg := range strings.Fields(string(out)) {
-		if rest, ok := strings.CutPrefix(pkg, module); ok && !strings.HasPrefix(rest, "core/") && rest != "internal/mutant" && rest != "internal/redistopology" {
+		if rest, ok := strings.CutPrefix(pkg, module); ok && !strings.HasPrefix(rest, "core/") && !groundFloor[rest] {
 			t.Errorf("core/app links %s", pkg)
 		}
 	}
