@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,6 +61,23 @@ type BatchSizer interface {
 // that does not say (BatchSizer).
 const DefaultBatch = 64
 
+// Prefetcher is implemented by sources whose messages may be claimed ahead
+// of the credits that will dispatch them. Prefetch is how many the loop may
+// hold claimed and undelivered beyond its credits (0: none). The loop
+// claims them only while the queue is busy (its last claim came back full),
+// hands one on the moment a credit frees, so a freed credit need not wait
+// for a claim's round trip, and hands them all back to the source when no
+// credit freed for PrefetchHold, so a queue whose gate closed does not keep
+// requests from other replicas. Credits still bound what is dispatched: a
+// message held ahead holds none.
+type Prefetcher interface {
+	Prefetch() int
+}
+
+// PrefetchHold is how long the loop keeps messages claimed ahead while no
+// credit frees before it hands them back.
+const PrefetchHold = time.Second
+
 // Claim loop back-off after a failed claim: it starts at claimErrMin and
 // doubles up to claimErrMax; failures are logged at most every claimErrLog.
 const (
@@ -97,7 +115,11 @@ func NewSubscriber(tp Transport, q Queue, pool credit.Credits, log *slog.Logger)
 	if b, ok := src.(BatchSizer); ok && b.BatchSize() > 0 {
 		batch = b.BatchSize()
 	}
-	return &subscriber{src: src, q: q, pool: pool, log: log, batch: batch, done: make(chan struct{})}, nil
+	ahead := 0
+	if p, ok := src.(Prefetcher); ok {
+		ahead = max(p.Prefetch(), 0)
+	}
+	return &subscriber{src: src, q: q, pool: pool, log: log, batch: batch, ahead: ahead, done: make(chan struct{})}, nil
 }
 
 // ErrSubscribed is returned by a second Subscribe on one subscriber.
@@ -112,6 +134,7 @@ type subscriber struct {
 	pool  credit.Credits
 	log   *slog.Logger
 	batch int
+	ahead int // Prefetcher's Prefetch: messages claimed ahead of credits
 
 	mu      sync.Mutex
 	started bool
@@ -174,9 +197,19 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // meanwhile are claimed together and a busy queue takes no more claims per
 // request. A batch held by the feeder keeps its credits: nothing is added
 // to what is in flight.
+//
+// With a Prefetcher's allowance the loop also claims up to that many
+// messages ahead of its credits while the queue is busy, and hands them on
+// as credits free, before it claims again: a freed credit then takes the
+// next request at once instead of after a claim's round trip (the claim
+// refills the messages held ahead when half of them were handed on), and
+// it does not wait for a full batch's delivery. Messages held ahead when
+// no credit freed for PrefetchHold, or when the subscription ends, are
+// handed back.
 func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 	feed := make(chan handoff, feedDepth)
 	var rest []*message.Message
+	var held ahead
 	fed := make(chan struct{})
 	go func() {
 		defer close(fed)
@@ -191,17 +224,45 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 				s.pool.Release(len(rest))
 			}
 		}
+		if ms, _ := held.take(len(held.ms)); len(ms) > 0 { // claimed ahead: they hold no credit
+			s.src.HandBack(ms)
+		}
 	}()
 	backoff := claimErrMin
 	var lastLog time.Time
+	busy := false // the last claim came back full
 	for {
-		granted, err := s.pool.Acquire(ctx, s.batch)
+		granted, err := s.acquire(ctx, len(held.ms) > 0)
 		if err != nil {
-			return
+			if ctx.Err() != nil {
+				return
+			}
+			// no credit freed for PrefetchHold: let other replicas have them
+			ms, _ := held.take(len(held.ms))
+			s.src.HandBack(ms)
+			busy = false
+			continue
 		}
-		ms, err := s.src.Claim(ctx, granted)
+		if n := min(granted, len(held.ms)); n > 0 {
+			ms, at := held.take(n)
+			for i, m := range ms {
+				onSettle(m, s.src, s.pool, at[i])
+			}
+			s.deliver(ctx, feed, ms, false)
+			granted -= n
+		}
+		refill := 0
+		if s.ahead > 0 && busy && len(held.ms) <= s.ahead/2 {
+			refill = max(min(s.ahead-len(held.ms), s.batch-granted), 0)
+		}
+		if granted == 0 && refill == 0 {
+			continue
+		}
+		ask := granted + refill
+		ms, err := s.src.Claim(ctx, ask)
 		if err != nil {
-			s.pool.Release(granted - len(ms))
+			s.pool.Release(granted)
+			busy = false
 			if ctx.Err() != nil {
 				return
 			}
@@ -216,37 +277,83 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			continue
 		}
 		backoff = claimErrMin
-		if len(ms) > granted { // a source bug; never hand out more than granted
-			s.log.Error("source claimed more than asked; handing the excess back", "queue", s.q.Name, "asked", granted, "claimed", len(ms))
-			s.src.HandBack(ms[granted:])
-			ms = ms[:granted]
+		if len(ms) > ask { // a source bug; never hand out more than asked
+			s.log.Error("source claimed more than asked; handing the excess back", "queue", s.q.Name, "asked", ask, "claimed", len(ms))
+			s.src.HandBack(ms[ask:])
+			ms = ms[:ask]
 		}
-		s.pool.Release(granted - len(ms))
 		claimed := time.Now()
-		for _, m := range ms {
-			onSettle(m, s.src, s.pool, claimed)
-		}
-		full := len(ms) == granted
-		if len(ms) > 0 {
-			h := handoff{ms: ms}
-			if full {
-				h.done = make(chan struct{})
+		busy = len(ms) == ask
+		n := min(granted, len(ms))
+		s.pool.Release(granted - n)
+		held.add(ms[n:], claimed)
+		if n > 0 {
+			for _, m := range ms[:n] {
+				onSettle(m, s.src, s.pool, claimed)
 			}
-			feed <- h // the feeder returns what it cannot deliver
-			if full {
-				select {
-				case <-h.done:
-				case <-ctx.Done():
-				}
-			}
+			// a full batch without an allowance: wait for its delivery
+			s.deliver(ctx, feed, ms[:n], n == granted && s.ahead == 0)
 		}
-		if !full {
+		if len(ms) < ask && len(held.ms) == 0 {
 			s.src.Wait(ctx)
 		}
 		if ctx.Err() != nil {
 			return
 		}
 	}
+}
+
+// acquire takes up to a batch of credits; while messages are held ahead it
+// waits at most PrefetchHold (an error with ctx still live).
+func (s *subscriber) acquire(ctx context.Context, holding bool) (int, error) {
+	if !holding {
+		return s.pool.Acquire(ctx, s.batch)
+	}
+	hctx, cancel := context.WithTimeout(ctx, PrefetchHold)
+	defer cancel()
+	return s.pool.Acquire(hctx, s.batch)
+}
+
+// deliver hands ms, each holding a credit and its settle hook, to the
+// feeder; with wait it returns once they were delivered (or ctx ended).
+func (s *subscriber) deliver(ctx context.Context, feed chan<- handoff, ms []*message.Message, wait bool) {
+	h := handoff{ms: ms}
+	if wait {
+		h.done = make(chan struct{})
+	}
+	feed <- h // the feeder returns what it cannot deliver
+	if wait {
+		select {
+		case <-h.done:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// ahead is what the loop claimed ahead of its credits, oldest first, with
+// the time of each message's claim.
+type ahead struct {
+	ms []*message.Message
+	at []time.Time
+}
+
+func (a *ahead) add(ms []*message.Message, at time.Time) {
+	for _, m := range ms {
+		a.ms = append(a.ms, m)
+		a.at = append(a.at, at)
+	}
+}
+
+// take removes the n oldest and returns them, with their claim times, in
+// slices of their own.
+func (a *ahead) take(n int) ([]*message.Message, []time.Time) {
+	if n == 0 {
+		return nil, nil
+	}
+	ms, at := slices.Clone(a.ms[:n]), slices.Clone(a.at[:n])
+	a.ms = slices.Delete(a.ms, 0, n)
+	a.at = slices.Delete(a.at, 0, n)
+	return ms, at
 }
 
 // feedDepth is how many batches the loop may hand to the feeder ahead of

@@ -26,7 +26,11 @@ import (
 //     not yet settled or handed back — an ack, a nack (hand back) and the
 //     loop's own hand-back at shutdown each give one back;
 //   - a message handed back is claimed again: none is lost, none delivered
-//     twice at once.
+//     twice at once;
+//   - with a prefetch allowance P (transport.Prefetcher), at most P more
+//     are claimed, never more delivered, and once the subscriptions are
+//     closed and every delivery settled, no credit is in use and nothing is
+//     claimed (what was held ahead went back).
 //
 // modelSource is a queue in memory: available messages in order, and the
 // ones claimed and not settled.
@@ -35,7 +39,10 @@ type modelSource struct {
 	available []string
 	claimed   map[string]bool
 	wake      chan struct{}
+	ahead     int // Prefetch
 }
+
+func (s *modelSource) Prefetch() int { return s.ahead }
 
 func (s *modelSource) Open(context.Context) error { return nil }
 
@@ -130,10 +137,12 @@ func TestModelCredits(t *testing.T) {
 		shared := credit.NewShared(workers)
 		tp := &modelTransport{srcs: map[string]*modelSource{}}
 		var qs []*creditQueue
+		prefetch := 0 // the queues' allowances together
 		for i := range 2 {
 			q := &creditQueue{name: fmt.Sprintf("q%d", i), pool: credit.NewPool(rapid.IntRange(1, 3).Draw(t, "queue max"), credit.Ramp{})}
 			q.pool.SetBudget(1)
-			q.src = &modelSource{claimed: map[string]bool{}, wake: make(chan struct{}, 1)}
+			q.src = &modelSource{claimed: map[string]bool{}, wake: make(chan struct{}, 1), ahead: rapid.IntRange(0, 2).Draw(t, "prefetch")}
+			prefetch += q.src.ahead
 			tp.srcs[q.name] = q.src
 			qs = append(qs, q)
 		}
@@ -176,12 +185,23 @@ func TestModelCredits(t *testing.T) {
 					claimedAll += x.src.inHand()
 				}
 				deliverable := false
+				heldAll := 0
+				for _, x := range qs {
+					heldAll += len(x.held)
+				}
 				for _, q := range qs {
 					q.src.mu.Lock()
 					pending := len(q.src.claimed) - len(q.held)
-					canClaim := len(q.src.available) > 0 && len(q.src.claimed) < q.pool.Max() && claimedAll < w
+					if q.src.ahead == 0 {
+						canClaim := len(q.src.available) > 0 && len(q.src.claimed) < q.pool.Max() && claimedAll < w
+						deliverable = deliverable || pending > 0 || canClaim
+					} else {
+						// claimed ahead or not, a message needs a credit that no
+						// message received here holds
+						deliverable = deliverable || (pending > 0 || len(q.src.available) > 0) &&
+							len(q.held) < q.pool.Max() && heldAll < w
+					}
 					q.src.mu.Unlock()
-					deliverable = deliverable || pending > 0 || canClaim
 				}
 				if !deliverable {
 					t.Skip("nothing the credits allow")
@@ -211,6 +231,13 @@ func TestModelCredits(t *testing.T) {
 					t.Fatalf("%s delivered twice while held", m.UUID)
 				}
 				q.held = append(q.held, m)
+				delivered := 0
+				for _, x := range qs {
+					delivered += len(x.held)
+				}
+				if len(q.held) > q.pool.Max() || delivered > w {
+					t.Fatalf("%d delivered and not settled on %s (max %d), %d on the pool (max %d)", len(q.held), q.name, q.pool.Max(), delivered, w)
+				}
 			},
 			"ack": func(t *rapid.T) {
 				q := pickQueue.Draw(t, "queue")
@@ -256,22 +283,22 @@ func TestModelCredits(t *testing.T) {
 						hand := q.src.inHand()
 						total += hand
 						qin = append(qin, inflight)
-						if hand > q.pool.Max() || inflight > q.pool.Max() {
-							t.Fatalf("%s: %d claimed, %d credits in use, above its max %d", q.name, hand, inflight, q.pool.Max())
+						if hand > q.pool.Max()+q.src.ahead || inflight > q.pool.Max() {
+							t.Fatalf("%s: %d claimed, %d credits in use, above its max %d (prefetch %d)", q.name, hand, inflight, q.pool.Max(), q.src.ahead)
 						}
-						if inflight < hand {
-							why = fmt.Sprintf("%s: %d credits in use for %d messages claimed and not settled", q.name, inflight, hand)
+						if hand > inflight+q.src.ahead {
+							why = fmt.Sprintf("%s: %d credits in use for %d messages claimed and not settled (prefetch %d)", q.name, inflight, hand, q.src.ahead)
 						}
 					}
 					pin, _, _ := workers.Snapshot()
-					if total > w || pin > w {
-						t.Fatalf("worker pool: %d claimed, %d credits in use, above its %d", total, pin, w)
+					if total > w+prefetch || pin > w {
+						t.Fatalf("worker pool: %d claimed, %d credits in use, above its %d (prefetch %d)", total, pin, w, prefetch)
 					}
-					if pin != total {
-						why = fmt.Sprintf("worker pool: %d credits in use, %d messages claimed and not settled", pin, total)
+					if pin > total || total > pin+prefetch {
+						why = fmt.Sprintf("worker pool: %d credits in use, %d messages claimed and not settled (prefetch %d)", pin, total, prefetch)
 					} else if pin < w {
 						for i, q := range qs {
-							if hand := q.src.inHand(); qin[i] != hand {
+							if hand := q.src.inHand(); qin[i] > hand {
 								why = fmt.Sprintf("%s: %d credits in use, %d messages claimed and not settled, with a worker free", q.name, qin[i], hand)
 							}
 						}
@@ -286,6 +313,34 @@ func TestModelCredits(t *testing.T) {
 				}
 			},
 		})
+		// The end: every subscription closed and every delivery settled
+		// leaves no credit in use and nothing claimed.
+		for _, q := range qs {
+			if err := q.sub.Close(); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range q.held {
+				Ack(m)
+			}
+			q.held = nil
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			pin, _, _ := workers.Snapshot()
+			var left []string
+			for _, q := range qs {
+				if in, _, _ := q.pool.Snapshot(); in > 0 || q.src.inHand() > 0 {
+					left = append(left, fmt.Sprintf("%s: %d credits in use, %d claimed", q.name, in, q.src.inHand()))
+				}
+			}
+			if pin == 0 && len(left) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the end: pool credits in use %d; %v", pin, left)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
 	})
 }
 

@@ -71,6 +71,15 @@ type Options struct {
 	// Values below 64 (upstream's default is 10) are raised to 64 so that a
 	// legacy setting does not cripple throughput; at most 1000.
 	BatchSize int `json:"batch_size,omitempty"`
+	// Prefetch is how many requests a queue may hold claimed ahead of its
+	// free credits while it is busy (its last claim came back full), so that
+	// when a request's gateway call ends the next one starts without
+	// waiting for a claim's round trip. 0: half the queue's concurrency, at
+	// most BatchSize; -1: none. Requests held ahead are leased (the
+	// heartbeat renews them), are not dispatched before a credit frees, and
+	// go back to the queue when no credit freed for a second or the queue
+	// stops.
+	Prefetch int `json:"prefetch,omitempty"`
 	// LeaseMS is how long a claim holds a request without a heartbeat
 	// (default 15000). A crashed replica's requests are back in the queue
 	// within LeaseMS + ReclaimIntervalMS.
@@ -190,6 +199,9 @@ func (o *Options) Validate() error {
 	}
 	if o.PoolSize < 0 {
 		errs = append(errs, errors.New("pool_size must not be negative"))
+	}
+	if o.Prefetch < -1 || o.Prefetch > MaxBatchSize {
+		errs = append(errs, fmt.Errorf("prefetch %d must be -1 (none), 0 (half the concurrency) or up to %d", o.Prefetch, MaxBatchSize))
 	}
 	if _, err := o.TopologyOptions.Parse(); err != nil {
 		errs = append(errs, err)

@@ -62,3 +62,43 @@ func TestResultTTLValidated(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// prefetch: half the queue's concurrency by default (at most the batch
+// size), a number as given, -1 none; anything else refused.
+func TestPrefetchOption(t *testing.T) {
+	for _, tc := range []struct {
+		prefetch, concurrency, batch, want int
+		err                                string
+	}{
+		{prefetch: 0, concurrency: 64, want: 32},
+		{prefetch: 0, concurrency: 1, want: 0},
+		{prefetch: 0, concurrency: 1000, batch: 100, want: 100},
+		{prefetch: 8, concurrency: 64, want: 8},
+		{prefetch: -1, concurrency: 64, want: 0},
+		{prefetch: -2, err: "prefetch -2 must be -1 (none), 0 (half the concurrency) or up to 1000"},
+		{prefetch: 1001, err: "prefetch 1001 must be"},
+	} {
+		o := rss.Options{Server: rss.Server{URL: "redis://127.0.0.1:1"}, Prefetch: tc.prefetch, BatchSize: tc.batch}
+		o.SetDefaults()
+		if err := o.Validate(); tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("prefetch %d: error %v, want %q", tc.prefetch, err, tc.err)
+			}
+			continue
+		} else if err != nil {
+			t.Fatalf("prefetch %d: %v", tc.prefetch, err)
+		}
+		tp, err := rss.New(o, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := tp.Source(transport.Queue{Name: "q", ResultName: "r", MaxConcurrency: tc.concurrency})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := src.(transport.Prefetcher).Prefetch(); got != tc.want {
+			t.Errorf("prefetch %d, concurrency %d, batch %d: Prefetch() = %d, want %d", tc.prefetch, tc.concurrency, tc.batch, got, tc.want)
+		}
+		_ = tp.Close()
+	}
+}

@@ -47,10 +47,23 @@ const epochEvery = 100 * time.Millisecond
 var (
 	_ transport.Source     = (*source)(nil)
 	_ transport.BatchSizer = (*source)(nil)
+	_ transport.Prefetcher = (*source)(nil)
 )
 
 // BatchSize implements transport.BatchSizer.
 func (s *source) BatchSize() int { return s.t.opts.BatchSize }
+
+// Prefetch implements transport.Prefetcher (Options.Prefetch).
+func (s *source) Prefetch() int {
+	switch p := s.t.opts.Prefetch; {
+	case p < 0:
+		return 0
+	case p > 0:
+		return p
+	default:
+		return min(s.q.MaxConcurrency/2, s.t.opts.BatchSize)
+	}
+}
 
 // claimed is one request taken by a claim: its owner token, the score it
 // had in the queue, deliveries so far, the member, its claim id and the
