@@ -354,15 +354,7 @@ func TestCreditHandBackRegression(t *testing.T) {
 	queue := credit.NewPool(1, credit.Ramp{})
 	queue.SetBudget(1)
 	src := &modelSource{claimed: map[string]bool{}, wake: make(chan struct{}, 1)}
-	sub, err := NewSubscriber(&modelTransport{srcs: map[string]*modelSource{"q": src}}, Queue{Name: "q"}, credit.Both(queue, credit.NewShared(workers)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := sub.Subscribe(context.Background(), "q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	out := subscribeOne(t, src, queue, workers)
 	src.put("a")
 	next := func() *message.Message {
 		select {
@@ -388,4 +380,20 @@ func TestCreditHandBackRegression(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+}
+
+// subscribeOne subscribes to src as the queue "q" with its own credits and
+// a worker pool's; the subscription closes when the test ends.
+func subscribeOne(t *testing.T, src Source, queue, workers *credit.Pool) <-chan *message.Message {
+	t.Helper()
+	sub, err := NewSubscriber(sourceTransport{src}, Queue{Name: "q"}, credit.Both(queue, credit.NewShared(workers)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := sub.Subscribe(context.Background(), "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	return out
 }

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -19,15 +18,7 @@ func TestPrefetch(t *testing.T) {
 	queue := credit.NewPool(1, credit.Ramp{})
 	queue.SetBudget(1)
 	src := &countingSource{modelSource: &modelSource{claimed: map[string]bool{}, wake: make(chan struct{}, 1), ahead: 2}, batch: 8}
-	sub, err := NewSubscriber(sourceTransport{src}, Queue{Name: "q"}, credit.Both(queue, credit.NewShared(workers)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := sub.Subscribe(context.Background(), "q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Close()
+	out := subscribeOne(t, src, queue, workers)
 	src.put("a", "b", "c", "d", "e")
 	next := func() *message.Message {
 		t.Helper()

@@ -136,15 +136,7 @@ func frontierPolicies(seats int) []frontierPolicy {
 				if !poolsim.InBurst(bursts, at) {
 					return max(0, seats-idle-o.In())
 				}
-				want := max(0, seats-burst-o.In())
-				if want > o.Batch {
-					if at-grew < gap {
-						return o.Batch
-					}
-					grew = at
-					return o.Batch + 1
-				}
-				return want
+				return growSlowly(&grew, at, gap, max(0, seats-burst-o.In()), o.Batch)
 			}
 		}
 	}
@@ -171,15 +163,7 @@ func frontierPolicies(seats int) []frontierPolicy {
 				if at-hot > window {
 					return max(0, seats-idle-seen)
 				}
-				want := max(0, seats-burst-seen)
-				if want > o.Batch {
-					if at-grew < gap {
-						return o.Batch
-					}
-					grew = at
-					return o.Batch + 1
-				}
-				return want
+				return growSlowly(&grew, at, gap, max(0, seats-burst-seen), o.Batch)
 			}
 		}
 	}
@@ -428,4 +412,18 @@ func frontierTargets() []target {
 		)
 	}
 	return ts
+}
+
+// growSlowly is a burst phase's limit: want, but while want is above the
+// batch requests running, one more than those at most once every gap (grew
+// is when it last allowed one more).
+func growSlowly(grew *time.Duration, at, gap time.Duration, want, running int) int {
+	if want <= running {
+		return want
+	}
+	if at-*grew < gap {
+		return running
+	}
+	*grew = at
+	return running + 1
 }
