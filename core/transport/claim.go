@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -344,15 +343,15 @@ func (a *ahead) add(ms []*message.Message, at time.Time) {
 	}
 }
 
-// take removes the n oldest and returns them, with their claim times, in
-// slices of their own.
+// take removes the n oldest and returns them with their claim times. The
+// returned slices are the front of a's: later adds append past its end
+// (or into a new array), never over them, so they need no copy.
 func (a *ahead) take(n int) ([]*message.Message, []time.Time) {
 	if n == 0 {
 		return nil, nil
 	}
-	ms, at := slices.Clone(a.ms[:n]), slices.Clone(a.at[:n])
-	a.ms = slices.Delete(a.ms, 0, n)
-	a.at = slices.Delete(a.at, 0, n)
+	ms, at := a.ms[:n:n], a.at[:n:n]
+	a.ms, a.at = a.ms[n:], a.at[n:]
 	return ms, at
 }
 
