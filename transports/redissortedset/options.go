@@ -74,8 +74,8 @@ type Options struct {
 	// Prefetch is how many requests a queue may hold claimed ahead of its
 	// free credits while it is busy (its last claim came back full), so that
 	// when a request's gateway call ends the next one starts without
-	// waiting for a claim's round trip. 0: half the queue's concurrency, at
-	// most BatchSize; -1: none. Requests held ahead are leased (the
+	// waiting for a claim's round trip. 0: the queue's concurrency, at most
+	// BatchSize; -1: none. Requests held ahead are leased (the
 	// heartbeat renews them), are not dispatched before a credit frees, and
 	// go back to the queue when no credit freed for a second or the queue
 	// stops.
@@ -201,7 +201,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, errors.New("pool_size must not be negative"))
 	}
 	if o.Prefetch < -1 || o.Prefetch > MaxBatchSize {
-		errs = append(errs, fmt.Errorf("prefetch %d must be -1 (none), 0 (half the concurrency) or up to %d", o.Prefetch, MaxBatchSize))
+		errs = append(errs, fmt.Errorf("prefetch %d must be -1 (none), 0 (the concurrency) or up to %d", o.Prefetch, MaxBatchSize))
 	}
 	if _, err := o.TopologyOptions.Parse(); err != nil {
 		errs = append(errs, err)

@@ -63,19 +63,19 @@ func TestResultTTLValidated(t *testing.T) {
 	}
 }
 
-// prefetch: half the queue's concurrency by default (at most the batch
+// prefetch: the queue's concurrency by default (at most the batch
 // size), a number as given, -1 none; anything else refused.
 func TestPrefetchOption(t *testing.T) {
 	for _, tc := range []struct {
 		prefetch, concurrency, batch, want int
 		err                                string
 	}{
-		{prefetch: 0, concurrency: 64, want: 32},
-		{prefetch: 0, concurrency: 1, want: 0},
+		{prefetch: 0, concurrency: 64, want: 64},
+		{prefetch: 0, concurrency: 1, want: 1},
 		{prefetch: 0, concurrency: 1000, batch: 100, want: 100},
 		{prefetch: 8, concurrency: 64, want: 8},
 		{prefetch: -1, concurrency: 64, want: 0},
-		{prefetch: -2, err: "prefetch -2 must be -1 (none), 0 (half the concurrency) or up to 1000"},
+		{prefetch: -2, err: "prefetch -2 must be -1 (none), 0 (the concurrency) or up to 1000"},
 		{prefetch: 1001, err: "prefetch 1001 must be"},
 	} {
 		o := rss.Options{Server: rss.Server{URL: "redis://127.0.0.1:1"}, Prefetch: tc.prefetch, BatchSize: tc.batch}

@@ -61,7 +61,7 @@ func (s *source) Prefetch() int {
 	case p > 0:
 		return p
 	default:
-		return min(s.q.MaxConcurrency/2, s.t.opts.BatchSize)
+		return min(s.q.MaxConcurrency, s.t.opts.BatchSize)
 	}
 }
 
