@@ -17,7 +17,7 @@ import (
 // live in three keys named by the cancel_key option (default
 // DefaultCancelKey): the sorted set <cancel_key> of entries "job:<job id>"
 // and "req:<request id>" scored by when they are forgotten (Unix ms), the
-// counter <cancel_key>:epoch, moved by every cancellation, and the channel
+// counter <cancel_key>:epoch, moved by every change of the set, and the channel
 // <cancel_key>:notify, which announces each entry. A replica reads the
 // epoch after every read of new entries (in the same round trip) and
 // reloads the set when it moved, so a request read after a cancellation
@@ -32,12 +32,16 @@ const (
 )
 
 // cancelScript records entry ARGV[1] in set KEYS[1] until ARGV[2] (Unix
-// ms), forgets entries due before ARGV[3] (now), moves epoch KEYS[2] and
-// announces the entry on channel ARGV[4].
+// ms), forgets entries due before ARGV[3] (now), moves epoch KEYS[2] when
+// that added or forgot an entry, and announces the entry on channel
+// ARGV[4]. A cancellation sent again (the OpenAI front repeats an
+// abandoned call's every second) only extends its entry: the replicas'
+// copies already hold it, so they do not reload the set for it; its
+// announcement still aborts the request where it is now in flight.
 var cancelScript = redis.NewScript(`
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
-redis.call('INCR', KEYS[2])
+local added = redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local forgot = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[3])
+if added > 0 or forgot > 0 then redis.call('INCR', KEYS[2]) end
 redis.call('PUBLISH', ARGV[4], ARGV[1])
 return 1
 `)

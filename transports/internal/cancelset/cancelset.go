@@ -5,8 +5,8 @@
 //
 // In Redis the cancellations are a sorted set of entries "job:<job id>" and
 // "req:<request id>" scored by when they are forgotten (Unix ms), an epoch
-// counter that every cancellation moves, and a pub/sub channel that
-// announces each entry. A transport reads the epoch as its claims go and
+// counter that every change of the set moves (a cancellation sent again
+// does not), and a pub/sub channel that announces each entry. A transport reads the epoch as its claims go and
 // reloads its copy (Set.Reload) when the epoch moved, so a request claimed
 // after a cancellation was recorded is checked against it (Set.Has) without
 // a round trip per request; Set.Watch reports the announced entries, and a

@@ -123,7 +123,7 @@ func (n Names) Registry() string { return n.global("queues") }
 // Cancelled is the sorted set of cancellations.
 func (n Names) Cancelled() string { return n.global("cancelled") }
 
-// CancelEpoch is the counter bumped by every cancellation.
+// CancelEpoch is the counter bumped by every change of the cancel set.
 func (n Names) CancelEpoch() string { return n.global("cancel-epoch") }
 
 // CancelChannel is the pub/sub channel of cancellations.
@@ -1041,7 +1041,12 @@ return 1
 
 // Cancel records a cancellation, announces it, and for a job moves its
 // waiting requests to the front of their queues (score 0), so that they are
-// answered CANCELLED at once instead of when their deadline comes up.
+// answered CANCELLED at once instead of when their deadline comes up. The
+// epoch moves only when the set gained or forgot an entry: a cancellation
+// sent again (the OpenAI front repeats an abandoned call's every second)
+// extends its entry, which the replicas' copies already hold, so they do
+// not reload the set for it; its announcement still aborts the request
+// where it is now in flight.
 // In a cluster the queues are in other hash slots: the caller passes no
 // jobq key, reads the job's queues itself and runs CancelFront on each.
 //
@@ -1051,9 +1056,9 @@ return 1
 var Cancel = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('INCR', KEYS[2])
+local added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local forgot = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if added > 0 or forgot > 0 then redis.call('INCR', KEYS[2]) end
 local moved = 0
 if ARGV[4] ~= '' then
   local qs = redis.call('SMEMBERS', ARGV[4])
