@@ -30,6 +30,20 @@
 // in flight over it (core/pipeline's evictor), which is what frees seats
 // within a step instead of after a batch generation.
 //
+// With burst_threshold (off by default) the gate also watches for bursts
+// of the other traffic (see Burst): a reading whose others reach the
+// threshold starts one, and it lasts burst_window (default 2s) past the
+// last such reading. In a burst the reserve is reserve; outside one it is
+// idle_reserve (default: reserve), so the batch may fill the pool between
+// bursts and give seats back the moment one starts. In a burst the limit
+// also rises above what the queue has in flight by at most one request per
+// burst_growth (default: the refresh interval), since every batch request
+// that starts is a prefill lengthening the steps interactive first tokens
+// wait for:
+//
+//	keep    = (burst ? reserve : idle_reserve) + ceil(reserve_share × held)
+//	allowed = seats − keep − held, and in a burst at most own + 1
+//
 // With kv_limit (off by default) it also reads kv_metric (vLLM's
 // vllm:kv_cache_usage_perc) per pod: while the fullest pod's KV cache is
 // above kv_limit, the limit holds at own, so nothing more is admitted and
@@ -76,6 +90,7 @@ const (
 	DefaultKVMetric        = "vllm:kv_cache_usage_perc"
 	DefaultRefreshInterval = 50 * time.Millisecond
 	DefaultHold            = time.Second
+	DefaultBurstWindow     = 2 * time.Second
 	// ScrapeTimeout bounds one endpoint's GET.
 	ScrapeTimeout = 2 * time.Second
 )
@@ -110,6 +125,18 @@ type Config struct {
 	Hold time.Duration
 	// RunningMetric and WaitingMetric are the gauges read per pod.
 	RunningMetric, WaitingMetric string
+	// BurstThreshold is the others of one reading that start or extend a
+	// burst (default 0: no burst rule; see Burst).
+	BurstThreshold int
+	// BurstWindow is how long a burst lasts after the last reading at or
+	// over BurstThreshold (default 2s).
+	BurstWindow time.Duration
+	// BurstGrowth is, in a burst, the shortest time between two rises of
+	// the limit, by one request each (default: RefreshInterval).
+	BurstGrowth time.Duration
+	// IdleReserve is the reserve outside a burst, with BurstThreshold
+	// (default: Reserve).
+	IdleReserve *int
 	// KVLimit is the KV-cache usage (0..1] of the fullest pod above which
 	// the limit holds at what the queue has in flight (default 0: KV not
 	// read).
@@ -161,6 +188,15 @@ func (c *Config) SetDefaults() {
 	if c.ReleaseGrace <= 0 {
 		c.ReleaseGrace = 2 * c.RefreshInterval
 	}
+	if c.BurstWindow == 0 {
+		c.BurstWindow = DefaultBurstWindow
+	}
+	if c.BurstGrowth == 0 {
+		c.BurstGrowth = c.RefreshInterval
+	}
+	if c.IdleReserve == nil {
+		c.IdleReserve = c.Reserve
+	}
 }
 
 // Validate reports every unusable parameter.
@@ -184,6 +220,18 @@ func (c Config) Validate() error {
 	if !(c.WaitingWeight >= 0) || math.IsInf(c.WaitingWeight, 0) {
 		errs = append(errs, fmt.Errorf("gate_params.waiting_weight: %v, want a finite number ≥ 0", c.WaitingWeight))
 	}
+	if c.BurstThreshold < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.burst_threshold: %d is negative (0: no burst rule)", c.BurstThreshold))
+	}
+	if c.BurstWindow < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.burst_window: %v is negative", c.BurstWindow))
+	}
+	if c.BurstGrowth < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.burst_growth: %v is negative", c.BurstGrowth))
+	}
+	if c.IdleReserve != nil && *c.IdleReserve < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.idle_reserve: %d is negative", *c.IdleReserve))
+	}
 	if !(c.KVLimit >= 0 && c.KVLimit <= 1) {
 		errs = append(errs, fmt.Errorf("gate_params.kv_limit: %v outside [0,1] (0: KV not read)", c.KVLimit))
 	}
@@ -204,6 +252,7 @@ type Gate struct {
 	peaks    []peak      // others seen within Hold, a falling sequence
 	own      int         // admitted, release not yet seen by a reading
 	releases []time.Time // releases still within ReleaseGrace
+	burst    Burst
 	last     Reading
 }
 
@@ -242,6 +291,8 @@ type Reading struct {
 	// Others is the traffic sluice does not send; Held its peak within Hold.
 	Others, Held         int
 	Keep, Allowed, Seats int
+	// Burst is set when the reading fell in a burst (with BurstThreshold).
+	Burst bool
 	// KV is the fullest pod's KV-cache usage (with KVLimit), KVCap the
 	// limit it held the queue at (-1: none).
 	KV     float64
@@ -264,13 +315,15 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	client, tr := exposition.NewClient(time.Second, ScrapeTimeout)
-	return &Gate{cfg: cfg, tr: tr, client: client, now: time.Now}, nil
+	return &Gate{cfg: cfg, tr: tr, client: client, now: time.Now,
+		burst: Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}, nil
 }
 
 // Factory builds the gate from gate_params: endpoints (a JSON array or a
 // comma-separated string), seats_per_pod, reserve, reserve_share,
-// running_metric, waiting_metric, labels; the queue's concurrency is
-// max_concurrency.
+// waiting_weight, hold, burst_threshold, burst_window, burst_growth,
+// idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
+// labels; the queue's concurrency is max_concurrency.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	eps, err := endpoints(p)
 	if err != nil {
@@ -296,6 +349,22 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	}
 	if cfg.Hold, err = p.Duration("hold", DefaultHold); err != nil {
 		return nil, err
+	}
+	if cfg.BurstThreshold, err = p.Int("burst_threshold", 0); err != nil {
+		return nil, err
+	}
+	if cfg.BurstWindow, err = p.Duration("burst_window", DefaultBurstWindow); err != nil {
+		return nil, err
+	}
+	if cfg.BurstGrowth, err = p.Duration("burst_growth", 0); err != nil {
+		return nil, err
+	}
+	if p.Has("idle_reserve") {
+		r, err := p.Int("idle_reserve", 0)
+		if err != nil {
+			return nil, err
+		}
+		cfg.IdleReserve = &r
 	}
 	if cfg.KVLimit, err = p.Float("kv_limit", 0); err != nil {
 		return nil, err
@@ -346,17 +415,23 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 		Seats: len(c.Endpoints) * c.SeatsPerPod}
 	r.Others = max(0, running+int(math.Ceil(c.WaitingWeight*float64(waiting)))-r.Own)
 	r.Held = g.held(r.At, r.Others)
-	r.Keep = *c.Reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r.Burst = g.burst.Observe(r.At, r.Others)
+	reserve := *c.Reserve
+	if c.BurstThreshold > 0 && !r.Burst {
+		reserve = *c.IdleReserve
+	}
+	r.Keep = reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
 	r.Allowed = max(0, r.Seats-r.Keep-r.Held)
 	r.KV, r.KVCap = kv, -1
 	if c.KVLimit > 0 && kv > c.KVLimit {
 		r.KVCap = r.Own
 		r.Allowed = min(r.Allowed, r.KVCap)
 	}
+	r.Allowed = g.burst.Cap(r.At, r.Burst, r.Allowed, r.Own)
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
-	g.mu.Lock()
 	g.last = r
-	g.mu.Unlock()
 	return r.Budget, nil
 }
 
@@ -472,7 +547,12 @@ func (g *Gate) Describe() string {
 	if g.cfg.KVLimit > 0 {
 		kv = fmt.Sprintf(", each pod's KV cache at most %g full", g.cfg.KVLimit)
 	}
-	return fmt.Sprintf("keeps %d seats (+%g of the other traffic's) free of %d×%d%s on %s", *g.cfg.Reserve, g.cfg.ReserveShare,
+	burst := ""
+	if g.cfg.BurstThreshold > 0 {
+		burst = fmt.Sprintf(" in bursts (others ≥ %d within %v; growing one per %v), %d between them,", g.cfg.BurstThreshold,
+			g.cfg.BurstWindow, g.cfg.BurstGrowth, *g.cfg.IdleReserve)
+	}
+	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free of %d×%d%s on %s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
 		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","))
 }
 

@@ -192,6 +192,60 @@ func TestHold(t *testing.T) {
 	step(5, 600*time.Millisecond, 27.0/32)
 }
 
+// The burst rule: a reading whose others reach burst_threshold starts a
+// burst that lasts burst_window past the last such reading; in it the
+// reserve is reserve and the limit rises above the queue's own by one per
+// burst_growth at most (it falls at once); outside it the reserve is
+// idle_reserve and the limit follows the readings.
+func TestBurst(t *testing.T) {
+	p := newPods(t, 2)
+	g := mustBuild(t, p.params(`,"reserve":2,"idle_reserve":0,"hold":"-1ns","burst_threshold":4,"burst_window":"2s","burst_growth":"100ms"`), 32)
+	clock := time.Now()
+	g.SetClock(func() time.Time { return clock })
+	ctx := context.Background()
+	own := 0
+	admit := func(n int) {
+		for range n {
+			if _, err := g.Admit(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			own++
+		}
+	}
+	step := func(others int, after time.Duration, wantAllowed int, wantBurst bool) {
+		t.Helper()
+		clock = clock.Add(after)
+		p.set(0, own+others, 0) // the queue's own run on the pod too
+		b, err := g.Budget(ctx)
+		r := g.Last()
+		if err != nil || r.Allowed != wantAllowed || r.Burst != wantBurst || b != float64(wantAllowed)/32 {
+			t.Errorf("others %d after %v (own %d): budget %v, %v, reading %+v; want allowed %d, burst %v",
+				others, after, own, b, err, r, wantAllowed, wantBurst)
+		}
+	}
+	step(2, 0, 30, false) // idle: no reserve, the limit follows the reading
+	admit(20)
+	step(3, 50*time.Millisecond, 29, false) // below the threshold
+	step(4, 50*time.Millisecond, 21, true)  // a burst: seats leave 26, but the limit rises one over own
+	step(4, 50*time.Millisecond, 20, true)  // within burst_growth of that rise: no more
+	step(4, 50*time.Millisecond, 21, true)  // burst_growth passed: one more
+	admit(1)
+	step(5, 100*time.Millisecond, 22, true)
+	step(12, 100*time.Millisecond, 18, true)  // it falls at once, below own
+	step(0, time.Second, 22, true)            // still a burst: 1 s after the last reading at the threshold
+	step(0, 1100*time.Millisecond, 32, false) // burst_window passed: idle again, at once
+	step(4, 50*time.Millisecond, 22, true)    // a new burst
+	if d := g.Describe(); !strings.Contains(d, "in bursts") || !strings.Contains(d, "0 between them") {
+		t.Errorf("Describe() = %q, want the burst rule named", d)
+	}
+	// without burst_threshold there is no burst rule, whatever idle_reserve says
+	off := mustBuild(t, p.params(`,"reserve":2,"idle_reserve":0,"hold":"-1ns"`), 32)
+	p.set(0, 10, 0) // the other gate admitted nothing: all 10 are others
+	if b, err := off.Budget(ctx); err != nil || b != 20.0/32 || off.Last().Burst {
+		t.Errorf("no burst rule: budget %v, %v, reading %+v; want 20/32 (reserve 2, others 10)", b, err, off.Last())
+	}
+}
+
 // Bad parameters are refused, each named.
 func TestValidation(t *testing.T) {
 	for _, c := range []struct{ params, want string }{
@@ -201,6 +255,10 @@ func TestValidation(t *testing.T) {
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"reserve":-1}`, "reserve: -1 is negative"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"reserve_share":1}`, "reserve_share"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"kv_limit":1.5}`, "kv_limit"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"burst_threshold":-1}`, "burst_threshold: -1"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"burst_threshold":4,"burst_window":"-1s"}`, "burst_window"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"burst_growth":"-5ms"}`, "burst_growth"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"idle_reserve":-2}`, "idle_reserve: -2"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"resrve":2}`, "resrve"},
 		{`{"endpoints":["http://a/metrics",3],"seats_per_pod":16}`, "endpoints"},
 	} {

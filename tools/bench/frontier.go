@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-io/sluice/gates/headroom"
 	"github.com/sluice-io/sluice/internal/poolsim"
 )
 
@@ -184,8 +185,10 @@ func frontierPolicies(seats int) []frontierPolicy {
 	// clock otherwise: a reading every 50 ms of running + weight × waiting,
 	// the peak of the readings of the last hold, reserve seats kept free,
 	// the youngest call taken back whatever its pod, and a prefill to redo
-	// when it resumes.
-	headroomLike := func(reserve int, weight float64, hold time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+	// when it resumes. With a burst threshold (thr > 0) the gate's own
+	// burst rule (headroom.Burst, 2-s window, one rise per 50 ms) applies,
+	// and outside a burst the reserve is idle.
+	headroomLike := func(reserve, idle int, weight float64, hold time.Duration, thr int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 			type reading struct {
 				at    time.Duration
@@ -193,11 +196,15 @@ func frontierPolicies(seats int) []frontierPolicy {
 			}
 			var last time.Duration = -1
 			var window []reading
+			b := headroom.Burst{Threshold: thr, Window: 2 * time.Second, Growth: 50 * time.Millisecond}
+			limit := 0
 			return func(at time.Duration, o poolsim.Others) int {
-				if last < 0 || at-last >= 50*time.Millisecond {
-					last = at
-					window = append(window, reading{at, int(math.Ceil(float64(o.Running) + weight*float64(o.Waiting)))})
+				if last >= 0 && at-last < 50*time.Millisecond {
+					return limit
 				}
+				last = at
+				value := int(math.Ceil(float64(o.Running) + weight*float64(o.Waiting)))
+				window = append(window, reading{at, value})
 				for len(window) > 1 && at-window[0].at > max(hold, 0) {
 					window = window[1:]
 				}
@@ -205,7 +212,14 @@ func frontierPolicies(seats int) []frontierPolicy {
 				for _, r := range window {
 					held = max(held, r.value)
 				}
-				return max(0, seats-reserve-held)
+				now := time.Unix(0, 0).Add(at)
+				burst := b.Observe(now, value)
+				keep := reserve
+				if thr > 0 && !burst {
+					keep = idle
+				}
+				limit = b.Cap(now, burst, max(0, seats-keep-held), o.Batch)
+				return limit
 			}
 		}
 	}
@@ -213,7 +227,23 @@ func frontierPolicies(seats int) []frontierPolicy {
 		for _, w := range []float64{1, 2} {
 			for _, h := range []time.Duration{0, 250 * time.Millisecond, time.Second} {
 				ps = append(ps, frontierPolicy{name: fmt.Sprintf("headroom-r%d-w%g-h%d", r, w, h.Milliseconds()),
-					limit: headroomLike(r, w, h), recompute: true, youngest: true})
+					limit: headroomLike(r, r, w, h, 0), recompute: true, youngest: true})
+			}
+		}
+	}
+	// the same with the burst rule (waiting weight 2, hold 1 s): idle
+	// reserve 0 or the reserve, threshold 3 or 4; "-keep": a request taken
+	// back resumes with no prefill to redo (a prefix cache that kept all).
+	for _, r := range []int{2, 4} {
+		for _, idle := range []int{0, r} {
+			for _, thr := range []int{3, 4} {
+				for _, rc := range []bool{true, false} {
+					name := fmt.Sprintf("headroom-burst-r%d-i%d-t%d-w2-h1000", r, idle, thr)
+					if !rc {
+						name += "-keep"
+					}
+					ps = append(ps, frontierPolicy{name: name, limit: headroomLike(r, idle, 2, time.Second, thr), recompute: rc, youngest: true})
+				}
 			}
 		}
 	}

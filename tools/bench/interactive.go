@@ -228,9 +228,11 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
 		// reserve of seats kept free; "-evict" takes batch requests back
 		// when the reserve is eaten. "-resume" (implies evict) continues
-		// them from the tokens they had made. Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>].
+		// them from the tokens they had made; "-t<n>" turns the burst rule
+		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
+		// bursts, default the same). Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
 		a := ipArm{batch: true}
-		reserve, share, weight, hold, kv := 4, 0.0, 1.0, "1s", 0.0
+		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, "1s", 0.0, 0, -1
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -259,6 +261,18 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 					return ipArm{}, fmt.Errorf("arm %q: w<weight> wants a count", name)
 				}
 				weight = float64(n)
+			case strings.HasPrefix(part, "t"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n <= 0 {
+					return ipArm{}, fmt.Errorf("arm %q: t<n> wants a burst threshold above 0", name)
+				}
+				thr = n
+			case strings.HasPrefix(part, "i"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n < 0 {
+					return ipArm{}, fmt.Errorf("arm %q: i<seats> wants an idle reserve", name)
+				}
+				idle = n
 			case strings.HasPrefix(part, "k"):
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n <= 0 || n > 100 {
@@ -281,7 +295,14 @@ func ipArmByName(name string, seats int) (ipArm, error) {
 			for i := range eps {
 				eps[i] = fmt.Sprintf("%s/pods/%d/metrics", front, i)
 			}
-			return headroom.Type, map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold, "kv_limit": kv}
+			params := map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight, "hold": hold, "kv_limit": kv}
+			if thr > 0 {
+				params["burst_threshold"] = thr
+			}
+			if idle >= 0 {
+				params["idle_reserve"] = idle
+			}
+			return headroom.Type, params
 		}
 		return a, nil
 	}
