@@ -214,7 +214,8 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 		}
 		gateType, evict, resume = headroom.Type, true, true
 		params = map[string]json.RawMessage{"endpoints": b, "seats_per_pod": json.RawMessage(strconv.Itoa(pcfg.Engine.MaxNumSeqs)),
-			"reserve": json.RawMessage("4"), "waiting_weight": json.RawMessage(strconv.Itoa(pcfg.Pods))}
+			"reserve": json.RawMessage("4"), "waiting_weight": json.RawMessage(strconv.Itoa(pcfg.Pods)),
+			"burst_threshold": json.RawMessage("3")}
 	}
 	cfg := &config.Config{
 		Transport: memory.Name, Concurrency: o.Concurrency, MetricsPort: -1, HealthPort: -1,
