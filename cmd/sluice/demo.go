@@ -27,9 +27,10 @@ func newDemo() *cobra.Command {
 (two vLLM-like pods of 16 seats behind an EPP-like front) serves interactive
 traffic, first alone (its floor), then in bursts while sluice sends a batch
 through the pool-headroom gate with evict and resume: it reads every pod's
-own gauges each 50 ms, keeps 4 seats free and takes batch requests back when
-a burst eats them; a request taken back continues later from the tokens it
-had made. One line a
+own gauges each 50 ms, keeps 4 seats free, takes batch requests back when
+a burst eats them and, while a burst is on, lets the batch grow by at most
+one request per reading; a request taken back continues later from the
+tokens it had made. One line a
 second shows interactive TTFT p99 against the floor, the batch's progress and
 sluice's in-flight limit; a table closes the run. --ungated runs the same
 batch without a gate, to show what the gate prevents.
