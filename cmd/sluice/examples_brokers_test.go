@@ -142,8 +142,13 @@ func postgresExampleServer(t *testing.T, _, _ string) exampleServer {
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	table := func(topic string) string { return `"watermill_` + topic + `"` }
 	create := func(topic string) {
-		if _, err := c.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(topic)+` ("offset" SERIAL PRIMARY KEY, "uuid" VARCHAR(36) NOT NULL,
-			"payload" bytea, "metadata" JSON, "acked" BOOLEAN NOT NULL DEFAULT FALSE, "created_at" TIMESTAMPTZ NOT NULL DEFAULT now())`); err != nil {
+		// sluice creates the same tables meanwhile: a lost race is tried again
+		err := testenv.CreateRacing(ctx, func(ctx context.Context) error {
+			_, err := c.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(topic)+` ("offset" SERIAL PRIMARY KEY, "uuid" VARCHAR(36) NOT NULL,
+			"payload" bytea, "metadata" JSON, "acked" BOOLEAN NOT NULL DEFAULT FALSE, "created_at" TIMESTAMPTZ NOT NULL DEFAULT now())`)
+			return err
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Postgres is a PostgreSQL server started for a test, on 127.0.0.1 with
@@ -216,4 +217,29 @@ func (p *Postgres) Stop() {
 		_ = os.RemoveAll(p.tmp)
 		p.tmp = ""
 	}
+}
+
+// CreateRacing runs create, a CREATE TABLE IF NOT EXISTS (or several), and
+// runs it again when it lost a race with another session creating the same
+// table at that moment (sluice's broker, in a test that also writes rows
+// itself): PostgreSQL then fails the loser on its catalog's unique indexes
+// (SQLSTATE 42710, 23505 or 42P07) instead of seeing the table. Any other
+// error, or the race lost five times, is returned.
+func CreateRacing(ctx context.Context, create func(context.Context) error) error {
+	var err error
+	for attempt := range 5 {
+		if err = create(ctx); err == nil {
+			return nil
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || (pe.Code != "42710" && pe.Code != "23505" && pe.Code != "42P07") {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
+		}
+	}
+	return err
 }

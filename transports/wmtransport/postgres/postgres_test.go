@@ -58,13 +58,16 @@ func pool(t testing.TB, url string) *pgxpool.Pool {
 // table is watermill-sql's queue table of topic.
 func table(topic string) string { return `"watermill_` + topic + `"` }
 
-// ensureTable creates topic's queue table as the broker does (bytea payload).
+// ensureTable creates topic's queue table as the broker does (bytea
+// payload), again when it lost a race with the broker creating it.
 func ensureTable(ctx context.Context, db *pgxpool.Pool, topic string) error {
-	_, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(topic)+` (
+	return testenv.CreateRacing(ctx, func(ctx context.Context) error {
+		_, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+table(topic)+` (
 		"offset" SERIAL PRIMARY KEY, "uuid" VARCHAR(36) NOT NULL, "payload" bytea DEFAULT NULL,
 		"metadata" JSON DEFAULT NULL, "acked" BOOLEAN NOT NULL DEFAULT FALSE,
 		"created_at" TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT CURRENT_TIMESTAMP)`)
-	return err
+		return err
+	})
 }
 
 // produce inserts a request row as a plain SQL producer would.
