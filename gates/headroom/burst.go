@@ -1,6 +1,9 @@
 package headroom
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Burst tells the gate when the other traffic is in a burst and, while it
 // is, how fast the queue's limit may grow. It is the gate's only state
@@ -54,4 +57,35 @@ func (b *Burst) Cap(now time.Time, burst bool, allowed, own int) int {
 	}
 	b.grew = now
 	return own + 1
+}
+
+// Rule is the gate's formula for one reading, kept apart (as Burst is) so
+// that the interactive-frontier benchmark replays the gate's own rule:
+//
+//	keep    = (burst or no burst rule ? Reserve : IdleReserve) + ceil(ReserveShare × held)
+//	allowed = max(0, Seats − keep − held), at most kvCap (≥ 0), then Burst.Cap
+//
+// Rule is not safe for concurrent use; the gate calls it under its lock.
+type Rule struct {
+	Seats, Reserve, IdleReserve int
+	ReserveShare                float64
+	Burst                       Burst
+}
+
+// Apply computes one reading at now: others and held (its peak within the
+// hold) are the traffic sluice does not send, own what the queue has in
+// flight, kvCap the KV-cache cap (-1: none). It reports whether the
+// reading fell in a burst, the seats kept free and the limit.
+func (r *Rule) Apply(now time.Time, others, held, own, kvCap int) (burst bool, keep, allowed int) {
+	burst = r.Burst.Observe(now, others)
+	reserve := r.Reserve
+	if r.Burst.Threshold > 0 && !burst {
+		reserve = r.IdleReserve
+	}
+	keep = reserve + int(math.Ceil(r.ReserveShare*float64(held)))
+	allowed = max(0, r.Seats-keep-held)
+	if kvCap >= 0 {
+		allowed = min(allowed, kvCap)
+	}
+	return burst, keep, r.Burst.Cap(now, burst, allowed, own)
 }

@@ -252,7 +252,7 @@ type Gate struct {
 	peaks    []peak      // others seen within Hold, a falling sequence
 	own      int         // admitted, release not yet seen by a reading
 	releases []time.Time // releases still within ReleaseGrace
-	burst    Burst
+	rule     Rule
 	last     Reading
 }
 
@@ -316,7 +316,9 @@ func New(cfg Config) (*Gate, error) {
 	}
 	client, tr := exposition.NewClient(time.Second, ScrapeTimeout)
 	return &Gate{cfg: cfg, tr: tr, client: client, now: time.Now,
-		burst: Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}, nil
+		rule: Rule{Seats: len(cfg.Endpoints) * cfg.SeatsPerPod, Reserve: *cfg.Reserve, IdleReserve: *cfg.IdleReserve,
+			ReserveShare: cfg.ReserveShare,
+			Burst:        Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}}, nil
 }
 
 // Factory builds the gate from gate_params: endpoints (a JSON array or a
@@ -417,19 +419,11 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	r.Held = g.held(r.At, r.Others)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	r.Burst = g.burst.Observe(r.At, r.Others)
-	reserve := *c.Reserve
-	if c.BurstThreshold > 0 && !r.Burst {
-		reserve = *c.IdleReserve
-	}
-	r.Keep = reserve + int(math.Ceil(c.ReserveShare*float64(r.Held)))
-	r.Allowed = max(0, r.Seats-r.Keep-r.Held)
 	r.KV, r.KVCap = kv, -1
 	if c.KVLimit > 0 && kv > c.KVLimit {
 		r.KVCap = r.Own
-		r.Allowed = min(r.Allowed, r.KVCap)
 	}
-	r.Allowed = g.burst.Cap(r.At, r.Burst, r.Allowed, r.Own)
+	r.Burst, r.Keep, r.Allowed = g.rule.Apply(r.At, r.Others, r.Held, r.Own, r.KVCap)
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.last = r
 	return r.Budget, nil

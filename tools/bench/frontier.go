@@ -196,7 +196,8 @@ func frontierPolicies(seats int) []frontierPolicy {
 			}
 			var last time.Duration = -1
 			var window []reading
-			b := headroom.Burst{Threshold: thr, Window: 2 * time.Second, Growth: 50 * time.Millisecond}
+			rule := headroom.Rule{Seats: seats, Reserve: reserve, IdleReserve: idle,
+				Burst: headroom.Burst{Threshold: thr, Window: 2 * time.Second, Growth: 50 * time.Millisecond}}
 			limit := 0
 			return func(at time.Duration, o poolsim.Others) int {
 				if last >= 0 && at-last < 50*time.Millisecond {
@@ -212,13 +213,7 @@ func frontierPolicies(seats int) []frontierPolicy {
 				for _, r := range window {
 					held = max(held, r.value)
 				}
-				now := time.Unix(0, 0).Add(at)
-				burst := b.Observe(now, value)
-				keep := reserve
-				if thr > 0 && !burst {
-					keep = idle
-				}
-				limit = b.Cap(now, burst, max(0, seats-keep-held), o.Batch)
+				_, _, limit = rule.Apply(time.Unix(0, 0).Add(at), value, held, o.Batch, -1)
 				return limit
 			}
 		}
