@@ -200,6 +200,17 @@ var (
 	_ transport.DeadLetterer     = (*Transport)(nil)
 )
 
+// replicaIDBytes is the size of a replica's random id, which opens every
+// owner token it writes ("<id in hex>:<claim call>:<i>"). 32 bytes make
+// each token longer than 64 bytes, Redis' default hash-max-listpack-value,
+// so Q:claim-owners becomes a hash table at the first claim. Kept as a
+// listpack (a hash of short values stays one up to 512 entries by
+// default), it was scanned from the start by every write and lookup: the
+// claim's HSET, the settle's HMGET and HDEL, the renewal's HMGET. At the
+// bench's 64 in flight that scan was a tenth of the scripts' instructions
+// per request (docs/benchmarks.md, ninth pass).
+const replicaIDBytes = 32
+
 // New builds the transport; it does no I/O until a subscriber runs.
 func New(o Options, log *slog.Logger) (*Transport, error) {
 	o.SetDefaults()
@@ -213,7 +224,7 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var id [6]byte
+	var id [replicaIDBytes]byte
 	_, _ = rand.Read(id[:])
 	cluster := ro.Mode() == redisclient.Cluster
 	client := ro.New()

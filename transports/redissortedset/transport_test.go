@@ -449,3 +449,48 @@ func TestRetryKeepsEnqueueOrderAmongEqualDeadlines(t *testing.T) {
 		t.Fatalf("retried a decodes to %+v (%v)", r, err)
 	}
 }
+
+// Every owner token is longer than Redis' hash-max-listpack-value (64
+// bytes by default), so Q:claim-owners is a hash table from the first
+// claim on: kept as a listpack (it would stay one up to 512 claims), every
+// write and lookup of the claim, settle and renewal scans it from the start.
+func TestOwnersHashIsAHashTable(t *testing.T) {
+	f := newFixture(t, simulator.Config{})
+	ctx := context.Background()
+	q, results := rss.RequestQueueName("owners"), rss.ResultQueueName("owners", "")
+	if err := f.prod.EnqueueMany(ctx, q, []*wire.Request{request("a", "", time.Hour, nil), request("b", "", time.Hour, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	tp := f.transport(rss.Options{})
+	defer tp.Close()
+	src, err := tp.Source(transport.Queue{Name: q, ResultName: results})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer func() { cancel(); _ = src.Close() }()
+	if err := src.Open(sctx); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := src.Claim(sctx, 2)
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("claim: %d messages, %v", len(ms), err)
+	}
+	c := testenv.RedisClient(t, f.redisURL)
+	cfg, err := c.ConfigGet(ctx, "hash-max-listpack-value").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := strconv.Atoi(cfg["hash-max-listpack-value"])
+	if err != nil {
+		t.Fatalf("hash-max-listpack-value: %v", err)
+	}
+	for _, m := range ms {
+		if tok := m.Metadata.Get(rss.MetaLease); len(tok) <= limit {
+			t.Errorf("owner token %q is %d bytes: not above hash-max-listpack-value %d", tok, len(tok), limit)
+		}
+	}
+	if enc := c.ObjectEncoding(ctx, q+":claim-owners").Val(); enc != "hashtable" {
+		t.Errorf("%s:claim-owners is a %q, want a hashtable", q, enc)
+	}
+}

@@ -328,7 +328,7 @@ if #prev > 0 then
     local b = string.find(rec, '|', a + 1, true)
     local c = string.find(rec, '|', b + 1, true)
     local ck = string.sub(rec, c + 1)
-    local tok = ARGV[3] .. i
+    local tok = ARGV[3] .. string.format('%d', i)
     if redis.call('HGET', KEYS[3], ck) == tok then
       out[#out + 1] = tok
       out[#out + 1] = string.sub(rec, 1, a - 1)
@@ -359,9 +359,16 @@ else
     local redel = redis.call('EXISTS', KEYS[5]) == 1
     local mark, hc, ho, zi = {}, {}, {}, {}
     local ckeys, ctoks, cpos = {}, {}, {}
+    -- whole numbers within 64 bits go to strings through '%d' (where it is 64-bit) and
+    -- repeated ones are formatted once: Lua's own number-to-string
+    -- ('%.14g') and the server's for a number handed to a command ('%.17g')
+    -- go through the C library's exact float printing, a few thousand
+    -- instructions each
+    local wide = string.format('%d', 2 ^ 40) == '1099511627776'
+    local capN, capS, scN, scS = 0, '0', nil, nil
     for i = 1, #popped, 2 do
       local m, s = popped[i], popped[i + 1]
-      local tok = ARGV[3] .. ((i + 1) / 2)
+      local tok = ARGV[3] .. string.format('%d', (i + 1) / 2)
       local d = 1
       if redel then
         local p = redis.call('HGET', KEYS[5], m)
@@ -403,9 +410,19 @@ else
         sc = math.ceil(sc)
         if cap > 0 and sc * 1000 > cap then sc = cap / 1000 end
       end
-      zi[#zi + 1] = sc
+      if sc ~= scN then
+        scN, scS = sc, sc
+        if wide and sc == math.floor(sc) and math.abs(sc) < 2 ^ 63 then scS = string.format('%d', sc) end
+      end
+      if cap ~= capN then
+        capN, capS = cap, tostring(cap)
+        if wide and math.abs(cap) < 2 ^ 63 then capS = string.format('%d', cap) end
+      end
+      zi[#zi + 1] = scS
       zi[#zi + 1] = ck
-      mark[#mark + 1] = s .. '|' .. d .. '|' .. cap .. '|' .. ck
+      local ds = '1'
+      if d ~= 1 then ds = string.format('%d', d) end
+      mark[#mark + 1] = s .. '|' .. ds .. '|' .. capS .. '|' .. ck
       out[#out + 1] = tok
       out[#out + 1] = s
       out[#out + 1] = d
