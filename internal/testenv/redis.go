@@ -46,6 +46,9 @@ type RedisOptions struct {
 	Args []string
 	// Env is added to the server's environment (e.g. FakeClock.Env).
 	Env []string
+	// Wrap, when set, is a command that runs the server: redis-server and
+	// its arguments are appended to it (e.g. valgrind and its options).
+	Wrap []string
 }
 
 // LookPath finds a server binary or fails t with the package to install.
@@ -120,6 +123,9 @@ func StartRedisProcess(o RedisOptions) (*Redis, error) {
 	}
 	args = append(args, o.Args...)
 	cmd := exec.Command(bin, args...)
+	if len(o.Wrap) > 0 {
+		cmd = exec.Command(o.Wrap[0], append(append(o.Wrap[1:len(o.Wrap):len(o.Wrap)], bin), args...)...)
+	}
 	if len(o.Env) > 0 {
 		cmd.Env = append(os.Environ(), o.Env...)
 	}
@@ -144,6 +150,9 @@ func StartRedisProcess(o RedisOptions) (*Redis, error) {
 	}
 	return r, nil
 }
+
+// PID is the server's process id (the wrapper's, with RedisOptions.Wrap).
+func (r *Redis) PID() int { return r.cmd.Process.Pid }
 
 // Dir is the server's data directory.
 func (r *Redis) Dir() string { return r.dir }

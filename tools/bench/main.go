@@ -59,6 +59,7 @@ func scenarios() []scenario {
 		{"memory", runMemory, memoryTargets()},
 		{"redis-sortedset", runRedisSortedSet, redisSortedSetTargets()},
 		{"redis-sortedset-envelope", runRedisEnvelope, redisEnvelopeTargets()},
+		{"redis-instructions", runRedisInstructions, redisInstructionsTargets()},
 		{"redis-cluster", runRedisCluster, redisClusterTargets()},
 		{"overhead", runOverhead, overheadTargets()},
 	}

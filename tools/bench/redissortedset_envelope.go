@@ -68,37 +68,19 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 		return nil, err
 	}
 	defer r.Stop()
-	sim, err := simulator.New(simulator.Config{Capacity: 64})
+	gw, stopGW, err := envelopeGateway()
 	if err != nil {
 		return nil, err
 	}
-	gw, err := sim.Start("127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer sim.Close()
-	queue, results := rss.RequestQueueName("bench"), rss.ResultQueueName("bench", "")
+	defer stopGW()
+	w := newEnvelopeWorkload(n, gw)
 	_, pc, err := benchProducer(r.URL)
 	if err != nil {
 		return nil, err
 	}
 	defer pc.Close()
-	p := producer.New(pc, producer.Config{Envelope: true, ResultQueueName: results})
-	reqs := make([]*wire.Request, n)
-	dl := time.Now().Add(time.Hour)
-	for i := range reqs {
-		reqs[i] = &wire.Request{ID: "e-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
-			Payload:  json.RawMessage(`{"model":"m","prompt":"What is 2+2?","max_tokens":16}`),
-			Metadata: map[string]string{"job_id": "bench", "request_index": strconv.Itoa(i)}}
-	}
-	fill := func(ctx context.Context) error {
-		if err := pc.FlushDB(ctx).Err(); err != nil {
-			return err
-		}
-		return p.EnqueueMany(ctx, queue, reqs)
-	}
-	lists := []string{results}
-	const concurrency = 64
+	fill := func(ctx context.Context) error { return w.fill(ctx, pc) }
+	lists := []string{w.results}
 	var sl, base samples
 	var slCPU, baseCPU, slRedis, baseRedis []float64
 	err = alternate(ctx, o.runs,
@@ -106,13 +88,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			if err := fill(ctx); err != nil {
 				return err
 			}
-			cfg := &config.Config{
-				Transport: rss.Name,
-				TransportConfig: config.TransportConfig{ResultQueueName: results,
-					Queues: []config.Queue{{Queue: transport.Queue{Name: queue}, IGWBaseURL: gw}}},
-				MetricsPort: -1, HealthPort: -1, RedisURL: r.URL, Concurrency: concurrency,
-			}
-			a, err := newApp(cfg, app.Options{})
+			a, err := w.sluice(r.URL)
 			if err != nil {
 				return err
 			}
@@ -133,7 +109,7 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 			}
 			c0, r0, cs0 := cpuNow(), redisCPU(ctx, pc), commandStats(ctx, pc)
 			s, err := timeRedisSide(ctx, pc, lists, n, labelled("baseline", func(ctx context.Context) error {
-				return envelopeBaseline(ctx, pc, gw, queue, concurrency, baseBatch)
+				return w.loop(ctx, pc)
 			}))
 			baseRedis = appendRedisCPU(baseRedis, r0, redisCPU(ctx, pc), n)
 			printCommandStats("baseline", cs0, commandStats(ctx, pc), n)
@@ -155,6 +131,65 @@ func runRedisEnvelope(ctx context.Context, o options) (figures, error) {
 		f["redis_cpu_us_per_req"], f["baseline_redis_cpu_us_per_req"] = median(slRedis), median(baseRedis)
 	}
 	return f, nil
+}
+
+// envelopeConcurrency is the in-flight limit of both sides of the envelope
+// scenarios (sluice's default concurrency).
+const envelopeConcurrency = 64
+
+// envelopeGateway starts the envelope scenarios' 0-ms gateway.
+func envelopeGateway() (url string, stop func(), err error) {
+	sim, err := simulator.New(simulator.Config{Capacity: envelopeConcurrency})
+	if err != nil {
+		return "", nil, err
+	}
+	gw, err := sim.Start("127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	return gw, func() { _ = sim.Close() }, nil
+}
+
+// envelopeWorkload is the envelope scenarios' work: n requests written as
+// upstream's producer writes them, and the two sides that drain them.
+type envelopeWorkload struct {
+	queue, results, gw string
+	reqs               []*wire.Request
+}
+
+func newEnvelopeWorkload(n int, gw string) envelopeWorkload {
+	w := envelopeWorkload{queue: rss.RequestQueueName("bench"), results: rss.ResultQueueName("bench", ""), gw: gw,
+		reqs: make([]*wire.Request, n)}
+	dl := time.Now().Add(time.Hour)
+	for i := range w.reqs {
+		w.reqs[i] = &wire.Request{ID: "e-" + strconv.Itoa(i), Deadline: dl, Created: time.Now(),
+			Payload:  json.RawMessage(`{"model":"m","prompt":"What is 2+2?","max_tokens":16}`),
+			Metadata: map[string]string{"job_id": "bench", "request_index": strconv.Itoa(i)}}
+	}
+	return w
+}
+
+// fill empties the database and writes the requests.
+func (w envelopeWorkload) fill(ctx context.Context, c redis.UniversalClient) error {
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		return err
+	}
+	return producer.New(c, producer.Config{Envelope: true, ResultQueueName: w.results}).EnqueueMany(ctx, w.queue, w.reqs)
+}
+
+// sluice is a deployment as upstream's flags start it on the queue.
+func (w envelopeWorkload) sluice(redisURL string) (*app.App, error) {
+	return newApp(&config.Config{
+		Transport: rss.Name,
+		TransportConfig: config.TransportConfig{ResultQueueName: w.results,
+			Queues: []config.Queue{{Queue: transport.Queue{Name: w.queue}, IGWBaseURL: w.gw}}},
+		MetricsPort: -1, HealthPort: -1, RedisURL: redisURL, Concurrency: envelopeConcurrency,
+	}, app.Options{})
+}
+
+// loop is the plain loop at the same in-flight.
+func (w envelopeWorkload) loop(ctx context.Context, c redis.UniversalClient) error {
+	return envelopeBaseline(ctx, c, w.gw, w.queue, envelopeConcurrency, baseBatch)
 }
 
 // cpuNow is this process's CPU time so far (user + system).
