@@ -28,7 +28,7 @@ func redisInstructionsTargets() []target {
 
 // instrRequests is how many envelopes each side drains under callgrind
 // (about 50 times slower than a plain server).
-const instrRequests = 3000
+const instrRequests = 10000
 
 // runRedisInstructions counts the instructions the Redis server executes
 // per request of the envelope path, for sluice's side and the plain loop's,
