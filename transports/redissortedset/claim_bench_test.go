@@ -57,16 +57,8 @@ func benchClaimSettle(b *testing.B, cfg producer.Config) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer tp.Close()
-	src, err := tp.Source(transport.Queue{Name: q, ResultName: results})
-	if err != nil {
-		b.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer func() { cancel(); _ = src.Close() }()
-	if err := src.Open(sctx); err != nil {
-		b.Fatal(err)
-	}
+	b.Cleanup(func() { _ = tp.Close() })
+	src, sctx := openSource(b, tp, q, results)
 	pub, err := tp.Publisher(transport.Queue{Name: q, ResultName: results})
 	if err != nil {
 		b.Fatal(err)

@@ -244,3 +244,19 @@ func ids(prefix string, n int) []string {
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// openSource opens tp's source of queue q (results to results) for the
+// rest of the test: closed, and its context cancelled, at cleanup.
+func openSource(tb testing.TB, tp *rss.Transport, q, results string) (transport.Source, context.Context) {
+	tb.Helper()
+	src, err := tp.Source(transport.Queue{Name: q, ResultName: results})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(func() { cancel(); _ = src.Close() })
+	if err := src.Open(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return src, ctx
+}

@@ -462,16 +462,8 @@ func TestOwnersHashIsAHashTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	tp := f.transport(rss.Options{})
-	defer tp.Close()
-	src, err := tp.Source(transport.Queue{Name: q, ResultName: results})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, cancel := context.WithCancel(ctx)
-	defer func() { cancel(); _ = src.Close() }()
-	if err := src.Open(sctx); err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(func() { _ = tp.Close() })
+	src, sctx := openSource(t, tp, q, results)
 	ms, err := src.Claim(sctx, 2)
 	if err != nil || len(ms) != 2 {
 		t.Fatalf("claim: %d messages, %v", len(ms), err)
