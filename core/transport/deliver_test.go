@@ -12,8 +12,10 @@ import (
 	"github.com/sluice-io/sluice/core/credit"
 )
 
-// countingSource counts the claims made on a modelSource and claims at
-// most batch at once (BatchSizer).
+// countingSource counts the claims made on a modelSource that took
+// something (a claim of an empty queue, such as the loop's first when it
+// starts before the test writes, is not counted) and claims at most batch
+// at once (BatchSizer).
 type countingSource struct {
 	*modelSource
 	batch  int
@@ -21,8 +23,11 @@ type countingSource struct {
 }
 
 func (s *countingSource) Claim(ctx context.Context, n int) ([]*message.Message, error) {
-	s.claims.Add(1)
-	return s.modelSource.Claim(ctx, n)
+	ms, err := s.modelSource.Claim(ctx, n)
+	if len(ms) > 0 {
+		s.claims.Add(1)
+	}
+	return ms, err
 }
 
 func (s *countingSource) BatchSize() int { return s.batch }
