@@ -25,7 +25,8 @@ test-short:
 	$(GO) test -short -count=1 $(PKGS)
 
 ## bench: one BENCH line per scenario, a MISS line per figure that misses its target; fails on any
-## miss or failed scenario (go run ./tools/bench -no-fail lists the misses without failing)
+## miss or failed scenario (go run ./tools/bench -no-fail lists the misses without failing); needs
+## what test needs, and valgrind (redis-instructions)
 bench:
 	$(GO) run ./tools/bench
 
