@@ -366,9 +366,15 @@ else
     -- instructions each
     local wide = string.format('%d', 2 ^ 40) == '1099511627776'
     local capN, capS, scN, scS = 0, '0', nil, nil
+    -- the tables are filled by index, not t[#t + 1] (a length lookup per
+    -- append, ~150 instructions in Redis' Lua); request k's reply fields
+    -- are out[o + 1 .. o + 7]
+    local nc = 0
     for i = 1, #popped, 2 do
       local m, s = popped[i], popped[i + 1]
-      local tok = ARGV[3] .. string.format('%d', (i + 1) / 2)
+      local k = (i + 1) / 2
+      local o = 3 + (k - 1) * ` + strconv.Itoa(ClaimReplyFields) + `
+      local tok = ARGV[3] .. string.format('%d', k)
       local d = 1
       if redel then
         local p = redis.call('HGET', KEYS[5], m)
@@ -385,9 +391,10 @@ else
             ck = ck .. '\0' .. rt
             if #KEYS >= 8 then
               cm = 1
-              ckeys[#ckeys + 1] = '` + CancelPrefix + `' .. v.data.id
-              ctoks[#ctoks + 1] = rt
-              cpos[#cpos + 1] = #out + 7
+              nc = nc + 1
+              ckeys[nc] = '` + CancelPrefix + `' .. v.data.id
+              ctoks[nc] = rt
+              cpos[nc] = o + 7
             end
           end
           local dl = tonumber(v.data.deadline)
@@ -401,10 +408,8 @@ else
         local job = string.match(m, '^{"_sluice":"%d+/([^"]+)"')
         if job then redis.call('SREM', ARGV[4] .. job, m) end
       end
-      hc[#hc + 1] = ck
-      hc[#hc + 1] = m
-      ho[#ho + 1] = ck
-      ho[#ho + 1] = tok
+      hc[2 * k - 1], hc[2 * k] = ck, m
+      ho[2 * k - 1], ho[2 * k] = ck, tok
       local sc = exp / 1000
       if whole then
         sc = math.ceil(sc)
@@ -418,23 +423,16 @@ else
         capN, capS = cap, tostring(cap)
         if wide and math.abs(cap) < 2 ^ 63 then capS = string.format('%d', cap) end
       end
-      zi[#zi + 1] = scS
-      zi[#zi + 1] = ck
+      zi[2 * k - 1], zi[2 * k] = scS, ck
       local ds = '1'
       if d ~= 1 then ds = string.format('%d', d) end
-      mark[#mark + 1] = s .. '|' .. ds .. '|' .. capS .. '|' .. ck
-      out[#out + 1] = tok
-      out[#out + 1] = s
-      out[#out + 1] = d
-      out[#out + 1] = m
-      out[#out + 1] = ck
-      out[#out + 1] = cap
-      out[#out + 1] = cm
+      mark[k] = s .. '|' .. ds .. '|' .. capS .. '|' .. ck
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = tok, s, d, m, ck, cap, cm
     end
-    if #ckeys > 0 then
+    if nc > 0 then
       local vals = redis.call('MGET', unpack(ckeys))
-      for k = 1, #ckeys do
-        if vals[k] == ctoks[k] then out[cpos[k]] = 2 end
+      for j = 1, nc do
+        if vals[j] == ctoks[j] then out[cpos[j]] = 2 end
       end
     end
     redis.call('HSET', KEYS[2], unpack(hc))
@@ -505,14 +503,15 @@ local redel = redis.call('EXISTS', KEYS[7]) == 1
 local cks = {}
 for j = 1, n do cks[j] = ARGV[(j - 1) * 9 + 3] end
 local owners = redis.call('HMGET', KEYS[2], unpack(cks))
-local out, live, seen, late = {}, {}, {}, 0
+local out, live, seen, late, nl = {}, {}, {}, 0, 0
 local needRec = {}
 for j = 1, n do
   local i = (j - 1) * 9 + 1
   local tok, ck = ARGV[i + 1], cks[j]
   if tok ~= '' and owners[j] == tok and not seen[ck] then
     seen[ck] = true
-    live[#live + 1] = j
+    nl = nl + 1
+    live[nl] = j
     if redel or ARGV[i] == 'b' then needRec[#needRec + 1] = ck end
     out[j] = 1
   else
@@ -520,30 +519,34 @@ for j = 1, n do
     out[j] = 0
   end
 end
-if #live > 0 then
+if nl > 0 then
   local rec = {}
   if #needRec > 0 then
     local got = redis.call('HMGET', KEYS[1], unpack(needRec))
     for k = 1, #needRec do rec[needRec[k]] = got[k] end
   end
+  -- the per-item tables are filled by counters, not t[#t + 1] (a length
+  -- lookup per append, ~150 instructions in Redis' Lua)
   local gone, redels, results, dead, marks, markTok, payloads, ttl = {}, {}, {}, {}, {}, {}, {}, 0
-  for _, j in ipairs(live) do
+  local nr, nm = 0, 0
+  for g = 1, nl do
+    local j = live[g]
     local i = (j - 1) * 9 + 1
     local mode, ck = ARGV[i], cks[j]
     local r = rec[ck]
-    gone[#gone + 1] = ck
+    gone[g] = ck
     if redel and r then redels[#redels + 1] = r end
     if mode == 'd' then
       dead[#dead + 1] = ARGV[i + 4]
     else
-      results[#results + 1] = ARGV[i + 3]
+      nr = nr + 1
+      results[nr] = ARGV[i + 3]
       if mode == 'b' and r then dead[#dead + 1] = r end
       local rt = ARGV[i + 6]
       if rt ~= '' then
-        marks[#marks + 1] = '` + ActivePrefix + `' .. ARGV[i + 5]
-        marks[#marks + 1] = '` + CancelPrefix + `' .. ARGV[i + 5]
-        markTok[#markTok + 1] = rt
-        markTok[#markTok + 1] = rt
+        marks[nm + 1], marks[nm + 2] = '` + ActivePrefix + `' .. ARGV[i + 5], '` + CancelPrefix + `' .. ARGV[i + 5]
+        markTok[nm + 1], markTok[nm + 2] = rt, rt
+        nm = nm + 2
       end
       if ARGV[i + 7] ~= '' then payloads[#payloads + 1] = ARGV[i + 7] end
       local t = tonumber(ARGV[i + 8]) or 0
@@ -555,17 +558,20 @@ if #live > 0 then
   redis.call('ZREM', KEYS[3], unpack(gone))
   if #redels > 0 then redis.call('HDEL', KEYS[7], unpack(redels)) end
   if #dead > 0 then redis.call('LPUSH', KEYS[5], unpack(dead)) end
-  if #marks > 0 then
+  if nm > 0 then
     -- MGET answers nil for a key of another type, as the GET it replaces
     -- was called to fail softly there
-    local vals, del = redis.call('MGET', unpack(marks)), {}
-    for k = 1, #marks do
-      if vals[k] == markTok[k] then del[#del + 1] = marks[k] end
+    local vals, del, nd = redis.call('MGET', unpack(marks)), {}, 0
+    for k = 1, nm do
+      if vals[k] == markTok[k] then
+        nd = nd + 1
+        del[nd] = marks[k]
+      end
     end
-    if #del > 0 then redis.call('DEL', unpack(del)) end
+    if nd > 0 then redis.call('DEL', unpack(del)) end
   end
   if #payloads > 0 then redis.call('DEL', unpack(payloads)) end
-  if #results > 0 then
+  if nr > 0 then
     redis.call('LPUSH', KEYS[4], unpack(results))
     if ttl > 0 then redis.call('EXPIRE', KEYS[4], ttl) end
   end
