@@ -20,7 +20,7 @@ import (
 // target is redis-sortedset-envelope's).
 func redisInstructionsTargets() []target {
 	return []target{
-		reportedOnly("redis_instructions_per_req", "instructions the Redis server executes per request for sluice's side (callgrind, deterministic)"),
+		reportedOnly("redis_instructions_per_req", "instructions the Redis server executes per request for sluice's side (callgrind; runs of one build agree within about 1 %)"),
 		reportedOnly("baseline_redis_instructions_per_req", "the same for the plain loop"),
 		reportedOnly("redis_instructions_ratio", "sluice's Redis instructions per request against the loop's"),
 	}
