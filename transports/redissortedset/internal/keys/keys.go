@@ -359,16 +359,15 @@ else
     local redel = redis.call('EXISTS', KEYS[5]) == 1
     local mark, hc, ho, zi = {}, {}, {}, {}
     local ckeys, ctoks, cpos = {}, {}, {}
-    -- whole numbers within 64 bits go to strings through '%d' (where it is 64-bit) and
-    -- repeated ones are formatted once: Lua's own number-to-string
-    -- ('%.14g') and the server's for a number handed to a command ('%.17g')
-    -- go through the C library's exact float printing, a few thousand
-    -- instructions each
+    -- Whole numbers within 64 bits become strings through '%d' (where Lua's
+    -- %d is 64-bit), and repeated ones are formatted once: Lua's own
+    -- number-to-string ('%.14g') and the server's for a number handed to a
+    -- command ('%.17g') go through the C library's exact float printing, a
+    -- few thousand instructions each. The tables are filled by index, not
+    -- t[#t + 1] (a length lookup per append, ~150 instructions); request
+    -- k's reply fields are out[o + 1 .. o + 7].
     local wide = string.format('%d', 2 ^ 40) == '1099511627776'
     local capN, capS, scN, scS = 0, '0', nil, nil
-    -- the tables are filled by index, not t[#t + 1] (a length lookup per
-    -- append, ~150 instructions in Redis' Lua); request k's reply fields
-    -- are out[o + 1 .. o + 7]
     local nc = 0
     for i = 1, #popped, 2 do
       local m, s = popped[i], popped[i + 1]
