@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluice-io/sluice/internal/poolsim"
 )
@@ -18,6 +20,7 @@ func newSimulatePool() *cobra.Command {
 	var addr string
 	var lagEvery time.Duration
 	var timeline string
+	preset := poolsim.PresetStress
 	cmd := &cobra.Command{
 		Use:   "simulate-pool",
 		Short: "Run a simulated inference pool: vLLM-like engine pods behind an EPP-like front",
@@ -28,10 +31,16 @@ step time growing with load) behind an EPP-like front on --addr:
 EPP's series (pool saturation, flow-control queue, inference_pool_* averages)
 and every pod's vLLM series labelled by pod, and /pods/{i}/metrics and
 /pods/{i}/v1/... per pod. The front routes, detects saturation and runs in
-passthrough, legacy-admission or flow-control mode. See docs/simulate-pool.md.`,
-		Example: "  sluice simulate-pool --addr 127.0.0.1:8000 --mode legacy-admission --seed 1",
+passthrough, legacy-admission or flow-control mode. --preset chooses the pool
+(stress, the default; vllm-8b-h100; vllm-8b-h100-16); the other flags given
+override the preset's values. See docs/simulate-pool.md.`,
+		Example: "  sluice simulate-pool --addr 127.0.0.1:8000 --mode legacy-admission --seed 1\n  sluice simulate-pool --preset vllm-8b-h100-16 --report-every 5s",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := presetConfig(cmd, preset, cfg)
+			if err != nil {
+				return err
+			}
 			pool, err := poolsim.New(cfg)
 			if err != nil {
 				return err
@@ -55,8 +64,8 @@ passthrough, legacy-admission or flow-control mode. See docs/simulate-pool.md.`,
 				defer stopTimeline()
 			}
 			c := pool.Config()
-			fmt.Fprintf(cmd.OutOrStdout(), "pool simulator listening on %s (%d pods x %d seats, mode %s, detector %s)\n",
-				url, c.Pods, c.Engine.MaxNumSeqs, c.Front.Mode, c.Front.Detector)
+			fmt.Fprintf(cmd.OutOrStdout(), "pool simulator listening on %s (preset %s: %d pods x %d seats, mode %s, detector %s)\n",
+				url, preset, c.Pods, c.Engine.MaxNumSeqs, c.Front.Mode, c.Front.Detector)
 			if lagEvery > 0 {
 				t := time.NewTicker(lagEvery)
 				defer t.Stop()
@@ -79,9 +88,41 @@ passthrough, legacy-admission or flow-control mode. See docs/simulate-pool.md.`,
 	cfg.RegisterFlags(gofs)
 	cmd.Flags().AddGoFlagSet(gofs)
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8000", "listen address of the front")
+	cmd.Flags().StringVar(&preset, "preset", preset, "the pool: "+strings.Join(poolsim.PresetNames(), ", ")+" (docs/simulate-pool.md, Calibration); the other pool flags given override it")
 	cmd.Flags().DurationVar(&lagEvery, "report-every", 0, "print the step lag and saturation at this interval (0: never)")
 	cmd.Flags().StringVar(&timeline, "timeline", "", "write one JSON line a second to this file: saturation, KV usage, and per class running, waiting and cumulative counts")
 	return cmd
+}
+
+// presetConfig is the named preset's pool with every pool flag the command
+// line set applied over it (flags parsed into parsed). The stress preset is
+// the flags' own defaults, so parsed is returned as it is.
+func presetConfig(cmd *cobra.Command, name string, parsed poolsim.Config) (poolsim.Config, error) {
+	p, err := poolsim.PresetByName(name)
+	if err != nil {
+		return poolsim.Config{}, fmt.Errorf("--preset: %w", err)
+	}
+	if name == poolsim.PresetStress {
+		return parsed, nil
+	}
+	cfg := p.Config
+	cfg.SetDefaults()
+	over := flag.NewFlagSet("preset", flag.ContinueOnError)
+	cfg.RegisterFlags(over)
+	var setErr error
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if setErr != nil || over.Lookup(f.Name) == nil {
+			return
+		}
+		if f.Name == "objective" { // repeatable: its parsed map as a whole
+			cfg.Front.Objectives = parsed.Front.Objectives
+			return
+		}
+		if err := over.Set(f.Name, f.Value.String()); err != nil {
+			setErr = fmt.Errorf("--%s over preset %s: %w", f.Name, name, err)
+		}
+	})
+	return cfg, setErr
 }
 
 // writeTimeline encodes a pool sample every second until the returned stop

@@ -325,7 +325,8 @@ func New(cfg Config) (*Gate, error) {
 // comma-separated string), seats_per_pod, reserve, reserve_share,
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
-// labels; the queue's concurrency is max_concurrency.
+// labels, and the generic refresh_interval (which also paces its own
+// readings); the queue's concurrency is max_concurrency.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	eps, err := endpoints(p)
 	if err != nil {
@@ -333,6 +334,11 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	}
 	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency,
 		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", "")}
+	// the generic refresh_interval also sets the gate's own clock (its
+	// release grace and burst growth default to it)
+	if cfg.RefreshInterval, err = p.Duration(gate.ParamRefreshInterval, 0); err != nil {
+		return nil, err
+	}
 	if cfg.SeatsPerPod, err = p.Int("seats_per_pod", 0); err != nil {
 		return nil, err
 	}

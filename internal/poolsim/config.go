@@ -49,6 +49,17 @@ const (
 	PolicyPriority = "priority"
 )
 
+// Step models (EngineConfig.StepModel).
+const (
+	// StepModelLoad is ITL0·(1 + (F−1)·(n−1)/(max_num_seqs−1)) + c_p·p +
+	// o_p·k + c_d·d: inference-sim's load-factor form.
+	StepModelLoad = "load"
+	// StepModelLinear is ITL0 + c_p·p + c_d·d: BLIS's regression form
+	// (β0 + β1·uncached prefill tokens + β2·decode tokens), trained on
+	// measured vLLM steps.
+	StepModelLinear = "linear"
+)
+
 // Output-length modes (EngineConfig.OutputLength).
 const (
 	// OutputMax generates exactly max_tokens tokens (finish_reason "length"),
@@ -129,6 +140,10 @@ type EngineConfig struct {
 	// KVTokens is the KV capacity of one pod in tokens, rounded down to whole
 	// blocks (default DefaultKVTokens).
 	KVTokens int
+	// KVBlocks, when positive, sets the KV capacity in blocks instead:
+	// KVTokens becomes KVBlocks × BlockSize (vLLM reports its capacity as
+	// num_gpu_blocks).
+	KVBlocks int
 	// MaxModelLen bounds prompt + max_tokens; longer requests get 400
 	// (default DefaultMaxModelLen; at most KVTokens).
 	MaxModelLen int
@@ -151,6 +166,11 @@ type EngineConfig struct {
 	// on by default there; off by default here, so the older figures keep
 	// their meaning). Only text prompts are compared.
 	PrefixCaching bool
+	// StepModel is StepModelLoad (default: today's inference-sim form, with
+	// the load factor and a charge per starting prefill) or StepModelLinear
+	// (BLIS's form: ITL + PrefillPerToken·p + DecodePerToken·d; LoadFactor
+	// and PrefillOverhead are ignored).
+	StepModel string
 	// ITL is ITL0, the step time with one sequence and no prefill
 	// (inference-sim's inter-token-latency; default DefaultITL).
 	ITL time.Duration
@@ -163,6 +183,15 @@ type EngineConfig struct {
 	// PrefillOverhead is o_p, the cost of each request whose prefill starts in
 	// a step (inference-sim's prefill-overhead; default DefaultPrefillOverhead).
 	PrefillOverhead time.Duration
+	// DecodePerToken is c_d, the cost of each decode token in a step
+	// (BLIS's β2; zero by default, where LoadFactor models the decode load
+	// instead).
+	DecodePerToken time.Duration
+	// RequestOverhead is CPU time a request spends outside the step loop
+	// (HTTP parsing, tokenization, queue insertion: BLIS's α0) between its
+	// routing and its arrival in the pod's waiting queue; it delays the
+	// request, not the steps (default zero).
+	RequestOverhead time.Duration
 	// StepJitter spreads each step's duration uniformly by ±StepJitter of
 	// itself, in [0,1); zero means none.
 	StepJitter float64
@@ -271,6 +300,9 @@ func (c *Config) SetDefaults() {
 	setDefault(&e.MaxNumSeqs, DefaultMaxNumSeqs)
 	setDefault(&e.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
 	setDefault(&e.BlockSize, DefaultBlockSize)
+	if e.KVBlocks > 0 {
+		e.KVTokens = e.KVBlocks * e.BlockSize
+	}
 	setDefault(&e.KVTokens, DefaultKVTokens)
 	setDefault(&e.MaxModelLen, min(DefaultMaxModelLen, e.KVTokens))
 	setDefault(&e.Policy, PolicyFCFS)
@@ -280,6 +312,7 @@ func (c *Config) SetDefaults() {
 	setDefault(&e.PrefillOverhead, DefaultPrefillOverhead)
 	setDefault(&e.DefaultMaxTokens, DefaultMaxTokens)
 	setDefault(&e.OutputLength, OutputMax)
+	setDefault(&e.StepModel, StepModelLoad)
 	setDefault(&e.BatchPriority, DefaultBatchPriority)
 	f := &c.Front
 	setDefault(&f.Pool, DefaultPoolName)
@@ -356,17 +389,24 @@ func (c Config) Validate() error {
 	if c.Front.PrefixAware && !e.PrefixCaching {
 		bad("prefix-aware-routing needs enable-prefix-caching: without the engines' cache it has nothing to find")
 	}
-	if e.ITL < 0 || e.PrefillPerToken < 0 || e.PrefillOverhead < 0 {
-		bad("itl %v, prefill-time-per-token %v and prefill-overhead %v must be >= 0", e.ITL, e.PrefillPerToken, e.PrefillOverhead)
+	if e.ITL < 0 || e.PrefillPerToken < 0 || e.PrefillOverhead < 0 || e.DecodePerToken < 0 || e.RequestOverhead < 0 {
+		bad("itl %v, prefill-time-per-token %v, prefill-overhead %v, decode-time-per-token %v and request-overhead %v must be >= 0",
+			e.ITL, e.PrefillPerToken, e.PrefillOverhead, e.DecodePerToken, e.RequestOverhead)
 	}
-	if e.ITL == 0 && e.PrefillPerToken == 0 && e.PrefillOverhead == 0 {
-		bad("itl, prefill-time-per-token and prefill-overhead are all 0: a step would take no time")
+	if e.ITL == 0 && e.PrefillPerToken == 0 && e.PrefillOverhead == 0 && e.DecodePerToken == 0 {
+		bad("itl, prefill-time-per-token, prefill-overhead and decode-time-per-token are all 0: a step would take no time")
+	}
+	if e.KVBlocks < 0 {
+		bad("kv-blocks is %d, want >= 0 (0: use kv-tokens)", e.KVBlocks)
 	}
 	if !(e.LoadFactor >= 1) || math.IsInf(e.LoadFactor, 0) {
 		bad("time-factor-under-load is %v, want a finite number >= 1", e.LoadFactor)
 	}
 	if !(e.StepJitter >= 0 && e.StepJitter < 1) {
 		bad("step-jitter is %v, want a fraction in [0,1)", e.StepJitter)
+	}
+	if e.StepModel != StepModelLoad && e.StepModel != StepModelLinear {
+		bad("step-model is %q, want %q or %q", e.StepModel, StepModelLoad, StepModelLinear)
 	}
 	if e.OutputLength != OutputMax && e.OutputLength != OutputUniform {
 		bad("output-length is %q, want %q or %q", e.OutputLength, OutputMax, OutputUniform)
@@ -446,15 +486,19 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&e.DisableChunkedPrefill, "disable-chunked-prefill", e.DisableChunkedPrefill, "a prompt that does not fit in the step's budget waits (and blocks the queue) instead of being chunked")
 	fs.IntVar(&e.BlockSize, "block-size", e.BlockSize, "KV block size in tokens")
 	fs.IntVar(&e.KVTokens, "kv-tokens", e.KVTokens, "KV capacity of one pod in tokens (rounded down to whole blocks)")
+	fs.IntVar(&e.KVBlocks, "kv-blocks", e.KVBlocks, "KV capacity of one pod in blocks (vLLM's num_gpu_blocks); when set, replaces kv-tokens")
 	fs.IntVar(&e.MaxModelLen, "max-model-len", e.MaxModelLen, "largest prompt + max_tokens; longer requests get 400")
 	fs.StringVar(&e.Policy, "scheduling-policy", e.Policy, "waiting queue order: fcfs or priority (lower priority value first, then arrival)")
 	fs.BoolVar(&e.PrefixCaching, "enable-prefix-caching", e.PrefixCaching, "cache the KV blocks of finished, aborted and preempted requests for later requests whose text prompt starts with theirs (vLLM's automatic prefix caching)")
 	fs.BoolVar(&e.PreemptKeep, "preempt-keep", e.PreemptKeep, "a preempted request keeps its computed tokens (free swap; an idealised upper bound, not vLLM)")
 	fs.BoolVar(&e.SeatPreempt, "seat-preempt", e.SeatPreempt, "priority policy: a waiting request of strictly higher priority preempts the lowest-priority running one when every seat is taken (vLLM PRs #45561/#54530; not in vLLM V1)")
-	fs.DurationVar(&e.ITL, "itl", e.ITL, "ITL0: step time with one sequence and no prefill")
+	fs.StringVar(&e.StepModel, "step-model", e.StepModel, "step time: load (ITL0 scaled by the load factor, plus c_p per prompt token and o_p per starting prefill) or linear (BLIS: ITL0 + c_p per uncached prompt token + c_d per decode token)")
+	fs.DurationVar(&e.ITL, "itl", e.ITL, "ITL0: step time with one sequence and no prefill (linear: the constant of every step)")
 	fs.Float64Var(&e.LoadFactor, "time-factor-under-load", e.LoadFactor, "F: decode step time factor at max-num-seqs sequences (>= 1)")
 	fs.DurationVar(&e.PrefillPerToken, "prefill-time-per-token", e.PrefillPerToken, "c_p: step time added per prompt token computed in the step")
 	fs.DurationVar(&e.PrefillOverhead, "prefill-overhead", e.PrefillOverhead, "o_p: step time added per request whose prefill starts in the step")
+	fs.DurationVar(&e.DecodePerToken, "decode-time-per-token", e.DecodePerToken, "c_d: step time added per decode token in the step (BLIS's beta2)")
+	fs.DurationVar(&e.RequestOverhead, "request-overhead", e.RequestOverhead, "CPU time a request spends outside the step loop before it reaches the pod's queue (BLIS's alpha0)")
 	fs.Float64Var(&e.StepJitter, "step-jitter", e.StepJitter, "spread of each step's duration, a fraction in [0,1) (uniform ±)")
 	fs.IntVar(&e.DefaultMaxTokens, "default-max-tokens", e.DefaultMaxTokens, "max_tokens of a request whose body has none")
 	fs.StringVar(&e.OutputLength, "output-length", e.OutputLength, "max: generate max_tokens tokens; uniform: a seeded draw in [1, max_tokens]")

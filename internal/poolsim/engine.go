@@ -432,29 +432,41 @@ func (e *engine) schedule(start time.Time) step {
 			st.newPrefills++
 		}
 	}
-	st.duration = e.stepTime(len(st.seqs), st.prefillTokens, st.newPrefills)
+	st.duration = e.stepTime(len(st.seqs), st.prefillTokens, st.newPrefills, st.tokens-st.prefillTokens)
 	return st
 }
 
-// stepTime is the duration of a step with n sequences, p prompt tokens and
-// k starting prefills:
+// stepTime is the duration of a step with n sequences, p prompt tokens
+// (uncached: a prefix-cache hit's tokens are never scheduled), k starting
+// prefills and d decode tokens:
 //
-//	ITL0·(1 + (F−1)·(n−1)/(max_num_seqs−1)) + c_p·p + o_p·k
+//	ITL0·(1 + (F−1)·(n−1)/(max_num_seqs−1)) + c_p·p + o_p·k + c_d·d
 //
-// spread by ±StepJitter. An empty step takes no time.
-func (e *engine) stepTime(n, p, k int) time.Duration {
+// spread by ±StepJitter. An empty step takes no time. With F = 1 and
+// o_p = 0 it is BLIS's step model: β0 + β1·p + β2·d.
+func (e *engine) stepTime(n, p, k, d int) time.Duration {
 	if n == 0 {
 		return 0
 	}
 	load := 1.0
+	if e.cfg.StepModel == StepModelLinear {
+		p0 := float64(e.cfg.ITL) + float64(e.cfg.PrefillPerToken)*float64(p) + float64(e.cfg.DecodePerToken)*float64(d)
+		return time.Duration(e.jitter(p0))
+	}
 	if m := e.cfg.MaxNumSeqs; m > 1 {
 		load += (e.cfg.LoadFactor - 1) * float64(n-1) / float64(m-1)
 	}
-	d := float64(e.cfg.ITL)*load + float64(e.cfg.PrefillPerToken)*float64(p) + float64(e.cfg.PrefillOverhead)*float64(k)
+	t := float64(e.cfg.ITL)*load + float64(e.cfg.PrefillPerToken)*float64(p) + float64(e.cfg.PrefillOverhead)*float64(k) +
+		float64(e.cfg.DecodePerToken)*float64(d)
+	return time.Duration(e.jitter(t))
+}
+
+// jitter spreads a step time t by ±StepJitter of itself.
+func (e *engine) jitter(t float64) float64 {
 	if j := e.cfg.StepJitter; j > 0 {
-		d *= 1 + j*(2*e.rnd.float64()-1)
+		t *= 1 + j*(2*e.rnd.float64()-1)
 	}
-	return time.Duration(d)
+	return t
 }
 
 // complete ends step st at end: scheduled tokens are computed; a sequence

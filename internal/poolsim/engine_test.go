@@ -313,25 +313,31 @@ func TestStepTime(t *testing.T) {
 		name    string
 		edit    func(*EngineConfig)
 		n, p, k int
+		d       int // decode tokens
 		want    time.Duration
 	}{
-		{"empty step", nil, 0, 0, 0, 0},
-		{"one decode", nil, 1, 0, 0, ms(10)},
-		{"full batch of decodes: ITL0·F", nil, 16, 0, 0, ms(20)},
-		{"half the seats", nil, 8, 0, 0, ms(10 * (1 + 7.0/15))},
-		{"idle 256-token prefill: ITL0 + 256·c_p + o_p", nil, 1, 256, 1, ms(10 + 12.8 + 10)},
-		{"a full budget of prefill beside 15 decodes", nil, 16, 2033, 1, ms(20 + 2033*0.05 + 10)},
-		{"max_num_seqs 1: no load factor", func(c *EngineConfig) { c.MaxNumSeqs = 1 }, 1, 0, 0, ms(10)},
+		{"empty step", nil, 0, 0, 0, 0, 0},
+		{"one decode", nil, 1, 0, 0, 1, ms(10)},
+		{"full batch of decodes: ITL0·F", nil, 16, 0, 0, 16, ms(20)},
+		{"half the seats", nil, 8, 0, 0, 8, ms(10 * (1 + 7.0/15))},
+		{"idle 256-token prefill: ITL0 + 256·c_p + o_p", nil, 1, 256, 1, 0, ms(10 + 12.8 + 10)},
+		{"a full budget of prefill beside 15 decodes", nil, 16, 2033, 1, 15, ms(20 + 2033*0.05 + 10)},
+		{"max_num_seqs 1: no load factor", func(c *EngineConfig) { c.MaxNumSeqs = 1 }, 1, 0, 0, 1, ms(10)},
 		{"inference-sim's 8B profile", func(c *EngineConfig) {
 			c.ITL, c.LoadFactor, c.PrefillPerToken, c.PrefillOverhead = ms(12), 2, 250*time.Microsecond, ms(30)
-		}, 16, 256, 1, ms(24 + 64 + 30)},
+		}, 16, 256, 1, 0, ms(24 + 64 + 30)},
+		{"BLIS's form: β0 + β1·uncached prefill + β2·decode", func(c *EngineConfig) {
+			c.StepModel, c.MaxNumSeqs, c.ITL, c.PrefillPerToken, c.DecodePerToken =
+				StepModelLinear, 1024, 5753*time.Microsecond, 17250*time.Nanosecond, 6*time.Microsecond
+		}, 601, 2048, 4, 600, ms(5.753 + 2048*0.01725 + 600*0.006)},
+		{"decode cost in the load form", func(c *EngineConfig) { c.DecodePerToken = time.Millisecond }, 16, 0, 0, 16, ms(20 + 16)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e := testEngine(tc.edit)
-			got := e.stepTime(tc.n, tc.p, tc.k)
+			got := e.stepTime(tc.n, tc.p, tc.k, tc.d)
 			if d := got - tc.want; d < -time.Microsecond || d > time.Microsecond {
-				t.Fatalf("stepTime(%d, %d, %d) = %v, want %v", tc.n, tc.p, tc.k, got, tc.want)
+				t.Fatalf("stepTime(%d, %d, %d, %d) = %v, want %v", tc.n, tc.p, tc.k, tc.d, got, tc.want)
 			}
 		})
 	}
@@ -339,7 +345,7 @@ func TestStepTime(t *testing.T) {
 	e := testEngine(func(c *EngineConfig) { c.StepJitter = 0.2 })
 	lo, hi := time.Hour, time.Duration(0)
 	for range 1000 {
-		d := e.stepTime(1, 0, 0)
+		d := e.stepTime(1, 0, 0, 1)
 		lo, hi = min(lo, d), max(hi, d)
 	}
 	if lo < ms(8) || hi > ms(12) || hi-lo < ms(3) {

@@ -351,6 +351,11 @@ func (p *Pool) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	d := p.pods[podIdx]
 	s := newSeq(req)
+	if o := p.cfg.Engine.RequestOverhead; o > 0 {
+		// the pod's API server parses and tokenizes the request before
+		// its engine sees it; the step loop goes on meanwhile
+		time.Sleep(o)
+	}
 	d.submit(s)
 	p.respond(w, r, req, d, s)
 }

@@ -275,7 +275,9 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 		}
 		arrNext := time.Time{}
 		if next < len(order) {
-			arrNext = t0.Add(arrivals[order[next]].At)
+			// an arrival reaches its pod's queue after the pod's API
+			// server's overhead (EngineConfig.RequestOverhead)
+			arrNext = t0.Add(arrivals[order[next]].At + cfg.Engine.RequestOverhead)
 		}
 		switch {
 		case podNext < 0 && next >= len(order):
@@ -310,6 +312,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			next++
 			a := arrivals[i]
 			s := newSeq(uint64(i+1), a.Class, a.PromptTokens, a.MaxTokens, a.Priority)
+			s.arrival, s.req.arrival = t0.Add(a.At), t0.Add(a.At)
 			pods[i] = route()
 			seqs[i] = s
 			p.pods[pods[i]].eng.add(s)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice/gates/headroom"
@@ -49,8 +51,19 @@ import (
 const (
 	frontierScenario = "interactive-frontier"
 	frontierCycles   = 12
-	frontierSeeds    = 3                  // replays per policy, each with its own arrivals and step jitter; figures are medians
-	frontierBacklog  = 2 * ipPodSeats * 2 // the calibration's batch: every seat and as many waiting
+	frontierSeeds    = 12 // replays per policy, each with its own arrivals and step jitter; figures are medians
+	// frontierJitter is every pool's step jitter (±5 %), on both clocks:
+	// the seeds draw it, so a policy's spread over seeds includes it.
+	frontierJitter = 0.05
+	// frontierEngine is the max-goodput engine point (formerly "oracle"):
+	// the batch fills every seat and its queue and the engine preempts a
+	// batch seat for each interactive arrival, the victim keeping its
+	// tokens. It is the most goodput the engine can give beside the
+	// arrivals, not a bound on p99 or on what a dispatcher can reach.
+	frontierEngine = "engine-max-goodput"
+	// frontierTwin is sluice's recommended rule replayed: the real-time
+	// recommended arm's twin on the virtual clock (one clock, ipTwinCheck).
+	frontierTwin = "headroom-burst-r4-i4-t3-w2-h1000"
 )
 
 // frontierPolicy is one ideal dispatcher.
@@ -58,27 +71,47 @@ type frontierPolicy struct {
 	name string
 	// limit makes the batch's limit function of one replay (it may keep
 	// state, such as the last reading of a lagged policy).
-	limit  func(bursts [][2]time.Duration) func(at time.Duration, others poolsim.Others) int
-	oracle bool // the engine preempts a batch seat for an interactive arrival
+	limit func(bursts [][2]time.Duration) func(at time.Duration, others poolsim.Others) int
+	// engine: the engine preempts a batch seat for an interactive arrival
+	engine bool
 	// recompute: a request taken back prefills again when it resumes
 	recompute bool
 	// youngest: the request taken back is the youngest, whatever its pod
 	youngest bool
+	// blind: the policy does not know the phase schedule (it sees only
+	// the pool); G*(x) is the best goodput of the blind ones.
+	blind bool
 }
 
-// frontierPolicies: the oracle; reactive dispatchers that keep reserve
-// seats free beside the arrivals in the pool, knowing them at once or
-// reading them every 50 ms as pool-headroom does; reactive ones that also
-// choose when batch prefills run (phasereactive: a reserve per phase;
-// phaseslow: in bursts the batch grows by one request per gap at most;
-// detect: the same with the burst seen from the arrivals in the pool
+// frontierPolicies: the max-goodput engine point; reactive dispatchers
+// that keep reserve seats free beside the arrivals in the pool, knowing
+// them at once or reading them every 50 ms as pool-headroom does; reactive
+// ones that also choose when batch prefills run (phasereactive: a reserve
+// per phase; phaseslow: in bursts the batch grows by one request per gap at
+// most; detect: the same with the burst seen from the arrivals in the pool
 // instead of known; nogrow: no growth while an arrival is in the pool);
-// and phase-aware static limits, which show that reacting within a burst
-// is what matters.
-func frontierPolicies(seats int) []frontierPolicy {
-	ps := []frontierPolicy{{name: "oracle", oracle: true, limit: func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
-		return func(time.Duration, poolsim.Others) int { return frontierBacklog }
+// static caps on the batch in the pool (on pods with many seats the batch
+// hurts through the steps, not the seats); and phase-aware static limits,
+// which show that reacting within a burst is what matters. Only the
+// policies marked blind may set G*(x): the others know the schedule.
+func frontierPolicies(pool ipPool) []frontierPolicy {
+	perPod := pool.seatsPerPod()
+	pods := pool.preset.Config.Pods
+	if pods == 0 {
+		pods = poolsim.DefaultPods
+	}
+	seats := pods * perPod
+	backlog := pool.preset.BatchConcurrency
+	ps := []frontierPolicy{{name: frontierEngine, engine: true, blind: true, limit: func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func(time.Duration, poolsim.Others) int { return backlog }
 	}}}
+	for _, frac := range []int{1, 2, 4, 8, 16, 32} {
+		if l := backlog / frac; frac == 1 || l >= 2 {
+			ps = append(ps, frontierPolicy{name: fmt.Sprintf("static-%d", l), blind: true, limit: func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+				return func(time.Duration, poolsim.Others) int { return l }
+			}})
+		}
+	}
 	reactive := func(reserve int, every time.Duration) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 			read, seen := time.Duration(-1), 0
@@ -91,10 +124,10 @@ func frontierPolicies(seats int) []frontierPolicy {
 		}
 	}
 	for _, r := range []int{0, 1, 2, 4, 6, 8} {
-		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d", r), limit: reactive(r, 0)})
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d", r), limit: reactive(r, 0), blind: true})
 	}
 	for _, r := range []int{2, 4, 8} {
-		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms", r), limit: reactive(r, 50*time.Millisecond)})
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms", r), limit: reactive(r, 50*time.Millisecond), blind: true})
 	}
 	// A dispatcher that also chooses when batch prefills run: the reactive
 	// limit, but the batch does not grow (no new request, no resume, so no
@@ -171,15 +204,15 @@ func frontierPolicies(seats int) []frontierPolicy {
 	for _, thr := range []int{3, 4} {
 		for _, every := range []time.Duration{0, 50 * time.Millisecond} {
 			ps = append(ps, frontierPolicy{name: fmt.Sprintf("detect-i0-b2-g50-t%d-w2000-e%d", thr, every.Milliseconds()),
-				limit: detectSlow(0, 2, thr, 2*time.Second, 50*time.Millisecond, every)})
+				limit: detectSlow(0, 2, thr, 2*time.Second, 50*time.Millisecond, every), blind: true})
 		}
 	}
-	ps = append(ps, frontierPolicy{name: "detect-i0-b2-g50-t4-w2000-e50-recompute", limit: detectSlow(0, 2, 4, 2*time.Second, 50*time.Millisecond, 50*time.Millisecond), recompute: true})
+	ps = append(ps, frontierPolicy{name: "detect-i0-b2-g50-t4-w2000-e50-recompute", limit: detectSlow(0, 2, 4, 2*time.Second, 50*time.Millisecond, 50*time.Millisecond), recompute: true, blind: true})
 	for _, r := range []int{2, 4} {
-		ps = append(ps, frontierPolicy{name: fmt.Sprintf("nogrow-r%d", r), limit: noGrow(r, 0)})
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("nogrow-r%d", r), limit: noGrow(r, 0), blind: true})
 	}
 	for _, r := range []int{2, 4, 8} {
-		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms-recompute", r), limit: reactive(r, 50*time.Millisecond), recompute: true})
+		ps = append(ps, frontierPolicy{name: fmt.Sprintf("reactive-r%d-read50ms-recompute", r), limit: reactive(r, 50*time.Millisecond), recompute: true, blind: true})
 	}
 	// pool-headroom as sluice runs it, on the ideal dispatcher's costless
 	// clock otherwise: a reading every 50 ms of running + weight × waiting,
@@ -222,7 +255,7 @@ func frontierPolicies(seats int) []frontierPolicy {
 		for _, w := range []float64{1, 2} {
 			for _, h := range []time.Duration{0, 250 * time.Millisecond, time.Second} {
 				ps = append(ps, frontierPolicy{name: fmt.Sprintf("headroom-r%d-w%g-h%d", r, w, h.Milliseconds()),
-					limit: headroomLike(r, r, w, h, 0), recompute: true, youngest: true})
+					limit: headroomLike(r, r, w, h, 0), recompute: true, youngest: true, blind: true})
 			}
 		}
 	}
@@ -237,12 +270,12 @@ func frontierPolicies(seats int) []frontierPolicy {
 					if !rc {
 						name += "-keep"
 					}
-					ps = append(ps, frontierPolicy{name: name, limit: headroomLike(r, idle, 2, time.Second, thr), recompute: rc, youngest: true})
+					ps = append(ps, frontierPolicy{name: name, limit: headroomLike(r, idle, 2, time.Second, thr), recompute: rc, youngest: true, blind: true})
 				}
 			}
 		}
 	}
-	for _, b := range []int{16, 8} {
+	for _, b := range []int{seats / 2, seats / 4} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phase-i%d-b%d", seats, b), limit: func(bursts [][2]time.Duration) func(time.Duration, poolsim.Others) int {
 			return func(at time.Duration, _ poolsim.Others) int {
 				if poolsim.InBurst(bursts, at) {
@@ -256,66 +289,140 @@ func frontierPolicies(seats int) []frontierPolicy {
 }
 
 func runInteractiveFrontier(_ context.Context, _ options) (figures, error) {
+	pools, err := ipSelectPools()
+	if err != nil {
+		return nil, err
+	}
 	profs, err := ipSelect(ipProfiles())
 	if err != nil {
 		return nil, err
 	}
 	summary := figures{}
-	for _, prof := range profs {
-		f, err := frontierProfile(prof)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", prof.name, err)
-		}
-		for k, v := range f {
-			summary[prof.name+"_"+k] = v
+	for _, pool := range pools {
+		for _, prof := range profs {
+			f, err := frontierFor(pool, prof)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", pool.name(), prof.name, err)
+			}
+			for _, l := range f.lines {
+				fmt.Println(l)
+			}
+			for k, v := range f.summary {
+				summary[pool.name()+"_"+prof.name+"_"+k] = v
+			}
 		}
 	}
+	summary["seeds"] = frontierSeeds
 	return summary, nil
 }
 
-func frontierProfile(prof ipProfile) (figures, error) {
+// frontierGoodputAt is G*(x): the best median goodput of a blind policy
+// whose median p99 ratio is ≤ x (0 when none).
+func (f *frontierRun) goodputAt(x float64) float64 {
+	best := 0.0
+	for _, name := range f.policies {
+		m := f.median[name]
+		if f.blind[name] && m["ttft_p99_ratio"] <= x {
+			best = max(best, m["batch_goodput_share"])
+		}
+	}
+	return best
+}
+
+// p99At is the best median p99 ratio of a blind policy with median goodput
+// ≥ g (-1 when none).
+func (f *frontierRun) p99At(g float64) float64 {
+	best := math.Inf(1)
+	for _, name := range f.policies {
+		m := f.median[name]
+		if f.blind[name] && m["batch_goodput_share"] >= g {
+			best = min(best, m["ttft_p99_ratio"])
+		}
+	}
+	if math.IsInf(best, 1) {
+		return -1
+	}
+	return best
+}
+
+// frontierRun is the frontier of one pool and profile.
+type frontierRun struct {
+	policies []string
+	median   map[string]figures
+	blind    map[string]bool
+	lines    []string
+	summary  figures
+}
+
+var frontierRuns sync.Map // "pool/profile" → *frontierRun
+
+// frontierFor replays every policy on frontierSeeds seeds (side by side on
+// the machine's cores), once per process: interactive-protection reads
+// G*(x) and its arm's replayed twin from the same run.
+func frontierFor(pool ipPool, prof ipProfile) (*frontierRun, error) {
+	key := pool.name() + "/" + prof.name
+	if r, ok := frontierRuns.Load(key); ok {
+		return r.(*frontierRun), nil
+	}
+	type seedRun struct {
+		base  frontierBaseRun
+		lines []frontierResult
+		err   error
+	}
+	runs := make([]seedRun, frontierSeeds)
+	sem := make(chan struct{}, max(1, runtime.GOMAXPROCS(0)))
+	var wg sync.WaitGroup
+	for i := range runs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			runs[i].base, runs[i].lines, runs[i].err = frontierReplays(pool, prof, ipSeed+int64(i))
+		}()
+	}
+	wg.Wait()
 	per := map[string][]figures{}
-	var pols []string
-	out := figures{}
-	for seed := range int64(frontierSeeds) {
-		f, lines, err := frontierReplays(prof, ipSeed+seed)
-		if err != nil {
-			return nil, err
+	run := &frontierRun{median: map[string]figures{}, blind: map[string]bool{}, summary: figures{}}
+	for _, p := range frontierPolicies(pool) {
+		run.policies = append(run.policies, p.name)
+		run.blind[p.name] = p.blind
+	}
+	var floorP99, capy []float64
+	for _, r := range runs {
+		if r.err != nil {
+			return nil, r.err
 		}
-		pols = pols[:0]
-		for _, l := range lines {
+		floorP99 = append(floorP99, r.base.floorP99)
+		capy = append(capy, r.base.capacity)
+		for _, l := range r.lines {
 			per[l.policy] = append(per[l.policy], l.f)
-			pols = append(pols, l.policy)
-		}
-		for k, v := range f {
-			out[k] += v / frontierSeeds
 		}
 	}
-	bestGoodput, bestP99, bestIdle := 0.0, math.Inf(1), math.Inf(1)
-	for _, name := range pols {
-		f := medianFigures(per[name])
-		fmt.Println(frontierLine(prof.name, name, f))
-		if f["ttft_p99_ratio"] <= 1.5 {
-			bestGoodput = max(bestGoodput, f["batch_goodput_share"])
+	run.summary["floor_ttft_p99_ms"] = median(floorP99)
+	run.summary["capacity_tok_s"] = median(capy)
+	for _, name := range run.policies {
+		fs := per[name]
+		m := medianFigures(fs)
+		// the spread over seeds: the 10th and 90th percentiles
+		for _, k := range []string{"ttft_p99_ratio", "batch_goodput_share"} {
+			var xs []float64
+			for _, f := range fs {
+				xs = append(xs, f[k])
+			}
+			m[k+"_p10"] = percentile(slices.Clone(xs), 0.10)
+			m[k+"_p90"] = percentile(xs, 0.90)
 		}
-		if f["batch_goodput_share"] >= 0.80 {
-			bestP99 = min(bestP99, f["ttft_p99_ratio"])
-		}
-		if f["ttft_p99_ratio"] <= 1.5 && f["batch_goodput_share"] >= 0.80 {
-			bestIdle = min(bestIdle, f["ttft_idle_p99_ratio"])
-		}
+		m["blind"] = b2f(run.blind[name])
+		run.median[name] = m
+		run.lines = append(run.lines, frontierLine(pool, prof.name, name, m))
 	}
-	if math.IsInf(bestIdle, 1) {
-		bestIdle = -1
-	}
-	out["idle_p99_when_feasible"] = bestIdle
-	out["best_goodput_at_p99_1_5"] = bestGoodput
-	if math.IsInf(bestP99, 1) {
-		bestP99 = -1
-	}
-	out["best_p99_at_goodput_0_8"] = bestP99
-	out["feasible"] = b2f(bestP99 >= 0 && bestP99 <= 1.5)
-	return out, nil
+	run.summary["best_goodput_at_p99_1_3"] = run.goodputAt(1.3)
+	run.summary["best_goodput_at_p99_1_5"] = run.goodputAt(1.5)
+	run.summary["best_p99_at_goodput_0_8"] = run.p99At(0.80)
+	run.summary["best_p99_at_goodput_0_85"] = run.p99At(0.85)
+	run.summary["engine_max_goodput"] = run.median[frontierEngine]["batch_goodput_share"]
+	frontierRuns.Store(key, run)
+	return run, nil
 }
 
 // frontierResult is one policy's figures in one replay.
@@ -324,74 +431,103 @@ type frontierResult struct {
 	f      figures
 }
 
-// frontierReplays replays the floor, the batch alone and every policy with
-// one seed; it returns the floor's figures (floor_ttft_p99_ms,
-// capacity_tok_s) and each policy's.
-func frontierReplays(prof ipProfile, seed int64) (figures, []frontierResult, error) {
-	base := ipPoolConfig()
-	base.Seed = seed
+// frontierBaseRun is what every policy of one seed is measured against:
+// the floor (the waves alone) and the batch alone.
+type frontierBaseRun struct {
+	cfg              poolsim.Config
+	arrivals         []poolsim.Arrival
+	bursts           [][2]time.Duration
+	end, warmup      time.Duration
+	floorTTFT        []float64
+	floorP50         float64
+	floorP99         float64
+	floorIdleP99     float64
+	capacity         float64 // batch tokens/s, alone
+	reqPerS          float64 // batch requests finished per second, alone
+	service          time.Duration
+	seatShare, slack float64
+}
+
+// frontierBase replays the floor and the batch alone for one seed.
+func frontierBase(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, error) {
+	base := pool.config(seed, false)
+	base.Engine.StepJitter = frontierJitter
 	seats := base.Pods * base.Engine.MaxNumSeqs
-	waves := ipWaves(prof)
-	waves.Cycles, waves.Seed = frontierCycles, uint64(seed)
+	waves := pool.waves(prof, uint64(seed), frontierCycles, false)
 	offsets, bursts := waves.Schedule()
-	end := prof.warmup + time.Duration(frontierCycles)*2*prof.phaseLen()
-	window := (end - prof.warmup).Seconds()
+	end := waves.Length()
+	window := (end - waves.Warmup).Seconds()
 	arrivals := make([]poolsim.Arrival, len(offsets))
 	for i, at := range offsets {
 		arrivals[i] = poolsim.Arrival{At: at, Class: poolsim.ClassInteractive, PromptTokens: ipInteractivePT, MaxTokens: ipInteractiveOut}
 	}
-	backlog := func(limit func(time.Duration, poolsim.Others) int) poolsim.Backlog {
-		return poolsim.Backlog{Limit: limit, PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: end}
-	}
-
+	r := frontierBaseRun{cfg: base, arrivals: arrivals, bursts: bursts, end: end, warmup: waves.Warmup}
 	floor, _, err := poolsim.ReplayBacklog(base, arrivals, poolsim.Backlog{})
 	if err != nil {
-		return nil, nil, err
+		return r, err
 	}
-	floorTTFT := frontierTTFTs(arrivals, floor, bursts, prof.warmup, true)
-	floorP50, floorP99 := percentile(slices.Clone(floorTTFT), 0.50), percentile(slices.Clone(floorTTFT), 0.99)
-	floorIdleP99 := percentile(frontierTTFTs(arrivals, floor, bursts, prof.warmup, false), 0.99)
+	r.floorTTFT = frontierTTFTs(arrivals, floor, bursts, waves.Warmup, true)
+	r.floorP50, r.floorP99 = percentile(slices.Clone(r.floorTTFT), 0.50), percentile(slices.Clone(r.floorTTFT), 0.99)
+	r.floorIdleP99 = percentile(frontierTTFTs(arrivals, floor, bursts, waves.Warmup, false), 0.99)
 	seatS := 0.0
 	for _, tr := range floor {
-		if n := len(tr.Tokens); n > 0 && tr.FirstScheduled >= prof.warmup && tr.Tokens[n-1] <= end {
+		if n := len(tr.Tokens); n > 0 && tr.FirstScheduled >= waves.Warmup && tr.Tokens[n-1] <= end {
 			seatS += (tr.Tokens[n-1] - tr.FirstScheduled).Seconds()
 		}
 	}
-	seatShare := seatS / (float64(seats) * window)
-
-	_, alone, err := poolsim.ReplayBacklog(base, nil, backlog(func(time.Duration, poolsim.Others) int { return frontierBacklog }))
+	r.seatShare = seatS / (float64(seats) * window)
+	backlog := pool.preset.BatchConcurrency
+	_, alone, err := poolsim.ReplayBacklog(base, nil, poolsim.Backlog{Limit: func(time.Duration, poolsim.Others) int { return backlog },
+		PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: end})
 	if err != nil {
-		return nil, nil, err
+		return r, err
 	}
-	capacity := frontierTokens(alone, prof.warmup, end) / window
-	slack := capacity * (1 - seatShare) * window
-	fmt.Fprintf(os.Stderr, "bench: %s %s seed %d: floor ttft p50 %.1f ms p99 %.1f ms over %d burst arrivals; batch capacity %.0f tok/s; interactive seat share %.3f\n",
-		frontierScenario, prof.name, seed, floorP50, floorP99, len(floorTTFT), capacity, seatShare)
+	r.capacity = frontierTokens(alone, waves.Warmup, end) / window
+	var service []float64
+	n := 0
+	for _, b := range alone {
+		if k := len(b.Tokens); b.Done && b.Tokens[k-1] >= waves.Warmup && b.Tokens[k-1] <= end {
+			n++
+			service = append(service, float64(b.Tokens[k-1]-b.Start))
+		}
+	}
+	r.reqPerS = float64(n) / window
+	r.service = time.Duration(median(service))
+	r.slack = r.capacity * (1 - r.seatShare) * window
+	return r, nil
+}
 
-	out := figures{"floor_ttft_p99_ms": floorP99, "capacity_tok_s": capacity}
+// frontierReplays replays the floor, the batch alone and every policy with
+// one seed.
+func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, []frontierResult, error) {
+	b, err := frontierBase(pool, prof, seed)
+	if err != nil {
+		return b, nil, err
+	}
+	fmt.Fprintf(os.Stderr, "bench: %s %s %s seed %d: floor ttft p50 %.1f ms p99 %.1f ms over %d burst arrivals; batch capacity %.0f tok/s; interactive seat share %.3f\n",
+		frontierScenario, pool.name(), prof.name, seed, b.floorP50, b.floorP99, len(b.floorTTFT), b.capacity, b.seatShare)
 	var res []frontierResult
-	for _, pol := range frontierPolicies(seats) {
-		cfg := base
-		if pol.oracle {
+	for _, pol := range frontierPolicies(pool) {
+		cfg := b.cfg
+		if pol.engine {
 			cfg.Engine.Policy, cfg.Engine.SeatPreempt, cfg.Engine.PreemptKeep = poolsim.PolicyPriority, true, true
 		}
-		limit := pol.limit(bursts)
-		bl := backlog(limit)
-		bl.Recompute, bl.ParkYoungest = pol.recompute, pol.youngest
-		traces, batch, err := poolsim.ReplayBacklog(cfg, arrivals, bl)
+		bl := poolsim.Backlog{Limit: pol.limit(b.bursts), PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
+			Recompute: pol.recompute, ParkYoungest: pol.youngest}
+		traces, batch, err := poolsim.ReplayBacklog(cfg, b.arrivals, bl)
 		if err != nil {
-			return nil, nil, fmt.Errorf("policy %s: %w", pol.name, err)
+			return b, nil, fmt.Errorf("policy %s: %w", pol.name, err)
 		}
-		ttft := frontierTTFTs(arrivals, traces, bursts, prof.warmup, true)
+		ttft := frontierTTFTs(b.arrivals, traces, b.bursts, b.warmup, true)
 		res = append(res, frontierResult{pol.name, figures{
-			"ttft_p50_ratio": percentile(slices.Clone(ttft), 0.50) / floorP50,
-			"ttft_p99_ratio": percentile(slices.Clone(ttft), 0.99) / floorP99,
+			"ttft_p50_ratio": percentile(slices.Clone(ttft), 0.50) / b.floorP50,
+			"ttft_p99_ratio": percentile(slices.Clone(ttft), 0.99) / b.floorP99,
 			// the idle phases' arrivals, which the bar does not judge
-			"ttft_idle_p99_ratio": percentile(frontierTTFTs(arrivals, traces, bursts, prof.warmup, false), 0.99) / floorIdleP99,
-			"batch_goodput_share": frontierTokens(batch, prof.warmup, end) / slack,
+			"ttft_idle_p99_ratio": percentile(frontierTTFTs(b.arrivals, traces, b.bursts, b.warmup, false), 0.99) / b.floorIdleP99,
+			"batch_goodput_share": frontierTokens(batch, b.warmup, b.end) / b.slack,
 		}})
 	}
-	return out, res, nil
+	return b, res, nil
 }
 
 // frontierTTFTs are the TTFTs (ms) of the arrivals after the warm-up in
@@ -418,23 +554,28 @@ func frontierTokens(batch []poolsim.BatchTrace, from, to time.Duration) float64 
 	return float64(n)
 }
 
-func frontierLine(profile, policy string, f figures) string {
+func frontierLine(pool ipPool, profile, policy string, f figures) string {
 	line := format(frontierScenario, f)
-	return "BENCH " + frontierScenario + " profile=" + profile + " policy=" + policy + line[len("BENCH "+frontierScenario):]
+	return fmt.Sprintf("BENCH %s preset=%s seeds=%d profile=%s policy=%s%s", frontierScenario, pool.name(), frontierSeeds, profile, policy,
+		line[len("BENCH "+frontierScenario):])
 }
 
-// frontierTargets: the frontier is reported, not held to a bar; it says
-// whether interactive-protection's bar is reachable on the model at all.
+// frontierTargets: the frontier is reported, not held to a bar; it sets
+// the bar interactive-protection's recommended arm is held to on each
+// pool (G*(x), from the blind policies).
 func frontierTargets() []target {
 	var ts []target
-	for _, prof := range ipProfiles() {
-		k := prof.name + "_"
-		ts = append(ts,
-			reportedOnly(k+"feasible", "1 when an ideal dispatcher meets issue 28's bar (p99 ≤ 1.5× with goodput ≥ 0.80) on the pool model"),
-			reportedOnly(k+"best_goodput_at_p99_1_5", "the best goodput of an ideal dispatcher that keeps p99 ≤ 1.5×"),
-			reportedOnly(k+"best_p99_at_goodput_0_8", "the best p99 ratio of an ideal dispatcher with goodput ≥ 0.80 (-1: none)"),
-			reportedOnly(k+"idle_p99_when_feasible", "the lowest idle-phase p99 ratio of the ideal dispatchers that meet the bar, which judges burst phases only (-1: none meets it)"),
-		)
+	for _, pool := range ipPools() {
+		for _, prof := range ipProfiles() {
+			k := pool.name() + "_" + prof.name + "_"
+			ts = append(ts,
+				reportedOnly(k+"best_goodput_at_p99_1_3", "G*(1.3): the best median goodput of a schedule-blind ideal policy whose median p99 ratio is ≤ 1.3"),
+				reportedOnly(k+"best_goodput_at_p99_1_5", "G*(1.5): the same at p99 ≤ 1.5"),
+				reportedOnly(k+"best_p99_at_goodput_0_8", "the best median p99 ratio of a schedule-blind ideal policy with goodput ≥ 0.80 (-1: none)"),
+				reportedOnly(k+"best_p99_at_goodput_0_85", "the same at goodput ≥ 0.85 (-1: none)"),
+				reportedOnly(k+"engine_max_goodput", "the max-goodput engine point's goodput (the engine preempting for every arrival, the victim keeping its tokens): not a bound"),
+			)
+		}
 	}
 	return ts
 }
