@@ -80,24 +80,24 @@ import (
 // ttft_p99_ratio ≤ 2.
 
 const (
-	ipScenario         = "interactive-protection"
-	ipBurstRate        = 10.0            // interactive requests/s in a burst
-	ipIdleRate         = 1.0             // interactive requests/s between bursts
-	ipPhase            = 5 * time.Second // a profile's default phase length
-	ipCycles           = 3
-	ipInteractivePT    = 256
-	ipInteractiveOut   = 64
-	ipCalibration      = 12 * time.Second
-	ipSeed             = 20261201
-	ipQueue            = "llm-d-async:requests:interactive-protection"
-	ipResults          = "llm-d-async:results:interactive-protection"
-	ipSampleEvery      = 50 * time.Millisecond
-	ipInteractiveObj   = "interactive-default"
-	ipBatchObj         = "batch-sheddable"
-	ipRecommendedArm   = "headroom-resume-w2-t3"
-	ipUpstreamArm      = "endpoint-scrape-upstream"
-	ipRouterArm        = "router-flow-control"
-	ipAIMDArm          = "aimd-tuned"
+	ipScenario       = "interactive-protection"
+	ipBurstRate      = 10.0            // interactive requests/s in a burst
+	ipIdleRate       = 1.0             // interactive requests/s between bursts
+	ipPhase          = 5 * time.Second // a profile's default phase length
+	ipCycles         = 3
+	ipInteractivePT  = 256
+	ipInteractiveOut = 64
+	ipCalibration    = 12 * time.Second
+	ipSeed           = 20261201
+	ipQueue          = "llm-d-async:requests:interactive-protection"
+	ipResults        = "llm-d-async:results:interactive-protection"
+	ipSampleEvery    = 50 * time.Millisecond
+	ipInteractiveObj = "interactive-default"
+	ipBatchObj       = "batch-sheddable"
+	ipRecommendedArm = "headroom-resume-w2-t3"
+	ipUpstreamArm    = "endpoint-scrape-upstream"
+	ipRouterArm      = "router-flow-control"
+	ipAIMDArm        = "aimd-tuned"
 	// ipRecReps and ipOtherReps are the default repetitions of the floor
 	// and the recommended arm (their p99 is pooled over every repetition's
 	// burst arrivals) and of every other arm.
