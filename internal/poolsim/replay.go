@@ -144,8 +144,8 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 	route := func() int {
 		f := p.front
 		for j, d := range p.pods {
-			g := d.gaugesLocked()
-			f.snaps[j] = snap{at: now, running: g.Running, waiting: g.Waiting, kv: g.KVUsage}
+			// the gauges routing reads, without the per-class counts
+			f.snaps[j] = snap{at: now, running: len(d.eng.running), waiting: d.eng.waiting.len(), kv: d.eng.usage()}
 			f.sinceRead[j] = 0
 		}
 		return f.routeLocked(now)
@@ -160,7 +160,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			req.enginePriority = *prio
 		}
 		return &seq{id: req.id, class: class, priority: req.enginePriority, arrival: now, prompt: prompt,
-			maxTokens: maxTokens, heapIndex: -1, req: req, tokenTimes: []time.Time{}}
+			maxTokens: maxTokens, heapIndex: -1, req: req, tokenTimes: make([]time.Time, 0, maxTokens)}
 	}
 
 	// The backlog: its requests in the pool (youngest last), parked ones

@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -284,6 +285,17 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 				return seats
 			}
 		}})
+	}
+	if perPod > 64 {
+		// Pods with many seats: a reserve of a few seats changes nothing
+		// there (the batch hurts through the steps), so the seat-reserve
+		// variants collapse onto the uncapped batch; keep one of each
+		// family, the twin, and the caps, which are what differ.
+		keep := map[string]bool{frontierEngine: true, "reactive-r0": true, "reactive-r4-read50ms": true, "nogrow-r2": true,
+			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
+		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
+			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-")
+		})
 	}
 	return ps
 }
