@@ -5,62 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/mattn/go-isatty"
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
-	"github.com/openai/openai-go/v3/shared"
 	"github.com/spf13/cobra"
 )
 
 // defaultBatchAPI is where `sluice batch` looks for the Batch API: the
 // batch_api section's default listen address.
 const defaultBatchAPI = "http://127.0.0.1:8090"
-
-// batchClient is the official OpenAI client pointed at a sluice Batch API.
-type batchClient struct {
-	api    string // the base URL, as given
-	client openai.Client
-}
-
-func newBatchClient(api string) (*batchClient, error) {
-	api = strings.TrimRight(strings.TrimSpace(api), "/")
-	if !strings.HasPrefix(api, "http://") && !strings.HasPrefix(api, "https://") {
-		return nil, fmt.Errorf("--api %q: want an http(s) URL such as %s", api, defaultBatchAPI)
-	}
-	base := strings.TrimSuffix(api, "/v1") + "/v1/"
-	key := os.Getenv("OPENAI_API_KEY")
-	if key == "" {
-		key = "unused" // sluice's Batch API takes no key; the client wants one
-	}
-	return &batchClient{api: api, client: openai.NewClient(option.WithBaseURL(base), option.WithAPIKey(key), option.WithMaxRetries(1))}, nil
-}
-
-// explain turns a client error into one line: the API's own message, or,
-// when nothing answered as a Batch API, where the user should look.
-func (c *batchClient) explain(what string, err error) error {
-	var apiErr *openai.Error
-	if errors.As(err, &apiErr) {
-		if apiErr.StatusCode == http.StatusNotFound && apiErr.Message == "" {
-			return fmt.Errorf("no Batch API at %s (%s answered 404): is `sluice serve` running with batch_api enabled?", c.api, what)
-		}
-		msg := apiErr.Message
-		if msg == "" {
-			msg = http.StatusText(apiErr.StatusCode)
-		}
-		return fmt.Errorf("%s: %d %s", what, apiErr.StatusCode, msg)
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return fmt.Errorf("no Batch API at %s: is `sluice serve` running with batch_api enabled? (%s: %v)", c.api, what, err)
-}
 
 // submitOptions are `sluice batch submit`'s flags.
 type submitOptions struct {
@@ -78,7 +37,7 @@ func newBatchCmd() *cobra.Command {
 		Use:   "batch",
 		Short: "Submit, watch, cancel and download OpenAI batches on a running Batch API",
 		Long: `Talk to the OpenAI Batch API that "sluice serve" serves when its batch_api
-section is enabled (docs/batch.md), with OpenAI's own Go client. --api is its
+section is enabled (docs/batch.md), or any OpenAI Batch API. --api is its
 base URL (default ` + defaultBatchAPI + `, batch_api.listen's default).
 
 "sluice batch demo" needs no server: it starts an embedded sluice with the
@@ -165,21 +124,16 @@ func parseMetadata(pairs []string) (map[string]string, error) {
 }
 
 // submit uploads path and creates a batch of it.
-func (c *batchClient) submit(ctx context.Context, path, endpoint, window string, meta map[string]string) (*openai.Batch, error) {
-	f, err := os.Open(path)
+func (c *batchClient) submit(ctx context.Context, path, endpoint, window string, meta map[string]string) (*batchObject, error) {
+	fileID, err := c.uploadFile(ctx, path)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	up, err := c.client.Files.New(ctx, openai.FileNewParams{File: openai.File(f, filepath.Base(path), "application/jsonl"), Purpose: openai.FilePurposeBatch})
-	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return nil, err
+		}
 		return nil, c.explain("upload "+path, err)
 	}
-	p := openai.BatchNewParams{InputFileID: up.ID, Endpoint: openai.BatchNewParamsEndpoint(endpoint), CompletionWindow: openai.BatchNewParamsCompletionWindow(window)}
-	if meta != nil {
-		p.Metadata = shared.Metadata(meta)
-	}
-	b, err := c.client.Batches.New(ctx, p)
+	b, err := c.createBatch(ctx, fileID, endpoint, window, meta)
 	if err != nil {
 		return nil, c.explain("create batch", err)
 	}
@@ -187,9 +141,9 @@ func (c *batchClient) submit(ctx context.Context, path, endpoint, window string,
 }
 
 // finalStatus reports whether a batch with status s has ended.
-func finalStatus(s openai.BatchStatus) bool {
+func finalStatus(s string) bool {
 	switch s {
-	case openai.BatchStatusCompleted, openai.BatchStatusFailed, openai.BatchStatusExpired, openai.BatchStatusCancelled:
+	case batchCompleted, batchFailed, batchExpired, batchCancelled:
 		return true
 	}
 	return false
@@ -198,7 +152,7 @@ func finalStatus(s openai.BatchStatus) bool {
 // waitAndDownload polls b until it ends, showing its progress on errw,
 // downloads its files into dir, prints their paths on out, and returns an
 // error unless it completed.
-func (c *batchClient) waitAndDownload(ctx context.Context, b *openai.Batch, dir string, interval time.Duration, out, errw io.Writer) error {
+func (c *batchClient) waitAndDownload(ctx context.Context, b *batchObject, dir string, interval time.Duration, out, errw io.Writer) error {
 	pr := newProgress(errw)
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -210,7 +164,7 @@ func (c *batchClient) waitAndDownload(ctx context.Context, b *openai.Batch, dir 
 			return fmt.Errorf("stopped waiting for %s (%s): %w; it goes on, see `sluice batch status %s`", b.ID, b.Status, ctx.Err(), b.ID)
 		case <-t.C:
 		}
-		nb, err := c.client.Batches.Get(ctx, b.ID)
+		nb, err := c.getBatch(ctx, b.ID)
 		if err != nil {
 			pr.done()
 			return c.explain("get batch "+b.ID, err)
@@ -226,12 +180,12 @@ func (c *batchClient) waitAndDownload(ctx context.Context, b *openai.Batch, dir 
 }
 
 // batchOutcome is nil for a completed batch and says why otherwise.
-func batchOutcome(b *openai.Batch) error {
+func batchOutcome(b *batchObject) error {
 	rc := b.RequestCounts
 	switch b.Status {
-	case openai.BatchStatusCompleted:
+	case batchCompleted:
 		return nil
-	case openai.BatchStatusFailed:
+	case batchFailed:
 		var why []string
 		for i, e := range b.Errors.Data {
 			if i == 5 {
@@ -248,9 +202,9 @@ func batchOutcome(b *openai.Batch) error {
 			return fmt.Errorf("batch %s failed", b.ID)
 		}
 		return fmt.Errorf("batch %s failed:\n  %s", b.ID, strings.Join(why, "\n  "))
-	case openai.BatchStatusExpired:
+	case batchExpired:
 		return fmt.Errorf("batch %s expired: %d of %d requests answered in its %s window (the partial output is downloaded)", b.ID, rc.Completed, rc.Total, b.CompletionWindow)
-	case openai.BatchStatusCancelled:
+	case batchCancelled:
 		return fmt.Errorf("batch %s was cancelled: %d of %d requests answered (the partial output is downloaded)", b.ID, rc.Completed, rc.Total)
 	}
 	return fmt.Errorf("batch %s is %s", b.ID, b.Status)
@@ -258,7 +212,7 @@ func batchOutcome(b *openai.Batch) error {
 
 // download writes b's output and error files into dir as
 // <batch id>_output.jsonl and <batch id>_error.jsonl and prints their paths.
-func (c *batchClient) download(ctx context.Context, b *openai.Batch, dir string, out io.Writer) error {
+func (c *batchClient) download(ctx context.Context, b *batchObject, dir string, out io.Writer) error {
 	if !finalStatus(b.Status) && b.OutputFileID == "" && b.ErrorFileID == "" {
 		return fmt.Errorf("batch %s is %s: no output yet (`sluice batch submit --wait` waits for it)", b.ID, b.Status)
 	}
@@ -286,17 +240,17 @@ func (c *batchClient) download(ctx context.Context, b *openai.Batch, dir string,
 // fetch writes the content of file id to path (through a temporary file,
 // so no half file is left under path) and returns its line count.
 func (c *batchClient) fetch(ctx context.Context, id, path string) (int, error) {
-	resp, err := c.client.Files.Content(ctx, id)
+	body, err := c.fileContent(ctx, id)
 	if err != nil {
 		return 0, c.explain("download "+id, err)
 	}
-	defer resp.Body.Close()
+	defer body.Close()
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
 		return 0, err
 	}
 	lc := &lineCounter{w: tmp}
-	_, err = io.Copy(lc, resp.Body)
+	_, err = io.Copy(lc, body)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -346,15 +300,15 @@ func newProgress(w io.Writer) *progress {
 	return &progress{w: w, tty: ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))}
 }
 
-func (p *progress) show(b *openai.Batch) {
+func (p *progress) show(b *batchObject) {
 	rc := b.RequestCounts
 	answered := rc.Completed + rc.Failed
 	now := time.Now()
-	if b.Status == openai.BatchStatusInProgress && p.start.IsZero() {
+	if b.Status == batchInProgress && p.start.IsZero() {
 		p.start, p.done0 = now, answered
 	}
 	eta := ""
-	if b.Status == openai.BatchStatusInProgress && rc.Total > 0 {
+	if b.Status == batchInProgress && rc.Total > 0 {
 		eta = "ETA ?"
 		if el := now.Sub(p.start); answered > p.done0 && el > 0 {
 			rate := float64(answered-p.done0) / el.Seconds()
@@ -382,7 +336,7 @@ func (p *progress) show(b *openai.Batch) {
 		p.drawn = true
 		return
 	}
-	key := string(b.Status)
+	key := b.Status
 	if key == p.last && now.Sub(p.lastLine) < plainEvery {
 		return
 	}
@@ -413,12 +367,12 @@ func newBatchStatus(client func() (*batchClient, error)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := c.client.Batches.Get(cmd.Context(), args[0])
+			b, err := c.getBatch(cmd.Context(), args[0])
 			if err != nil {
 				return c.explain("get batch "+args[0], err)
 			}
 			if asJSON {
-				fmt.Fprintln(cmd.OutOrStdout(), b.RawJSON())
+				fmt.Fprintln(cmd.OutOrStdout(), string(b.raw))
 				return nil
 			}
 			printBatch(cmd.OutOrStdout(), b)
@@ -430,7 +384,7 @@ func newBatchStatus(client func() (*batchClient, error)) *cobra.Command {
 }
 
 // printBatch writes b for a reader, one field a line.
-func printBatch(w io.Writer, b *openai.Batch) {
+func printBatch(w io.Writer, b *batchObject) {
 	rc := b.RequestCounts
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "id\t%s\n", b.ID)
@@ -458,8 +412,8 @@ func printBatch(w io.Writer, b *openai.Batch) {
 	stamp("cancelled", b.CancelledAt)
 	stamp("expired", b.ExpiredAt)
 	stamp("expires", b.ExpiresAt)
-	for k, v := range b.Metadata {
-		fmt.Fprintf(tw, "metadata\t%s=%s\n", k, v)
+	for _, k := range slices.Sorted(maps.Keys(b.Metadata)) {
+		fmt.Fprintf(tw, "metadata\t%s=%s\n", k, b.Metadata[k])
 	}
 	for _, e := range b.Errors.Data {
 		fmt.Fprintf(tw, "error\tline %d: %s: %s\n", e.Line, e.Code, e.Message)
@@ -477,7 +431,7 @@ func newBatchCancel(client func() (*batchClient, error)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := c.client.Batches.Cancel(cmd.Context(), args[0])
+			b, err := c.cancelBatch(cmd.Context(), args[0])
 			if err != nil {
 				return c.explain("cancel batch "+args[0], err)
 			}
@@ -502,7 +456,7 @@ func newBatchDownload(client func() (*batchClient, error)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			b, err := c.client.Batches.Get(cmd.Context(), args[0])
+			b, err := c.getBatch(cmd.Context(), args[0])
 			if err != nil {
 				return c.explain("get batch "+args[0], err)
 			}
@@ -527,13 +481,13 @@ func newBatchList(client func() (*batchClient, error)) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			page, err := c.client.Batches.List(cmd.Context(), openai.BatchListParams{Limit: openai.Int(limit)})
+			batches, err := c.listBatches(cmd.Context(), limit)
 			if err != nil {
 				return c.explain("list batches", err)
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATUS\tDONE/TOTAL\tFAILED\tCREATED\tENDPOINT")
-			for _, b := range page.Data {
+			for _, b := range batches {
 				rc := b.RequestCounts
 				fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%s\t%s\n", b.ID, b.Status, rc.Completed+rc.Failed, rc.Total, rc.Failed,
 					time.Unix(b.CreatedAt, 0).UTC().Format(time.RFC3339), b.Endpoint)

@@ -24,6 +24,43 @@ var forbiddenInBinary = []string{
 	"/sluice/tools/",
 }
 
+// heavyInBinary are libraries the binary must not link, by import path
+// prefix, with what to use instead: each cost megabytes of a release
+// build that bench's binary scenario holds to 40 MiB (issue 43).
+var heavyInBinary = map[string]string{
+	"github.com/openai/openai-go": "cmd/sluice/batchclient.go's plain HTTP (about 20 MB)",
+	"cloud.google.com/go/storage": "front/filestore/gcs's JSON API client (about 18 MB with gRPC xDS)",
+	"google.golang.org/grpc/xds":  "nothing: only cloud.google.com/go/storage pulled it in",
+	"github.com/envoyproxy/":      "nothing: only gRPC xDS pulled it in",
+}
+
+// The sluice binary links none of heavyInBinary: each path through which
+// it would is printed.
+func TestBinaryLinksNoHeavyClient(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	n := 0
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		n++
+		for _, imp := range f[1:] {
+			for heavy, instead := range heavyInBinary {
+				if strings.HasPrefix(imp, heavy) && !strings.HasPrefix(f[0], heavy) {
+					t.Errorf("%s imports %s; use %s", f[0], imp, instead)
+				}
+			}
+		}
+	}
+	if n < 50 {
+		t.Fatalf("go list -deps listed %d packages: not the binary's graph", n)
+	}
+}
+
 // The sluice binary links no test rig and not the testing package: every
 // path through which it would is printed.
 func TestBinaryLinksNoTestRig(t *testing.T) {

@@ -7,7 +7,7 @@
 // Backends live in one package each: filestore/disk (the default: a
 // directory, written through a temporary file and renamed, so a crash
 // leaves no half file under a final id), filestore/s3 (any S3-compatible
-// store, aws-sdk-go-v2) and filestore/gcs (cloud.google.com/go/storage). The
+// store) and filestore/gcs (Google Cloud Storage's JSON API). The
 // conformance suite in filestore/filestoretest runs against each.
 package filestore
 
