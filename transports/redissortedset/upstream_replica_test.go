@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
 	"net/http"
@@ -409,7 +410,12 @@ type gateway struct {
 	mu    sync.Mutex
 	calls map[string]int
 	order []string
-	delay time.Duration
+	// started is when each call of order started.
+	started []time.Time
+	delay   time.Duration
+	// spread, when set, makes each id's call last delay ± spread (a fixed
+	// draw per id), so that calls end at different times.
+	spread time.Duration
 	// fail answers that many first calls of an id with 503.
 	fail map[string]int
 	srv  *httptest.Server
@@ -424,8 +430,8 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 		}
 		_ = json.Unmarshal(body, &p)
 		g.dispatch(p.Prompt, body)
-		if g.delay > 0 {
-			time.Sleep(g.delay)
+		if d := g.delayOf(p.Prompt); d > 0 {
+			time.Sleep(d)
 		}
 		g.mu.Lock()
 		failing := g.fail[p.Prompt] > 0
@@ -444,10 +450,24 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 	return g
 }
 
+// delayOf is how long the call of id lasts.
+func (g *gateway) delayOf(id string) time.Duration {
+	g.mu.Lock()
+	d, s := g.delay, g.spread
+	g.mu.Unlock()
+	if s <= 0 {
+		return d
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	return d - s + time.Duration(h.Sum64()%uint64(2*s))
+}
+
 func (g *gateway) dispatch(id string, _ json.RawMessage) {
 	g.mu.Lock()
 	g.calls[id]++
 	g.order = append(g.order, id)
+	g.started = append(g.started, time.Now())
 	g.mu.Unlock()
 }
 
@@ -459,6 +479,19 @@ func (g *gateway) counts() (map[string]int, []string) {
 		c[k] = v
 	}
 	return c, append([]string(nil), g.order...)
+}
+
+// startedAfter returns the ids whose calls started after t, in order.
+func (g *gateway) startedAfter(t time.Time) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for i, at := range g.started {
+		if at.After(t) {
+			out = append(out, g.order[i])
+		}
+	}
+	return out
 }
 
 func payloadFor(id string) string { return `{"model":"m","prompt":"` + id + `"}` }
