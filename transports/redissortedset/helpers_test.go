@@ -48,6 +48,9 @@ type fixture struct {
 	redisURL, redisMode string
 	// log receives the apps' logs (nil: discarded).
 	log *slog.Logger
+	// tune, when set, changes the deployment's configuration before its
+	// app starts (runAppOn).
+	tune func(*config.Config)
 }
 
 func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
@@ -138,6 +141,9 @@ func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string,
 		RedisURL:     f.redisURL,
 		RedisMode:    f.redisMode,
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
+	}
+	if f.tune != nil {
+		f.tune(cfg)
 	}
 	ad := app.NewAdapters()
 	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {

@@ -416,13 +416,17 @@ type gateway struct {
 	// spread, when set, makes each id's call last delay ± spread (a fixed
 	// draw per id), so that calls end at different times.
 	spread time.Duration
+	// delays overrides the call's duration of an id.
+	delays map[string]time.Duration
+	// paths is the path of each id's last call.
+	paths map[string]string
 	// fail answers that many first calls of an id with 503.
 	fail map[string]int
 	srv  *httptest.Server
 }
 
 func newGateway(t *testing.T, delay time.Duration) *gateway {
-	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}}
+	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}, delays: map[string]time.Duration{}, paths: map[string]string{}}
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
@@ -430,8 +434,14 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 		}
 		_ = json.Unmarshal(body, &p)
 		g.dispatch(p.Prompt, body)
+		g.mu.Lock()
+		g.paths[p.Prompt] = r.URL.Path
+		g.mu.Unlock()
 		if d := g.delayOf(p.Prompt); d > 0 {
-			time.Sleep(d)
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done(): // the caller gave up (an aborted call)
+			}
 		}
 		g.mu.Lock()
 		failing := g.fail[p.Prompt] > 0
@@ -454,7 +464,11 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 func (g *gateway) delayOf(id string) time.Duration {
 	g.mu.Lock()
 	d, s := g.delay, g.spread
+	o, ok := g.delays[id]
 	g.mu.Unlock()
+	if ok {
+		return o
+	}
 	if s <= 0 {
 		return d
 	}
