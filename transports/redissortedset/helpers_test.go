@@ -51,6 +51,8 @@ type fixture struct {
 	// tune, when set, changes the deployment's configuration before its
 	// app starts (runAppOn).
 	tune func(*config.Config)
+	// app is the deployment runAppOn started last.
+	app *app.App
 }
 
 func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
@@ -153,6 +155,7 @@ func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string,
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.app = a
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

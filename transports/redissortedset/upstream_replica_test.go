@@ -104,6 +104,8 @@ type upProducer struct {
 	results     string
 	payloadKeys bool
 	cluster     bool // mode cluster: enqueueCluster's writes
+	// endpoint is data.endpoint (the batch-gateway writes its line's URL).
+	endpoint string
 }
 
 // upInternal is upstream's api.InternalRouting after #463/#458, in its
@@ -125,6 +127,7 @@ type upData struct {
 	Created  int64           `json:"created"`
 	Deadline int64           `json:"deadline"`
 	Payload  json.RawMessage `json:"payload"`
+	Endpoint string          `json:"endpoint,omitempty"`
 }
 
 type upEnvelope struct {
@@ -181,7 +184,7 @@ func (p upProducer) submitErr(ctx context.Context, id string, dl int64, payload 
 	env := upEnvelope{
 		Internal:    upInternal{RequestToken: token, RequestQueueName: p.queue, ResultQueueName: p.results, EnqueueSeq: -1},
 		RequestKind: "plain",
-		Data:        upData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payload)},
+		Data:        upData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payload), Endpoint: p.endpoint},
 	}
 	seqKey := fmt.Sprintf("request-seq:%s:%d", p.queue, dl)
 	if p.cluster {
