@@ -431,6 +431,9 @@ type gateway struct {
 func newGateway(t *testing.T, delay time.Duration) *gateway {
 	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}, delays: map[string]time.Duration{}, paths: map[string]string{}}
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost { // a client's connection probe (OPTIONS *), not a dispatch
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
 			Prompt string `json:"prompt"`
