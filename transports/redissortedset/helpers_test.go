@@ -48,6 +48,11 @@ type fixture struct {
 	redisURL, redisMode string
 	// log receives the apps' logs (nil: discarded).
 	log *slog.Logger
+	// tune, when set, changes the deployment's configuration before its
+	// app starts (runAppOn).
+	tune func(*config.Config)
+	// app is the deployment runAppOn started last.
+	app *app.App
 }
 
 func newFixture(t *testing.T, simCfg simulator.Config) *fixture {
@@ -139,6 +144,9 @@ func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string,
 		RedisMode:    f.redisMode,
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
 	}
+	if f.tune != nil {
+		f.tune(cfg)
+	}
 	ad := app.NewAdapters()
 	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
 		f.t.Fatal(err)
@@ -147,6 +155,7 @@ func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string,
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.app = a
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

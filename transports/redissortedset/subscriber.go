@@ -97,11 +97,12 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 	prev := qs.lastCall
 	qs.lastCall = ks[6]
 	qs.mu.Unlock()
-	at := time.Now() // before the claim: an answer it reads is at least this fresh
+	sent := time.Now() // the markers the claim reads are read after this
 	raw, err := keys.Claim.Run(ctx, t.client, ks, n, t.opts.LeaseMS, prefix, qs.k.JobPrefix, prev).Slice()
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claim from %s: %w", qs.k.Name, err)
 	}
+	answered := time.Now()
 	const f = keys.ClaimReplyFields
 	if len(raw) < 3 || (len(raw)-3)%f != 0 {
 		return claimResult{}, fmt.Errorf("claim from %s: unexpected reply of %d elements", qs.k.Name, len(raw))
@@ -127,7 +128,7 @@ func (t *Transport) claim(ctx context.Context, qs *queueState, n int) (claimResu
 		c.capMS, _ = raw[i+5].(int64) // the heartbeat keeps the lease within deadline + 5 min
 		if cm, _ := raw[i+6].(int64); cm != keys.CancelUnread {
 			if id, token, ok := strings.Cut(c.claim, "\x00"); ok {
-				t.upCancel.Claimed(id, token, cm == keys.CancelSet, at)
+				t.upCancel.Claimed(id, token, cm == keys.CancelSet, sent, answered)
 			}
 		}
 		res.items = append(res.items, c)

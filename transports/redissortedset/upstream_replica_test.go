@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
 	"net/http"
@@ -103,6 +104,8 @@ type upProducer struct {
 	results     string
 	payloadKeys bool
 	cluster     bool // mode cluster: enqueueCluster's writes
+	// endpoint is data.endpoint (the batch-gateway writes its line's URL).
+	endpoint string
 }
 
 // upInternal is upstream's api.InternalRouting after #463/#458, in its
@@ -124,6 +127,7 @@ type upData struct {
 	Created  int64           `json:"created"`
 	Deadline int64           `json:"deadline"`
 	Payload  json.RawMessage `json:"payload"`
+	Endpoint string          `json:"endpoint,omitempty"`
 }
 
 type upEnvelope struct {
@@ -180,7 +184,7 @@ func (p upProducer) submitErr(ctx context.Context, id string, dl int64, payload 
 	env := upEnvelope{
 		Internal:    upInternal{RequestToken: token, RequestQueueName: p.queue, ResultQueueName: p.results, EnqueueSeq: -1},
 		RequestKind: "plain",
-		Data:        upData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payload)},
+		Data:        upData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payload), Endpoint: p.endpoint},
 	}
 	seqKey := fmt.Sprintf("request-seq:%s:%d", p.queue, dl)
 	if p.cluster {
@@ -409,23 +413,41 @@ type gateway struct {
 	mu    sync.Mutex
 	calls map[string]int
 	order []string
-	delay time.Duration
+	// started is when each call of order started.
+	started []time.Time
+	delay   time.Duration
+	// spread, when set, makes each id's call last delay ± spread (a fixed
+	// draw per id), so that calls end at different times.
+	spread time.Duration
+	// delays overrides the call's duration of an id.
+	delays map[string]time.Duration
+	// paths is the path of each id's last call.
+	paths map[string]string
 	// fail answers that many first calls of an id with 503.
 	fail map[string]int
 	srv  *httptest.Server
 }
 
 func newGateway(t *testing.T, delay time.Duration) *gateway {
-	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}}
+	g := &gateway{calls: map[string]int{}, delay: delay, fail: map[string]int{}, delays: map[string]time.Duration{}, paths: map[string]string{}}
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost { // a client's connection probe (OPTIONS *), not a dispatch
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		var p struct {
 			Prompt string `json:"prompt"`
 		}
 		_ = json.Unmarshal(body, &p)
 		g.dispatch(p.Prompt, body)
-		if g.delay > 0 {
-			time.Sleep(g.delay)
+		g.mu.Lock()
+		g.paths[p.Prompt] = r.URL.Path
+		g.mu.Unlock()
+		if d := g.delayOf(p.Prompt); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done(): // the caller gave up (an aborted call)
+			}
 		}
 		g.mu.Lock()
 		failing := g.fail[p.Prompt] > 0
@@ -444,10 +466,28 @@ func newGateway(t *testing.T, delay time.Duration) *gateway {
 	return g
 }
 
+// delayOf is how long the call of id lasts.
+func (g *gateway) delayOf(id string) time.Duration {
+	g.mu.Lock()
+	d, s := g.delay, g.spread
+	o, ok := g.delays[id]
+	g.mu.Unlock()
+	if ok {
+		return o
+	}
+	if s <= 0 {
+		return d
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(id))
+	return d - s + time.Duration(h.Sum64()%uint64(2*s))
+}
+
 func (g *gateway) dispatch(id string, _ json.RawMessage) {
 	g.mu.Lock()
 	g.calls[id]++
 	g.order = append(g.order, id)
+	g.started = append(g.started, time.Now())
 	g.mu.Unlock()
 }
 
@@ -459,6 +499,19 @@ func (g *gateway) counts() (map[string]int, []string) {
 		c[k] = v
 	}
 	return c, append([]string(nil), g.order...)
+}
+
+// startedAfter returns the ids whose calls started after t, in order.
+func (g *gateway) startedAfter(t time.Time) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for i, at := range g.started {
+		if at.After(t) {
+			out = append(out, g.order[i])
+		}
+	}
+	return out
 }
 
 func payloadFor(id string) string { return `{"model":"m","prompt":"` + id + `"}` }

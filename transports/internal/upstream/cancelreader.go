@@ -33,11 +33,13 @@ const maxCancelBatch = 256
 //
 // A transport whose claim reads the markers itself (the sorted set's claim
 // script on a single node) records each answer with Claimed; the first
-// check of that request within ClaimedFresh of the claim takes it instead
-// of a round trip. That is upstream's own cadence: it reads the marker at
-// dequeue and throttles its later checks to one a second; a cancellation
-// written between the claim and the dispatch is found by the in-flight
-// poll (the core asks again every second while the call runs).
+// check of that request taken within one claim round trip of the claim's
+// answer takes it instead of a round trip of its own. A check later than
+// that reads the marker again: a request claimed ahead of its credit
+// (prefetch) waits up to a second before its dispatch, and a cancel (or an
+// un-cancel, which deletes the marker) written meanwhile must decide it.
+// So what decides a dispatch is never older than the check made just
+// before it, give or take one round trip, as a lone GET would be.
 type CancelReader struct {
 	c redis.Cmdable
 	// mget: c is one node (not a Cluster client), so a batch is one MGET,
@@ -51,22 +53,24 @@ type CancelReader struct {
 	claims claimAnswers
 }
 
-// ClaimedFresh is how long the answer a claim read stands in for a check
-// (upstream's throttle of its per-request checks).
-const ClaimedFresh = time.Second
+// claimedKeep is how long an answer no check took is kept: a turn of the
+// generations (claimAnswers) drops what two turns left untaken.
+const claimedKeep = time.Second
 
 // claimKey names one enqueue of a request: its id and request token.
 type claimKey struct{ id, token string }
 
-// claimAnswer is what a claim read, and when.
+// claimAnswer is what a claim read, when its answer came, and how long
+// the claim's round trip took.
 type claimAnswer struct {
 	at        time.Time
+	rtt       time.Duration
 	cancelled bool
 }
 
 // claimAnswers holds the claims' answers not yet taken, in two
 // generations: cur since turned, prev the one before. A turn every
-// ClaimedFresh drops what was never asked for (a request that ended before
+// claimedKeep drops what was never asked for (a request that ended before
 // its check); each answer's own time decides whether it still stands.
 type claimAnswers struct {
 	mu        sync.Mutex
@@ -74,32 +78,34 @@ type claimAnswers struct {
 	turned    time.Time
 }
 
-// Claimed records that a claim at at read req's cancel marker: cancelled
-// says it held the request's token.
-func (r *CancelReader) Claimed(id, token string, cancelled bool, at time.Time) {
+// Claimed records that a claim sent at sent, answered at answered, read
+// the cancel marker of the request (id, token): cancelled says it held the
+// token. The answer stands for a check within answered - sent (one claim
+// round trip) of answered.
+func (r *CancelReader) Claimed(id, token string, cancelled bool, sent, answered time.Time) {
 	if token == "" {
 		return
 	}
 	a := &r.claims
 	a.mu.Lock()
-	a.turn(at)
-	a.cur[claimKey{id, token}] = claimAnswer{at: at, cancelled: cancelled}
+	a.turn(answered)
+	a.cur[claimKey{id, token}] = claimAnswer{at: answered, rtt: max(answered.Sub(sent), 0), cancelled: cancelled}
 	a.mu.Unlock()
 }
 
-// turn starts a new generation when the current one is ClaimedFresh old.
+// turn starts a new generation when the current one is claimedKeep old.
 func (a *claimAnswers) turn(now time.Time) {
 	if a.cur == nil {
 		a.cur, a.turned = map[claimKey]claimAnswer{}, now
 		return
 	}
-	if now.Sub(a.turned) >= ClaimedFresh {
+	if now.Sub(a.turned) >= claimedKeep {
 		a.prev, a.cur, a.turned = a.cur, make(map[claimKey]claimAnswer, len(a.cur)), now
 	}
 }
 
-// take removes and returns the claim's answer for (id, token) if it is
-// younger than ClaimedFresh at now.
+// take removes and returns the claim's answer for (id, token) if now is
+// within one claim round trip of it.
 func (a *claimAnswers) take(id, token string, now time.Time) (cancelled, ok bool) {
 	k := claimKey{id, token}
 	a.mu.Lock()
@@ -107,7 +113,7 @@ func (a *claimAnswers) take(id, token string, now time.Time) (cancelled, ok bool
 	for _, m := range [2]map[claimKey]claimAnswer{a.cur, a.prev} {
 		if v, found := m[k]; found {
 			delete(m, k)
-			return v.cancelled, now.Sub(v.at) < ClaimedFresh
+			return v.cancelled, now.Sub(v.at) <= v.rtt
 		}
 	}
 	return false, false

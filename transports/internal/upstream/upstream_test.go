@@ -59,9 +59,10 @@ func TestCancelReader(t *testing.T) {
 }
 
 // TestCancelReaderClaimed: the answer a claim read stands in for the first
-// check of that enqueue within ClaimedFresh (no round trip: Redis is down
-// here), and only for that one; a later check, an older answer, or another
-// token reads the marker.
+// check of that enqueue within one claim round trip of the answer (no round
+// trip: Redis is down here), and only for that one; a later check, an
+// answer older than its claim's round trip, or another token reads the
+// marker.
 func TestCancelReaderClaimed(t *testing.T) {
 	mr := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
@@ -69,9 +70,12 @@ func TestCancelReaderClaimed(t *testing.T) {
 	ctx := context.Background()
 	r := NewCancelReader(c)
 	now := time.Now()
-	r.Claimed("a", "tok-a", true, now)
-	r.Claimed("b", "tok-b", false, now)
-	r.Claimed("old", "tok-old", false, now.Add(-ClaimedFresh-time.Millisecond))
+	const rtt = time.Minute // the checks below come well within it
+	r.Claimed("a", "tok-a", true, now.Add(-rtt), now)
+	r.Claimed("b", "tok-b", false, now.Add(-rtt), now)
+	// A claim answered 2 ms ago after a 1-ms round trip: a check now is
+	// later than one claim round trip after it.
+	r.Claimed("old", "tok-old", false, now.Add(-3*time.Millisecond), now.Add(-2*time.Millisecond))
 	mr.Close() // every check below that reads Redis fails
 	if got, err := r.Cancelled(ctx, &wire.Request{ID: "a", Token: "tok-a"}); !got || err != nil {
 		t.Errorf("a: %v %v, want the claim's answer (cancelled)", got, err)
@@ -81,7 +85,7 @@ func TestCancelReaderClaimed(t *testing.T) {
 	}
 	for _, req := range []*wire.Request{
 		{ID: "a", Token: "tok-a"},     // its answer was taken
-		{ID: "old", Token: "tok-old"}, // read more than ClaimedFresh ago
+		{ID: "old", Token: "tok-old"}, // answered more than its round trip ago
 		{ID: "b", Token: "tok-other"}, // another enqueue of b
 	} {
 		if _, err := r.Cancelled(ctx, req); err == nil {
