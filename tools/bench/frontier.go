@@ -456,7 +456,7 @@ type frontierBaseRun struct {
 	floorIdleP99     float64
 	capacity         float64 // batch tokens/s, alone
 	reqPerS          float64 // batch requests finished per second, alone
-	service          time.Duration
+	service          time.Duration // median first token → last token of a batch request, alone
 	seatShare, slack float64
 }
 
@@ -500,7 +500,9 @@ func frontierBase(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, err
 	for _, b := range alone {
 		if k := len(b.Tokens); b.Done && b.Tokens[k-1] >= waves.Warmup && b.Tokens[k-1] <= end {
 			n++
-			service = append(service, float64(b.Tokens[k-1]-b.Start))
+			// from its first token to its last: the time it held a seat,
+			// less its prefill (a step), not its wait in the queue
+			service = append(service, float64(b.Tokens[k-1]-b.Tokens[0]))
 		}
 	}
 	r.reqPerS = float64(n) / window

@@ -427,7 +427,7 @@ type ipJobs struct {
 // judged on the scale its replayed twin is.
 type ipCapacity struct {
 	reqPerS, tokPerS float64
-	service          time.Duration // median batch request service time (entered the pool → finished)
+	service          time.Duration // median batch request service time (first token → last, on the model)
 }
 
 // rtCapacity is the model's capacity in the real-time arms' units: fewer
