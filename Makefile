@@ -17,6 +17,7 @@ run:
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -run 'TestPresetLoadShare' ./internal/poolsim
 	cd plugins/sdk && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd examples/gate-plugin && $(GO) vet ./... && $(GO) build -o /dev/null .
 
