@@ -26,9 +26,12 @@ const (
 
 // The measured model behind the vLLM presets: BLIS (inference-sim) fitted
 // its "blackbox" step model β0 + β1·uncached prefill tokens + β2·decode
-// tokens to measured vLLM steps of Llama-3.1-8B-Instruct on one H100
-// (sim/latency/latency.go; defaults.yaml), with 29,205 KV blocks of 16
-// tokens and a per-request CPU overhead outside the step.
+// tokens (sim/latency/latency.go) to measured vLLM steps; these are its fit
+// for Llama-3.1-8B-Instruct on one H100 (its golden dataset,
+// testdata/goldendataset.json before commit f680ac8b), with the KV capacity
+// of defaults.yaml's entry for the model on one H100 (29,205 blocks of 16
+// tokens) and the fit's per-request overhead outside the step (α0).
+// docs/simulate-pool.md "Against BLIS" replays BLIS's own runs here.
 const (
 	vllmStepConstant   = 5753 * time.Microsecond
 	vllmPrefillToken   = 17250 * time.Nanosecond
