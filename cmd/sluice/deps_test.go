@@ -30,6 +30,7 @@ var forbiddenInBinary = []string{
 var heavyInBinary = map[string]string{
 	"github.com/openai/openai-go": "cmd/sluice/batchclient.go's plain HTTP (about 20 MB)",
 	"cloud.google.com/go/storage": "front/filestore/gcs's JSON API client (about 18 MB with gRPC xDS)",
+	"github.com/aws/":             "front/filestore/s3's SigV4 client (about 8 MB)",
 	"google.golang.org/grpc/xds":  "nothing: only cloud.google.com/go/storage pulled it in",
 	"github.com/envoyproxy/":      "nothing: only gRPC xDS pulled it in",
 }
