@@ -98,3 +98,25 @@ func TestBinaryLinksNoTestRig(t *testing.T) {
 		t.Error("the binary links testing, imported by no package go list names")
 	}
 }
+
+// The fronts talk to the dispatcher only through queues: the sync front
+// and the disk file store take their shared config types from
+// internal/configtypes, so they do not link core/config (and with it the
+// router, the HTTP client and the gate machinery).
+func TestFrontsLinkNoCoreConfig(t *testing.T) {
+	for _, pkg := range []string{"../../front/openai", "../../front/filestore/disk"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) < 10 {
+			t.Fatalf("go list -deps %s listed %d packages", pkg, len(deps))
+		}
+		for _, bad := range []string{"github.com/sluice-io/sluice/core/config", "github.com/sluice-io/sluice/core/pipeline", "github.com/sluice-io/sluice/core/dispatch"} {
+			if slices.Contains(deps, bad) {
+				t.Errorf("%s links %s", pkg, bad)
+			}
+		}
+	}
+}
