@@ -5,8 +5,8 @@ BENCHTIME ?= 1x
 
 .PHONY: run test test-short bench lint fmt vet build fuzz proto
 
-## run: the embedded demo (a batch through the aimd gate beside interactive bursts on the
-## simulated pool, internal/poolsim), then one small OpenAI batch through the embedded Batch
+## run: the embedded demo (a batch through the pool-headroom gate, with evict and resume, beside
+## interactive bursts on the simulated pool, internal/poolsim), then one small OpenAI batch through the embedded Batch
 ## API (sluice batch demo: prints where its output is); no server needed
 run:
 	$(GO) run ./cmd/sluice demo

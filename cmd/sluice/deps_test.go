@@ -30,6 +30,7 @@ var forbiddenInBinary = []string{
 var heavyInBinary = map[string]string{
 	"github.com/openai/openai-go": "cmd/sluice/batchclient.go's plain HTTP (about 20 MB)",
 	"cloud.google.com/go/storage": "front/filestore/gcs's JSON API client (about 18 MB with gRPC xDS)",
+	"github.com/aws/":             "front/filestore/s3's SigV4 client (about 8 MB)",
 	"google.golang.org/grpc/xds":  "nothing: only cloud.google.com/go/storage pulled it in",
 	"github.com/envoyproxy/":      "nothing: only gRPC xDS pulled it in",
 }
@@ -95,5 +96,27 @@ func TestBinaryLinksNoTestRig(t *testing.T) {
 	}
 	if slices.Contains(deps, "testing") && len(importers["testing"]) == 0 {
 		t.Error("the binary links testing, imported by no package go list names")
+	}
+}
+
+// The fronts talk to the dispatcher only through queues: the sync front
+// and the disk file store take their shared config types from
+// internal/configtypes, so they do not link core/config (and with it the
+// router, the HTTP client and the gate machinery).
+func TestFrontsLinkNoCoreConfig(t *testing.T) {
+	for _, pkg := range []string{"../../front/openai", "../../front/filestore/disk"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) < 10 {
+			t.Fatalf("go list -deps %s listed %d packages", pkg, len(deps))
+		}
+		for _, bad := range []string{"github.com/sluice-io/sluice/core/config", "github.com/sluice-io/sluice/core/pipeline", "github.com/sluice-io/sluice/core/dispatch"} {
+			if slices.Contains(deps, bad) {
+				t.Errorf("%s links %s", pkg, bad)
+			}
+		}
 	}
 }

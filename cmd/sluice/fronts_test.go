@@ -15,10 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	oa "github.com/openai/openai-go/v3"
@@ -148,26 +144,26 @@ func TestServeOpenAIAPI(t *testing.T) {
 }
 
 // TestServeBatchAPIOnS3: `sluice serve` with batch_api on an s3 file store
-// (gofakes3 over real HTTP, credentials from the environment, the SDK's
-// default chain) and openai_api beside it on the same producer: a batch
+// (gofakes3 over real HTTP, credentials from the environment through the
+// store's default chain) and openai_api beside it on the same producer: a batch
 // completes with its input and output objects in the bucket under the
 // prefix, and a chat completion is answered too.
 func TestServeBatchAPIOnS3(t *testing.T) {
-	fake := httptest.NewServer(gofakes3.New(s3mem.New()).Server())
+	backend := s3mem.New()
+	var signed atomic.Int64 // requests signed with the environment's key
+	h := gofakes3.New(backend).Server()
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Authorization"), "Credential=AKTEST/") {
+			signed.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(fake.Close)
-	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKTEST")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 	t.Setenv("AWS_REGION", "us-east-1")
-	ctx := context.Background()
-	awsCfg, err := awsconfig.LoadDefaultConfig(ctx, awsconfig.WithCredentialsProvider(credentials.NewStaticCredentialsProvider("test", "test", "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
-		o.BaseEndpoint, o.UsePathStyle, o.Region = aws.String(fake.URL), true, "us-east-1"
-	})
 	const bucket = "sluice-files"
-	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+	if err := backend.CreateBucket(bucket); err != nil {
 		t.Fatalf("create bucket: %v", err)
 	}
 
@@ -189,16 +185,19 @@ func TestServeBatchAPIOnS3(t *testing.T) {
 		t.Fatalf("batch %+v", job)
 	}
 
-	// The output is an object in the bucket, read with S3's own client.
-	obj, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.OutputFileID)})
+	// The output is an object in the bucket, read from the fake's backend.
+	obj, err := backend.GetObject(bucket, "files/"+job.OutputFileID, nil)
 	if err != nil {
 		t.Fatalf("output object files/%s: %v", job.OutputFileID, err)
 	}
-	body, _ := io.ReadAll(obj.Body)
-	obj.Body.Close()
+	body, _ := io.ReadAll(obj.Contents)
+	obj.Contents.Close()
 	checkEchoOutput(t, body, n)
-	if _, err := client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket), Key: aws.String("files/" + job.InputFileID)}); err != nil {
+	if _, err := backend.HeadObject(bucket, "files/"+job.InputFileID); err != nil {
 		t.Errorf("input object files/%s: %v", job.InputFileID, err)
+	}
+	if signed.Load() == 0 {
+		t.Error("no request to the store was signed with the environment's key")
 	}
 
 	chat(t, openaiAddr, "beside a batch")

@@ -155,49 +155,39 @@ func priority(cfg *config.Config, c *dispatch.Client) (*pipeline.Priority, error
 // the pool's worker grants, a number in [0,1], the shares summing to at
 // most 1 (pipeline.Priority.MinShare). An unknown key or another value is
 // an error; absent or null: strict priority, as upstream.
-func laneMinShares(params json.RawMessage) (out [pipeline.NumLanes]float64, err error) {
-	var obj map[string]json.RawMessage
-	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj["lane_min_share"] == nil {
-		return out, nil
-	}
-	raw := obj["lane_min_share"]
-	if string(bytes.TrimSpace(raw)) == "null" {
-		return out, nil
-	}
-	var m map[string]float64
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return out, fmt.Errorf("want an object of lane key to a share in [0,1]: %v", err)
-	}
-	keys := make([]string, pipeline.NumLanes)
-	for i := range keys {
-		keys[i] = pipeline.LaneKey(i)
-	}
-	for k, v := range m {
-		i := slices.Index(keys, k)
-		if i < 0 {
-			return out, fmt.Errorf("unknown lane %q (lanes: %s)", k, strings.Join(keys, ", "))
-		}
-		out[i] = v
-	}
-	return out, nil
+func laneMinShares(params json.RawMessage) ([pipeline.NumLanes]float64, error) {
+	return laneParam[float64](params, "lane_min_share", "a share in [0,1]", nil)
 }
 
 // laneObjectives reads the tier-priority parameter lane_objectives: an
 // object from lane key ("reserved-interactive" … "overflow-batch", see
 // pipeline.LaneKey) to an InferenceObjective name. An unknown key, or a
 // value that is not a string a header may carry, is an error.
-func laneObjectives(params json.RawMessage) (out [pipeline.NumLanes]string, err error) {
+func laneObjectives(params json.RawMessage) ([pipeline.NumLanes]string, error) {
+	return laneParam(params, "lane_objectives", "objective name", func(k, v string) error {
+		if !httpguts.ValidHeaderFieldValue(v) {
+			return fmt.Errorf("lane %q: %q is not a valid header value", k, v)
+		}
+		return nil
+	})
+}
+
+// laneParam reads the merge-policy parameter name, an object from lane key
+// (pipeline.LaneKey) to a T described as want, into an array by lane;
+// check (nil: none) vets each value. Absent or null: all zero. An unknown
+// key or a value of another type is an error.
+func laneParam[T any](params json.RawMessage, name, want string, check func(key string, v T) error) (out [pipeline.NumLanes]T, err error) {
 	var obj map[string]json.RawMessage
-	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj["lane_objectives"] == nil {
+	if len(params) == 0 || json.Unmarshal(params, &obj) != nil || obj[name] == nil {
 		return out, nil
 	}
-	raw := obj["lane_objectives"]
+	raw := obj[name]
 	if string(bytes.TrimSpace(raw)) == "null" {
 		return out, nil
 	}
-	var m map[string]string
+	var m map[string]T
 	if err := json.Unmarshal(raw, &m); err != nil {
-		return out, fmt.Errorf("want an object of lane key to objective name: %v", err)
+		return out, fmt.Errorf("want an object of lane key to %s: %v", want, err)
 	}
 	keys := make([]string, pipeline.NumLanes)
 	for i := range keys {
@@ -208,8 +198,10 @@ func laneObjectives(params json.RawMessage) (out [pipeline.NumLanes]string, err 
 		if i < 0 {
 			return out, fmt.Errorf("unknown lane %q (lanes: %s)", k, strings.Join(keys, ", "))
 		}
-		if !httpguts.ValidHeaderFieldValue(v) {
-			return out, fmt.Errorf("lane %q: %q is not a valid header value", k, v)
+		if check != nil {
+			if err := check(k, v); err != nil {
+				return out, err
+			}
 		}
 		out[i] = v
 	}

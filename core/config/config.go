@@ -27,40 +27,14 @@ import (
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/configtypes"
 	"github.com/sluice-io/sluice/internal/redistopology"
 )
 
-// Duration is a time.Duration that reads "250ms"/"5m" or a number of seconds.
-type Duration time.Duration
-
-// UnmarshalJSON accepts a Go duration string or a number of seconds.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 0 && s[0] == '"' {
-		var str string
-		if err := json.Unmarshal(b, &str); err != nil {
-			return err
-		}
-		v, err := time.ParseDuration(str)
-		if err != nil {
-			return fmt.Errorf("%q is not a duration (use e.g. \"250ms\", \"5m\")", str)
-		}
-		*d = Duration(v)
-		return nil
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return fmt.Errorf("%s is not a duration", s)
-	}
-	*d = Duration(f * float64(time.Second))
-	return nil
-}
-
-// MarshalJSON writes the duration as a Go duration string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
-
-// D returns the time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
+// Duration is a time.Duration that reads "250ms"/"5m" or a number of
+// seconds (configtypes.Duration, which the components that own their
+// config sections use without importing this package).
+type Duration = configtypes.Duration
 
 // Config is a whole deployment.
 type Config struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
@@ -49,7 +50,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Fail the package when a test leaves a goroutine behind (the front's
+	// enqueuer, result reader, expiry sweep, HTTP server).
+	goleak.VerifyTestMain(m)
 }
 
 // runFront is one front replica on Redis (state, queue, results) and a

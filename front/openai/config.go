@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/internal/configtypes"
 )
 
 // The request headers the front reads.
@@ -44,17 +44,17 @@ type Config struct {
 	RoutePrefix string `json:"route_prefix,omitempty"`
 	// DefaultTimeout is a call's timeout without X-Sluice-Timeout. Default 10m
 	// (the OpenAI clients' own default).
-	DefaultTimeout config.Duration `json:"default_timeout,omitempty"`
+	DefaultTimeout configtypes.Duration `json:"default_timeout,omitempty"`
 	// MaxTimeout is the largest X-Sluice-Timeout accepted. Default 1h.
-	MaxTimeout config.Duration `json:"max_timeout,omitempty"`
+	MaxTimeout configtypes.Duration `json:"max_timeout,omitempty"`
 	// ResultGrace is how long past a call's deadline the front still waits
 	// for the dispatcher's DEADLINE_EXCEEDED result before it answers 504
 	// itself. Default 10s.
-	ResultGrace config.Duration `json:"result_grace,omitempty"`
+	ResultGrace configtypes.Duration `json:"result_grace,omitempty"`
 	// KeepAlive is how often a streaming call that waits gets an SSE
 	// comment; the response headers (200) are sent with the first one.
 	// Default 15s.
-	KeepAlive config.Duration `json:"keep_alive,omitempty"`
+	KeepAlive configtypes.Duration `json:"keep_alive,omitempty"`
 	// MaxBodyBytes is the largest request body accepted. Default 8 MiB.
 	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
 	// ForwardHeaders are request headers copied onto the queued request,
@@ -72,16 +72,16 @@ func (c *Config) SetDefaults() {
 		c.RoutePrefix = "openai-sync:"
 	}
 	if c.DefaultTimeout == 0 {
-		c.DefaultTimeout = config.Duration(10 * time.Minute)
+		c.DefaultTimeout = configtypes.Duration(10 * time.Minute)
 	}
 	if c.MaxTimeout == 0 {
-		c.MaxTimeout = config.Duration(time.Hour)
+		c.MaxTimeout = configtypes.Duration(time.Hour)
 	}
 	if c.ResultGrace == 0 {
-		c.ResultGrace = config.Duration(10 * time.Second)
+		c.ResultGrace = configtypes.Duration(10 * time.Second)
 	}
 	if c.KeepAlive == 0 {
-		c.KeepAlive = config.Duration(15 * time.Second)
+		c.KeepAlive = configtypes.Duration(15 * time.Second)
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 8 << 20

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/front/filestore"
+	"github.com/sluice-io/sluice/internal/configtypes"
 )
 
 // tempPrefix starts every temporary file's name; filestore ids never start
@@ -36,7 +36,7 @@ type Config struct {
 	// StaleTemp is how old a leftover temporary file must be before Open
 	// removes it (younger ones may belong to another process writing to
 	// the same directory). Default 1h.
-	StaleTemp config.Duration `json:"stale_temp,omitempty" yaml:"stale_temp,omitempty"`
+	StaleTemp configtypes.Duration `json:"stale_temp,omitempty" yaml:"stale_temp,omitempty"`
 }
 
 // SetDefaults fills unset fields.
@@ -48,7 +48,7 @@ func (c *Config) SetDefaults() {
 		c.FileMode = 0o640
 	}
 	if c.StaleTemp == 0 {
-		c.StaleTemp = config.Duration(time.Hour)
+		c.StaleTemp = configtypes.Duration(time.Hour)
 	}
 }
 

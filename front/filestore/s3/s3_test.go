@@ -3,14 +3,17 @@ package s3
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 
@@ -19,19 +22,34 @@ import (
 )
 
 // fake is gofakes3 served over real HTTP on 127.0.0.1, counting the
-// multipart uploads it completes.
+// multipart uploads it completes and aborts, and failing the next fail
+// requests with 503.
 type fake struct {
+	backend   *s3mem.Backend
 	srv       *httptest.Server
 	completes atomic.Int64
+	aborts    atomic.Int64
 	buckets   atomic.Int64
+	fail      atomic.Int64
+	lastAuth  atomic.Value // the Authorization header of the last request
 }
 
 func startFake(t *testing.T) *fake {
-	f := &fake{}
-	h := gofakes3.New(s3mem.New()).Server()
+	f := &fake{backend: s3mem.New()}
+	h := gofakes3.New(f.backend).Server()
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.lastAuth.Store(r.Header.Get("Authorization"))
+		if f.fail.Add(-1) >= 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `<Error><Code>SlowDown</Code><Message>try again</Message></Error>`)
+			return
+		}
+		f.fail.Store(0)
 		if r.Method == http.MethodPost && r.URL.Query().Has("uploadId") {
 			f.completes.Add(1)
+		}
+		if r.Method == http.MethodDelete && r.URL.Query().Has("uploadId") {
+			f.aborts.Add(1)
 		}
 		h.ServeHTTP(w, r)
 	}))
@@ -42,18 +60,18 @@ func startFake(t *testing.T) *fake {
 // store opens a Store on a fresh bucket of f.
 func (f *fake) store(t *testing.T, prefix string) *Store {
 	t.Helper()
-	ctx := context.Background()
 	bucket := fmt.Sprintf("bucket-%d", f.buckets.Add(1))
-	s, err := Open(ctx, Config{
+	s, err := Open(context.Background(), Config{
 		Bucket: bucket, Prefix: prefix, Region: "us-east-1", Endpoint: f.srv.URL, PathStyle: true,
 		AccessKeyID: "test", SecretAccessKey: "test", PartSize: MinPartSize,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &bucket}); err != nil {
+	if err := f.backend.CreateBucket(bucket); err != nil {
 		t.Fatalf("create bucket: %v", err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -82,9 +100,14 @@ func TestMultipartPartsAndPrefix(t *testing.T) {
 		t.Fatalf("%d multipart completions for a %d-byte file, want 1", f.completes.Load(), len(data))
 	}
 	// The object lies under the prefix, whole.
-	out, err := s.Client().HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: strPtr("pre/file-mp")})
-	if err != nil || *out.ContentLength != int64(len(data)) {
-		t.Fatalf("HeadObject pre/file-mp: %v", err)
+	obj, err := f.backend.GetObject(s.bucket, "pre/file-mp", nil)
+	if err != nil {
+		t.Fatalf("object pre/file-mp: %v", err)
+	}
+	got, _ := io.ReadAll(obj.Contents)
+	obj.Contents.Close()
+	if !bytes.Equal(got, data) {
+		t.Fatalf("object pre/file-mp holds %d bytes, want the %d put", len(got), len(data))
 	}
 	// A file of exactly one part goes as one PutObject.
 	if _, err := s.Put(ctx, "file-one", bytes.NewReader(data[:MinPartSize-1])); err != nil {
@@ -95,7 +118,99 @@ func TestMultipartPartsAndPrefix(t *testing.T) {
 	}
 }
 
-func strPtr(s string) *string { return &s }
+// failing yields n bytes, then fails.
+type failing struct{ n int }
+
+func (r *failing) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, errors.New("source broke")
+	}
+	k := min(len(p), r.n)
+	clear(p[:k])
+	r.n -= k
+	return k, nil
+}
+
+func TestFailedUploadAborts(t *testing.T) {
+	f := startFake(t)
+	s := f.store(t, "")
+	ctx := context.Background()
+	if _, err := s.Put(ctx, "broken", &failing{n: MinPartSize + 1000}); err == nil || !strings.Contains(err.Error(), "source broke") {
+		t.Fatalf("Put of a broken source: %v", err)
+	}
+	if f.aborts.Load() != 1 || f.completes.Load() != 0 {
+		t.Fatalf("%d aborts, %d completions, want 1 and 0", f.aborts.Load(), f.completes.Load())
+	}
+	if _, err := s.Stat(ctx, "broken"); !errors.Is(err, filestore.ErrNotFound) {
+		t.Fatalf("Stat after a failed Put: %v, want ErrNotFound", err)
+	}
+}
+
+func TestTransientErrorsRetried(t *testing.T) {
+	f := startFake(t)
+	s := f.store(t, "")
+	ctx := context.Background()
+	f.fail.Store(2)
+	if _, err := s.Put(ctx, "retried", strings.NewReader("hello")); err != nil {
+		t.Fatalf("Put after two 503s: %v", err)
+	}
+	f.fail.Store(100)
+	_, err := s.Open(ctx, "retried", 0)
+	if err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "SlowDown: try again") {
+		t.Fatalf("Open through steady 503s: %v, want the 503 and S3's message", err)
+	}
+	if left := f.fail.Load(); left != 100-4 {
+		t.Fatalf("%d attempts, want 4", 100-left)
+	}
+}
+
+// TestCredentialChain: without static keys the store signs with the
+// environment's, else the shared credentials file's profile.
+func TestCredentialChain(t *testing.T) {
+	f := startFake(t)
+	if err := f.backend.CreateBucket("chain"); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *Store {
+		s, err := Open(context.Background(), Config{Bucket: "chain", Endpoint: f.srv.URL, PathStyle: true, Region: "eu-west-3"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_WEB_IDENTITY_TOKEN_FILE", "")
+	t.Setenv("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "")
+	t.Setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "")
+	file := filepath.Join(t.TempDir(), "credentials")
+	if err := os.WriteFile(file, []byte("[default]\naws_access_key_id = AKDEFAULT\naws_secret_access_key = s1\n\n[ci]\naws_access_key_id=AKCI\naws_secret_access_key=s2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", file)
+	t.Setenv("AWS_PROFILE", "ci")
+	if _, err := open().Put(context.Background(), "a", strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	if auth := f.lastAuth.Load().(string); !strings.Contains(auth, "Credential=AKCI/") || !strings.Contains(auth, "/eu-west-3/s3/aws4_request") {
+		t.Fatalf("Authorization %q: not profile ci's key in eu-west-3", auth)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKENV")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "s3")
+	if _, err := open().Put(context.Background(), "b", strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	if auth := f.lastAuth.Load().(string); !strings.Contains(auth, "Credential=AKENV/") {
+		t.Fatalf("Authorization %q: not the environment's key", auth)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	_, err := open().Put(context.Background(), "c", strings.NewReader("x"))
+	if err == nil || !strings.Contains(err.Error(), "no AWS credentials") {
+		t.Fatalf("Put without credentials: %v", err)
+	}
+}
 
 func TestConfigValidate(t *testing.T) {
 	for _, c := range []struct {
