@@ -83,8 +83,8 @@ type broker struct {
 func mailbox(id string) string { return "results:req:" + id }
 
 // submit enqueues tenant's request cid, due in timeout, for endpoint, and
-// returns its id and token.
-func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.Duration) (string, string) {
+// returns its id, token and deadline.
+func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.Duration) (string, string, time.Time) {
 	t.Helper()
 	id := tenant + ":" + cid
 	raw := make([]byte, 16)
@@ -113,7 +113,7 @@ func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.
 	if err := upstreamSubmit.Run(context.Background(), b.c, ks, token, activeMS, dl+3600, before+`"enqueue_seq":`, after, dl).Err(); err != nil {
 		t.Fatalf("broker enqueue of %s: %v", id, err)
 	}
-	return id, token
+	return id, token, time.Unix(dl, 0)
 }
 
 // cancel is the broker's DELETE /v1/requests/{id}: request-active copied to
@@ -139,11 +139,14 @@ func (b broker) revive(t testing.TB, id string) bool {
 // pendingChecker polls, as the broker's fetch does, that every request it
 // watches is pending (request-active:<id> exists) or answered (its mailbox
 // holds the result): a moment with neither would answer the client
-// "unknown". Both are read in one MULTI, so they are one moment.
+// "unknown". Both are read in one MULTI, so they are one moment. Once a
+// request's deadline passed it is not checked: the producer gives
+// request-active:<id> the deadline as its expiry.
 type pendingChecker struct {
 	c       redis.UniversalClient
 	mu      sync.Mutex
 	watched []string
+	due     map[string]time.Time
 	bad     map[string]int
 	polls   int
 	stop    chan struct{}
@@ -151,15 +154,16 @@ type pendingChecker struct {
 }
 
 func newPendingChecker(c redis.UniversalClient) *pendingChecker {
-	p := &pendingChecker{c: c, bad: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &pendingChecker{c: c, bad: map[string]int{}, due: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
 }
 
-// watch adds id (enqueued: its request-active key is written).
-func (p *pendingChecker) watch(id string) {
+// watch adds id (enqueued: its request-active key is written), due at dl.
+func (p *pendingChecker) watch(id string, dl time.Time) {
 	p.mu.Lock()
 	p.watched = append(p.watched, id)
+	p.due[id] = dl
 	p.mu.Unlock()
 }
 
@@ -172,8 +176,14 @@ func (p *pendingChecker) run() {
 			return
 		case <-time.After(2 * time.Millisecond):
 		}
+		start := time.Now()
 		p.mu.Lock()
-		ids := append([]string(nil), p.watched...)
+		ids := make([]string, 0, len(p.watched))
+		for _, id := range p.watched {
+			if start.Add(100 * time.Millisecond).Before(p.due[id]) { // a poll takes well under that
+				ids = append(ids, id)
+			}
+		}
 		p.mu.Unlock()
 		if len(ids) == 0 {
 			continue
@@ -271,11 +281,11 @@ func TestClientAsyncBroker(t *testing.T) {
 	tokens := map[string]string{}
 	endpoint := map[string]string{}
 	var mu sync.Mutex
-	add := func(id, token, ep string, w brokerWant) {
+	add := func(id, token string, dl time.Time, ep string, w brokerWant) {
 		mu.Lock()
 		want[id], tokens[id], endpoint[id] = w, token, ep
 		mu.Unlock()
-		checker.watch(id)
+		checker.watch(id, dl)
 	}
 	// Queued before sluice starts: answered, cancelled, and cancelled then
 	// revived before sluice decides.
@@ -285,21 +295,21 @@ func TestClientAsyncBroker(t *testing.T) {
 			ep = "/v1/completions"
 		}
 		tenant := []string{"acme", "globex"}[i%2]
-		id, tok := b.submit(t, tenant, fmt.Sprintf("req-%02d", i), ep, time.Hour)
-		add(id, tok, ep, wantAnswered)
+		id, tok, dl := b.submit(t, tenant, fmt.Sprintf("req-%02d", i), ep, time.Hour)
+		add(id, tok, dl, ep, wantAnswered)
 	}
 	for i := range 6 {
-		id, tok := b.submit(t, "acme", fmt.Sprintf("drop-%02d", i), "/v1/chat/completions", time.Hour)
+		id, tok, dl := b.submit(t, "acme", fmt.Sprintf("drop-%02d", i), "/v1/chat/completions", time.Hour)
 		b.cancel(t, id)
-		add(id, tok, "", wantCancelled)
+		add(id, tok, dl, "", wantCancelled)
 	}
 	for i := range 6 {
-		id, tok := b.submit(t, "globex", fmt.Sprintf("revive-%02d", i), "/v1/chat/completions", time.Hour)
+		id, tok, dl := b.submit(t, "globex", fmt.Sprintf("revive-%02d", i), "/v1/chat/completions", time.Hour)
 		b.cancel(t, id)
 		if !b.revive(t, id) {
 			t.Fatalf("%s: the revive found no cancel marker to delete", id)
 		}
-		add(id, tok, "/v1/chat/completions", wantAnswered)
+		add(id, tok, dl, "/v1/chat/completions", wantAnswered)
 	}
 	// A deadline that passes during the call, and a request timeout that
 	// ends every call until the deadline passes: DEADLINE_EXCEEDED both.
@@ -310,10 +320,10 @@ func TestClientAsyncBroker(t *testing.T) {
 	f.tune = func(cfg *config.Config) { cfg.RequestTimeout = config.Duration(1500 * time.Millisecond) }
 	tp := f.transport(rss.Options{PollIntervalMS: 20})
 	f.runAppOn(tp, []config.Queue{{Queue: transport.Queue{Name: b.queue, ResultTTLSeconds: ttl}, IGWBaseURL: f.sim}}, "async:results", 8)
-	id, tok := b.submit(t, "acme", "slow-deadline", "/v1/chat/completions", 2*time.Second)
-	add(id, tok, "/v1/chat/completions", wantDeadline)
-	id, tok = b.submit(t, "acme", "slow-timeout", "/v1/chat/completions", 4*time.Second)
-	add(id, tok, "/v1/chat/completions", wantDeadline)
+	id, tok, dl := b.submit(t, "acme", "slow-deadline", "/v1/chat/completions", 2*time.Second)
+	add(id, tok, dl, "/v1/chat/completions", wantDeadline)
+	id, tok, dl = b.submit(t, "acme", "slow-timeout", "/v1/chat/completions", 4*time.Second)
+	add(id, tok, dl, "/v1/chat/completions", wantDeadline)
 	// Cancels racing the claim: submitted and cancelled at once while
 	// sluice runs; one result each, either kind.
 	var wg sync.WaitGroup
@@ -321,8 +331,8 @@ func TestClientAsyncBroker(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id, tok := b.submit(t, "globex", fmt.Sprintf("race-%02d", i), "/v1/chat/completions", time.Hour)
-			add(id, tok, "/v1/chat/completions", wantEither)
+			id, tok, dl := b.submit(t, "globex", fmt.Sprintf("race-%02d", i), "/v1/chat/completions", time.Hour)
+			add(id, tok, dl, "/v1/chat/completions", wantEither)
 			time.Sleep(time.Duration(i%4) * time.Millisecond)
 			b.cancel(t, id)
 		}()
