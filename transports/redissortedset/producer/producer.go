@@ -96,6 +96,11 @@ type Config struct {
 	// dispatcher reads the payload after its claim and deletes the key
 	// with the result. Redis needs maxmemory-policy noeviction.
 	PayloadKeys bool
+	// SubmissionRetention is how long SubmitIdempotent keeps the record of
+	// a key (default DefaultSubmissionRetention, 7 days): a submit under
+	// the key within it is answered from the record; after it the key is
+	// free again. Keep it at least as long as the caller's recovery window.
+	SubmissionRetention time.Duration
 }
 
 func (c *Config) setDefaults() {

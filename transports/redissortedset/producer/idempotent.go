@@ -1,0 +1,230 @@
+package producer
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/wire"
+	rss "github.com/sluice-io/sluice/transports/redissortedset"
+	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
+)
+
+// Idempotent submits, as upstream's proposal for crash recovery describes
+// them (llm-d-async docs/proposals/idempotent-producer-submit-lookup.md):
+// a submit carries a key chosen by the caller; the first submit under a
+// key enqueues the request and records its identity, token and routes in
+// <prefix>:submission:<key>, in the same script, for the producer's
+// SubmissionRetention. A later submit under the key enqueues nothing: it
+// returns the first submission when the request is the same (same
+// identity), and ErrIdempotencyConflict when it is not. So a caller that
+// crashed between its submit and the answer submits again and learns what
+// happened, without losing or doubling the request.
+
+// DefaultSubmissionRetention is how long a submission record is kept when
+// Config.SubmissionRetention is 0.
+const DefaultSubmissionRetention = 7 * 24 * time.Hour
+
+// ErrIdempotencyConflict is returned by SubmitIdempotent when its key
+// already names a different request.
+var ErrIdempotencyConflict = errors.New("idempotency key already used by a different request")
+
+// ErrSubmissionNotFound is returned by LookupSubmission when no record of
+// the key is kept (never submitted, or older than the retention).
+var ErrSubmissionNotFound = errors.New("submission not found")
+
+// Submission is the record of the first submit under a key.
+type Submission struct {
+	// Key is the caller's idempotency key.
+	Key string
+	// RequestToken identifies the first submission (the flat form carries
+	// no token on the wire: it is the record's own).
+	RequestToken string
+	// IdentitySHA256 is the hex SHA-256 of the request's canonical JSON
+	// (Identity).
+	IdentitySHA256 string
+	// RequestRoute is the request queue it went to.
+	RequestRoute string
+	// ResultRoute is the result route it named (its ResultQueueName).
+	ResultRoute string
+	// Submitted is when the first submit wrote it.
+	Submitted time.Time
+	// Replayed says this call found the record and enqueued nothing.
+	Replayed bool
+}
+
+// identityJSON is the canonical form whose SHA-256 identifies a request:
+// what it asks and where its answer goes, not when or by which attempt.
+type identityJSON struct {
+	Type         string            `json:"type"`
+	ID           string            `json:"id"`
+	Created      int64             `json:"created"`
+	Deadline     int64             `json:"deadline"`
+	Payload      json.RawMessage   `json:"payload"`
+	Metadata     map[string]string `json:"metadata"`
+	Headers      map[string]string `json:"headers"`
+	Endpoint     string            `json:"endpoint"`
+	RequestRoute string            `json:"request_route"`
+	ResultRoute  string            `json:"result_route"`
+}
+
+// Identity returns the hex SHA-256 of req's canonical JSON as submitted to
+// queue: its type ("plain"), id, created and deadline (Unix seconds, as
+// the wire carries them), payload (its JSON with object keys sorted and
+// insignificant space removed), metadata, headers, endpoint and routes.
+// The token, lease, retry count and labels are not part of it.
+func Identity(queue string, req *wire.Request) (string, error) {
+	payload, err := canonicalJSON(req.Payload)
+	if err != nil {
+		return "", fmt.Errorf("identity of %s: payload: %w", req.ID, err)
+	}
+	id := identityJSON{Type: "plain", ID: req.ID, Deadline: req.Deadline.Unix(), Payload: payload,
+		Metadata: req.Metadata, Headers: req.Headers, Endpoint: req.Endpoint, RequestRoute: queue, ResultRoute: req.ResultQueueName}
+	if !req.Created.IsZero() {
+		id.Created = req.Created.Unix()
+	}
+	b, err := json.Marshal(id) // maps are written with sorted keys
+	if err != nil {
+		return "", fmt.Errorf("identity of %s: %w", req.ID, err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// canonicalJSON rewrites b with object keys sorted and numbers as written.
+func canonicalJSON(b json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return json.RawMessage("null"), nil
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// SubmitIdempotent enqueues req on queue under the idempotency key key,
+// unless a submit under key was recorded within the retention: then it
+// enqueues nothing and returns that first submission (Replayed) when req
+// has the same identity, or an error wrapping ErrIdempotencyConflict and
+// naming the key when it has not. The check, the enqueue and the record
+// are one script: a crash at any point leaves either nothing or both.
+// Flat form on a single node only (not with Config.Envelope, nor on a
+// Cluster, where the record and the queue live in different slots).
+func (p *Producer) SubmitIdempotent(ctx context.Context, queue string, req *wire.Request, key string) (*Submission, error) {
+	switch {
+	case key == "":
+		return nil, errors.New("idempotent submit: empty key")
+	case p.cfg.Envelope:
+		return nil, fmt.Errorf("idempotent submit %s: not available with the envelope form", key)
+	case p.names.Cluster:
+		return nil, fmt.Errorf("idempotent submit %s: not available on a Redis Cluster", key)
+	}
+	identity, err := Identity(queue, req)
+	if err != nil {
+		return nil, err
+	}
+	body, err := wire.EncodeRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	var tb [16]byte
+	if _, err := rand.Read(tb[:]); err != nil {
+		return nil, err
+	}
+	token := hex.EncodeToString(tb[:])
+	k := p.names.Queue(queue)
+	now := time.Now()
+	mark := k.CallMarks + p.id + ":" + strconv.FormatUint(p.calls.Add(1), 36)
+	args := []any{identity, token, queue, req.ResultQueueName, p.retention().Milliseconds(), now.UnixMilli(),
+		k.JobPrefix, p.names.JobQueues(""), p.cfg.JobIndexTTL.Milliseconds(), now.UnixMilli(),
+		rss.Score(req.Deadline), indexableJob(req.JobID()), string(body[1:])}
+	run := func() ([]any, error) {
+		var res *redis.Cmd
+		_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			pl.SAdd(ctx, p.names.Registry(), queue)
+			res = keys.SubmitIdempotent.Eval(ctx, pl, []string{p.names.Submission(key), queue, k.Seq, mark}, args...)
+			pl.Publish(ctx, k.Notify, "1")
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		return res.Slice()
+	}
+	raw, err := run()
+	if err != nil {
+		return nil, fmt.Errorf("idempotent submit %s to %s: %w", key, queue, err)
+	}
+	if afterSubmitWrite != nil {
+		afterSubmitWrite()
+	}
+	s, err := submissionOf(key, raw)
+	if err != nil {
+		return nil, fmt.Errorf("idempotent submit %s: %w", key, err)
+	}
+	if s.Replayed && s.IdentitySHA256 != identity {
+		return nil, fmt.Errorf("idempotent submit %s: %w (first submitted at %s as request token %s to %s; this request's identity %s, the first's %s)",
+			key, ErrIdempotencyConflict, s.Submitted.UTC().Format(time.RFC3339), s.RequestToken, s.RequestRoute, identity, s.IdentitySHA256)
+	}
+	return s, nil
+}
+
+// afterSubmitWrite, when set (tests), runs once SubmitIdempotent's write
+// answered and before SubmitIdempotent does.
+var afterSubmitWrite func()
+
+// LookupSubmission returns the record of key, or an error wrapping
+// ErrSubmissionNotFound.
+func (p *Producer) LookupSubmission(ctx context.Context, key string) (*Submission, error) {
+	vals, err := p.client.HMGet(ctx, p.names.Submission(key), "identity", "token", "request_route", "result_route", "submitted").Result()
+	if err != nil {
+		return nil, fmt.Errorf("lookup submission %s: %w", key, err)
+	}
+	if vals[0] == nil {
+		return nil, fmt.Errorf("lookup submission %s: %w", key, ErrSubmissionNotFound)
+	}
+	raw := append([]any{int64(0)}, vals...)
+	s, err := submissionOf(key, raw)
+	if err != nil {
+		return nil, fmt.Errorf("lookup submission %s: %w", key, err)
+	}
+	s.Replayed = false
+	return s, nil
+}
+
+// retention is the configured record retention.
+func (p *Producer) retention() time.Duration {
+	if p.cfg.SubmissionRetention > 0 {
+		return p.cfg.SubmissionRetention
+	}
+	return DefaultSubmissionRetention
+}
+
+// submissionOf reads the script's answer {enqueued, identity, token,
+// request route, result route, submitted ms}.
+func submissionOf(key string, raw []any) (*Submission, error) {
+	if len(raw) != 6 {
+		return nil, fmt.Errorf("unexpected record of %d fields", len(raw))
+	}
+	str := func(v any) string { s, _ := v.(string); return s }
+	n, _ := raw[0].(int64)
+	ms, err := strconv.ParseInt(strings.TrimSpace(str(raw[5])), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("record's submitted %q: %w", str(raw[5]), err)
+	}
+	return &Submission{Key: key, IdentitySHA256: str(raw[1]), RequestToken: str(raw[2]), RequestRoute: str(raw[3]),
+		ResultRoute: str(raw[4]), Submitted: time.UnixMilli(ms), Replayed: n == 0}, nil
+}
