@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -124,62 +125,119 @@ func canonicalJSON(b json.RawMessage) (json.RawMessage, error) {
 // Flat form on a single node only (not with Config.Envelope, nor on a
 // Cluster, where the record and the queue live in different slots).
 func (p *Producer) SubmitIdempotent(ctx context.Context, queue string, req *wire.Request, key string) (*Submission, error) {
+	subs, err := p.SubmitIdempotentMany(ctx, queue, []*wire.Request{req}, []string{key})
+	if err != nil {
+		return nil, err
+	}
+	return subs[0], nil
+}
+
+// SubmitIdempotentMany is SubmitIdempotent of each reqs[i] under keys[i],
+// pipelined: one round trip for all of them (one script call each). A
+// request whose key names another request gets a nil Submission and its
+// conflict is in the returned error (errors.Is ErrIdempotencyConflict);
+// the others are submitted all the same. Any other error fails the call:
+// some requests may then be submitted, and submitting them again under
+// the same keys is safe.
+func (p *Producer) SubmitIdempotentMany(ctx context.Context, queue string, reqs []*wire.Request, keyOf []string) ([]*Submission, error) {
 	switch {
-	case key == "":
-		return nil, errors.New("idempotent submit: empty key")
+	case len(reqs) != len(keyOf):
+		return nil, fmt.Errorf("idempotent submit: %d requests, %d keys", len(reqs), len(keyOf))
 	case p.cfg.Envelope:
-		return nil, fmt.Errorf("idempotent submit %s: not available with the envelope form", key)
+		return nil, errors.New("idempotent submit: not available with the envelope form")
 	case p.names.Cluster:
-		return nil, fmt.Errorf("idempotent submit %s: not available on a Redis Cluster", key)
+		return nil, errors.New("idempotent submit: not available on a Redis Cluster")
 	}
-	identity, err := Identity(queue, req)
-	if err != nil {
-		return nil, err
+	if len(reqs) == 0 {
+		return nil, nil
 	}
-	body, err := wire.EncodeRequest(req)
-	if err != nil {
-		return nil, err
-	}
-	var tb [16]byte
-	if _, err := rand.Read(tb[:]); err != nil {
-		return nil, err
-	}
-	token := hex.EncodeToString(tb[:])
 	k := p.names.Queue(queue)
 	now := time.Now()
-	mark := k.CallMarks + p.id + ":" + strconv.FormatUint(p.calls.Add(1), 36)
-	args := []any{identity, token, queue, req.ResultQueueName, p.retention().Milliseconds(), now.UnixMilli(),
-		k.JobPrefix, p.names.JobQueues(""), p.cfg.JobIndexTTL.Milliseconds(), now.UnixMilli(),
-		rss.Score(req.Deadline), indexableJob(req.JobID()), string(body[1:])}
-	run := func() ([]any, error) {
-		var res *redis.Cmd
-		_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			pl.SAdd(ctx, p.names.Registry(), queue)
-			res = keys.SubmitIdempotent.Eval(ctx, pl, []string{p.names.Submission(key), queue, k.Seq, mark}, args...)
-			pl.Publish(ctx, k.Notify, "1")
-			return nil
-		})
+	identities := make([]string, len(reqs))
+	argsOf := make([][]any, len(reqs))
+	for i, req := range reqs {
+		if keyOf[i] == "" {
+			return nil, fmt.Errorf("idempotent submit of %s: empty key", req.ID)
+		}
+		identity, err := Identity(queue, req)
 		if err != nil {
 			return nil, err
 		}
-		return res.Slice()
+		body, err := wire.EncodeRequest(req)
+		if err != nil {
+			return nil, err
+		}
+		var tb [16]byte
+		if _, err := rand.Read(tb[:]); err != nil {
+			return nil, err
+		}
+		identities[i] = identity
+		argsOf[i] = []any{identity, hex.EncodeToString(tb[:]), queue, req.ResultQueueName, p.retention().Milliseconds(), now.UnixMilli(),
+			k.JobPrefix, p.names.JobQueues(""), p.cfg.JobIndexTTL.Milliseconds(), now.UnixMilli(),
+			rss.Score(req.Deadline), indexableJob(req.JobID()), string(body[1:])}
 	}
-	raw, err := run()
+	// Each call's mark is fixed before the first attempt (see EnqueueMany).
+	marks := make([]string, len(reqs))
+	for i := range marks {
+		marks[i] = k.CallMarks + p.id + ":" + strconv.FormatUint(p.calls.Add(1), 36)
+	}
+	run := func() ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(reqs))
+		_, err := p.client.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			pl.SAdd(ctx, p.names.Registry(), queue)
+			for i := range reqs {
+				cmds[i] = keys.SubmitIdempotent.EvalSha(ctx, pl, []string{p.names.Submission(keyOf[i]), queue, k.Seq, marks[i]}, argsOf[i]...)
+			}
+			pl.Publish(ctx, k.Notify, "1")
+			return nil
+		})
+		return cmds, err
+	}
+	if err := p.ensureIdempotentLoaded(ctx); err != nil {
+		return nil, err
+	}
+	cmds, err := run()
+	if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+		if err = keys.SubmitIdempotent.Load(ctx, p.client).Err(); err == nil {
+			cmds, err = run()
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("idempotent submit %s to %s: %w", key, queue, err)
+		return nil, fmt.Errorf("idempotent submit to %s: %w", queue, err)
 	}
 	if afterSubmitWrite != nil {
 		afterSubmitWrite()
 	}
-	s, err := submissionOf(key, raw)
+	subs := make([]*Submission, len(reqs))
+	var conflicts []error
+	for i, c := range cmds {
+		raw, err := c.Slice()
+		if err != nil {
+			return nil, fmt.Errorf("idempotent submit %s to %s: %w", keyOf[i], queue, err)
+		}
+		s, err := submissionOf(keyOf[i], raw)
+		if err != nil {
+			return nil, fmt.Errorf("idempotent submit %s: %w", keyOf[i], err)
+		}
+		if s.Replayed && s.IdentitySHA256 != identities[i] {
+			conflicts = append(conflicts, fmt.Errorf("idempotent submit %s: %w (first submitted at %s as request token %s to %s; this request's identity %s, the first's %s)",
+				keyOf[i], ErrIdempotencyConflict, s.Submitted.UTC().Format(time.RFC3339), s.RequestToken, s.RequestRoute, identities[i], s.IdentitySHA256))
+			continue
+		}
+		subs[i] = s
+	}
+	return subs, errors.Join(conflicts...)
+}
+
+// ensureIdempotentLoaded loads the idempotent submit script once.
+func (p *Producer) ensureIdempotentLoaded(ctx context.Context) error {
+	var err error
+	p.loadIdem.Do(func() { err = keys.SubmitIdempotent.Load(ctx, p.client).Err() })
 	if err != nil {
-		return nil, fmt.Errorf("idempotent submit %s: %w", key, err)
+		p.loadIdem = sync.Once{}
+		return fmt.Errorf("load idempotent submit script: %w", err)
 	}
-	if s.Replayed && s.IdentitySHA256 != identity {
-		return nil, fmt.Errorf("idempotent submit %s: %w (first submitted at %s as request token %s to %s; this request's identity %s, the first's %s)",
-			key, ErrIdempotencyConflict, s.Submitted.UTC().Format(time.RFC3339), s.RequestToken, s.RequestRoute, identity, s.IdentitySHA256)
-	}
-	return s, nil
+	return nil
 }
 
 // afterSubmitWrite, when set (tests), runs once SubmitIdempotent's write

@@ -163,6 +163,16 @@ func TestSubmitIdempotentConflict(t *testing.T) {
 	if n := p.Client().ZCard(ctx, killedQueue).Val(); n != 1 {
 		t.Errorf("queue holds %d, want 1", n)
 	}
+	// Many at once: a conflict fails only its own request.
+	fresh := killedRequest()
+	fresh.ID = "line-8"
+	subs, err := p.SubmitIdempotentMany(ctx, killedQueue, []*wire.Request{other, fresh}, []string{killedKey, "batch_1/line-8"})
+	if !errors.Is(err, ErrIdempotencyConflict) || len(subs) != 2 || subs[0] != nil || subs[1] == nil || subs[1].Replayed {
+		t.Errorf("many with one conflict: %+v %v", subs, err)
+	}
+	if n := p.Client().ZCard(ctx, killedQueue).Val(); n != 2 {
+		t.Errorf("queue holds %d, want 2", n)
+	}
 	got, err := p.LookupSubmission(ctx, killedKey)
 	if err != nil || got.RequestToken != s.RequestToken || got.IdentitySHA256 != s.IdentitySHA256 {
 		t.Errorf("lookup: %+v %v", got, err)

@@ -126,6 +126,8 @@ type Producer struct {
 	cfg    Config
 	names  keys.Names
 	load   sync.Once
+	// loadIdem loads the idempotent submit script (SubmitIdempotentMany).
+	loadIdem sync.Once
 	// id and calls name each enqueue call's mark (see keys.Enqueue).
 	id    string
 	calls atomic.Uint64
