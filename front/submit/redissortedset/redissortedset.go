@@ -35,7 +35,10 @@ type Producer struct {
 	o Options
 }
 
-var _ submit.Producer = (*Producer)(nil)
+var (
+	_ submit.Producer           = (*Producer)(nil)
+	_ submit.IdempotentProducer = (*Producer)(nil)
+)
 
 // New returns a producer on p; Close closes p.
 func New(p *producer.Producer, o Options) *Producer {
@@ -81,6 +84,56 @@ func (p *Producer) Cancel(ctx context.Context, _ string, c transport.Cancellatio
 	}
 	return 0, errors.New("cancel: neither a job nor a request id")
 }
+
+// SubmitIdempotent implements submit.IdempotentProducer
+// (producer.SubmitIdempotentMany: flat form, single node).
+func (p *Producer) SubmitIdempotent(ctx context.Context, queue string, reqs []*wire.Request, keys []string) ([]*submit.Submission, error) {
+	subs, err := p.p.SubmitIdempotentMany(ctx, queue, reqs, keys)
+	if subs == nil && err != nil {
+		return nil, err
+	}
+	out := make([]*submit.Submission, len(subs))
+	for i, s := range subs {
+		out[i] = submissionOf(s)
+	}
+	return out, asSubmitErr(err)
+}
+
+// LookupSubmission implements submit.IdempotentProducer.
+func (p *Producer) LookupSubmission(ctx context.Context, key string) (*submit.Submission, error) {
+	s, err := p.p.LookupSubmission(ctx, key)
+	if err != nil {
+		return nil, asSubmitErr(err)
+	}
+	return submissionOf(s), nil
+}
+
+func submissionOf(s *producer.Submission) *submit.Submission {
+	if s == nil {
+		return nil
+	}
+	return &submit.Submission{Key: s.Key, RequestToken: s.RequestToken, IdentitySHA256: s.IdentitySHA256,
+		RequestRoute: s.RequestRoute, ResultRoute: s.ResultRoute, Submitted: s.Submitted, Replayed: s.Replayed}
+}
+
+// asSubmitErr makes the producer's errors match submit's sentinels too.
+func asSubmitErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, producer.ErrIdempotencyConflict):
+		return &sentinelErr{err: err, is: submit.ErrIdempotencyConflict}
+	case errors.Is(err, producer.ErrSubmissionNotFound):
+		return &sentinelErr{err: err, is: submit.ErrSubmissionNotFound}
+	}
+	return err
+}
+
+// sentinelErr is err, also matching is.
+type sentinelErr struct{ err, is error }
+
+func (e *sentinelErr) Error() string   { return e.err.Error() }
+func (e *sentinelErr) Unwrap() []error { return []error{e.err, e.is} }
 
 // Results implements submit.Producer: route is a Redis list key.
 func (p *Producer) Results(_ context.Context, route string) (submit.Reader, error) {
