@@ -85,6 +85,10 @@ type Capabilities struct {
 	// DedupesIDs: enqueueing a request id that is already queued is a
 	// no-op, so a resumed front may enqueue again what it is unsure of.
 	DedupesIDs bool
+	// Idempotent: the producer is an IdempotentProducer whose submits work
+	// in this deployment (the redis-sortedset producer's: flat form, single
+	// node).
+	Idempotent bool
 }
 
 // ReaderOptions configure the Readers a Producer opens; every adapter takes

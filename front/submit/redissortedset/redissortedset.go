@@ -144,8 +144,11 @@ func (p *Producer) Results(_ context.Context, route string) (submit.Reader, erro
 }
 
 // Capabilities implements submit.Producer: Redis keeps queued requests and
-// unacked results; a request id enqueued twice is queued twice.
-func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
+// unacked results; a request id enqueued twice is queued twice, unless it
+// is submitted idempotently (on a single node, flat form).
+func (p *Producer) Capabilities() submit.Capabilities {
+	return submit.Capabilities{Durable: true, Idempotent: p.p.IdempotentSubmits() == nil}
+}
 
 // Redis returns the connection the producer reaches the queues on (the
 // transport's), for state that must live beside them (the Batch API's

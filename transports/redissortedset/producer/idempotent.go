@@ -140,13 +140,11 @@ func (p *Producer) SubmitIdempotent(ctx context.Context, queue string, req *wire
 // some requests may then be submitted, and submitting them again under
 // the same keys is safe.
 func (p *Producer) SubmitIdempotentMany(ctx context.Context, queue string, reqs []*wire.Request, keyOf []string) ([]*Submission, error) {
-	switch {
-	case len(reqs) != len(keyOf):
+	if len(reqs) != len(keyOf) {
 		return nil, fmt.Errorf("idempotent submit: %d requests, %d keys", len(reqs), len(keyOf))
-	case p.cfg.Envelope:
-		return nil, errors.New("idempotent submit: not available with the envelope form")
-	case p.names.Cluster:
-		return nil, errors.New("idempotent submit: not available on a Redis Cluster")
+	}
+	if err := p.IdempotentSubmits(); err != nil {
+		return nil, err
 	}
 	if len(reqs) == 0 {
 		return nil, nil
@@ -229,6 +227,18 @@ func (p *Producer) SubmitIdempotentMany(ctx context.Context, queue string, reqs 
 	return subs, errors.Join(conflicts...)
 }
 
+// IdempotentSubmits says why this producer cannot submit idempotently
+// (nil: it can): the envelope form and a Redis Cluster are not supported.
+func (p *Producer) IdempotentSubmits() error {
+	switch {
+	case p.cfg.Envelope:
+		return errors.New("idempotent submit: not available with the envelope form")
+	case p.names.Cluster:
+		return errors.New("idempotent submit: not available on a Redis Cluster (the record and the queue are in different slots)")
+	}
+	return nil
+}
+
 // ensureIdempotentLoaded loads the idempotent submit script once.
 func (p *Producer) ensureIdempotentLoaded(ctx context.Context) error {
 	var err error
@@ -262,6 +272,10 @@ func (p *Producer) LookupSubmission(ctx context.Context, key string) (*Submissio
 	s.Replayed = false
 	return s, nil
 }
+
+// SetSubmissionRetention sets Config.SubmissionRetention (0: the default)
+// for the submits that follow; call it before submitting.
+func (p *Producer) SetSubmissionRetention(d time.Duration) { p.cfg.SubmissionRetention = d }
 
 // retention is the configured record retention.
 func (p *Producer) retention() time.Duration {
