@@ -153,3 +153,14 @@ var ErrIdempotencyConflict = errors.New("idempotency key already used by a diffe
 
 // ErrSubmissionNotFound: no record of the key is kept.
 var ErrSubmissionNotFound = errors.New("submission not found")
+
+// RouteReopener is implemented by producers whose result routes a
+// consumer restarted on its route can reopen (upstream's proposal for
+// durable result-route opening): the reader it returns hands out first
+// every result still leased on route and not acked (by the consumer's
+// earlier incarnation), leased afresh, then reads on as Results' does.
+// Each is acked once with Ack. Not for a route other live readers share:
+// their leases are taken too.
+type RouteReopener interface {
+	ReopenResults(ctx context.Context, route string) (Reader, error)
+}

@@ -38,6 +38,7 @@ type Producer struct {
 var (
 	_ submit.Producer           = (*Producer)(nil)
 	_ submit.IdempotentProducer = (*Producer)(nil)
+	_ submit.RouteReopener      = (*Producer)(nil)
 )
 
 // New returns a producer on p; Close closes p.
@@ -143,6 +144,22 @@ func (p *Producer) Results(_ context.Context, route string) (submit.Reader, erro
 	return &reader{r: p.p.Results(route, producer.ReaderOptions{Lease: p.o.Lease, Batch: p.o.Batch, PollInterval: 200 * time.Millisecond}), route: route}, nil
 }
 
+// ReopenResults implements submit.RouteReopener
+// (producer.ResultReader.Reopen).
+func (p *Producer) ReopenResults(ctx context.Context, route string) (submit.Reader, error) {
+	rd, err := p.Results(ctx, route)
+	if err != nil {
+		return nil, err
+	}
+	r := rd.(*reader)
+	ls, err := r.r.Reopen(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.held = r.wrap(ls)
+	return r, nil
+}
+
 // Capabilities implements submit.Producer: Redis keeps queued requests and
 // unacked results; a request id enqueued twice is queued twice, unless it
 // is submitted idempotently (on a single node, flat form).
@@ -161,14 +178,26 @@ func (p *Producer) Close() error { return p.p.Close() }
 type reader struct {
 	r     *producer.ResultReader
 	route string
+	// held are the results a reopen took over, handed out by the first Next.
+	held []submit.Result
 }
 
 // Next implements submit.Reader.
 func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
+	if len(r.held) > 0 {
+		out := r.held
+		r.held = nil
+		return out, nil
+	}
 	ls, err := r.r.Next(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return r.wrap(ls), nil
+}
+
+// wrap makes leases submit's results.
+func (r *reader) wrap(ls []producer.ResultLease) []submit.Result {
 	out := make([]submit.Result, len(ls))
 	for i, l := range ls {
 		out[i] = submit.Result{Raw: []byte(l.Raw), Result: l.Result, Err: l.Err, Lease: l}
@@ -176,7 +205,7 @@ func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
 			out[i].ID = l.Result.ID
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Ack implements submit.Reader.

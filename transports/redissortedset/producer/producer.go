@@ -477,6 +477,26 @@ func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
 	return out, nil
 }
 
+// Reopen is for a consumer restarted on its route (upstream's proposal
+// for durable result-route opening): it leases to this reader, afresh,
+// every result of the list still leased and not acked (by the consumer's
+// earlier incarnation, which died before its Ack), so they need not wait
+// for their leases to lapse. Handle and Ack them, then read on with Next.
+// A route shared by live readers is not for Reopen: it takes their leases
+// too.
+func (r *ResultReader) Reopen(ctx context.Context) ([]ResultLease, error) {
+	raw, err := keys.ReopenResults.Run(ctx, r.p.client, []string{r.pending}, r.o.Lease.Milliseconds()).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("reopen results of %s: %w", r.list, err)
+	}
+	out := make([]ResultLease, len(raw))
+	for i, s := range raw {
+		out[i].Raw = s
+		out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
+	}
+	return out, nil
+}
+
 // Next waits until at least one result is available (or ctx ends) and
 // leases up to Batch of them.
 func (r *ResultReader) Next(ctx context.Context) ([]ResultLease, error) {

@@ -1148,6 +1148,29 @@ if #ms > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return moved
 `)
 
+// ReopenResults hands a reopened reader of a result list every result
+// still leased there and not acked, whatever its lease, leased afresh to
+// it (a consumer restarted on its route takes over what its earlier
+// incarnation held, at once instead of when those leases expire).
+//
+//	KEYS: pending
+//	ARGV: lease ms
+//	returns: the results
+var ReopenResults = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #out > 0 then
+  local add, exp = {}, now + tonumber(ARGV[1])
+  for i = 1, #out do
+    add[2 * i - 1] = exp
+    add[2 * i] = out[i]
+  end
+  redis.call('ZADD', KEYS[1], unpack(add))
+end
+return out
+`)
+
 // LeaseResults leases up to n results of a result list for a reader: first
 // results whose earlier lease expired, then new ones (RPOP: oldest first).
 //
