@@ -21,8 +21,8 @@ import (
 )
 
 // The client suite of llm-d-router's coordinator step async-broker
-// (CLIENTS.md §1): it enqueues through llm-d-async's Go producer v0.9 an
-// api.RedisRequest whose id is <tenant>:<client id>, whose result queue is
+// (CLIENTS.md §1): it enqueues through llm-d-async's Go producer v0.9.0 an
+// api.RedisRequest (upstreamEnvelope, takeover_test.go) whose id is <tenant>:<client id>, whose result queue is
 // a mailbox per request, results:req:<tenant>:<id>, and whose metadata
 // names the tenant; it reads the mailbox without consuming it, wakes on the
 // mailbox's keyspace notification (the lpush of the result), takes "still
@@ -31,34 +31,6 @@ import (
 // queued by deleting request-cancel while it equals request-active. The
 // deployment follows its rules: the queue sets result_ttl_seconds and no
 // result_queue_name.
-
-// brokerData is the api.RedisRequest's data as the producer writes it.
-type brokerData struct {
-	ID               string            `json:"id"`
-	Created          int64             `json:"created"`
-	Deadline         int64             `json:"deadline"`
-	Payload          json.RawMessage   `json:"payload"`
-	Metadata         map[string]string `json:"metadata,omitempty"`
-	Headers          map[string]string `json:"headers,omitempty"`
-	Endpoint         string            `json:"endpoint,omitempty"`
-	RequestQueueName string            `json:"request_queue_name"`
-	ResultQueueName  string            `json:"result_queue_name"`
-}
-
-// brokerInternal is the producer's internal routing: it copies the
-// request's queue names from data (routing reads only these).
-type brokerInternal struct {
-	RequestToken     string `json:"request_token"`
-	RequestQueueName string `json:"request_queue_name"`
-	ResultQueueName  string `json:"result_queue_name"`
-	EnqueueSeq       int64  `json:"enqueue_seq"`
-}
-
-type brokerEnvelope struct {
-	Internal    brokerInternal `json:"internal"`
-	RequestKind string         `json:"request_kind"`
-	Data        brokerData     `json:"data"`
-}
 
 // brokerRevive is the broker's un-cancel: request-cancel:<id> is deleted
 // only while it holds the token of request-active:<id>.
@@ -82,8 +54,10 @@ type broker struct {
 // mailbox is the result queue of request id.
 func mailbox(id string) string { return "results:req:" + id }
 
-// submit enqueues tenant's request cid, due in timeout, for endpoint, and
-// returns its id, token and deadline.
+// submit enqueues tenant's request cid, due in timeout, for endpoint, as
+// the producer v0.9 does (request-active:<id> set to a fresh token until
+// the deadline, the envelope scored by its deadline; see takeover_test.go),
+// and returns its id, token and deadline.
 func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.Duration) (string, string, time.Time) {
 	t.Helper()
 	id := tenant + ":" + cid
@@ -92,28 +66,25 @@ func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.
 		t.Fatal(err)
 	}
 	token := hex.EncodeToString(raw)
-	dl := time.Now().Add(timeout).Unix()
-	env := brokerEnvelope{
-		Internal:    brokerInternal{RequestToken: token, RequestQueueName: b.queue, ResultQueueName: mailbox(id), EnqueueSeq: -1},
+	dl := time.Unix(time.Now().Add(timeout).Unix(), 0)
+	jb, err := json.Marshal(upstreamEnvelope{
+		Internal:    upstreamRouting{RequestToken: token, RequestQueueName: b.queue, ResultQueueName: mailbox(id)},
 		RequestKind: "redis",
-		Data: brokerData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payloadFor(id)),
+		Data: upstreamRedisRequest{ID: id, Created: time.Now().Unix(), Deadline: dl.Unix(), Payload: json.RawMessage(payloadFor(id)),
 			Metadata: map[string]string{"userid": tenant}, Headers: map[string]string{"x-llm-d-slo-ttft-ms": "500"},
 			Endpoint: endpoint, RequestQueueName: b.queue, ResultQueueName: mailbox(id)},
-	}
-	jb, err := json.Marshal(env)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, after, ok := strings.Cut(string(jb), `"enqueue_seq":-1`)
-	if !ok {
-		t.Fatalf("no sequence placeholder in %s", jb)
+	ctx := context.Background()
+	if err := b.c.Set(ctx, "request-active:"+id, token, time.Until(dl)).Err(); err != nil {
+		t.Fatal(err)
 	}
-	activeMS := max(time.Until(time.Unix(dl, 0)).Milliseconds(), 1)
-	ks := []string{fmt.Sprintf("request-seq:%s:%d", b.queue, dl), "request-cancel:" + id, "request-active:" + id, b.queue}
-	if err := upstreamSubmit.Run(context.Background(), b.c, ks, token, activeMS, dl+3600, before+`"enqueue_seq":`, after, dl).Err(); err != nil {
-		t.Fatalf("broker enqueue of %s: %v", id, err)
+	if err := b.c.ZAdd(ctx, b.queue, redis.Z{Score: float64(dl.Unix()), Member: string(jb)}).Err(); err != nil {
+		t.Fatal(err)
 	}
-	return id, token, time.Unix(dl, 0)
+	return id, token, dl
 }
 
 // cancel is the broker's DELETE /v1/requests/{id}: request-active copied to

@@ -90,30 +90,10 @@ func TestClientBatchGatewayAfterJuly(t *testing.T) {
 	// queue names no result list, so each envelope's own wins.
 	f.runAppOn(tp, []config.Queue{{Queue: transport.Queue{Name: q, ResultTTLSeconds: 600}, IGWBaseURL: f.sim}}, base, 8)
 
-	seen := map[string]int{}
-	end := time.Now().Add(20 * time.Second)
-	for len(seen) < len(tokens) && time.Now().Before(end) {
-		idle := true
-		for r, p := range procs {
-			m, cid := p.receive(t)
-			if m == nil {
-				continue
-			}
-			idle = false
-			id, _ := m["id"].(string)
-			if listOf[id] != r {
-				t.Errorf("%s arrived in %s", id, p.list)
-			}
-			if got := p.ack(t, cid); got != 1 {
-				t.Errorf("ack of %s: %d", id, got)
-			}
-			seen[id]++
-			checkBGResult(t, m, tokens[id], false)
-		}
-		if idle {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	seen := readResults(t, procs, listOf, len(tokens), 20*time.Second, func(_ int, id string, m map[string]any) bool {
+		checkBGResult(t, m, tokens[id], false)
+		return true
+	})
 	if len(seen) != len(tokens) {
 		t.Fatalf("the processors read %d of %d results", len(seen), len(tokens))
 	}
