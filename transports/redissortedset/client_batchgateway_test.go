@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 )
 
@@ -27,17 +27,6 @@ import (
 // everywhere sluice shows a queue: the transport's keys, the metrics'
 // labels, the status page, the registry `sluice queues` lists, and the
 // migration commands.
-
-// freePort returns a loopback port free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // httpGet fetches url, retrying while the server is not up yet.
 func httpGet(t *testing.T, url string) string {
@@ -83,7 +72,7 @@ func TestClientBatchGatewayAfterJuly(t *testing.T) {
 			listOf[id], endpointOf[id] = r, up.endpoint
 		}
 	}
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	f.tune = func(cfg *config.Config) { cfg.MetricsPort, cfg.ListenHost = port, "127.0.0.1" }
 	tp := f.transport(rss.Options{PollIntervalMS: 20})
 	// The deployment's default result list is the operator's base; the

@@ -469,12 +469,7 @@ func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read results from %s: %w", r.list, err)
 	}
-	out := make([]ResultLease, len(raw))
-	for i, s := range raw {
-		out[i].Raw = s
-		out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
-	}
-	return out, nil
+	return leasesOf(raw), nil
 }
 
 // Reopen is for a consumer restarted on its route (upstream's proposal
@@ -489,12 +484,17 @@ func (r *ResultReader) Reopen(ctx context.Context) ([]ResultLease, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("reopen results of %s: %w", r.list, err)
 	}
+	return leasesOf(raw), nil
+}
+
+// leasesOf decodes leased results.
+func leasesOf(raw []string) []ResultLease {
 	out := make([]ResultLease, len(raw))
 	for i, s := range raw {
 		out[i].Raw = s
 		out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
 	}
-	return out, nil
+	return out
 }
 
 // Next waits until at least one result is available (or ctx ends) and
