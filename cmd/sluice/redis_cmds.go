@@ -82,13 +82,22 @@ func newEnqueue() *cobra.Command {
 	var qf queueFlags
 	var file string
 	var batch int
+	var idempotent bool
+	var retention time.Duration
 	cmd := &cobra.Command{
 		Use:   "enqueue",
 		Short: "Enqueue requests (JSON lines) into a Redis sorted-set queue",
 		Long: `Read requests, one JSON object per line (flat or envelope form), from --file or
 stdin and enqueue them in the flat form, pipelined. Invalid lines are reported
 with their line number and skipped; the exit status is 1 if there were any.
-Progress goes to stderr.`,
+Progress goes to stderr.
+
+With --idempotent each request is submitted under its id as idempotency key
+(single node, flat form): running the command again on the same file, after a
+crash or to be sure, queues nothing twice. A line whose id was already
+submitted with the same request is counted as already submitted; with a
+different request it is reported as a conflict (exit status 1). The records
+are kept for --retention.`,
 		Example: `  sluice enqueue --pool pool-a --file requests.jsonl
   cat requests.jsonl | REDIS_URL=redis://redis:6379 sluice enqueue --queue llm-d-async:requests:pool-a`,
 		Args: cobra.NoArgs,
@@ -111,7 +120,10 @@ Progress goes to stderr.`,
 				defer fh.Close()
 				in = fh
 			}
-			return enqueueLines(cmd.Context(), p, q, in, cmd.ErrOrStderr(), max(batch, 1))
+			if idempotent {
+				p.SetSubmissionRetention(retention)
+			}
+			return enqueueLines(cmd.Context(), p, q, in, cmd.ErrOrStderr(), max(batch, 1), idempotent)
 		},
 	}
 	rf.register(cmd.Flags())
@@ -119,27 +131,50 @@ Progress goes to stderr.`,
 	cmd.Flags().StringVar(&qf.pool, "pool", "", "pool whose request queue to use (<prefix>:requests:<pool>)")
 	cmd.Flags().StringVarP(&file, "file", "f", "", "JSON lines file (default stdin)")
 	cmd.Flags().IntVar(&batch, "batch", 1000, "requests per pipelined write")
+	cmd.Flags().BoolVar(&idempotent, "idempotent", false, "submit each request under its id as idempotency key: nothing is queued twice")
+	cmd.Flags().DurationVar(&retention, "retention", producer.DefaultSubmissionRetention, "with --idempotent, how long the submission records are kept")
 	return cmd
 }
 
-func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Reader, progress io.Writer, batch int) error {
+func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Reader, progress io.Writer, batch int, idempotent bool) error {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), 64<<20)
 	var (
 		pending      []*wire.Request
+		lines        []int // the line of each pending request
 		line, done   int
 		invalid      int
+		replayed     int
 		start, shown = time.Now(), time.Now()
 	)
 	flush := func() error {
 		if len(pending) == 0 {
 			return nil
 		}
-		if err := p.EnqueueMany(ctx, q, pending); err != nil {
+		if idempotent {
+			keys := make([]string, len(pending))
+			for i, r := range pending {
+				keys[i] = r.ID
+			}
+			subs, err := p.SubmitIdempotentMany(ctx, q, pending, keys)
+			if subs == nil && err != nil {
+				return err
+			}
+			for i, s := range subs {
+				switch {
+				case s == nil:
+					invalid++
+					fmt.Fprintf(progress, "line %d: id %s was submitted before as a different request (conflict)\n", lines[i], pending[i].ID)
+					done--
+				case s.Replayed:
+					replayed++
+				}
+			}
+		} else if err := p.EnqueueMany(ctx, q, pending); err != nil {
 			return err
 		}
 		done += len(pending)
-		pending = pending[:0]
+		pending, lines = pending[:0], lines[:0]
 		if time.Since(shown) >= time.Second {
 			shown = time.Now()
 			fmt.Fprintf(progress, "enqueued %d (%.0f/s)\n", done, float64(done)/time.Since(start).Seconds())
@@ -159,6 +194,7 @@ func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Rea
 			continue
 		}
 		pending = append(pending, r)
+		lines = append(lines, line)
 		if len(pending) >= batch {
 			if err := flush(); err != nil {
 				return err
@@ -171,7 +207,12 @@ func enqueueLines(ctx context.Context, p *producer.Producer, q string, in io.Rea
 	if err := flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(progress, "enqueued %d request(s) to %s in %s; %d invalid line(s)\n", done, q, time.Since(start).Round(time.Millisecond), invalid)
+	if idempotent {
+		fmt.Fprintf(progress, "submitted %d request(s) to %s in %s (%d already submitted before, not queued again); %d invalid or conflicting line(s)\n",
+			done, q, time.Since(start).Round(time.Millisecond), replayed, invalid)
+	} else {
+		fmt.Fprintf(progress, "enqueued %d request(s) to %s in %s; %d invalid line(s)\n", done, q, time.Since(start).Round(time.Millisecond), invalid)
+	}
 	if invalid > 0 {
 		return exitError{1}
 	}

@@ -306,3 +306,38 @@ func TestServeSurvivesKill9(t *testing.T) {
 	}
 	t.Logf("reclaimed after kills: %s", c.HGet(ctx, queue+":stats", "reclaimed").Val())
 }
+
+// TestEnqueueIdempotent: `sluice enqueue --idempotent` run twice on one
+// file queues each request once; a line whose id was submitted as another
+// request is a conflict (exit status 1), the rest still go in.
+func TestEnqueueIdempotent(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	t.Setenv("REDIS_URL", r.URL)
+	ctx := context.Background()
+	dl := time.Unix(4_000_000_000, 0)
+	var in strings.Builder
+	for i := range 12 {
+		fmt.Fprintln(&in, flatLine(fmt.Sprintf("idem-%02d", i), "job-i", dl))
+	}
+	for run := range 2 {
+		_, stderr, err := runCLI(t, ctx, in.String(), "enqueue", "--pool", "pool-i", "--batch", "5", "--idempotent", "--retention", "2h")
+		want := "submitted 12 request(s) to llm-d-async:requests:pool-i in"
+		already := fmt.Sprintf("(%d already submitted before", run*12)
+		if err != nil || !strings.Contains(stderr, want) || !strings.Contains(stderr, already) {
+			t.Fatalf("run %d: %v\n%s", run, err, stderr)
+		}
+	}
+	changed := strings.Replace(flatLine("idem-03", "job-i", dl), `"prompt":"p"`, `"prompt":"q"`, 1) + "\n" + flatLine("idem-12", "job-i", dl) + "\n"
+	_, stderr, err := runCLI(t, ctx, changed, "enqueue", "--pool", "pool-i", "--idempotent")
+	if ee, ok := err.(exitError); !ok || ee.code != 1 || !strings.Contains(stderr, "line 1: id idem-03 was submitted before as a different request") {
+		t.Fatalf("conflict: %v\n%s", err, stderr)
+	}
+	out, _, err := runCLI(t, ctx, "", "queues", "llm-d-async:requests:pool-i")
+	if err != nil || !regexpLine(out, "llm-d-async:requests:pool-i", "13", "0", "0", "0") {
+		t.Fatalf("queues: %v\n%s", err, out)
+	}
+	c := testenv.RedisClient(t, r.URL)
+	if ttl := c.PTTL(ctx, "llm-d-async:submission:idem-00").Val(); ttl <= time.Hour || ttl > 2*time.Hour {
+		t.Errorf("record kept for %s, want --retention 2h", ttl)
+	}
+}

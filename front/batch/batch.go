@@ -400,7 +400,9 @@ func (s *Service) validate(ctx context.Context, j Job) (Job, []inputLine, error)
 
 // enqueue puts the lines from j.Enqueued on the queue in chunks, recording
 // progress after each, so a resumed job goes on from the last chunk
-// recorded (a chunk enqueued twice is answered twice and recorded once).
+// recorded. A chunk enqueued twice (the front died before recording it)
+// is queued once when the producer takes idempotent submits
+// (submit.Capabilities.Idempotent), else answered twice and recorded once.
 // kept are the job's lines as validation read them, or nil to read them
 // from the input file.
 func (s *Service) enqueue(ctx context.Context, j Job, kept []inputLine) (Job, error) {
@@ -433,6 +435,15 @@ func (s *Service) enqueue(ctx context.Context, j Job, kept []inputLine) (Job, er
 	}
 	deadline := time.Unix(j.ExpiresAt, 0)
 	created := time.Now()
+	// With idempotent submits each line is submitted under its request id:
+	// a chunk submitted again after a crash (before its progress was
+	// recorded) queues nothing twice. Its created is then the job's start,
+	// the same in every attempt, so the request's identity is too.
+	ip, idempotent := s.prod.(submit.IdempotentProducer)
+	idempotent = idempotent && s.prod.Capabilities().Idempotent
+	if idempotent && j.InProgressAt > 0 {
+		created = time.Unix(j.InProgressAt, 0)
+	}
 	route := s.route(j.ID)
 	chunk := make([]*wire.Request, 0, s.cfg.ChunkSize)
 	idx := -1
@@ -440,7 +451,15 @@ func (s *Service) enqueue(ctx context.Context, j Job, kept []inputLine) (Job, er
 		if len(chunk) == 0 {
 			return nil
 		}
-		if err := s.prod.Enqueue(ctx, s.cfg.Queue, chunk); err != nil {
+		if idempotent {
+			keys := make([]string, len(chunk))
+			for i, r := range chunk {
+				keys[i] = r.ID
+			}
+			if _, err := ip.SubmitIdempotent(ctx, s.cfg.Queue, chunk, keys); err != nil {
+				return err
+			}
+		} else if err := s.prod.Enqueue(ctx, s.cfg.Queue, chunk); err != nil {
 			return err
 		}
 		n := idx + 1

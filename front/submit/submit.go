@@ -19,6 +19,7 @@ package submit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
@@ -84,6 +85,10 @@ type Capabilities struct {
 	// DedupesIDs: enqueueing a request id that is already queued is a
 	// no-op, so a resumed front may enqueue again what it is unsure of.
 	DedupesIDs bool
+	// Idempotent: the producer is an IdempotentProducer whose submits work
+	// in this deployment (the redis-sortedset producer's: flat form, single
+	// node).
+	Idempotent bool
 }
 
 // ReaderOptions configure the Readers a Producer opens; every adapter takes
@@ -106,4 +111,56 @@ func (o ReaderOptions) WithDefaults(batch int) ReaderOptions {
 		o.Batch = batch
 	}
 	return o
+}
+
+// IdempotentProducer is implemented by producers that take idempotent
+// submits (upstream's proposal for crash recovery): a caller that crashed
+// between its submit and the answer submits again under the same keys and
+// learns what was queued, without losing or doubling a request.
+type IdempotentProducer interface {
+	// SubmitIdempotent puts each reqs[i] on queue under the caller's key
+	// keys[i], unless a submit under that key is recorded: then nothing is
+	// queued and the first submission is returned (Replayed) when the
+	// request has the same identity (SHA-256 of its canonical JSON), or,
+	// when it has not, that request's Submission is nil and the returned
+	// error wraps ErrIdempotencyConflict naming the key. Records are kept
+	// for the producer's configured retention.
+	SubmitIdempotent(ctx context.Context, queue string, reqs []*wire.Request, keys []string) ([]*Submission, error)
+	// LookupSubmission returns the record of key, or an error wrapping
+	// ErrSubmissionNotFound.
+	LookupSubmission(ctx context.Context, key string) (*Submission, error)
+}
+
+// Submission is the record of the first submit under an idempotency key.
+type Submission struct {
+	// Key is the caller's idempotency key.
+	Key string
+	// RequestToken identifies the first submission.
+	RequestToken string
+	// IdentitySHA256 is the hex SHA-256 of the request's canonical JSON.
+	IdentitySHA256 string
+	// RequestRoute and ResultRoute are the request queue and the result
+	// route of the first submission.
+	RequestRoute, ResultRoute string
+	// Submitted is when the first submission was recorded.
+	Submitted time.Time
+	// Replayed says this call found the record and queued nothing.
+	Replayed bool
+}
+
+// ErrIdempotencyConflict: the key names a different request.
+var ErrIdempotencyConflict = errors.New("idempotency key already used by a different request")
+
+// ErrSubmissionNotFound: no record of the key is kept.
+var ErrSubmissionNotFound = errors.New("submission not found")
+
+// RouteReopener is implemented by producers whose result routes a
+// consumer restarted on its route can reopen (upstream's proposal for
+// durable result-route opening): the reader it returns hands out first
+// every result still leased on route and not acked (by the consumer's
+// earlier incarnation), leased afresh, then reads on as Results' does.
+// Each is acked once with Ack. Not for a route other live readers share:
+// their leases are taken too.
+type RouteReopener interface {
+	ReopenResults(ctx context.Context, route string) (Reader, error)
 }

@@ -181,35 +181,15 @@ func TestBatchGatewayConsumer(t *testing.T) {
 
 	// Each processor reads only its own list; processor 1 dies once
 	// holding three results, unacked: they come back after its lease.
-	seen := map[string]int{}
 	var held []string
-	end := time.Now().Add(20 * time.Second)
-	for len(seen) < len(tokens) && time.Now().Before(end) {
-		idle := true
-		for r, p := range procs {
-			m, cid := p.receive(t)
-			if m == nil {
-				continue
-			}
-			idle = false
-			id, _ := m["id"].(string)
-			if listOf[id] != r {
-				t.Errorf("%s arrived in %s", id, p.list)
-			}
-			if r == 1 && len(held) < 3 {
-				held = append(held, id) // the replica dies before acking
-				continue
-			}
-			if got := p.ack(t, cid); got != 1 {
-				t.Errorf("ack of %s: %d", id, got)
-			}
-			seen[id]++
-			checkBGResult(t, m, tokens[id], cancelled[id])
+	seen := readResults(t, procs, listOf, len(tokens), 20*time.Second, func(r int, id string, m map[string]any) bool {
+		if r == 1 && len(held) < 3 {
+			held = append(held, id) // the replica dies before acking
+			return false
 		}
-		if idle {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+		checkBGResult(t, m, tokens[id], cancelled[id])
+		return true
+	})
 	if len(seen) != len(tokens) {
 		t.Fatalf("the processors read %d of %d results", len(seen), len(tokens))
 	}
@@ -245,6 +225,42 @@ func TestBatchGatewayConsumer(t *testing.T) {
 	if c.Exists(ctx, base).Val() != 0 {
 		t.Errorf("results went to the default list %s", base)
 	}
+}
+
+// readResults has each processor read its own list until n results were
+// acked or d passed: each result is checked to be in the list of its
+// processor (listOf), then handed to use, which says whether to ack it (a
+// result not acked is held by a replica about to die). It returns how many
+// times each id was acked.
+func readResults(t *testing.T, procs []*bgProcessor, listOf map[string]int, n int, d time.Duration, use func(r int, id string, m map[string]any) bool) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	end := time.Now().Add(d)
+	for len(seen) < n && time.Now().Before(end) {
+		idle := true
+		for r, p := range procs {
+			m, cid := p.receive(t)
+			if m == nil {
+				continue
+			}
+			idle = false
+			id, _ := m["id"].(string)
+			if listOf[id] != r {
+				t.Errorf("%s arrived in %s", id, p.list)
+			}
+			if !use(r, id, m) {
+				continue
+			}
+			if got := p.ack(t, cid); got != 1 {
+				t.Errorf("ack of %s: %d", id, got)
+			}
+			seen[id]++
+		}
+		if idle {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return seen
 }
 
 // checkBGResult checks a result as the processor classifies it.

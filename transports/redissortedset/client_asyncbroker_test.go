@@ -21,8 +21,8 @@ import (
 )
 
 // The client suite of llm-d-router's coordinator step async-broker
-// (CLIENTS.md §1): it enqueues through llm-d-async's Go producer v0.9 an
-// api.RedisRequest whose id is <tenant>:<client id>, whose result queue is
+// (CLIENTS.md §1): it enqueues through llm-d-async's Go producer v0.9.0 an
+// api.RedisRequest (upstreamEnvelope, takeover_test.go) whose id is <tenant>:<client id>, whose result queue is
 // a mailbox per request, results:req:<tenant>:<id>, and whose metadata
 // names the tenant; it reads the mailbox without consuming it, wakes on the
 // mailbox's keyspace notification (the lpush of the result), takes "still
@@ -31,34 +31,6 @@ import (
 // queued by deleting request-cancel while it equals request-active. The
 // deployment follows its rules: the queue sets result_ttl_seconds and no
 // result_queue_name.
-
-// brokerData is the api.RedisRequest's data as the producer writes it.
-type brokerData struct {
-	ID               string            `json:"id"`
-	Created          int64             `json:"created"`
-	Deadline         int64             `json:"deadline"`
-	Payload          json.RawMessage   `json:"payload"`
-	Metadata         map[string]string `json:"metadata,omitempty"`
-	Headers          map[string]string `json:"headers,omitempty"`
-	Endpoint         string            `json:"endpoint,omitempty"`
-	RequestQueueName string            `json:"request_queue_name"`
-	ResultQueueName  string            `json:"result_queue_name"`
-}
-
-// brokerInternal is the producer's internal routing: it copies the
-// request's queue names from data (routing reads only these).
-type brokerInternal struct {
-	RequestToken     string `json:"request_token"`
-	RequestQueueName string `json:"request_queue_name"`
-	ResultQueueName  string `json:"result_queue_name"`
-	EnqueueSeq       int64  `json:"enqueue_seq"`
-}
-
-type brokerEnvelope struct {
-	Internal    brokerInternal `json:"internal"`
-	RequestKind string         `json:"request_kind"`
-	Data        brokerData     `json:"data"`
-}
 
 // brokerRevive is the broker's un-cancel: request-cancel:<id> is deleted
 // only while it holds the token of request-active:<id>.
@@ -82,9 +54,11 @@ type broker struct {
 // mailbox is the result queue of request id.
 func mailbox(id string) string { return "results:req:" + id }
 
-// submit enqueues tenant's request cid, due in timeout, for endpoint, and
-// returns its id and token.
-func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.Duration) (string, string) {
+// submit enqueues tenant's request cid, due in timeout, for endpoint, as
+// the producer v0.9 does (request-active:<id> set to a fresh token until
+// the deadline, the envelope scored by its deadline; see takeover_test.go),
+// and returns its id, token and deadline.
+func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.Duration) (string, string, time.Time) {
 	t.Helper()
 	id := tenant + ":" + cid
 	raw := make([]byte, 16)
@@ -92,28 +66,25 @@ func (b broker) submit(t testing.TB, tenant, cid, endpoint string, timeout time.
 		t.Fatal(err)
 	}
 	token := hex.EncodeToString(raw)
-	dl := time.Now().Add(timeout).Unix()
-	env := brokerEnvelope{
-		Internal:    brokerInternal{RequestToken: token, RequestQueueName: b.queue, ResultQueueName: mailbox(id), EnqueueSeq: -1},
+	dl := time.Unix(time.Now().Add(timeout).Unix(), 0)
+	jb, err := json.Marshal(upstreamEnvelope{
+		Internal:    upstreamRouting{RequestToken: token, RequestQueueName: b.queue, ResultQueueName: mailbox(id)},
 		RequestKind: "redis",
-		Data: brokerData{ID: id, Created: time.Now().Unix(), Deadline: dl, Payload: json.RawMessage(payloadFor(id)),
+		Data: upstreamRedisRequest{ID: id, Created: time.Now().Unix(), Deadline: dl.Unix(), Payload: json.RawMessage(payloadFor(id)),
 			Metadata: map[string]string{"userid": tenant}, Headers: map[string]string{"x-llm-d-slo-ttft-ms": "500"},
 			Endpoint: endpoint, RequestQueueName: b.queue, ResultQueueName: mailbox(id)},
-	}
-	jb, err := json.Marshal(env)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, after, ok := strings.Cut(string(jb), `"enqueue_seq":-1`)
-	if !ok {
-		t.Fatalf("no sequence placeholder in %s", jb)
+	ctx := context.Background()
+	if err := b.c.Set(ctx, "request-active:"+id, token, time.Until(dl)).Err(); err != nil {
+		t.Fatal(err)
 	}
-	activeMS := max(time.Until(time.Unix(dl, 0)).Milliseconds(), 1)
-	ks := []string{fmt.Sprintf("request-seq:%s:%d", b.queue, dl), "request-cancel:" + id, "request-active:" + id, b.queue}
-	if err := upstreamSubmit.Run(context.Background(), b.c, ks, token, activeMS, dl+3600, before+`"enqueue_seq":`, after, dl).Err(); err != nil {
-		t.Fatalf("broker enqueue of %s: %v", id, err)
+	if err := b.c.ZAdd(ctx, b.queue, redis.Z{Score: float64(dl.Unix()), Member: string(jb)}).Err(); err != nil {
+		t.Fatal(err)
 	}
-	return id, token
+	return id, token, dl
 }
 
 // cancel is the broker's DELETE /v1/requests/{id}: request-active copied to
@@ -139,11 +110,14 @@ func (b broker) revive(t testing.TB, id string) bool {
 // pendingChecker polls, as the broker's fetch does, that every request it
 // watches is pending (request-active:<id> exists) or answered (its mailbox
 // holds the result): a moment with neither would answer the client
-// "unknown". Both are read in one MULTI, so they are one moment.
+// "unknown". Both are read in one MULTI, so they are one moment. Once a
+// request's deadline passed it is not checked: the producer gives
+// request-active:<id> the deadline as its expiry.
 type pendingChecker struct {
 	c       redis.UniversalClient
 	mu      sync.Mutex
 	watched []string
+	due     map[string]time.Time
 	bad     map[string]int
 	polls   int
 	stop    chan struct{}
@@ -151,15 +125,16 @@ type pendingChecker struct {
 }
 
 func newPendingChecker(c redis.UniversalClient) *pendingChecker {
-	p := &pendingChecker{c: c, bad: map[string]int{}, stop: make(chan struct{}), done: make(chan struct{})}
+	p := &pendingChecker{c: c, bad: map[string]int{}, due: map[string]time.Time{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
 }
 
-// watch adds id (enqueued: its request-active key is written).
-func (p *pendingChecker) watch(id string) {
+// watch adds id (enqueued: its request-active key is written), due at dl.
+func (p *pendingChecker) watch(id string, dl time.Time) {
 	p.mu.Lock()
 	p.watched = append(p.watched, id)
+	p.due[id] = dl
 	p.mu.Unlock()
 }
 
@@ -172,8 +147,14 @@ func (p *pendingChecker) run() {
 			return
 		case <-time.After(2 * time.Millisecond):
 		}
+		start := time.Now()
 		p.mu.Lock()
-		ids := append([]string(nil), p.watched...)
+		ids := make([]string, 0, len(p.watched))
+		for _, id := range p.watched {
+			if start.Add(100 * time.Millisecond).Before(p.due[id]) { // a poll takes well under that
+				ids = append(ids, id)
+			}
+		}
 		p.mu.Unlock()
 		if len(ids) == 0 {
 			continue
@@ -271,11 +252,11 @@ func TestClientAsyncBroker(t *testing.T) {
 	tokens := map[string]string{}
 	endpoint := map[string]string{}
 	var mu sync.Mutex
-	add := func(id, token, ep string, w brokerWant) {
+	add := func(id, token string, dl time.Time, ep string, w brokerWant) {
 		mu.Lock()
 		want[id], tokens[id], endpoint[id] = w, token, ep
 		mu.Unlock()
-		checker.watch(id)
+		checker.watch(id, dl)
 	}
 	// Queued before sluice starts: answered, cancelled, and cancelled then
 	// revived before sluice decides.
@@ -285,21 +266,21 @@ func TestClientAsyncBroker(t *testing.T) {
 			ep = "/v1/completions"
 		}
 		tenant := []string{"acme", "globex"}[i%2]
-		id, tok := b.submit(t, tenant, fmt.Sprintf("req-%02d", i), ep, time.Hour)
-		add(id, tok, ep, wantAnswered)
+		id, tok, dl := b.submit(t, tenant, fmt.Sprintf("req-%02d", i), ep, time.Hour)
+		add(id, tok, dl, ep, wantAnswered)
 	}
 	for i := range 6 {
-		id, tok := b.submit(t, "acme", fmt.Sprintf("drop-%02d", i), "/v1/chat/completions", time.Hour)
+		id, tok, dl := b.submit(t, "acme", fmt.Sprintf("drop-%02d", i), "/v1/chat/completions", time.Hour)
 		b.cancel(t, id)
-		add(id, tok, "", wantCancelled)
+		add(id, tok, dl, "", wantCancelled)
 	}
 	for i := range 6 {
-		id, tok := b.submit(t, "globex", fmt.Sprintf("revive-%02d", i), "/v1/chat/completions", time.Hour)
+		id, tok, dl := b.submit(t, "globex", fmt.Sprintf("revive-%02d", i), "/v1/chat/completions", time.Hour)
 		b.cancel(t, id)
 		if !b.revive(t, id) {
 			t.Fatalf("%s: the revive found no cancel marker to delete", id)
 		}
-		add(id, tok, "/v1/chat/completions", wantAnswered)
+		add(id, tok, dl, "/v1/chat/completions", wantAnswered)
 	}
 	// A deadline that passes during the call, and a request timeout that
 	// ends every call until the deadline passes: DEADLINE_EXCEEDED both.
@@ -310,10 +291,10 @@ func TestClientAsyncBroker(t *testing.T) {
 	f.tune = func(cfg *config.Config) { cfg.RequestTimeout = config.Duration(1500 * time.Millisecond) }
 	tp := f.transport(rss.Options{PollIntervalMS: 20})
 	f.runAppOn(tp, []config.Queue{{Queue: transport.Queue{Name: b.queue, ResultTTLSeconds: ttl}, IGWBaseURL: f.sim}}, "async:results", 8)
-	id, tok := b.submit(t, "acme", "slow-deadline", "/v1/chat/completions", 2*time.Second)
-	add(id, tok, "/v1/chat/completions", wantDeadline)
-	id, tok = b.submit(t, "acme", "slow-timeout", "/v1/chat/completions", 4*time.Second)
-	add(id, tok, "/v1/chat/completions", wantDeadline)
+	id, tok, dl := b.submit(t, "acme", "slow-deadline", "/v1/chat/completions", 2*time.Second)
+	add(id, tok, dl, "/v1/chat/completions", wantDeadline)
+	id, tok, dl = b.submit(t, "acme", "slow-timeout", "/v1/chat/completions", 4*time.Second)
+	add(id, tok, dl, "/v1/chat/completions", wantDeadline)
 	// Cancels racing the claim: submitted and cancelled at once while
 	// sluice runs; one result each, either kind.
 	var wg sync.WaitGroup
@@ -321,8 +302,8 @@ func TestClientAsyncBroker(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id, tok := b.submit(t, "globex", fmt.Sprintf("race-%02d", i), "/v1/chat/completions", time.Hour)
-			add(id, tok, "/v1/chat/completions", wantEither)
+			id, tok, dl := b.submit(t, "globex", fmt.Sprintf("race-%02d", i), "/v1/chat/completions", time.Hour)
+			add(id, tok, dl, "/v1/chat/completions", wantEither)
 			time.Sleep(time.Duration(i%4) * time.Millisecond)
 			b.cancel(t, id)
 		}()

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 )
 
@@ -27,17 +27,6 @@ import (
 // everywhere sluice shows a queue: the transport's keys, the metrics'
 // labels, the status page, the registry `sluice queues` lists, and the
 // migration commands.
-
-// freePort returns a loopback port free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // httpGet fetches url, retrying while the server is not up yet.
 func httpGet(t *testing.T, url string) string {
@@ -83,37 +72,17 @@ func TestClientBatchGatewayAfterJuly(t *testing.T) {
 			listOf[id], endpointOf[id] = r, up.endpoint
 		}
 	}
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	f.tune = func(cfg *config.Config) { cfg.MetricsPort, cfg.ListenHost = port, "127.0.0.1" }
 	tp := f.transport(rss.Options{PollIntervalMS: 20})
 	// The deployment's default result list is the operator's base; the
 	// queue names no result list, so each envelope's own wins.
 	f.runAppOn(tp, []config.Queue{{Queue: transport.Queue{Name: q, ResultTTLSeconds: 600}, IGWBaseURL: f.sim}}, base, 8)
 
-	seen := map[string]int{}
-	end := time.Now().Add(20 * time.Second)
-	for len(seen) < len(tokens) && time.Now().Before(end) {
-		idle := true
-		for r, p := range procs {
-			m, cid := p.receive(t)
-			if m == nil {
-				continue
-			}
-			idle = false
-			id, _ := m["id"].(string)
-			if listOf[id] != r {
-				t.Errorf("%s arrived in %s", id, p.list)
-			}
-			if got := p.ack(t, cid); got != 1 {
-				t.Errorf("ack of %s: %d", id, got)
-			}
-			seen[id]++
-			checkBGResult(t, m, tokens[id], false)
-		}
-		if idle {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	seen := readResults(t, procs, listOf, len(tokens), 20*time.Second, func(_ int, id string, m map[string]any) bool {
+		checkBGResult(t, m, tokens[id], false)
+		return true
+	})
 	if len(seen) != len(tokens) {
 		t.Fatalf("the processors read %d of %d results", len(seen), len(tokens))
 	}

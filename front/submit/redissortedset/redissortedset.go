@@ -35,7 +35,11 @@ type Producer struct {
 	o Options
 }
 
-var _ submit.Producer = (*Producer)(nil)
+var (
+	_ submit.Producer           = (*Producer)(nil)
+	_ submit.IdempotentProducer = (*Producer)(nil)
+	_ submit.RouteReopener      = (*Producer)(nil)
+)
 
 // New returns a producer on p; Close closes p.
 func New(p *producer.Producer, o Options) *Producer {
@@ -82,6 +86,56 @@ func (p *Producer) Cancel(ctx context.Context, _ string, c transport.Cancellatio
 	return 0, errors.New("cancel: neither a job nor a request id")
 }
 
+// SubmitIdempotent implements submit.IdempotentProducer
+// (producer.SubmitIdempotentMany: flat form, single node).
+func (p *Producer) SubmitIdempotent(ctx context.Context, queue string, reqs []*wire.Request, keys []string) ([]*submit.Submission, error) {
+	subs, err := p.p.SubmitIdempotentMany(ctx, queue, reqs, keys)
+	if subs == nil && err != nil {
+		return nil, err
+	}
+	out := make([]*submit.Submission, len(subs))
+	for i, s := range subs {
+		out[i] = submissionOf(s)
+	}
+	return out, asSubmitErr(err)
+}
+
+// LookupSubmission implements submit.IdempotentProducer.
+func (p *Producer) LookupSubmission(ctx context.Context, key string) (*submit.Submission, error) {
+	s, err := p.p.LookupSubmission(ctx, key)
+	if err != nil {
+		return nil, asSubmitErr(err)
+	}
+	return submissionOf(s), nil
+}
+
+func submissionOf(s *producer.Submission) *submit.Submission {
+	if s == nil {
+		return nil
+	}
+	return &submit.Submission{Key: s.Key, RequestToken: s.RequestToken, IdentitySHA256: s.IdentitySHA256,
+		RequestRoute: s.RequestRoute, ResultRoute: s.ResultRoute, Submitted: s.Submitted, Replayed: s.Replayed}
+}
+
+// asSubmitErr makes the producer's errors match submit's sentinels too.
+func asSubmitErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, producer.ErrIdempotencyConflict):
+		return &sentinelErr{err: err, is: submit.ErrIdempotencyConflict}
+	case errors.Is(err, producer.ErrSubmissionNotFound):
+		return &sentinelErr{err: err, is: submit.ErrSubmissionNotFound}
+	}
+	return err
+}
+
+// sentinelErr is err, also matching is.
+type sentinelErr struct{ err, is error }
+
+func (e *sentinelErr) Error() string   { return e.err.Error() }
+func (e *sentinelErr) Unwrap() []error { return []error{e.err, e.is} }
+
 // Results implements submit.Producer: route is a Redis list key.
 func (p *Producer) Results(_ context.Context, route string) (submit.Reader, error) {
 	if route == "" {
@@ -90,9 +144,28 @@ func (p *Producer) Results(_ context.Context, route string) (submit.Reader, erro
 	return &reader{r: p.p.Results(route, producer.ReaderOptions{Lease: p.o.Lease, Batch: p.o.Batch, PollInterval: 200 * time.Millisecond}), route: route}, nil
 }
 
+// ReopenResults implements submit.RouteReopener
+// (producer.ResultReader.Reopen).
+func (p *Producer) ReopenResults(ctx context.Context, route string) (submit.Reader, error) {
+	rd, err := p.Results(ctx, route)
+	if err != nil {
+		return nil, err
+	}
+	r := rd.(*reader)
+	ls, err := r.r.Reopen(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.held = r.wrap(ls)
+	return r, nil
+}
+
 // Capabilities implements submit.Producer: Redis keeps queued requests and
-// unacked results; a request id enqueued twice is queued twice.
-func (p *Producer) Capabilities() submit.Capabilities { return submit.Capabilities{Durable: true} }
+// unacked results; a request id enqueued twice is queued twice, unless it
+// is submitted idempotently (on a single node, flat form).
+func (p *Producer) Capabilities() submit.Capabilities {
+	return submit.Capabilities{Durable: true, Idempotent: p.p.IdempotentSubmits() == nil}
+}
 
 // Redis returns the connection the producer reaches the queues on (the
 // transport's), for state that must live beside them (the Batch API's
@@ -105,14 +178,26 @@ func (p *Producer) Close() error { return p.p.Close() }
 type reader struct {
 	r     *producer.ResultReader
 	route string
+	// held are the results a reopen took over, handed out by the first Next.
+	held []submit.Result
 }
 
 // Next implements submit.Reader.
 func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
+	if len(r.held) > 0 {
+		out := r.held
+		r.held = nil
+		return out, nil
+	}
 	ls, err := r.r.Next(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return r.wrap(ls), nil
+}
+
+// wrap makes leases submit's results.
+func (r *reader) wrap(ls []producer.ResultLease) []submit.Result {
 	out := make([]submit.Result, len(ls))
 	for i, l := range ls {
 		out[i] = submit.Result{Raw: []byte(l.Raw), Result: l.Result, Err: l.Err, Lease: l}
@@ -120,7 +205,7 @@ func (r *reader) Next(ctx context.Context) ([]submit.Result, error) {
 			out[i].ID = l.Result.ID
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Ack implements submit.Reader.

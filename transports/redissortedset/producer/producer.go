@@ -96,6 +96,11 @@ type Config struct {
 	// dispatcher reads the payload after its claim and deletes the key
 	// with the result. Redis needs maxmemory-policy noeviction.
 	PayloadKeys bool
+	// SubmissionRetention is how long SubmitIdempotent keeps the record of
+	// a key (default DefaultSubmissionRetention, 7 days): a submit under
+	// the key within it is answered from the record; after it the key is
+	// free again. Keep it at least as long as the caller's recovery window.
+	SubmissionRetention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -121,6 +126,8 @@ type Producer struct {
 	cfg    Config
 	names  keys.Names
 	load   sync.Once
+	// loadIdem loads the idempotent submit script (SubmitIdempotentMany).
+	loadIdem sync.Once
 	// id and calls name each enqueue call's mark (see keys.Enqueue).
 	id    string
 	calls atomic.Uint64
@@ -462,12 +469,32 @@ func (r *ResultReader) TryNext(ctx context.Context) ([]ResultLease, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read results from %s: %w", r.list, err)
 	}
+	return leasesOf(raw), nil
+}
+
+// Reopen is for a consumer restarted on its route (upstream's proposal
+// for durable result-route opening): it leases to this reader, afresh,
+// every result of the list still leased and not acked (by the consumer's
+// earlier incarnation, which died before its Ack), so they need not wait
+// for their leases to lapse. Handle and Ack them, then read on with Next.
+// A route shared by live readers is not for Reopen: it takes their leases
+// too.
+func (r *ResultReader) Reopen(ctx context.Context) ([]ResultLease, error) {
+	raw, err := keys.ReopenResults.Run(ctx, r.p.client, []string{r.pending}, r.o.Lease.Milliseconds()).StringSlice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("reopen results of %s: %w", r.list, err)
+	}
+	return leasesOf(raw), nil
+}
+
+// leasesOf decodes leased results.
+func leasesOf(raw []string) []ResultLease {
 	out := make([]ResultLease, len(raw))
 	for i, s := range raw {
 		out[i].Raw = s
 		out[i].Result, out[i].Err = wire.DecodeResult([]byte(s))
 	}
-	return out, nil
+	return out
 }
 
 // Next waits until at least one result is available (or ctx ends) and

@@ -120,6 +120,11 @@ func (n Names) ResultQueue(pool, tenant string) string {
 // Registry is the set of request queues in use.
 func (n Names) Registry() string { return n.global("queues") }
 
+// Submission is the record of an idempotent submit under key (see
+// SubmitIdempotent): a hash of the first submission's identity, token and
+// routes, kept for the producer's retention.
+func (n Names) Submission(key string) string { return n.global("submission:" + key) }
+
 // Cancelled is the sorted set of cancellations.
 func (n Names) Cancelled() string { return n.global("cancelled") }
 
@@ -977,7 +982,9 @@ return n
 //	KEYS: queue, seq, call mark (unique per call)
 //	ARGV: job index prefix, jobq prefix or "", index ttl ms after deadline, now ms, triples...
 //	returns: the last sequence number
-var Enqueue = redis.NewScript(`
+var Enqueue = redis.NewScript(enqueueSrc)
+
+const enqueueSrc = `
 local n = (#ARGV - 4) / 3
 if n < 1 then return 0 end
 if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', 600000) then
@@ -1012,6 +1019,31 @@ for job, ttl in pairs(jobs) do
   end
 end
 return last
+`
+
+// SubmitIdempotent is Enqueue of one request under an idempotency record:
+// when the record exists it returns it and enqueues nothing; otherwise it
+// enqueues (Enqueue's steps, with its call mark) and writes the record, in
+// the same step, so that no crash can leave the request queued without its
+// record or the record without its request.
+//
+//	KEYS: record, queue, seq, call mark
+//	ARGV: identity, token, request route, result route, retention ms,
+//	      submitted ms, then Enqueue's ARGV (one triple)
+//	returns: {1 if enqueued now, 0 if the record existed, identity, token,
+//	          request route, result route, submitted ms}
+var SubmitIdempotent = redis.NewScript(`
+local function enqueue(KEYS, ARGV)
+` + enqueueSrc + `
+end
+local rec = redis.call('HMGET', KEYS[1], 'identity', 'token', 'request_route', 'result_route', 'submitted')
+if rec[1] then return {0, rec[1], rec[2], rec[3], rec[4], rec[5]} end
+local ea = {}
+for i = 7, #ARGV do ea[i - 6] = ARGV[i] end
+enqueue({KEYS[2], KEYS[3], KEYS[4]}, ea)
+redis.call('HSET', KEYS[1], 'identity', ARGV[1], 'token', ARGV[2], 'request_route', ARGV[3], 'result_route', ARGV[4], 'submitted', ARGV[6])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {1, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]}
 `)
 
 // SubmitEnvelopes enqueues requests as upstream's producer does (its
@@ -1114,6 +1146,29 @@ end
 redis.call('DEL', KEYS[2])
 if #ms > 0 then redis.call('PUBLISH', ARGV[1], '1') end
 return moved
+`)
+
+// ReopenResults hands a reopened reader of a result list every result
+// still leased there and not acked, whatever its lease, leased afresh to
+// it (a consumer restarted on its route takes over what its earlier
+// incarnation held, at once instead of when those leases expire).
+//
+//	KEYS: pending
+//	ARGV: lease ms
+//	returns: the results
+var ReopenResults = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #out > 0 then
+  local add, exp = {}, now + tonumber(ARGV[1])
+  for i = 1, #out do
+    add[2 * i - 1] = exp
+    add[2 * i] = out[i]
+  end
+  redis.call('ZADD', KEYS[1], unpack(add))
+end
+return out
 `)
 
 // LeaseResults leases up to n results of a result list for a reader: first
