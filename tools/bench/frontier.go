@@ -213,6 +213,41 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 				limit: detectSlow(0, 2, thr, 2*time.Second, 50*time.Millisecond, every), blind: true})
 		}
 	}
+	// Caps instead of seat reserves, for pods whose seats are never the
+	// limit: the batch holds at most idle requests, and while a burst is
+	// seen (others ≥ thr within the last window, read every 50 ms) at most
+	// burst, the ones over it taken back (youngest first) at no cost: what
+	// a dispatcher that paces the batch's prefill work by the steps could
+	// reach, blind to the schedule.
+	detectCap := func(idle, burst, thr int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			read, seen := time.Duration(-1), 0
+			hot := time.Duration(-1 << 62)
+			return func(at time.Duration, o poolsim.Others) int {
+				if read < 0 || at-read >= 50*time.Millisecond {
+					read, seen = at, o.In()
+					if seen >= thr {
+						hot = at
+					}
+				}
+				if at-hot > 2*time.Second {
+					return idle
+				}
+				return min(burst, idle)
+			}
+		}
+	}
+	if perPod > 64 {
+		// the interactive requests in the pool: about 14 between bursts
+		// and 140 in one on vllm-8b-h100
+		for _, idle := range []int{backlog / 4, backlog / 2} {
+			for _, burst := range []int{backlog / 64, backlog / 32, backlog / 16} {
+				for _, thr := range []int{40, 80} {
+					ps = append(ps, frontierPolicy{name: fmt.Sprintf("detectcap-i%d-b%d-t%d", idle, burst, thr), limit: detectCap(idle, burst, thr), blind: true})
+				}
+			}
+		}
+	}
 	ps = append(ps, frontierPolicy{name: "detect-i0-b2-g50-t4-w2000-e50-recompute", limit: detectSlow(0, 2, 4, 2*time.Second, 50*time.Millisecond, 50*time.Millisecond), recompute: true, blind: true})
 	for _, r := range []int{2, 4} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("nogrow-r%d", r), limit: noGrow(r, 0), blind: true})
@@ -299,7 +334,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 		keep := map[string]bool{frontierEngine: true, "reactive-r0": true, "reactive-r4-read50ms": true, "nogrow-r2": true,
 			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
-			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-")
+			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-")
 		})
 	}
 	return ps
