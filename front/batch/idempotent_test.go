@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-io/sluice/front/filestore/disk"
 	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
@@ -41,14 +40,7 @@ func TestResumeQueuesNothingTwice(t *testing.T) {
 		fmt.Fprintf(&in, `{"custom_id":"c-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m1","messages":[{"role":"user","content":"line %d"}]}}`+"\n", i, i)
 	}
 	ctx := context.Background()
-	files, err := disk.Open(disk.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	size, err := files.Put(ctx, "file-in", bytes.NewReader(in.Bytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, size := inputFile(t, in.Bytes())
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p, err := producer.Dial(r.URL, producer.Config{})
 	if err != nil {
