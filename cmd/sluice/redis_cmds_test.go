@@ -341,3 +341,32 @@ func TestEnqueueIdempotent(t *testing.T) {
 		t.Errorf("record kept for %s, want --retention 2h", ttl)
 	}
 }
+
+// TestOperatorQueueNames: the batch-gateway after July names its queues
+// (async_dispatch.models.<model>.request_queue_name, #629): `sluice
+// enqueue`, `queues`, `cancel` and `migrate` take and show such names as
+// they are, deriving nothing from an llm-d-async: prefix.
+func TestOperatorQueueNames(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	t.Setenv("REDIS_URL", r.URL)
+	ctx := context.Background()
+	const q = "acme/batch-q"
+	dl := time.Now().Add(time.Hour)
+	var in strings.Builder
+	for i := range 5 {
+		fmt.Fprintln(&in, flatLine(fmt.Sprintf("op-%d", i), "batch_9", dl))
+	}
+	if _, stderr, err := runCLI(t, ctx, in.String(), "enqueue", "--queue", q); err != nil || !strings.Contains(stderr, "enqueued 5 request(s) to "+q) {
+		t.Fatalf("enqueue: %v\n%s", err, stderr)
+	}
+	out, _, err := runCLI(t, ctx, "", "queues")
+	if err != nil || !regexpLine(out, q, "5", "0", "0", "0") || strings.Contains(out, "llm-d-async:requests") {
+		t.Fatalf("queues: %v\n%s", err, out)
+	}
+	if out, _, err := runCLI(t, ctx, "", "migrate", "--to-upstream", "--dry-run", "--queue", q); err != nil || !strings.Contains(out, q) || strings.Contains(out, "llm-d-async:requests") {
+		t.Fatalf("migrate: %v\n%s", err, out)
+	}
+	if out, _, err := runCLI(t, ctx, "", "cancel", "--job", "batch_9"); err != nil || !strings.Contains(out, "5 waiting request(s)") {
+		t.Fatalf("cancel: %v\n%s", err, out)
+	}
+}

@@ -46,6 +46,21 @@ func (c *capture) Enqueue(_ context.Context, _ string, reqs []*wire.Request) err
 
 func (c *capture) Cancel(context.Context, string, transport.Cancellation) (int, error) { return 0, nil }
 
+// inputFile stores data as file "file-in" in a fresh disk store and
+// returns the store and the file's size.
+func inputFile(t *testing.T, data []byte) (*disk.Store, int64) {
+	t.Helper()
+	files, err := disk.Open(disk.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, err := files.Put(context.Background(), "file-in", bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files, size
+}
+
 // The lines validation keeps are enqueued as reading the file again would
 // enqueue them (a fresh job, and one resumed after its first chunk).
 func TestEnqueueKeptLinesAsFromTheFile(t *testing.T) {
@@ -58,14 +73,7 @@ func TestEnqueueKeptLinesAsFromTheFile(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	files, err := disk.Open(disk.Config{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	size, err := files.Put(ctx, "file-in", bytes.NewReader(in.Bytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, size := inputFile(t, in.Bytes())
 	run := func(keep bool, from int) []*wire.Request {
 		st := &oneJobState{job: Job{ID: "batch_x", Endpoint: "/v1/chat/completions", InputFileID: "file-in", Status: StatusValidating, ExpiresAt: 4102444800},
 			file: File{ID: "file-in", Bytes: size, Lines: strings.Count(in.String(), "\n")}}
