@@ -28,9 +28,10 @@ test-short:
 ## bench: one BENCH line per scenario, a MISS line per figure that misses its target; fails on any
 ## miss or failed scenario (go run ./tools/bench -no-fail lists the misses without failing); needs
 ## what test needs, and valgrind (redis-instructions). interactive-protection and interactive-frontier
-## run on the three pool presets (about 1.5 hours of the whole; SLUICE_BENCH_IP_PRESETS=stress for one)
+## run on the three pool presets: about 4.5 hours of the whole on 2 cores (docs/benchmarks.md, "The
+## pools and the bar"); SLUICE_BENCH_IP_PRESETS=stress runs one pool
 bench:
-	$(GO) run ./tools/bench -timeout 4h
+	$(GO) run ./tools/bench -timeout 8h
 
 ## chaos: every fault the harness can cause (kill -9, Redis and emulator restarts, a faulty
 ## gateway, fuzzed messages, plugin kills, Prometheus gone, SIGTERM), one CHAOS line each, after
