@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // pluginDir holds the test plugins, built once by buildPlugins and removed
@@ -25,6 +27,15 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if pluginDir != "" {
 		_ = os.RemoveAll(pluginDir)
+	}
+	// Fail the package when a test leaves a goroutine behind (a serve run
+	// in process, its fronts, the demo's pool). The Pub/Sub client links
+	// opencensus, whose init starts a worker that never ends.
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }

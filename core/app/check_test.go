@@ -77,14 +77,15 @@ func TestNewWithoutAdapters(t *testing.T) {
 }
 
 // core/app links no adapter, no demo, no simulator, no bench: only core,
-// and three ground-floor libraries that import only the standard library:
+// and four ground-floor libraries that import only the standard library:
 // internal/mutant, the planted-bug switch of the protocol tests
 // (docs/verification.md), a constant false outside `-tags sluice_mutants`;
 // internal/redistopology, the Redis topology rules config.Validate and
-// internal/redisclient share; and internal/jsonscan, the JSON validity
-// scanner core/wire and the Batch API front share.
+// internal/redisclient share; internal/jsonscan, the JSON scanner core/wire,
+// core/dispatch and the Batch API front share; and internal/configtypes,
+// the config value types (Duration) core/config and the fronts share.
 func TestLinksOnlyCore(t *testing.T) {
-	groundFloor := map[string]bool{"internal/mutant": true, "internal/redistopology": true, "internal/jsonscan": true}
+	groundFloor := map[string]bool{"internal/mutant": true, "internal/redistopology": true, "internal/jsonscan": true, "internal/configtypes": true}
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)

@@ -646,6 +646,7 @@ type BatchFiles struct {
 	// Prefix starts every object's key (s3, gcs), e.g. "sluice/files/".
 	Prefix string `json:"prefix,omitempty"`
 	// Region is the S3 bucket's region (default AWS_REGION, else
+	// AWS_DEFAULT_REGION, else the profile's in ~/.aws/config, else
 	// us-east-1); s3 only.
 	Region string `json:"region,omitempty"`
 	// Endpoint is the URL of an S3-compatible store or of a GCS emulator's

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // ParseUsage reads the OpenAI usage object of a response body: the
@@ -19,13 +21,17 @@ func ParseUsage(body []byte) (in, out int64, ok bool) {
 	if !bytes.Contains(body, []byte(`"usage"`)) {
 		return 0, 0, false // the common answer without usage: one fast search
 	}
+	// The walk stops at the first usage member, which it reached only
+	// through well-formed members; no usage (or a malformed object before
+	// one) leaves raw nil.
 	var raw []byte
-	if !eachMember(body, func(key, val []byte) bool {
+	jsonscan.EachMember(body, jsonscan.SkipSpace(body, 0), func(key, val []byte) bool {
 		if string(key) == "usage" {
 			raw = val
 		}
 		return raw == nil
-	}) || raw == nil {
+	})
+	if raw == nil {
 		return 0, 0, false
 	}
 	// The usage object's two counts, read as encoding/json would read them
@@ -34,7 +40,7 @@ func ParseUsage(body []byte) (in, out int64, ok bool) {
 	// runs on every answer.
 	var prompt, completion float64
 	var seen, bad bool
-	if !eachMember(raw, func(key, val []byte) bool {
+	if !jsonscan.EachMember(raw, 0, func(key, val []byte) bool {
 		var dst *float64
 		switch {
 		case keyIs(key, "prompt_tokens"):
@@ -118,121 +124,4 @@ func isJSONNumber(b []byte) bool {
 		}
 	}
 	return i == len(b)
-}
-
-// eachMember calls fn with each member (its key, unescaped only in that it
-// has no quotes, and its raw value) of the JSON object b, in order, until
-// fn returns false. It returns false when b is not an object or is
-// malformed before fn stopped.
-func eachMember(b []byte, fn func(key, val []byte) bool) bool {
-	i := skipSpace(b, 0)
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i = skipSpace(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return true
-	}
-	for {
-		i = skipSpace(b, i)
-		if i >= len(b) || b[i] != '"' {
-			return false
-		}
-		end := skipString(b, i)
-		if end < 0 {
-			return false
-		}
-		key := b[i+1 : end-1]
-		i = skipSpace(b, end)
-		if i >= len(b) || b[i] != ':' {
-			return false
-		}
-		i = skipSpace(b, i+1)
-		vend := skipValue(b, i)
-		if vend < 0 {
-			return false
-		}
-		if !fn(key, b[i:vend]) {
-			return true
-		}
-		i = skipSpace(b, vend)
-		if i >= len(b) {
-			return false
-		}
-		if b[i] == '}' {
-			return true
-		}
-		if b[i] != ',' {
-			return false
-		}
-		i++
-	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the string starting at b[i] == '"',
-// or -1 when it does not end.
-func skipString(b []byte, i int) int {
-	j := i + 1
-	for {
-		k := bytes.IndexByte(b[j:], '"')
-		if k < 0 {
-			return -1
-		}
-		j += k
-		bs := 0 // backslashes right before the quote: an odd count escapes it
-		for p := j - 1; p > i && b[p] == '\\'; p-- {
-			bs++
-		}
-		if bs%2 == 0 {
-			return j + 1
-		}
-		j++
-	}
-}
-
-// skipValue returns the index after the value starting at b[i], or -1.
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				k := skipString(b, j)
-				if k < 0 {
-					return -1
-				}
-				j = k - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return -1
-	default: // number, true, false, null
-		j := i
-		for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\n' && b[j] != '\t' && b[j] != '\r' {
-			j++
-		}
-		if j == i {
-			return -1
-		}
-		return j
-	}
 }

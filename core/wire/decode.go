@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // flatWire is the flat request on the wire; it is also the envelope's data.
@@ -274,7 +276,7 @@ type looseMessage struct {
 // what is accepted; what differs is that a failure is pinned to its field
 // and the id and metadata are read first, to be reported with it.
 func decodeSlow(b []byte) (*Request, bool, *DecodeError) {
-	if skipSpace(b, 0) == len(b) {
+	if jsonscan.SkipSpace(b, 0) == len(b) {
 		return nil, false, &DecodeError{Reason: "empty message"}
 	}
 	var m looseMessage

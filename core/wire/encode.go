@@ -30,7 +30,7 @@ func EncodeRequest(r *Request) ([]byte, error) {
 	if msg := checkEncodable(r); msg != "" {
 		return nil, fmt.Errorf("encode request %q: %s", r.ID, msg)
 	}
-	payload := r.Payload[skipSpace(r.Payload, 0):skipSpaceBack(r.Payload)]
+	payload := r.Payload[jsonscan.SkipSpace(r.Payload, 0):skipSpaceBack(r.Payload)]
 	b := make([]byte, 0, 128+len(r.ID)+len(payload)+len(r.Endpoint))
 	b = append(b, `{"id":`...)
 	b = appendString(b, r.ID)
@@ -215,7 +215,7 @@ func WithKeptResult(raw, result []byte) ([]byte, error) {
 // rewritten in place (rewriteInternal), a flat message wrapped in one.
 func withInternal(raw []byte, env bool, fields []internalField) ([]byte, error) {
 	if !env {
-		body := raw[skipSpace(raw, 0):skipSpaceBack(raw)]
+		body := raw[jsonscan.SkipSpace(raw, 0):skipSpaceBack(raw)]
 		b := make([]byte, 0, len(body)+64)
 		b = append(b, `{"request_kind":"plain","internal":{`...)
 		b = appendFields(b, fields)
@@ -267,7 +267,7 @@ type splice struct {
 //     object holding just fields and the earlier ones become null, so that
 //     nothing they held comes back.
 func rewriteInternal(raw []byte, fields []internalField) ([]byte, error) {
-	start := skipSpace(raw, 0)
+	start := jsonscan.SkipSpace(raw, 0)
 	members, _, err := objectMembers(raw, start)
 	if err != nil {
 		return nil, err

@@ -41,7 +41,7 @@ func SetInternal(raw []byte, members ...InternalMember) ([]byte, error) {
 // payload "null", detached again. Every other byte is kept. raw must be a
 // JSON object whose data member (the last one) is an object.
 func WithPayload(raw, payload []byte) ([]byte, error) {
-	start := skipSpace(raw, 0)
+	start := jsonscan.SkipSpace(raw, 0)
 	members, _, err := objectMembers(raw, start)
 	if err != nil {
 		return nil, fmt.Errorf("attach payload: %w", err)
@@ -112,7 +112,7 @@ func ScanEnvelope(b []byte, internal, data []string) (v EnvelopeScan, ok bool) {
 	v.Internal, v.Data = make([][]byte, len(internal)), make([][]byte, len(data))
 	var seen uint16
 	var in, dt []byte
-	ok = eachMember(b, skipSpace(b, 0), func(name, val []byte) bool {
+	ok = jsonscan.EachMember(b, jsonscan.SkipSpace(b, 0), func(name, val []byte) bool {
 		var f int
 		switch string(name) {
 		case "request_kind":
@@ -140,7 +140,7 @@ func ScanEnvelope(b []byte, internal, data []string) (v EnvelopeScan, ok bool) {
 			return false, false
 		}
 		var seen uint16
-		return true, eachMember(val, 0, func(name, m []byte) bool {
+		return true, jsonscan.EachMember(val, 0, func(name, m []byte) bool {
 			for i, n := range names {
 				if string(name) == n {
 					out[i] = m

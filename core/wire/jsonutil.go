@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"unicode/utf8"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // This file holds the small JSON helpers the package needs beyond
@@ -16,7 +18,7 @@ var errSyntax = errors.New("malformed JSON")
 
 // jsonKind names the kind of the raw JSON value b for error messages.
 func jsonKind(b []byte) string {
-	i := skipSpace(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	if i >= len(b) {
 		return "nothing"
 	}
@@ -79,80 +81,6 @@ func unquoteSlow(b []byte) ([]byte, error) {
 	return []byte(str), nil
 }
 
-// skipSpace returns the index of the first non-whitespace byte at or after i.
-func skipSpace(b []byte, i int) int {
-	for i < len(b) {
-		switch b[i] {
-		case ' ', '\t', '\n', '\r':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// skipString returns the index just past the JSON string starting at b[i].
-func skipString(b []byte, i int) (int, error) {
-	if i >= len(b) || b[i] != '"' {
-		return 0, errSyntax
-	}
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1, nil
-		}
-	}
-	return 0, errSyntax
-}
-
-// skipValue returns the index just past the JSON value starting at b[i].
-// It finds the end of a valid value; it does not validate.
-func skipValue(b []byte, i int) (int, error) {
-	if i >= len(b) {
-		return 0, errSyntax
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				end, err := skipString(b, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return 0, errSyntax
-	default:
-		j := i
-		for j < len(b) {
-			switch b[j] {
-			case ',', '}', ']', ':', ' ', '\t', '\n', '\r':
-				if j == i {
-					return 0, errSyntax
-				}
-				return j, nil
-			}
-			j++
-		}
-		return j, nil
-	}
-}
-
 // member is one name/value pair of a JSON object, located by byte offsets.
 type member struct {
 	name       []byte // the unquoted name (aliasing the input when it has no escapes)
@@ -166,36 +94,35 @@ func objectMembers(b []byte, i int) ([]member, int, error) {
 		return nil, 0, errSyntax
 	}
 	ms := make([]member, 0, 8) // one allocation for the usual object
-	i = skipSpace(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return nil, i + 1, nil
 	}
 	for {
-		end, err := skipString(b, i)
-		if err != nil {
-			return nil, 0, err
+		end, ok := jsonscan.StringEnd(b, i)
+		if !ok {
+			return nil, 0, errSyntax
 		}
 		name, err := unquote(b[i:end])
 		if err != nil {
 			return nil, 0, err
 		}
-		i = skipSpace(b, end)
+		i = jsonscan.SkipSpace(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return nil, 0, errSyntax
 		}
-		i = skipSpace(b, i+1)
-		end, err = skipValue(b, i)
-		if err != nil {
-			return nil, 0, err
+		i = jsonscan.SkipSpace(b, i+1)
+		if end, ok = jsonscan.ValueEnd(b, i); !ok {
+			return nil, 0, errSyntax
 		}
 		ms = append(ms, member{name: name, start: i, end: end})
-		i = skipSpace(b, end)
+		i = jsonscan.SkipSpace(b, end)
 		if i >= len(b) {
 			return nil, 0, errSyntax
 		}
 		switch b[i] {
 		case ',':
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		case '}':
 			return ms, i + 1, nil
 		default:

@@ -3,6 +3,8 @@ package wire
 import (
 	"strconv"
 	"strings"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
 )
 
 // valueError is a decoding failure inside a field's value. sub locates it
@@ -56,7 +58,7 @@ func parseStringMap(b []byte, lenient bool, check func(key, value []byte) error)
 	if lenient {
 		want = "a string, number or bool"
 	}
-	i := skipSpace(b, 0)
+	i := jsonscan.SkipSpace(b, 0)
 	if i < len(b) && b[i] == 'n' && isNull(b[i:skipSpaceBack(b)]) {
 		return nil, nil
 	}
@@ -66,27 +68,26 @@ func parseStringMap(b []byte, lenient bool, check func(key, value []byte) error)
 	type pair struct{ key, value []byte }
 	var stack [16]pair
 	pairs, size := stack[:0], 0
-	i = skipSpace(b, i+1)
+	i = jsonscan.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		i++
 	} else {
 		for {
-			end, err := skipString(b, i)
-			if err != nil {
-				return nil, err
+			end, ok := jsonscan.StringEnd(b, i)
+			if !ok {
+				return nil, errSyntax
 			}
 			key, err := unquote(b[i:end])
 			if err != nil {
 				return nil, err
 			}
-			i = skipSpace(b, end)
+			i = jsonscan.SkipSpace(b, end)
 			if i >= len(b) || b[i] != ':' {
 				return nil, errSyntax
 			}
-			i = skipSpace(b, i+1)
-			end, err = skipValue(b, i)
-			if err != nil {
-				return nil, err
+			i = jsonscan.SkipSpace(b, i+1)
+			if end, ok = jsonscan.ValueEnd(b, i); !ok {
+				return nil, errSyntax
 			}
 			value := b[i:end]
 			switch c := value[0]; {
@@ -111,7 +112,7 @@ func parseStringMap(b []byte, lenient bool, check func(key, value []byte) error)
 			}
 			pairs = append(pairs, pair{key, value})
 			size += len(key) + len(value)
-			i = skipSpace(b, end)
+			i = jsonscan.SkipSpace(b, end)
 			if i >= len(b) {
 				return nil, errSyntax
 			}
@@ -122,10 +123,10 @@ func parseStringMap(b []byte, lenient bool, check func(key, value []byte) error)
 			if b[i] != ',' {
 				return nil, errSyntax
 			}
-			i = skipSpace(b, i+1)
+			i = jsonscan.SkipSpace(b, i+1)
 		}
 	}
-	if skipSpace(b, i) != len(b) {
+	if jsonscan.SkipSpace(b, i) != len(b) {
 		return nil, errSyntax
 	}
 	if len(pairs) == 0 {

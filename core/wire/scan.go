@@ -34,7 +34,7 @@ func scanMessage(b []byte) (req *Request, env, ok bool) {
 		hasKind bool
 		seen    uint16
 	)
-	ok = eachMember(b, skipSpace(b, 0), func(name, v []byte) bool {
+	ok = jsonscan.EachMember(b, jsonscan.SkipSpace(b, 0), func(name, v []byte) bool {
 		if f := flatField(name); f >= 0 {
 			return once(&seen, f) && top.set(f, v)
 		}
@@ -153,7 +153,7 @@ func foldsTo(name []byte, names []string) bool {
 // scan fills f from the JSON object v (already known to be valid JSON).
 func (f *flatWire) scan(v []byte) bool {
 	var seen uint16
-	return eachMember(v, 0, func(name, val []byte) bool {
+	return jsonscan.EachMember(v, 0, func(name, val []byte) bool {
 		if i := flatField(name); i >= 0 {
 			return once(&seen, i) && f.set(i, val)
 		}
@@ -199,7 +199,7 @@ func (f *flatWire) set(i int, v []byte) bool {
 // scan fills in from the JSON object v (already known to be valid JSON).
 func (in *internalWire) scan(v []byte) bool {
 	var seen uint16
-	return eachMember(v, 0, func(name, val []byte) bool {
+	return jsonscan.EachMember(v, 0, func(name, val []byte) bool {
 		switch string(name) {
 		case "retry_count":
 			if !once(&seen, 0) {
@@ -267,48 +267,4 @@ func scanString(v []byte) (string, bool) {
 	}
 	s, err := unquote(v)
 	return string(s), err == nil
-}
-
-// eachMember calls fn with the raw name (between its quotes, escapes left
-// as written) and the value of each member of the JSON object at b[i], in
-// order, and stops at the first false. b must be valid JSON; anything but an
-// object at b[i] reports false.
-func eachMember(b []byte, i int, fn func(name, value []byte) bool) bool {
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i = skipSpace(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return true
-	}
-	for {
-		end, err := skipString(b, i)
-		if err != nil {
-			return false
-		}
-		name := b[i+1 : end-1]
-		i = skipSpace(b, end)
-		if i >= len(b) || b[i] != ':' {
-			return false
-		}
-		i = skipSpace(b, i+1)
-		if end, err = skipValue(b, i); err != nil {
-			return false
-		}
-		if !fn(name, b[i:end]) {
-			return false
-		}
-		i = skipSpace(b, end)
-		if i >= len(b) {
-			return false
-		}
-		switch b[i] {
-		case ',':
-			i = skipSpace(b, i+1)
-		case '}':
-			return true
-		default:
-			return false
-		}
-	}
 }

@@ -1,6 +1,10 @@
 package wire
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/sluice-io/sluice/internal/jsonscan"
+)
 
 // requestTokenName is the envelope member holding upstream's request token.
 var requestTokenName = []byte(`"request_token"`)
@@ -36,9 +40,9 @@ func RequestToken(b []byte) (id, token string) {
 // scanToken is RequestToken's single pass over the shape producers write;
 // ok is false when the message needs a full decode to tell.
 func scanToken(b []byte) (id, token string, ok bool) {
-	start := skipSpace(b, 0)
-	end, err := skipValue(b, start)
-	if err != nil || skipSpace(b, end) != len(b) {
+	start := jsonscan.SkipSpace(b, 0)
+	end, ok := jsonscan.ValueEnd(b, start)
+	if !ok || jsonscan.SkipSpace(b, end) != len(b) {
 		return "", "", false
 	}
 	var (
@@ -46,7 +50,7 @@ func scanToken(b []byte) (id, token string, ok bool) {
 		hasKind        bool
 		seen           uint16
 	)
-	ok = eachMember(b, start, func(name, v []byte) bool {
+	ok = jsonscan.EachMember(b, start, func(name, v []byte) bool {
 		switch string(name) {
 		case "data":
 			if !once(&seen, fieldData) {
@@ -97,7 +101,7 @@ func scanToken(b []byte) (id, token string, ok bool) {
 		return "", "", true
 	}
 	var inSeen uint16
-	ok = eachMember(internal, 0, func(name, v []byte) bool {
+	ok = jsonscan.EachMember(internal, 0, func(name, v []byte) bool {
 		if string(name) == "request_token" {
 			return once(&inSeen, 1) && setString(&token, v)
 		}
@@ -115,7 +119,7 @@ func scanToken(b []byte) (id, token string, ok bool) {
 		return "", "", true
 	}
 	var dataSeen uint16
-	ok = eachMember(data, 0, func(name, v []byte) bool {
+	ok = jsonscan.EachMember(data, 0, func(name, v []byte) bool {
 		if f := flatField(name); f >= 0 {
 			if !once(&dataSeen, f) {
 				return false

@@ -19,46 +19,33 @@ import (
 // as encoding/json matches them to struct fields (case-insensitively),
 // and a name given twice takes the last value, as there.
 
-// eachMember calls fn with the raw name token (quotes included) and raw
-// value of every member of the object b, in order; it reports false when b
-// is not an object (null is one without members, as decoding null into a
-// struct leaves it as it was). b must be valid JSON.
+// eachMember calls fn with the name (between its quotes, escapes as
+// written) and raw value of every member of the object b, in order; it
+// reports false when b is not an object (null is one without members, as
+// decoding null into a struct leaves it as it was). b must be valid JSON.
 func eachMember(b []byte, fn func(name, value []byte)) bool {
-	i := jsonscan.SkipSpace(b, 0)
 	if string(trimSpace(b)) == "null" {
 		return true
 	}
-	if i >= len(b) || b[i] != '{' {
-		return false
-	}
-	i = jsonscan.SkipSpace(b, i+1)
-	for i < len(b) && b[i] == '"' {
-		end := jsonscan.SkipString(b, i)
-		name := b[i:end]
-		i = jsonscan.SkipSpace(b, end)
-		i = jsonscan.SkipSpace(b, i+1) // the colon
-		vend := jsonscan.SkipValue(b, i)
-		fn(name, b[i:vend])
-		i = jsonscan.SkipSpace(b, vend)
-		if i < len(b) && b[i] == ',' {
-			i = jsonscan.SkipSpace(b, i+1)
-		}
-	}
-	return true
+	return jsonscan.EachMember(b, jsonscan.SkipSpace(b, 0), func(name, value []byte) bool {
+		fn(name, value)
+		return true
+	})
 }
 
-// nameIs reports whether the name token matches field as encoding/json
-// matches a member name to a struct field.
+// nameIs reports whether the member name (between its quotes) matches
+// field as encoding/json matches a member name to a struct field.
 func nameIs(name []byte, field string) bool {
-	raw := name[1 : len(name)-1]
-	if string(raw) == field {
+	if string(name) == field {
 		return true
 	}
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return bytes.EqualFold(raw, []byte(field))
+	if bytes.IndexByte(name, '\\') < 0 {
+		return bytes.EqualFold(name, []byte(field))
 	}
+	quoted := make([]byte, 0, len(name)+2)
+	quoted = append(append(append(quoted, '"'), name...), '"')
 	var s string
-	return json.Unmarshal(name, &s) == nil && bytes.EqualFold([]byte(s), []byte(field))
+	return json.Unmarshal(quoted, &s) == nil && bytes.EqualFold([]byte(s), []byte(field))
 }
 
 // stringValue reads a string value: ok is false when it is not a string

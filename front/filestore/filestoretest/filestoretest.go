@@ -506,3 +506,20 @@ func testList(t *testing.T, s filestore.Store) {
 		t.Fatalf("List whose fn failed: %v after %d calls, want fn's error after 1", err, calls)
 	}
 }
+
+// FailingReader yields n zero bytes, then fails with "source broke": a
+// Put's source that breaks after its first parts, for a backend's own
+// tests of what a failed multipart or resumable upload leaves.
+func FailingReader(n int) io.Reader { return &failing{n: n} }
+
+type failing struct{ n int }
+
+func (r *failing) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, errors.New("source broke")
+	}
+	k := min(len(p), r.n)
+	clear(p[:k])
+	r.n -= k
+	return k, nil
+}

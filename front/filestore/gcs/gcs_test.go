@@ -115,24 +115,11 @@ func TestUploadShapes(t *testing.T) {
 	}
 }
 
-// failing yields n bytes, then fails.
-type failing struct{ n int }
-
-func (r *failing) Read(p []byte) (int, error) {
-	if r.n == 0 {
-		return 0, errors.New("source broke")
-	}
-	k := min(len(p), r.n)
-	clear(p[:k])
-	r.n -= k
-	return k, nil
-}
-
 func TestFailedUploadCancelsSession(t *testing.T) {
 	f := startFake(t)
 	s := f.store(t, 256<<10)
 	ctx := context.Background()
-	if _, err := s.Put(ctx, "broken", &failing{n: 600 << 10}); err == nil || !strings.Contains(err.Error(), "source broke") {
+	if _, err := s.Put(ctx, "broken", filestoretest.FailingReader(600<<10)); err == nil || !strings.Contains(err.Error(), "source broke") {
 		t.Fatalf("Put of a broken source: %v", err)
 	}
 	if f.sessions.Load() != 1 || f.cancelled.Load() != 1 {

@@ -118,24 +118,11 @@ func TestMultipartPartsAndPrefix(t *testing.T) {
 	}
 }
 
-// failing yields n bytes, then fails.
-type failing struct{ n int }
-
-func (r *failing) Read(p []byte) (int, error) {
-	if r.n == 0 {
-		return 0, errors.New("source broke")
-	}
-	k := min(len(p), r.n)
-	clear(p[:k])
-	r.n -= k
-	return k, nil
-}
-
 func TestFailedUploadAborts(t *testing.T) {
 	f := startFake(t)
 	s := f.store(t, "")
 	ctx := context.Background()
-	if _, err := s.Put(ctx, "broken", &failing{n: MinPartSize + 1000}); err == nil || !strings.Contains(err.Error(), "source broke") {
+	if _, err := s.Put(ctx, "broken", filestoretest.FailingReader(MinPartSize+1000)); err == nil || !strings.Contains(err.Error(), "source broke") {
 		t.Fatalf("Put of a broken source: %v", err)
 	}
 	if f.aborts.Load() != 1 || f.completes.Load() != 0 {
