@@ -206,6 +206,14 @@ type EngineConfig struct {
 	// DefaultBatchPriority.
 	InteractivePriority int
 	BatchPriority       int
+	// IgnoreHangups makes the HTTP server run a request whose client went
+	// away to its end, as servers that do not watch their connections do
+	// (llm-d-inference-sim): its seat and blocks stay taken until then, and
+	// it is counted as finished by its length or stop, never as an abort.
+	// Off (the default), a client that goes away frees its request at the
+	// pod's next step and it counts in finished_reason="abort", as vLLM.
+	// Pool.SetIgnoreHangups changes it while the pool runs.
+	IgnoreHangups bool
 }
 
 // Objective is what the front knows of one inference objective (the value
@@ -503,6 +511,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&e.DefaultMaxTokens, "default-max-tokens", e.DefaultMaxTokens, "max_tokens of a request whose body has none")
 	fs.StringVar(&e.OutputLength, "output-length", e.OutputLength, "max: generate max_tokens tokens; uniform: a seeded draw in [1, max_tokens]")
 	fs.IntVar(&e.InteractivePriority, "interactive-priority", e.InteractivePriority, "engine priority of interactive requests without a body priority (priority policy only)")
+	fs.BoolVar(&e.IgnoreHangups, "ignore-hangups", e.IgnoreHangups, "run a request whose client went away to its end (not counted as an abort), as a server that does not watch its connections")
 	fs.IntVar(&e.BatchPriority, "batch-priority", e.BatchPriority, "engine priority of batch requests without a body priority (priority policy only; 0 means the default)")
 	fs.StringVar(&f.Pool, "pool", f.Pool, "inference pool name in the EPP series")
 	fs.StringVar(&f.Mode, "mode", f.Mode, "front mode: passthrough, legacy-admission or flow-control")

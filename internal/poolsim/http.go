@@ -385,7 +385,7 @@ func (p *Pool) respond(w http.ResponseWriter, r *http.Request, req *request, d *
 		select {
 		case <-sk.notify:
 		case <-r.Context().Done():
-			p.abort(d, s)
+			p.hungUp(d, s)
 			return
 		case <-p.closed:
 			p.abort(d, s)
@@ -416,7 +416,7 @@ func (p *Pool) respond(w http.ResponseWriter, r *http.Request, req *request, d *
 				buf = append(buf, "data: [DONE]\n\n"...)
 			}
 			if _, err := w.Write(buf); err != nil {
-				p.abort(d, s)
+				p.hungUp(d, s)
 				return
 			}
 			_ = rc.Flush()
@@ -434,7 +434,16 @@ func (p *Pool) respond(w http.ResponseWriter, r *http.Request, req *request, d *
 	}
 }
 
-// abort cancels s after its client went away.
+// hungUp handles s's client going away: s is aborted, or, with
+// IgnoreHangups, left to run to its end unread.
+func (p *Pool) hungUp(d *pod, s *seq) {
+	if p.ignoreHangups.Load() {
+		return
+	}
+	p.abort(d, s)
+}
+
+// abort cancels s (its client went away, or the pool is closing).
 func (p *Pool) abort(d *pod, s *seq) {
 	if d.cancel(s, time.Now()) {
 		p.finished(d, s)

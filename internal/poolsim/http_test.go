@@ -324,6 +324,53 @@ func TestClientDisconnectFreesRequest(t *testing.T) {
 	waitFor(t, "the abort to be counted", func() bool { return p.Stats().Classes[ClassInteractive].Aborted == 1 })
 }
 
+// With IgnoreHangups a request whose client went away runs to its end and
+// counts as finished, not aborted (finished_reason "abort" stays 0); once
+// SetIgnoreHangups(false), the next hang-up aborts at once.
+func TestIgnoreHangups(t *testing.T) {
+	cfg := Config{Pods: 1}
+	cfg.Engine.IgnoreHangups = true
+	p, base, c := startPool(t, cfg)
+	hangUp := func(maxTokens int) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+PathCompletions,
+				strings.NewReader(`{"prompt":"x","max_tokens":`+strconv.Itoa(maxTokens)+`}`))
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		waitFor(t, "the request to run", func() bool { return p.PodGauges()[0].Running == 1 })
+		cancel()
+		<-errc
+	}
+	aborts := func() uint64 {
+		d := p.pods[0]
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.m.success[finishAbort]
+	}
+	hangUp(40) // 40 steps of at least 10 ms
+	time.Sleep(100 * time.Millisecond)
+	if g := p.PodGauges()[0]; g.Running != 1 {
+		t.Fatalf("100 ms after the hang-up: running %d, want the request still running", g.Running)
+	}
+	waitFor(t, "the request to end", func() bool { return p.Stats().Classes[ClassInteractive].Finished == 1 })
+	if st, a := p.Stats().Classes[ClassInteractive], aborts(); st.Aborted != 0 || a != 0 {
+		t.Fatalf("aborted %d, finished_reason=abort %d; want 0 (the request ran to its end)", st.Aborted, a)
+	}
+	p.SetIgnoreHangups(false)
+	hangUp(2000)
+	waitFor(t, "the request to be freed", func() bool { return p.PodGauges()[0].Running == 0 })
+	if st, a := p.Stats().Classes[ClassInteractive], aborts(); st.Aborted != 1 || a != 1 {
+		t.Fatalf("hang-ups honoured again: aborted %d, finished_reason=abort %d; want 1", st.Aborted, a)
+	}
+}
+
 func TestClassAndPriority(t *testing.T) {
 	cfg := Config{Pods: 1}
 	cfg.Engine.Policy = PolicyPriority

@@ -89,6 +89,8 @@ type Pool struct {
 
 	onRecord func(Record)
 	handler  http.Handler
+	// ignoreHangups is Engine.IgnoreHangups, changed by SetIgnoreHangups.
+	ignoreHangups atomic.Bool
 
 	mu        sync.Mutex
 	started   bool
@@ -117,6 +119,7 @@ func New(cfg Config) (*Pool, error) {
 		p.pods[i] = newPod(p, i, newEngine(cfg.Engine, newRNG(seed, uint64(i))))
 	}
 	p.front = newFront(p)
+	p.ignoreHangups.Store(cfg.Engine.IgnoreHangups)
 	h, err := p.newHandler()
 	if err != nil {
 		return nil, fmt.Errorf("poolsim: metrics: %w", err)
@@ -127,6 +130,11 @@ func New(cfg Config) (*Pool, error) {
 
 // Config returns the pool's configuration with its defaults applied.
 func (p *Pool) Config() Config { return p.cfg }
+
+// SetIgnoreHangups changes, while the pool runs, what happens to a request
+// whose client goes away from now on (see EngineConfig.IgnoreHangups):
+// true runs it to its end, false aborts it.
+func (p *Pool) SetIgnoreHangups(on bool) { p.ignoreHangups.Store(on) }
 
 // OnRecord sets fn to be called once per finished or aborted request, from
 // the goroutine that ended it; fn must be quick and safe for concurrent
