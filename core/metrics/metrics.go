@@ -125,6 +125,10 @@ type Metrics struct {
 	GateBudget     *prometheus.GaugeVec
 	GateFailures   *prometheus.CounterVec
 	GateFailing    *prometheus.GaugeVec
+	// EvictSuspended is 1 while a queue's eviction is suspended because its
+	// gate saw the pool not free the calls taken back (label queue: the
+	// queue's id).
+	EvictSuspended *prometheus.GaugeVec
 
 	// ResultWriteErrors counts failed attempts to write a result.
 	ResultWriteErrors *prometheus.CounterVec
@@ -180,6 +184,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		GateBudget:     gv("sluice_gate_budget", "The budget each gate last reported, after its failure policy.", "gate"),
 		GateFailures:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gate_failures_total", Help: "Failed gate budget queries."}, []string{"gate"}),
 		GateFailing:    gv("sluice_gate_failing", "1 while a gate's budget queries fail (its failure policy is in force).", "gate"),
+		EvictSuspended: gv("sluice_evict_suspended", "1 while the queue's eviction (queue option evict) is suspended: its gate saw the pool not free the calls taken back; it tries again after a back-off.", "queue"),
 	}
 	m.Tokens = cv(Upstream+"tokens_total", "Tokens the gateway reported in the usage object of 2xx JSON responses, by direction (input: prompt_tokens, output: completion_tokens).", "direction")
 	m.Dispatched = cv(Upstream+"dispatched_requests_total", "Attempts sent to the gateway, retries included.")
@@ -204,7 +209,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.PoolWorkerLimit, m.GateMetricValue, m.GateMetricThreshold, m.GateMetricAvailable,
 		m.Results, m.DeadLettered, m.HandedBack, m.Deferred, m.Evicted, m.Resumed, m.GateVerdicts, m.GatewayDropped, m.WaitMs,
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
-		m.ResultWriteErrors,
+		m.EvictSuspended, m.ResultWriteErrors,
 		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.QueueConfigLastSuccess, m.GateWaitRequeues, m.GateWaiting,
 		m.DrainLimitRPS, m.DrainLimitValid, m.DrainLimitUntil, m.DeadlineProximity,
 	} {
@@ -276,7 +281,7 @@ func (m *Metrics) For(l Labels) *Queue {
 
 // RemoveQueueSnapshots deletes the sampled series of queue l: the gauges
 // that describe the queue now (backlog and its availability, budget,
-// depth, claimed, delayed, in-flight limits) and its deadline-proximity
+// depth, claimed, delayed, in-flight limits, eviction suspended) and its deadline-proximity
 // histogram, as upstream's RemoveQueueSnapshots does when a reload removes
 // a queue. Counters and latency histograms are kept.
 func (m *Metrics) RemoveQueueSnapshots(l Labels) {
@@ -285,6 +290,7 @@ func (m *Metrics) RemoveQueueSnapshots(l Labels) {
 		m.Inflight, m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateWaiting} {
 		g.DeleteLabelValues(v...)
 	}
+	m.EvictSuspended.DeleteLabelValues(l.QueueID)
 	m.DeadlineProximity.Delete(l)
 }
 

@@ -3,12 +3,16 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -40,13 +44,24 @@ var errEvicted = errors.New("request evicted: the gate's budget fell below what 
 // (gate.MeasuredFollower): a gate that fails to read its backend keeps the
 // work running. Cost on the per-message path: one map insert and delete per
 // dispatched request, under one mutex, for the queues that enable it.
+//
+// When the gate is a gate.EvictionChecker (pool-headroom), the evictor
+// asks it before taking anything back and tells it what it took back: a
+// pool that does not free the calls aborted (a server that ignores
+// hang-ups) suspends eviction for a back-off, logged once per suspension
+// and shown as sluice_evict_suspended{queue} and on the status page, while
+// the queue keeps dispatching under its gate's limit.
 type evictor struct {
 	q     *Queue
 	limit int // evictions allowed per request; negative: no limit
+	check gate.EvictionChecker
+	log   *slog.Logger
+	gauge prometheus.Gauge // sluice_evict_suspended of the queue
 
 	mu      sync.Mutex
 	calls   map[*evictCall]struct{} // the calls being dispatched
 	pending int                     // evicted, their deliveries not settled yet
+	state   gate.EvictionState      // the gate's last answer
 }
 
 type evictCall struct {
@@ -55,12 +70,53 @@ type evictCall struct {
 	evicted bool
 }
 
-func newEvictor(q *Queue) *evictor {
+func newEvictor(q *Queue, log *slog.Logger, suspended *prometheus.GaugeVec) *evictor {
 	limit := q.EvictLimit
 	if limit == 0 {
 		limit = DefaultEvictLimit
 	}
-	return &evictor{q: q, limit: limit, calls: map[*evictCall]struct{}{}}
+	e := &evictor{q: q, limit: limit, calls: map[*evictCall]struct{}{}, log: log,
+		check: gate.EvictionCheckerOf(q.Gate.Gate())}
+	if suspended != nil {
+		e.gauge = suspended.WithLabelValues(q.ID)
+		e.gauge.Set(0)
+	}
+	return e
+}
+
+// allowed asks the gate's checker whether calls may be taken back now,
+// and logs and exports a change of suspension.
+func (e *evictor) allowed() bool {
+	if e.check == nil {
+		return true
+	}
+	st := e.check.EvictionState(context.Background())
+	e.mu.Lock()
+	was := e.state.Suspended
+	e.state = st
+	e.mu.Unlock()
+	switch {
+	case st.Suspended && !was:
+		e.log.Warn("eviction suspended: the pool did not free the calls taken back; dispatching under the gate without eviction",
+			"queue", e.q.ID, "gate", e.q.Gate.Name(), "saw", st.Reason, "retry_at", st.Until.Format(time.RFC3339))
+	case !st.Suspended && was:
+		e.log.Info("eviction resumed after its back-off", "queue", e.q.ID, "gate", e.q.Gate.Name())
+	}
+	if e.gauge != nil {
+		if st.Suspended {
+			e.gauge.Set(1)
+		} else {
+			e.gauge.Set(0)
+		}
+	}
+	return !st.Suspended && !st.Pending
+}
+
+// State returns the gate's last answer on eviction (zero: not suspended).
+func (e *evictor) State() gate.EvictionState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state
 }
 
 // evictions returns how many times req was taken back.
@@ -76,7 +132,7 @@ func (e *evictor) SetBudget(float64) {}
 // SetBudgetMeasured evicts, on a measured budget, the youngest calls over
 // the queue's new limit that are not being evicted already.
 func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
-	if !measured {
+	if !measured || !e.allowed() {
 		return
 	}
 	// The budget's own limit, not the credits' ramped one: the ramp paces
@@ -108,6 +164,9 @@ func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
 	}
 	if n := len(victims); n > 0 {
 		e.q.metrics.own.Evicted.Add(float64(n))
+		if e.check != nil {
+			e.check.Evicted(context.Background(), n)
+		}
 	}
 }
 

@@ -366,7 +366,7 @@ func (p *Pipeline) initQueue(spec Queue) (*Queue, error) {
 	q.followers = append(q.followers, q.credits)
 	if q.Evict {
 		// after the credits: it reads their in-flight count
-		q.evictor = newEvictor(&q)
+		q.evictor = newEvictor(&q, p.log, p.cfg.Metrics.EvictSuspended)
 		q.Gate.Attach(q.evictor)
 		q.followers = append(q.followers, q.evictor)
 	}

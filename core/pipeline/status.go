@@ -78,6 +78,13 @@ type QueueSnapshot struct {
 	// BudgetHistory is the gate budget at each sample, oldest first, over
 	// the last HistorySpan.
 	BudgetHistory []BudgetSample
+	// Evict is the state of the queue's eviction: "" (the queue does not
+	// evict), "on" or "suspended" (its gate saw the pool not free the
+	// calls taken back: see gate.EvictionChecker). EvictReason says what
+	// the gate saw, EvictUntil when eviction is tried again.
+	Evict       string
+	EvictReason string
+	EvictUntil  time.Time
 }
 
 // BudgetSample is a queue's budget at one sample.
@@ -152,6 +159,12 @@ func (q *Queue) snapshot(now time.Time) QueueSnapshot {
 		qs.Total += n
 	}
 	qm.history.read(now, &qs)
+	if q.evictor != nil {
+		qs.Evict = "on"
+		if st := q.evictor.State(); st.Suspended && now.Before(st.Until) {
+			qs.Evict, qs.EvictReason, qs.EvictUntil = "suspended", st.Reason, st.Until
+		}
+	}
 	return qs
 }
 

@@ -4,7 +4,8 @@
 // fetches GET /status.json every two seconds and draws it: per queue its
 // depth in the broker, in flight against its limits, delayed and
 // dead-lettered requests, results by code with the throughput of the last
-// minute, and its gate budget over the last 15 minutes; the worker pools;
+// minute, its gate budget over the last 15 minutes, and whether its
+// eviction is suspended; the worker pools;
 // the gates (and the state of plugin gates); the process.
 //
 // The figures come from the pipeline (pipeline.Pipeline.Snapshot, whose
@@ -143,6 +144,12 @@ type Queue struct {
 	Throughput float64 `json:"throughput"`
 	// BudgetHistory holds [at (Unix ms), budget] pairs, oldest first.
 	BudgetHistory [][2]float64 `json:"budget_history"`
+	// Evict is "" (the queue does not evict), "on" or "suspended"; a
+	// suspension carries what the gate saw and when eviction is tried
+	// again (Unix ms).
+	Evict       string `json:"evict,omitempty"`
+	EvictReason string `json:"evict_reason,omitempty"`
+	EvictUntil  int64  `json:"evict_until,omitempty"`
 }
 
 // Pool is one worker pool's entry.
@@ -187,6 +194,10 @@ func (p *Page) Snapshot() Snapshot {
 			Claimed: q.Claimed, Limit: q.Limit, Max: q.Max, Calls: q.Calls, Budget: q.Budget,
 			Results: q.Results, Total: q.Total, DeadLettered: q.DeadLettered, Throughput: q.Throughput,
 			BudgetHistory: make([][2]float64, 0, len(q.BudgetHistory)+1),
+		}
+		e.Evict, e.EvictReason = q.Evict, q.EvictReason
+		if !q.EvictUntil.IsZero() {
+			e.EvictUntil = q.EvictUntil.UnixMilli()
 		}
 		if !q.DepthAt.IsZero() {
 			e.Waiting, e.Delayed, e.DeadLetterHeld = known(q.Waiting), known(q.Delayed), known(q.DeadLetterHeld)

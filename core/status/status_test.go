@@ -160,3 +160,29 @@ func TestSnapshotJSON(t *testing.T) {
 		t.Errorf("recovered plugin gate %+v (plugin %+v)", g, g.Plugin)
 	}
 }
+
+// A queue whose eviction is suspended says so in the JSON, with what its
+// gate saw and when eviction is tried again; the page draws it.
+func TestEvictSuspended(t *testing.T) {
+	now := time.Now()
+	until := now.Add(30 * time.Second)
+	p := New(Config{Pipeline: fixedSource{At: now, Queues: []pipeline.QueueSnapshot{
+		{ID: "b", Name: "b", Evict: "suspended", EvictReason: "pods saw 0 of 4 aborts", EvictUntil: until},
+		{ID: "c", Name: "c", Evict: "on"},
+		{ID: "d", Name: "d"},
+	}}})
+	var s Snapshot
+	if err := json.NewDecoder(get(t, p, "/status.json").Body).Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	if q := s.Queues[0]; q.Evict != "suspended" || q.EvictReason != "pods saw 0 of 4 aborts" || q.EvictUntil != until.UnixMilli() {
+		t.Errorf("suspended queue: %+v", q)
+	}
+	if s.Queues[1].Evict != "on" || s.Queues[1].EvictUntil != 0 || s.Queues[2].Evict != "" {
+		t.Errorf("queues: %+v", s.Queues[1:])
+	}
+	body, _ := io.ReadAll(get(t, p, "/").Body)
+	if !strings.Contains(string(body), `"eviction suspended, tried again in "`) || !strings.Contains(string(body), "q.evict_reason") {
+		t.Error("the page does not draw a suspended eviction")
+	}
+}

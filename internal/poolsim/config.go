@@ -211,7 +211,7 @@ type EngineConfig struct {
 	// (llm-d-inference-sim): its seat and blocks stay taken until then, and
 	// it is counted as finished by its length or stop, never as an abort.
 	// Off (the default), a client that goes away frees its request at the
-	// pod's next step and it counts in finished_reason="abort", as vLLM.
+	// pod's next step and it counts in finished_reason="abort".
 	// Pool.SetIgnoreHangups changes it while the pool runs.
 	IgnoreHangups bool
 }
