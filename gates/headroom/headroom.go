@@ -65,6 +65,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -150,6 +152,24 @@ type Config struct {
 	MaxConcurrency int
 	// RefreshInterval is how often the budget is read (default 50ms).
 	RefreshInterval time.Duration
+	// EvictCheck is how the gate checks that the calls the pipeline takes
+	// back (the queue's evict) leave the pool: EvictCheckAuto (default),
+	// EvictCheckStrict or EvictCheckOff (see evictCheck).
+	EvictCheck string
+	// EvictCheckReadings is how many readings after calls were taken back
+	// the pods' abort counter may take to show them (default 10).
+	EvictCheckReadings int
+	// EvictCheckBackoff is how long eviction stays suspended after a check
+	// failed (default 30s); it doubles with each retry that fails again,
+	// up to 8×.
+	EvictCheckBackoff time.Duration
+	// AbortMetric is the counter of aborted requests read per pod (default
+	// vllm:request_success_total), its series filtered by AbortLabels
+	// (default finished_reason="abort") and Labels, summed.
+	AbortMetric string
+	AbortLabels map[string]string
+	// Logger receives the eviction check's lines (default slog.Default()).
+	Logger *slog.Logger
 	// ReleaseGrace is how long a released request still counts as the
 	// queue's own (default two refresh intervals). A request sluice
 	// aborted (evicted, cancelled) is released at once but leaves the
@@ -197,6 +217,24 @@ func (c *Config) SetDefaults() {
 	if c.IdleReserve == nil {
 		c.IdleReserve = c.Reserve
 	}
+	if c.EvictCheck == "" {
+		c.EvictCheck = EvictCheckAuto
+	}
+	if c.EvictCheckReadings == 0 {
+		c.EvictCheckReadings = DefaultEvictCheckReadings
+	}
+	if c.EvictCheckBackoff == 0 {
+		c.EvictCheckBackoff = DefaultEvictCheckBackoff
+	}
+	if c.AbortMetric == "" {
+		c.AbortMetric = DefaultAbortMetric
+	}
+	if c.AbortLabels == nil {
+		c.AbortLabels = maps.Clone(DefaultAbortLabels)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 }
 
 // Validate reports every unusable parameter.
@@ -235,6 +273,17 @@ func (c Config) Validate() error {
 	if !(c.KVLimit >= 0 && c.KVLimit <= 1) {
 		errs = append(errs, fmt.Errorf("gate_params.kv_limit: %v outside [0,1] (0: KV not read)", c.KVLimit))
 	}
+	switch c.EvictCheck {
+	case EvictCheckAuto, EvictCheckStrict, EvictCheckOff:
+	default:
+		errs = append(errs, fmt.Errorf("gate_params.evict_check: %q, want auto, strict or off", c.EvictCheck))
+	}
+	if c.EvictCheckReadings < 0 {
+		errs = append(errs, errors.New("gate_params.evict_check_readings: want ≥ 1"))
+	}
+	if c.EvictCheckBackoff < 0 {
+		errs = append(errs, errors.New("gate_params.evict_check_backoff: want a duration > 0"))
+	}
 	if !(c.ReserveShare >= 0 && c.ReserveShare < 1) {
 		errs = append(errs, fmt.Errorf("gate_params.reserve_share: %v outside [0,1)", c.ReserveShare))
 	}
@@ -254,6 +303,7 @@ type Gate struct {
 	releases []time.Time // releases still within ReleaseGrace
 	rule     Rule
 	last     Reading
+	check    *evictCheck // nil with EvictCheckOff
 }
 
 // peak is one reading's others, kept while no later reading exceeds it
@@ -306,6 +356,8 @@ var (
 	_ gate.Describer      = (*Gate)(nil)
 	_ gate.Intervaler     = (*Gate)(nil)
 	_ gate.PolicyReporter = (*Gate)(nil)
+
+	_ gate.EvictionChecker = (*Gate)(nil)
 )
 
 // New returns the gate; it does no I/O.
@@ -315,25 +367,31 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	client, tr := exposition.NewClient(time.Second, ScrapeTimeout)
-	return &Gate{cfg: cfg, tr: tr, client: client, now: time.Now,
+	g := &Gate{cfg: cfg, tr: tr, client: client, now: time.Now,
 		rule: Rule{Seats: len(cfg.Endpoints) * cfg.SeatsPerPod, Reserve: *cfg.Reserve, IdleReserve: *cfg.IdleReserve,
 			ReserveShare: cfg.ReserveShare,
-			Burst:        Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}}, nil
+			Burst:        Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}}
+	if cfg.EvictCheck != EvictCheckOff {
+		g.check = newEvictCheck(cfg)
+	}
+	return g, nil
 }
 
 // Factory builds the gate from gate_params: endpoints (a JSON array or a
 // comma-separated string), seats_per_pod, reserve, reserve_share,
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
-// labels, and the generic refresh_interval (which also paces its own
+// labels, evict_check, evict_check_readings, evict_check_backoff,
+// abort_metric, abort_labels, and the generic refresh_interval (which also paces its own
 // readings); the queue's concurrency is max_concurrency.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	eps, err := endpoints(p)
 	if err != nil {
 		return nil, err
 	}
-	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency,
-		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", "")}
+	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency, Logger: env.Logger,
+		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", ""),
+		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", "")}
 	// the generic refresh_interval also sets the gate's own clock (its
 	// release grace and burst growth default to it)
 	if cfg.RefreshInterval, err = p.Duration(gate.ParamRefreshInterval, 0); err != nil {
@@ -381,6 +439,28 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.Labels, err = p.StringMap("labels"); err != nil {
 		return nil, err
 	}
+	if p.Has("evict_check_readings") {
+		if cfg.EvictCheckReadings, err = p.Int("evict_check_readings", 0); err != nil {
+			return nil, err
+		}
+		if cfg.EvictCheckReadings == 0 {
+			cfg.EvictCheckReadings = -1 // refused by Validate, not defaulted
+		}
+	}
+	if cfg.EvictCheckBackoff, err = p.Duration("evict_check_backoff", DefaultEvictCheckBackoff); err != nil {
+		return nil, err
+	}
+	if cfg.EvictCheckBackoff == 0 {
+		cfg.EvictCheckBackoff = -1 // refused by Validate, not defaulted
+	}
+	if p.Has("abort_labels") {
+		if cfg.AbortLabels, err = p.StringMap("abort_labels"); err != nil {
+			return nil, err
+		}
+		if cfg.AbortLabels == nil {
+			cfg.AbortLabels = map[string]string{}
+		}
+	}
 	if err := p.Unused(); err != nil {
 		return nil, err
 	}
@@ -414,10 +494,11 @@ func endpoints(p gate.Params) ([]string, error) {
 // Budget reads every pod and returns the share of the queue's concurrency
 // the other traffic leaves beyond the reserve.
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
-	running, waiting, kv, err := g.read(ctx)
+	rd, err := g.read(ctx)
 	if err != nil {
 		return 0, err
 	}
+	running, waiting, kv := rd.running, rd.waiting, rd.kv
 	c := g.cfg
 	r := Reading{At: g.now(), Running: running, Waiting: waiting, Own: g.ownAt(g.now()),
 		Seats: len(c.Endpoints) * c.SeatsPerPod}
@@ -432,15 +513,39 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	r.Burst, r.Keep, r.Allowed = g.rule.Apply(r.At, r.Others, r.Held, r.Own, r.KVCap)
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.last = r
+	if g.check != nil {
+		g.check.observe(r.At, rd.aborts, rd.abortsOK, running+waiting)
+	}
 	return r.Budget, nil
 }
 
+// reading is what one reading of every pod found.
+type reading struct {
+	running, waiting int
+	kv               float64 // the fullest pod's, with KVLimit
+	// aborts is each pod's abort counter, abortsOK whether the pod
+	// exports it (read only with the eviction check).
+	aborts   []float64
+	abortsOK []bool
+}
+
 // read sums the running and waiting gauges over the pods and, with
-// KVLimit, returns the highest KV-cache usage of any pod.
-func (g *Gate) read(ctx context.Context) (running, waiting int, kv float64, err error) {
+// KVLimit, returns the highest KV-cache usage of any pod; with the
+// eviction check, each pod's abort counter (absent: not an error).
+func (g *Gate) read(ctx context.Context) (reading, error) {
 	type page struct {
 		run, wait, kv float64
+		aborts        float64
+		abortsOK      bool
 		err           error
+	}
+	var abortLabels map[string]string
+	if g.check != nil {
+		abortLabels = maps.Clone(g.cfg.Labels)
+		if abortLabels == nil {
+			abortLabels = map[string]string{}
+		}
+		maps.Copy(abortLabels, g.cfg.AbortLabels)
 	}
 	pages := make([]page, len(g.cfg.Endpoints))
 	var wg sync.WaitGroup
@@ -460,21 +565,53 @@ func (g *Gate) read(ctx context.Context) (running, waiting int, kv float64, err 
 			if pages[i].err == nil && g.cfg.KVLimit > 0 {
 				pages[i].kv, pages[i].err = sum(fams[g.cfg.KVMetric], g.cfg.Labels, u, g.cfg.KVMetric)
 			}
+			if pages[i].err == nil && abortLabels != nil {
+				v, err := sum(fams[g.cfg.AbortMetric], abortLabels, u, g.cfg.AbortMetric)
+				pages[i].aborts, pages[i].abortsOK = v, err == nil
+			}
 		}()
 	}
 	wg.Wait()
 	var errs []error
 	var run, wait float64
-	for _, p := range pages {
+	rd := reading{aborts: make([]float64, len(pages)), abortsOK: make([]bool, len(pages))}
+	for i, p := range pages {
 		errs = append(errs, p.err)
 		run += p.run
 		wait += p.wait
-		kv = max(kv, p.kv)
+		rd.kv = max(rd.kv, p.kv)
+		rd.aborts[i], rd.abortsOK[i] = p.aborts, p.abortsOK
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, 0, 0, err
+		return reading{}, err
 	}
-	return int(math.Round(run)), int(math.Round(wait)), kv, nil
+	rd.running, rd.waiting = int(math.Round(run)), int(math.Round(wait))
+	return rd, nil
+}
+
+// EvictionState implements gate.EvictionChecker: eviction is suspended
+// for a back-off after the pods did not count the calls taken back, and
+// pending while they have not shown the last ones yet (see evictCheck).
+func (g *Gate) EvictionState(context.Context) gate.EvictionState {
+	if g.check == nil {
+		return gate.EvictionState{}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var st gate.EvictionState
+	st.Suspended, st.Pending, st.Until, st.Reason = g.check.state(g.now())
+	return st
+}
+
+// Evicted implements gate.EvictionChecker: it opens a check of the n
+// calls the pipeline just took back.
+func (g *Gate) Evicted(_ context.Context, n int) {
+	if g.check == nil {
+		return
+	}
+	g.mu.Lock()
+	g.check.evicted(g.now(), n)
+	g.mu.Unlock()
 }
 
 // ErrNoSample means a page had no series of a metric matching the labels.
@@ -552,8 +689,13 @@ func (g *Gate) Describe() string {
 		burst = fmt.Sprintf(" in bursts (others ≥ %d within %v; growing one per %v), %d between them,", g.cfg.BurstThreshold,
 			g.cfg.BurstWindow, g.cfg.BurstGrowth, *g.cfg.IdleReserve)
 	}
-	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free of %d×%d%s on %s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
-		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","))
+	check := "; eviction not checked"
+	if g.check != nil {
+		check = fmt.Sprintf("; eviction checked (%s) on %s within %d readings, back-off %v", g.cfg.EvictCheck, g.check.series,
+			g.cfg.EvictCheckReadings, g.cfg.EvictCheckBackoff)
+	}
+	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free of %d×%d%s on %s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
+		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check)
 }
 
 // Close drops the idle connections.

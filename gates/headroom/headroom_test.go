@@ -260,6 +260,11 @@ func TestValidation(t *testing.T) {
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"burst_growth":"-5ms"}`, "burst_growth"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"idle_reserve":-2}`, "idle_reserve: -2"},
 		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"resrve":2}`, "resrve"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"evict_check":"maybe"}`, "evict_check"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"evict_check_readings":0}`, "evict_check_readings"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"evict_check_backoff":"0s"}`, "evict_check_backoff"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"evict_check_backoff":"-1s"}`, "evict_check_backoff"},
+		{`{"endpoints":"http://a/metrics","seats_per_pod":16,"abort_labels":[1]}`, "abort_labels"},
 		{`{"endpoints":["http://a/metrics",3],"seats_per_pod":16}`, "endpoints"},
 	} {
 		_, err := build(t, c.params, 8)
