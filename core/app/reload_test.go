@@ -399,3 +399,28 @@ func TestReloadTierPriority(t *testing.T) {
 		t.Errorf("shutdown: %v", err)
 	}
 }
+
+// TestReloadEvictSuspendedSeries: sluice_evict_suspended{queue} exists (at
+// 0) while the queue evicts, and a reload that turns evict off removes it
+// rather than leave its last value behind.
+func TestReloadEvictSuspendedSeries(t *testing.T) {
+	r := startReloadRig(t, queueDoc{id: "e", max: 2})
+	if n := testutil.CollectAndCount(r.app.metrics.EvictSuspended); n != 0 {
+		t.Fatalf("evict off: %d series of sluice_evict_suspended, want none", n)
+	}
+	doc := func(evict bool) string {
+		return fmt.Sprintf(`{"queues":[{"id":"e","queue_name":"req:e","result_queue_name":"res:e","igw_base_url":%q,"max_concurrency":2,"evict":%t}]}`, r.gw, evict)
+	}
+	series := func() int { return testutil.CollectAndCount(r.app.metrics.EvictSuspended) }
+	r.writeRaw(doc(true))
+	r.waitReloads(metrics.ReloadSuccess, 1)
+	if n, v := series(), testutil.ToFloat64(r.app.metrics.EvictSuspended.WithLabelValues("e")); n != 1 || v != 0 {
+		t.Fatalf("evict on: %d series, value %v; want one at 0", n, v)
+	}
+	r.writeRaw(doc(false))
+	r.waitReloads(metrics.ReloadSuccess, 2)
+	waitReload(t, 5*time.Second, "the series to go", func() bool { return series() == 0 })
+	if err := r.shutdown(); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+}

@@ -209,17 +209,19 @@ func (p *Pipeline) retire(q *Queue) {
 
 // release undoes what q holds: its publisher, its followers of the gate,
 // the gate loop when nothing else uses it, its sampled series when no
-// running queue has its labels. q must be in neither p.queues nor
+// running queue has its labels (its sluice_evict_suspended when no running
+// queue of its id evicts). q must be in neither p.queues nor
 // p.retiring.
 func (p *Pipeline) release(q *Queue) {
 	p.detach(q)
 	q.workers.close()
 	p.mu.Lock()
 	p.publishers = slices.DeleteFunc(p.publishers, func(x message.Publisher) bool { return x == q.pub })
-	gateUsed, labelsUsed := false, false
+	gateUsed, labelsUsed, evictShown := false, false, false
 	for _, o := range append(slices.Clone(p.queues), p.retiring...) {
 		gateUsed = gateUsed || o.Gate == q.Gate
 		labelsUsed = labelsUsed || o.metrics.own.Labels == q.metrics.own.Labels
+		evictShown = evictShown || (o.ID == q.ID && o.evictor != nil)
 	}
 	for _, pl := range p.cfg.Pools {
 		gateUsed = gateUsed || pl.Gate == q.Gate
@@ -241,6 +243,11 @@ func (p *Pipeline) release(q *Queue) {
 	}
 	if !labelsUsed {
 		p.cfg.Metrics.RemoveQueueSnapshots(q.metrics.own.Labels)
+	}
+	if q.evictor != nil && !evictShown {
+		// no running queue of that id evicts (any more): its
+		// sluice_evict_suspended must not stay at its last value
+		p.cfg.Metrics.EvictSuspended.DeleteLabelValues(q.ID)
 	}
 }
 
