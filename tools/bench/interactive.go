@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -691,7 +692,13 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 		}
 		p99, ok := p99AtGoodput(pts, self.goodput, 0.03)
 		if !ok {
+			// the peer's knob does not bring it to sluice's goodput: no
+			// comparison at matched goodput; its nearest setting is printed
+			near := slices.MinFunc(pts, func(a, b peerPoint) int {
+				return cmp.Compare(math.Abs(a.goodput-self.goodput), math.Abs(b.goodput-self.goodput))
+			})
 			summary["peer_"+peer+"_p99_at_goodput"] = -1
+			summary["peer_"+peer+"_nearest_goodput"], summary["peer_"+peer+"_nearest_p99"] = near.goodput, near.p99
 			summary["fifth_of_"+peer] = 0
 			continue
 		}
