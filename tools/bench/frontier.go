@@ -494,8 +494,8 @@ type frontierBaseRun struct {
 	floorP50         float64
 	floorP99         float64
 	floorIdleP99     float64
-	capacity         float64 // batch tokens/s, alone
-	reqPerS          float64 // batch requests finished per second, alone
+	capacity         float64       // batch tokens/s, alone
+	reqPerS          float64       // batch requests finished per second, alone
 	service          time.Duration // median first token → last token of a batch request, alone
 	seatShare, slack float64
 }
