@@ -36,12 +36,15 @@ import (
 // front) serves interactive waves sent straight to the front — idle phases
 // of ipIdleRate requests/s and burst phases of ipBurstRate requests/s, each
 // a streamed 256-token prompt with 64 output tokens — while a batch of jobs
-// with deadlines goes through sluice (memory transport, queue concurrency
-// ipBatchConcurrency, objective batch-sheddable). Each arm changes one thing:
-// the gate sluice uses, or the front's mode, or the engine's policy. The
-// arms of one repetition run one after another on fresh pools, with the
-// same seed (so the same interactive arrivals); repetitions alternate the
-// arm order.
+// with deadlines goes through sluice (memory transport, the pool's batch
+// concurrency, objective batch-sheddable). It runs on every pool of
+// ipPools (pools.go: the poolsim presets, dilated for real time where this
+// machine needs it). Each arm changes one thing: the gate sluice uses, or
+// the front's mode, or the engine's policy, or a peer's knob. The arms of
+// one repetition run one after another on fresh pools, with the
+// repetition's seed (so the same interactive arrivals); repetitions
+// alternate the arm order; the floor and the recommended arm repeat
+// ipRecReps times, the others ipOtherReps.
 //
 // Figures, per arm (one BENCH line each, arm=<name>):
 //
@@ -50,16 +53,19 @@ import (
 //     inside the simulator (arrival at the front → first token), so the
 //     client's scheduling noise on this small machine does not enter;
 //     ttft_p50_ratio and ttft_p99_ratio divide them by the floor arm's of
-//     the same repetition (interactive only), median over repetitions.
+//     the same repetition (interactive only), median over repetitions;
+//     for the recommended arm also ttft_p99_ratio_pooled over every
+//     repetition's burst arrivals, with a 90 % bootstrap interval (_lo,
+//     _hi; whole bursts resampled).
 //   - ttft_idle_p99_ms, ttft_idle_p99_ratio: the same p99 over the idle
 //     phases' arrivals after the warm-up (reported only: the bar judges
 //     the bursts, and a dispatcher that protects them by filling the pool
 //     between them shows here).
 //   - batch_goodput_share: batch output tokens finished in the measured
 //     window ÷ the pool's slack over that window. The slack is the batch's
-//     capacity (output tokens/s of the batch alone on the pool, measured in
-//     a calibration run of each repetition) × (1 − the seat share the
-//     interactive traffic took in the floor arm).
+//     capacity × (1 − the interactive seat share of the floor), both from
+//     the virtual clock (ipModel), so that the real-time arms and their
+//     replayed twins are judged on one scale.
 //   - deadline_miss_rate: of the requests of the jobs whose deadline is at
 //     least 2.5× their uncontended completion time, the share not answered
 //     ok by their deadline; miss_rate_1_5x, miss_rate_2_5x and miss_rate_5x
@@ -71,8 +77,9 @@ import (
 //     running or waiting in the engines); gate_recovery_ms: from the
 //     burst's end until the occupancy is back at its pre-burst level. A
 //     burst with no fall counts as a whole phase.
-//   - step_lag_p99_ms: how late the simulator's engine steps ran; an arm the
-//     machine could not keep up with misses its step-lag target.
+//   - step_lag_p99_ms: how late the simulator's engine steps ran (real
+//     milliseconds), step_lag_share the same over the mean step; an arm
+//     the machine could not keep up with misses its step-lag target.
 //
 // Two profiles: short batch (512 prompt / 256 output tokens per request)
 // and long batch (512 / 1024). The long profile adds arms that hold a fixed
@@ -88,7 +95,6 @@ const (
 	ipCycles         = 3
 	ipInteractivePT  = 256
 	ipInteractiveOut = 64
-	ipCalibration    = 12 * time.Second
 	ipSeed           = 20261201
 	ipQueue          = "llm-d-async:requests:interactive-protection"
 	ipResults        = "llm-d-async:results:interactive-protection"
