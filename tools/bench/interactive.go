@@ -660,6 +660,18 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 			summary[r+key] = v
 		}
 	}
+	if prof.name == "long" {
+		// the smallest reserve of seats (percent) that kept p99 ≤ 2×
+		summary["reserve_for_2x"] = -1
+		for _, n := range prof.arms {
+			if pct, ok := strings.CutPrefix(n, "reserve-"); ok {
+				p, _ := strconv.Atoi(pct)
+				if med[n]["ttft_p99_ratio"] <= 2 && (summary["reserve_for_2x"] < 0 || float64(p) < summary["reserve_for_2x"]) {
+					summary["reserve_for_2x"] = float64(p)
+				}
+			}
+		}
+	}
 	if prof.name != "short" {
 		return summary, nil
 	}
@@ -884,6 +896,7 @@ func ipTargets() []target {
 			maximum(s+"twin_goodput_diff", 0.05, "one clock: the real-time arm's goodput within 0.05 of its replayed twin's"),
 			maximum(s+"twin_p99_diff", 0.2, "one clock: the real-time arm's p99 ratio within 0.2 of its replayed twin's"),
 			exactly(s+"no_peer_dominates", 1, "no peer setting beats the recommended arm on both goodput and p99"),
+			reportedOnly(pool.name()+"_long_reserve_for_2x", "the smallest reserve of seats (percent) that kept p99 ≤ 2× with long batch requests; -1: none of those tried"),
 			reportedOnly(s+"goodput_bar", "the goodput the recommended arm must reach: the fixed bar, or G*(x) less the slack the issue allows"),
 			reportedOnly(s+"frontier_goodput_at_bar", "G*(x) at the pool's p99 bar, from interactive-frontier"),
 		)
