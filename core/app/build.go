@@ -52,15 +52,6 @@ func (a *App) build(o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := a.reg.Register(metrics.NewGateEventsCollector(a.gateEvents)); err != nil {
-		return err
-	}
-	if err := a.reg.Register(metrics.NewGateCallsCollector(a.gateCalls)); err != nil {
-		return err
-	}
-	if err := a.reg.Register(metrics.NewGateWindowsCollector(a.gateWindows)); err != nil {
-		return err
-	}
 	tracer, err := a.newTracer(o.TracerProvider)
 	if err != nil {
 		return err
@@ -235,43 +226,6 @@ func TransportEnv(cfg *config.Config, log *slog.Logger) (transport.Env, error) {
 	return env, nil
 }
 
-// gateEvents reads what the gates count on their own, by gate name.
-func (a *App) gateEvents() map[string]map[string]int64 {
-	out := map[string]map[string]int64{}
-	for _, r := range a.gateList() {
-		if ec := gate.EventsOf(r.Gate()); ec != nil {
-			out[r.Name()] = ec.Events()
-		}
-	}
-	return out
-}
-
-// gateCalls reads the timings of the calls gates make (plugin RPCs).
-func (a *App) gateCalls() []metrics.GateCalls {
-	var out []metrics.GateCalls
-	for _, r := range a.gateList() {
-		if cr := gate.CallsOf(r.Gate()); cr != nil {
-			for _, c := range cr.Calls() {
-				out = append(out, metrics.GateCalls{Gate: r.Name(), RPC: c.Call, Count: c.Count, Failures: c.Failures, Seconds: c.Seconds, Buckets: c.Buckets})
-			}
-		}
-	}
-	return out
-}
-
-// gateWindows reads the feedback gates' windows (aimd's bands).
-func (a *App) gateWindows() []metrics.GateWindow {
-	var out []metrics.GateWindow
-	for _, r := range a.gateList() {
-		if wr := gate.WindowsOf(r.Gate()); wr != nil {
-			for _, w := range wr.Windows() {
-				out = append(out, metrics.GateWindow{Gate: r.Name(), Band: w.Band, Size: w.Size, SSThresh: w.SSThresh, InFlight: w.InFlight, Closed: w.Closed})
-			}
-		}
-	}
-	return out
-}
-
 // registerTransportEvents exports what a transport counts on its own.
 func registerTransportEvents(reg *prometheus.Registry, name string, tp transport.Transport) error {
 	ec, ok := tp.(transport.EventCounter)
@@ -294,12 +248,21 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 	return params, q.GateType + "\x00" + params.Canonical(), nil
 }
 
-// newGate builds queue q's gate of params from the registry (log: what the
-// gate says on its own; nil: slog.Default()).
-func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger, m *metrics.Metrics) (gate.Gate, error) {
+// newGate builds queue q's gate of params from the registry, named name in
+// metrics (log: what the gate says on its own; nil: slog.Default()). The
+// gate registers its own collectors on reg through the returned
+// gateMetrics, which unregisters them when the gate's loop closes it; a
+// gate that fails to build leaves none.
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger, m *metrics.Metrics,
+	reg prometheus.Registerer, name string) (gate.Gate, *gateMetrics, error) {
 	env := gateEnv(cfg, q.MaxConcurrency)
 	env.Logger, env.Pool, env.Lease = log, q.WorkerPoolID, leaseRecorder(m)
-	return gates.New(q.GateType, params, env)
+	gm := withGateMetrics(&env, reg, name)
+	g, err := gates.New(q.GateType, params, env)
+	if err != nil && gm != nil {
+		gm.unregisterAll()
+	}
+	return g, gm, err
 }
 
 // gateEnv is what a gate factory gets from the deployment.
@@ -372,16 +335,16 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			}
 		}
 		if !ok {
-			g, err := newGate(a.gateReg, a.cfg, q, params, a.log, a.metrics)
-			if err != nil {
-				return nil, built, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
-			}
 			name := q.GateType
 			if a.nGates > 0 {
 				name += "#" + strconv.Itoa(a.nGates)
 			}
+			g, gm, err := newGate(a.gateReg, a.cfg, q, params, a.log, a.metrics, a.reg, name)
+			if err != nil {
+				return nil, built, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
+			}
 			a.nGates++
-			r = newRefresher(g, name, q.GateType, a.log, a.metrics, a.gateState)
+			r = newRefresher(g, name, q.GateType, a.log, a.metrics, a.gateState, gm.onClose())
 			byDef[def] = r
 			built = append(built, r)
 			a.mu.Lock()
@@ -414,11 +377,16 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 			}
 			env := gateEnv(a.cfg, wp.Workers)
 			env.Logger, env.Pool, env.Lease = a.log, wp.ID, leaseRecorder(m)
+			name := "pool:" + wp.ID
+			gm := withGateMetrics(&env, a.reg, name)
 			g, err := gates.New(wp.GateType, params, env)
 			if err != nil {
+				if gm != nil {
+					gm.unregisterAll()
+				}
 				return nil, fmt.Errorf("worker_pools[%d] (%s): gate: %w", i, wp.ID, err)
 			}
-			p.Gate = newRefresher(g, "pool:"+wp.ID, wp.GateType, a.log, m, a.gateState)
+			p.Gate = newRefresher(g, name, wp.GateType, a.log, m, a.gateState, gm.onClose())
 			a.mu.Lock()
 			a.gates = append(a.gates, p.Gate)
 			a.mu.Unlock()
@@ -429,11 +397,12 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 }
 
 // newRefresher starts the refresh loop of gate g, named name in metrics,
-// of type typ; its state is recorded in gs for the status page.
-func newRefresher(g gate.Gate, name, typ string, log *slog.Logger, m *metrics.Metrics, gs *status.Gates) *gate.Refresher {
+// of type typ; its state is recorded in gs for the status page. onClose
+// (nil: none) runs when the loop closes the gate.
+func newRefresher(g gate.Gate, name, typ string, log *slog.Logger, m *metrics.Metrics, gs *status.Gates, onClose func()) *gate.Refresher {
 	st := gs.Add(name, typ)
 	r := gate.NewRefresher(g, gate.RefresherConfig{
-		Name: name, Logger: log,
+		Name: name, Logger: log, OnClose: onClose,
 		Observe: func(b float64, err error) {
 			st.Observe(b, err)
 			m.GateBudget.WithLabelValues(name).Set(b)

@@ -78,25 +78,3 @@ func (rr *ReadingRecorder) Readings() []Reading {
 	}
 	return []Reading{rr.r}
 }
-
-// EventCounter is implemented by gates that count events of their own (a
-// plugin gate: its process starts, losses and failed starts); they are
-// exported as sluice_gate_events_total{gate, event}.
-type EventCounter interface {
-	Events() map[string]int64
-}
-
-// EventsOf returns g's event counter, looking through wrappers, or nil.
-func EventsOf(g Gate) EventCounter {
-	for g != nil {
-		if ec, ok := g.(EventCounter); ok {
-			return ec
-		}
-		u, ok := g.(interface{ Unwrap() Gate })
-		if !ok {
-			return nil
-		}
-		g = u.Unwrap()
-	}
-	return nil
-}

@@ -27,6 +27,9 @@ type RefresherConfig struct {
 	// Observe, when set, is called after every query with the budget in force
 	// and the query's error (nil on success).
 	Observe func(budget float64, err error)
+	// OnClose, when set, runs once when Close has closed the gate: the
+	// owner unregisters the gate's metrics there (see Env.Metrics).
+	OnClose func()
 }
 
 // Refresher is the one loop that asks a gate for its budget and hands the
@@ -228,6 +231,9 @@ func (r *Refresher) Close() error {
 			if err := c.Close(); err != nil {
 				r.closeErr = fmt.Errorf("close gate %s: %w", r.cfg.Name, err)
 			}
+		}
+		if r.cfg.OnClose != nil {
+			r.cfg.OnClose()
 		}
 	})
 	return r.closeErr

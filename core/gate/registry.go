@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice/core/registry"
 )
 
@@ -40,6 +42,26 @@ type Env struct {
 	// Pool is the worker pool the gate belongs to: the pool's id for a pool
 	// gate, the queue's worker_pool_id for a queue gate ("": unknown).
 	Pool string
+	// Metrics, when set, is where the gate registers the collectors of
+	// the series it exports about itself (with Register, or the shared
+	// EventsCollector, CallsCollector and WindowsCollector). It is a
+	// labelled registerer: it adds the label every such series carries,
+	// gate="<the gate's name>" (the name in sluice_gate_budget), so a
+	// collector describes its series without it and several gates of one
+	// type export one metric name, one child per gate. The refresh loop
+	// that runs the gate unregisters what was registered when it closes
+	// the gate. Inner gates a composite builds with Build register on the
+	// same registerer. nil: the gate exports nothing.
+	//
+	// core/gate names prometheus.Registerer rather than an interface of
+	// its own: every gate that exports series builds prometheus
+	// collectors anyway, and every importer of this package links
+	// client_golang already.
+	Metrics prometheus.Registerer
+	// PoolMetrics is Metrics without the gate label, for series labelled
+	// by worker pool instead (redis-leased-rate's drain_limit gauges,
+	// labelled pool_name by the gate itself); unregistered with Metrics.
+	PoolMetrics prometheus.Registerer
 	// Lease, when set, receives a leased-rate gate's lease at each
 	// evaluation (the drain_limit metrics); nil: not recorded.
 	Lease LeaseRecorder

@@ -8,7 +8,7 @@ import (
 // Wrapper is embedded by a gate built around one inner gate (wait-on-refuse,
 // tier-priority-admission): it forwards the budget, the refresh interval,
 // the failure policy and Close to the inner gate, and unwraps to it, so
-// ReadingsOf and EventsOf see through the wrapper. The embedding gate adds
+// ReadingsOf sees through the wrapper. The embedding gate adds
 // its own Admit and Describe.
 type Wrapper struct {
 	// Inner is the wrapped gate.

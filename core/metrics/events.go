@@ -37,31 +37,3 @@ func (c *EventsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(events[name]), c.transport, name)
 	}
 }
-
-// gateEventsDesc describes sluice_gate_events_total.
-var gateEventsDesc = prometheus.NewDesc("sluice_gate_events_total",
-	"Events a gate counted: a plugin gate's process starts (plugin_starts), losses (plugin_losses), failed starts (plugin_start_failures) and stderr lines dropped by its log rate (plugin_log_lines_suppressed).",
-	[]string{"gate", "event"}, nil)
-
-// GateEventsCollector exports the gates' own counters, read at scrape time.
-type GateEventsCollector struct {
-	read func() map[string]map[string]int64 // gate → event → count
-}
-
-// NewGateEventsCollector returns a collector of read(): by gate name, each
-// gate's events.
-func NewGateEventsCollector(read func() map[string]map[string]int64) *GateEventsCollector {
-	return &GateEventsCollector{read: read}
-}
-
-// Describe implements prometheus.Collector.
-func (c *GateEventsCollector) Describe(ch chan<- *prometheus.Desc) { ch <- gateEventsDesc }
-
-// Collect implements prometheus.Collector.
-func (c *GateEventsCollector) Collect(ch chan<- prometheus.Metric) {
-	for gateName, events := range c.read() {
-		for name, n := range events {
-			ch <- prometheus.MustNewConstMetric(gateEventsDesc, prometheus.CounterValue, float64(n), gateName, name)
-		}
-	}
-}

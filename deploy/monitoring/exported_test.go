@@ -102,24 +102,23 @@ func sluiceExports(t testing.TB) *exports {
 		maps.Copy(events, ec.Events())
 	}
 	rec.MustRegister(metrics.NewEventsCollector("all", func() map[string]int64 { return events }))
-	// The gates that count events of their own: the plugin gate.
-	gateEvents := new(host.Gate).Events()
-	rec.MustRegister(metrics.NewGateEventsCollector(func() map[string]map[string]int64 {
-		return map[string]map[string]int64{"plugin": gateEvents}
-	}))
-	maps.Copy(events, gateEvents)
-	// The gates that time their calls: the plugin gate, one series per RPC.
-	var calls []metrics.GateCalls
-	for _, c := range new(host.Gate).Calls() {
-		calls = append(calls, metrics.GateCalls{Gate: "plugin", RPC: c.Call, Count: c.Count, Seconds: c.Seconds, Buckets: c.Buckets})
+	// The gates register their own series through gate.Env.Metrics, which
+	// adds the gate label: the plugin gate (events, one series per RPC)
+	// and the aimd gate (events, one window per band). The plugin gate's
+	// event names are a closed set.
+	gates := prometheus.WrapRegistererWith(prometheus.Labels{"gate": "g"}, rec)
+	plugin := new(host.Gate)
+	if err := plugin.RegisterMetrics(gates); err != nil {
+		t.Fatalf("plugin gate metrics: %v", err)
 	}
-	rec.MustRegister(metrics.NewGateCallsCollector(func() []metrics.GateCalls { return calls }))
-	// The gates that report windows: the aimd gate, one series per band.
-	var windows []metrics.GateWindow
-	for i := range aimd.NumBands {
-		windows = append(windows, metrics.GateWindow{Gate: "aimd", Band: aimd.BandName(i), Size: 1, SSThresh: 256})
+	maps.Copy(events, plugin.Events())
+	g, err := aimd.New(aimd.Config{MaxConcurrency: 1})
+	if err != nil {
+		t.Fatalf("aimd.New: %v", err)
 	}
-	rec.MustRegister(metrics.NewGateWindowsCollector(func() []metrics.GateWindow { return windows }))
+	if err := g.RegisterMetrics(gates); err != nil {
+		t.Fatalf("aimd gate metrics: %v", err)
+	}
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	kinds := map[string]dto.MetricType{}

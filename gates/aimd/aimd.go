@@ -63,6 +63,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -139,12 +141,10 @@ type Gate struct {
 }
 
 var (
-	_ gate.Gate           = (*Gate)(nil)
-	_ gate.Admitter       = (*Gate)(nil)
-	_ gate.Describer      = (*Gate)(nil)
-	_ gate.Intervaler     = (*Gate)(nil)
-	_ gate.EventCounter   = (*Gate)(nil)
-	_ gate.WindowReporter = (*Gate)(nil)
+	_ gate.Gate       = (*Gate)(nil)
+	_ gate.Admitter   = (*Gate)(nil)
+	_ gate.Describer  = (*Gate)(nil)
+	_ gate.Intervaler = (*Gate)(nil)
 )
 
 // New returns the gate.
@@ -520,6 +520,14 @@ func (g *Gate) Windows() []gate.Window {
 		out[i] = gate.Window{Band: b.Name, Size: b.Window, SSThresh: b.SSThresh, InFlight: b.InFlight, Closed: b.Closed}
 	}
 	return out
+}
+
+// RegisterMetrics registers the gate's series on reg (gate.Env.Metrics,
+// which labels them with the gate's name; nil: none): its windows,
+// sluice_gate_window{gate, band} and companions, and its counters,
+// sluice_gate_events_total{gate, event}.
+func (g *Gate) RegisterMetrics(reg prometheus.Registerer) error {
+	return gate.Register(reg, gate.WindowsCollector(g.Windows), gate.EventsCollector(g.Events))
 }
 
 // Events returns the gate's counters: decreases by reason, closes,

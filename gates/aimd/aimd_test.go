@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/sluice-io/sluice/core/gate"
@@ -541,24 +543,50 @@ func TestConcurrentFeedback(t *testing.T) {
 	}
 }
 
-// The windows and events are found through the generic parameters' wrapper.
-func TestReportersThroughWrappers(t *testing.T) {
-	g, err := build(t, `{"refresh_interval":"50ms"}`, gate.Env{})
+// The factory registers the gate's windows on Env.Metrics (the generic
+// parameters' wrapper around the gate changes nothing): one series per
+// band, labelled by band and by the gate label the registerer adds.
+func TestFactoryRegistersWindows(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	env := gate.Env{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"gate": "aimd#1"}, reg)}
+	g, err := build(t, `{"refresh_interval":"50ms"}`, env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, direct := g.(*aimd.Gate); direct {
 		t.Fatal("refresh_interval did not wrap the gate; the test checks nothing")
 	}
-	wr := gate.WindowsOf(g)
-	if wr == nil || len(wr.Windows()) != aimd.NumBands {
-		t.Fatalf("WindowsOf = %v", wr)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if w := wr.Windows()[5]; w.Band != "overflow-batch" || w.Size != 1 || w.SSThresh != 256 {
-		t.Errorf("overflow-batch window %+v", w)
+	byName := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		byName[f.GetName()] = f
 	}
-	if gate.EventsOf(g) == nil {
-		t.Error("EventsOf = nil")
+	for _, name := range []string{"sluice_gate_window", "sluice_gate_window_ssthresh", "sluice_gate_window_inflight", "sluice_gate_window_closed"} {
+		if n := len(byName[name].GetMetric()); n != aimd.NumBands {
+			t.Errorf("%s: %d series, want %d", name, n, aimd.NumBands)
+		}
+	}
+	found := false
+	for _, m := range byName["sluice_gate_window"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["gate"] != "aimd#1" || len(labels) != 2 {
+			t.Errorf("labels %v, want gate=aimd#1 and band", labels)
+		}
+		if labels["band"] == "overflow-batch" {
+			found = true
+			if v := m.GetGauge().GetValue(); v != 1 {
+				t.Errorf("overflow-batch window %v, want 1", v)
+			}
+		}
+	}
+	if !found {
+		t.Error("no overflow-batch window series")
 	}
 	if gate.IntervalOf(g) != 50*time.Millisecond {
 		t.Errorf("interval %v", gate.IntervalOf(g))

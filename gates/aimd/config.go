@@ -320,5 +320,12 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	return New(cfg)
+	g, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.RegisterMetrics(env.Metrics); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return g, nil
 }

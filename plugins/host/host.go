@@ -41,6 +41,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
@@ -94,8 +95,6 @@ type Info struct {
 	PID int
 }
 
-var _ gate.CallReporter = (*Gate)(nil)
-
 // Calls returns the timings of the RPCs made to the plugin, its processes
 // taken together: sluice_gate_plugin_call_seconds and
 // sluice_gate_plugin_call_failures_total.
@@ -105,6 +104,15 @@ func (g *Gate) Calls() []gate.CallStats {
 		out[i] = g.calls[i].snapshot(rpcNames[i])
 	}
 	return out
+}
+
+// RegisterMetrics registers the gate's series on reg (gate.Env.Metrics,
+// which labels them with the gate's name; nil: none): its RPC timings,
+// sluice_gate_plugin_call_seconds{gate, rpc} and
+// sluice_gate_plugin_call_failures_total{gate, rpc}, and its process
+// events, sluice_gate_events_total{gate, event}.
+func (g *Gate) RegisterMetrics(reg prometheus.Registerer) error {
+	return gate.Register(reg, gate.CallsCollector(g.Calls), gate.EventsCollector(g.Events))
 }
 
 // Info returns what the plugin told at its last start (zero before one).
@@ -118,8 +126,6 @@ func (g *Gate) Info() Info {
 	}
 	return info
 }
-
-var _ gate.EventCounter = (*Gate)(nil)
 
 // Events counts the plugin's process starts, losses (a process that exited
 // or stopped answering), failed starts and the stderr lines dropped by the
@@ -157,7 +163,7 @@ var (
 // Factory builds the gate from gate_params (see the Param constants). It
 // returns an *AdmitGate when admit is true, else a *Gate, so that a queue
 // whose plugin does not decide per request pays nothing per message.
-func Factory(p gate.Params, _ gate.Env) (gate.Gate, error) {
+func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	cfg, err := ConfigFromParams(p)
 	if err != nil {
 		return nil, err
@@ -165,6 +171,9 @@ func Factory(p gate.Params, _ gate.Env) (gate.Gate, error) {
 	g, err := New(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if err := g.RegisterMetrics(env.Metrics); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	if cfg.Admit {
 		return &AdmitGate{Gate: g}, nil
