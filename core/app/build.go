@@ -253,10 +253,10 @@ func gateDefinition(q config.Queue) (gate.Params, string, error) {
 // gate registers its own collectors on reg through the returned
 // gateMetrics, which unregisters them when the gate's loop closes it; a
 // gate that fails to build leaves none.
-func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger, m *metrics.Metrics,
+func newGate(gates *gate.Registry, cfg *config.Config, q config.Queue, params gate.Params, log *slog.Logger,
 	reg prometheus.Registerer, name string) (gate.Gate, *gateMetrics, error) {
 	env := gateEnv(cfg, q.MaxConcurrency)
-	env.Logger, env.Pool, env.Lease = log, q.WorkerPoolID, leaseRecorder(m)
+	env.Logger, env.Pool = log, q.WorkerPoolID
 	gm := withGateMetrics(&env, reg, name)
 	g, err := gates.New(q.GateType, params, env)
 	if err != nil && gm != nil {
@@ -339,7 +339,7 @@ func (a *App) buildQueues(qs []config.Queue, reuse func(config.Queue) (pipeline.
 			if a.nGates > 0 {
 				name += "#" + strconv.Itoa(a.nGates)
 			}
-			g, gm, err := newGate(a.gateReg, a.cfg, q, params, a.log, a.metrics, a.reg, name)
+			g, gm, err := newGate(a.gateReg, a.cfg, q, params, a.log, a.reg, name)
 			if err != nil {
 				return nil, built, fmt.Errorf("queues[%d] (%s): %w", i, q.ID, err)
 			}
@@ -376,7 +376,7 @@ func (a *App) newPools(gates *gate.Registry, m *metrics.Metrics) ([]pipeline.Poo
 				return nil, fmt.Errorf("worker_pools[%d] (%s): %w", i, wp.ID, err)
 			}
 			env := gateEnv(a.cfg, wp.Workers)
-			env.Logger, env.Pool, env.Lease = a.log, wp.ID, leaseRecorder(m)
+			env.Logger, env.Pool = a.log, wp.ID
 			name := "pool:" + wp.ID
 			gm := withGateMetrics(&env, a.reg, name)
 			g, err := gates.New(wp.GateType, params, env)
@@ -443,23 +443,4 @@ func gateWaitTimeout(cfg *config.Config) time.Duration {
 		return -1
 	}
 	return cfg.GateWaitTimeout.D()
-}
-
-// leaseRecorder sets the drain_limit gauges of m (nil: records nothing).
-func leaseRecorder(m *metrics.Metrics) gate.LeaseRecorder {
-	if m == nil {
-		return nil
-	}
-	return func(pool string, rps float64, valid bool, until time.Time) {
-		v, u := 0.0, 0.0
-		if valid {
-			v = 1
-		}
-		if !until.IsZero() {
-			u = float64(until.UnixMilli()) / 1000
-		}
-		m.DrainLimitRPS.WithLabelValues(pool).Set(rps)
-		m.DrainLimitValid.WithLabelValues(pool).Set(v)
-		m.DrainLimitUntil.WithLabelValues(pool).Set(u)
-	}
 }

@@ -103,7 +103,7 @@ func CheckWarnings(cfg *config.Config, ad Adapters) ([]string, error) {
 // checkGate builds a queue's gate, asks what it can tell without its
 // backend, and closes it again.
 func checkGate(ad Adapters, cfg *config.Config, q config.Queue, params gate.Params) error {
-	g, _, err := newGate(ad.Gates, cfg, q, params, slog.New(slog.DiscardHandler), nil, nil, "") // built to check, not run: no metrics
+	g, _, err := newGate(ad.Gates, cfg, q, params, slog.New(slog.DiscardHandler), nil, "") // built to check, not run: no metrics
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/redisleasedrate"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -114,14 +116,18 @@ func TestGateWaitTimeout(t *testing.T) {
 	})
 }
 
-// The lease a gate records through gate.Env.Lease reaches the
-// drain_limit gauges, labelled with the gate's pool (a pool gate's pool id;
-// a queue gate's worker_pool_id).
+// The drain_limit gauges a leased-rate gate registers on
+// gate.Env.PoolMetrics reach the deployment's registry, labelled with the
+// gate's pool (a pool gate's pool id; a queue gate's worker_pool_id).
 func TestLeaseMetrics(t *testing.T) {
 	ad := testAdapters(t)
 	until := time.UnixMilli(1_900_000_000_123)
 	if err := ad.Gates.Register("test-lease", func(_ gate.Params, env gate.Env) (gate.Gate, error) {
-		env.Lease(env.Pool, 2.5, true, until)
+		rec, err := redisleasedrate.LeaseGauges(env.PoolMetrics, env.Pool)
+		if err != nil || rec == nil {
+			return nil, fmt.Errorf("lease gauges: %v (recorder %v)", err, rec != nil)
+		}
+		rec(env.Pool, 2.5, true, until)
 		return &waitGate{}, nil
 	}); err != nil {
 		t.Fatal(err)

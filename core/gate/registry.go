@@ -62,15 +62,7 @@ type Env struct {
 	// by worker pool instead (redis-leased-rate's drain_limit gauges,
 	// labelled pool_name by the gate itself); unregistered with Metrics.
 	PoolMetrics prometheus.Registerer
-	// Lease, when set, receives a leased-rate gate's lease at each
-	// evaluation (the drain_limit metrics); nil: not recorded.
-	Lease LeaseRecorder
 }
-
-// LeaseRecorder records a rate lease: pool is the gate's pool_id, rps the
-// granted rate (0 when paused or invalid), valid whether the lease is, and
-// validUntil its end (zero when there is none).
-type LeaseRecorder func(pool string, rps float64, valid bool, validUntil time.Time)
 
 // Log returns e.Logger, or slog.Default() when it is nil.
 func (e Env) Log() *slog.Logger {

@@ -101,9 +101,6 @@ type Metrics struct {
 	QueueConfigLastSuccess prometheus.Gauge
 	GateWaitRequeues       *prometheus.CounterVec
 	GateWaiting            *prometheus.GaugeVec
-	DrainLimitRPS          *prometheus.GaugeVec
-	DrainLimitValid        *prometheus.GaugeVec
-	DrainLimitUntil        *prometheus.GaugeVec
 	// DeadlineProximity is the custom histogram of the requests waiting in
 	// the broker by time left before their deadline.
 	DeadlineProximity *ProximityCollector
@@ -193,9 +190,6 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Help: "Reloads of the queue configuration file, by result (success, error)."}, []string{"result"})
 	m.GateWaitRequeues = cv(Upstream+"gate_wait_requeues_total", "Requests re-queued because they waited on a pool gate's Wait verdict for --gate-wait-timeout.")
 	m.GateWaiting = qgv(Upstream+"gate_waiting_requests", "Requests waiting on a pool gate's Wait verdict now.")
-	m.DrainLimitRPS = gv(Upstream+"drain_limit_rps", "The admission rate a redis-leased-rate gate's lease grants (0 when paused or invalid).", "pool_name")
-	m.DrainLimitValid = gv(Upstream+"drain_limit_lease_valid", "1 while a redis-leased-rate gate holds a valid lease.", "pool_name")
-	m.DrainLimitUntil = gv(Upstream+"drain_limit_valid_until_seconds", "When a redis-leased-rate gate's lease ends, in Unix seconds (0: none).", "pool_name")
 	m.DeadlineProximity = newProximityCollector()
 	m.QueueConfigLastSuccess = prometheus.NewGauge(prometheus.GaugeOpts{Name: Upstream + "queue_config_last_success_timestamp_seconds",
 		Help: "When the queue configuration file was last reloaded successfully, in Unix seconds (0: not yet)."})
@@ -211,7 +205,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		m.Claimed, m.Delayed, m.InflightMax, m.CreditLimit, m.GateBudget, m.GateFailures, m.GateFailing,
 		m.EvictSuspended, m.ResultWriteErrors,
 		m.Tokens, m.Dispatched, m.BacklogAvailable, m.QueueConfigReloads, m.QueueConfigLastSuccess, m.GateWaitRequeues, m.GateWaiting,
-		m.DrainLimitRPS, m.DrainLimitValid, m.DrainLimitUntil, m.DeadlineProximity,
+		m.DeadlineProximity,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -21,9 +21,6 @@ func TestUpstreamV010Metrics(t *testing.T) {
 	q := m.For(l)
 	q.TokensIn.Add(3)
 	q.TokensOut.Add(4)
-	m.DrainLimitRPS.WithLabelValues("p").Set(2)
-	m.DrainLimitValid.WithLabelValues("p").Set(1)
-	m.DrainLimitUntil.WithLabelValues("p").Set(1e9)
 	cum := make([]uint64, len(ProximityBounds))
 	for i := range cum {
 		cum[i] = uint64(i + 1) // i+1 requests with less than bound i left
@@ -43,9 +40,6 @@ func TestUpstreamV010Metrics(t *testing.T) {
 		{"queue_config_reloads_total", dto.MetricType_COUNTER, []string{"result"}},
 		{"gate_wait_requeues_total", dto.MetricType_COUNTER, Q},
 		{"gate_waiting_requests", dto.MetricType_GAUGE, Q},
-		{"drain_limit_rps", dto.MetricType_GAUGE, []string{"pool_name"}},
-		{"drain_limit_lease_valid", dto.MetricType_GAUGE, []string{"pool_name"}},
-		{"drain_limit_valid_until_seconds", dto.MetricType_GAUGE, []string{"pool_name"}},
 	}
 	fams, err := reg.Gather()
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/gates/aimd"
+	"github.com/sluice-io/sluice/gates/redisleasedrate"
 	"github.com/sluice-io/sluice/plugins/host"
 	"github.com/sluice-io/sluice/transports/gcppubsub"
 	"github.com/sluice-io/sluice/transports/redispubsub"
@@ -78,7 +79,9 @@ var descRE = regexp.MustCompile(`(?s)^Desc\{fqName: "([^"]*)", help: .*, constLa
 var constLabelRE = regexp.MustCompile(`([A-Za-z_][A-Za-z0-9_]*)="(?:[^"\\]|\\.)*"`)
 
 // sluiceExports builds the set from a real registry: core/metrics' New, the
-// transport events collector of every transport that has one, and the Go
+// collectors the gates register of their own (gate.Env.Metrics and
+// PoolMetrics), the transport events collector of every transport that
+// has one, and the Go
 // and process collectors core/app registers. Names and labels come from
 // each collector's Describe, types from the collector's Go type and, for
 // what a Gather returns, from the gathered family.
@@ -118,6 +121,11 @@ func sluiceExports(t testing.TB) *exports {
 	}
 	if err := g.RegisterMetrics(gates); err != nil {
 		t.Fatalf("aimd gate metrics: %v", err)
+	}
+	// The redis-leased-rate gate's drain_limit gauges, registered on
+	// gate.Env.PoolMetrics (labelled pool_name by the gate).
+	if _, err := redisleasedrate.LeaseGauges(rec, "p"); err != nil {
+		t.Fatalf("lease gauges: %v", err)
 	}
 	rec.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 

@@ -107,7 +107,7 @@ func (c *checker) checkSelector(q *query, vs *parser.VectorSelector) {
 	}
 	ls, ok := c.ex.series[name]
 	if !ok {
-		q.errorf("metric %s is not one sluice exports (core/metrics, the transport events, the Go and process collectors)", name)
+		q.errorf("metric %s is not one sluice exports (core/metrics, the gates' own collectors, the transport events, the Go and process collectors)", name)
 		return
 	}
 	q.metrics = append(q.metrics, c.ex.family(name))

@@ -27,7 +27,8 @@
 // Budget is 1 while a valid lease with a rate above 0 exists (read with
 // Redis' clock, HMGET and TIME in one MULTI/EXEC), else 0; a Redis error
 // is an error (failure policy closed). Every evaluation records the lease
-// (gate.Env.Lease: the drain_limit metrics), (0, invalid, none) at start.
+// in the gate's drain_limit gauges (registered on gate.Env.PoolMetrics,
+// labelled pool_name), (0, invalid, none) at start.
 package redisleasedrate
 
 import (
@@ -39,6 +40,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/gate"
@@ -78,8 +80,70 @@ type Config struct {
 	// BurstSeconds sizes the bucket: max(1, rate × BurstSeconds) tokens
 	// (default DefaultBurstSeconds; finite and > 0).
 	BurstSeconds float64
-	// Lease records each evaluation's lease (nil: not recorded).
-	Lease gate.LeaseRecorder
+	// Lease records each evaluation's lease (nil: not recorded; Factory
+	// sets it to the drain_limit gauges).
+	Lease LeaseRecorder
+}
+
+// LeaseRecorder records a rate lease: pool is the gate's pool_id, rps the
+// granted rate (0 when paused or invalid), valid whether the lease is, and
+// validUntil its end (zero when there is none).
+type LeaseRecorder func(pool string, rps float64, valid bool, validUntil time.Time)
+
+// The drain_limit gauges (upstream's names and help), labelled pool_name.
+const (
+	rpsName   = "llm_d_async_async_drain_limit_rps"
+	validName = "llm_d_async_async_drain_limit_lease_valid"
+	untilName = "llm_d_async_async_drain_limit_valid_until_seconds"
+)
+
+// LeaseGauges registers the drain_limit gauges of pool on reg
+// (gate.Env.PoolMetrics) and returns the recorder that sets them; nil reg:
+// nil. A second gate of the same pool shares the gauges the first one
+// registered (one series per pool, as the names say).
+func LeaseGauges(reg prometheus.Registerer, pool string) (LeaseRecorder, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	gauge := func(name, help string) (prometheus.Gauge, error) {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"pool_name": pool}})
+		if err := reg.Register(g); err != nil {
+			are := prometheus.AlreadyRegisteredError{}
+			if !errors.As(err, &are) {
+				return nil, err
+			}
+			existing, ok := are.ExistingCollector.(prometheus.Gauge)
+			if !ok {
+				return nil, err
+			}
+			return existing, nil
+		}
+		return g, nil
+	}
+	rps, err := gauge(rpsName, "The admission rate a redis-leased-rate gate's lease grants (0 when paused or invalid).")
+	if err != nil {
+		return nil, err
+	}
+	valid, err := gauge(validName, "1 while a redis-leased-rate gate holds a valid lease.")
+	if err != nil {
+		return nil, err
+	}
+	until, err := gauge(untilName, "When a redis-leased-rate gate's lease ends, in Unix seconds (0: none).")
+	if err != nil {
+		return nil, err
+	}
+	return func(_ string, r float64, ok bool, u time.Time) {
+		v, us := 0.0, 0.0
+		if ok {
+			v = 1
+		}
+		if !u.IsZero() {
+			us = float64(u.UnixMilli()) / 1000
+		}
+		rps.Set(r)
+		valid.Set(v)
+		until.Set(us)
+	}, nil
 }
 
 func (c *Config) setDefaults() {
@@ -166,7 +230,7 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	cfg := Config{
 		Address: p.String("address", env.RedisURL), RedisMode: top.Mode,
 		ControlKey: p.String("control_key", ""), StateKey: p.String("state_key", ""),
-		PoolID: p.String("pool_id", env.Pool), Lease: env.Lease,
+		PoolID: p.String("pool_id", env.Pool),
 	}
 	if cfg.BurstSeconds, err = p.Float("burst_seconds", DefaultBurstSeconds); err != nil {
 		return nil, err
@@ -181,6 +245,11 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	}
 	if err := p.Unused(); err != nil {
 		return nil, err
+	}
+	if cfg.PoolID != "" {
+		if cfg.Lease, err = LeaseGauges(env.PoolMetrics, cfg.PoolID); err != nil {
+			return nil, fmt.Errorf("metrics: %w", err)
+		}
 	}
 	g, err := New(cfg, conn)
 	if err != nil {

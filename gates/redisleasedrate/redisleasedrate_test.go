@@ -2,6 +2,7 @@ package redisleasedrate_test
 
 import (
 	"context"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -22,29 +24,49 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
 }
 
-// leases records what the gate reports to the drain_limit metrics.
+// leases reads the drain_limit gauges the gate registers on
+// gate.Env.PoolMetrics.
 type leases struct {
-	mu   sync.Mutex
-	last struct {
-		pool  string
-		rps   float64
-		valid bool
-		until time.Time
+	t   testing.TB
+	reg *prometheus.Registry
+}
+
+func newLeases(t testing.TB) *leases { return &leases{t: t, reg: prometheus.NewRegistry()} }
+
+// env is the gate's Env for pool, its PoolMetrics the registry read.
+func (l *leases) env(pool string) gate.Env { return gate.Env{Pool: pool, PoolMetrics: l.reg} }
+
+// get returns the gauges of the one pool they exist for, and n, the
+// number of pools they exist for (each gauge must carry pool_name and no
+// other label).
+func (l *leases) get() (pool string, rps float64, valid bool, until time.Time, n int) {
+	l.t.Helper()
+	fams, err := l.reg.Gather()
+	if err != nil {
+		l.t.Fatal(err)
 	}
-	n int
-}
-
-func (l *leases) record(pool string, rps float64, valid bool, until time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.last.pool, l.last.rps, l.last.valid, l.last.until = pool, rps, valid, until
-	l.n++
-}
-
-func (l *leases) get() (string, float64, bool, time.Time, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.last.pool, l.last.rps, l.last.valid, l.last.until, l.n
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) != 1 || m.GetLabel()[0].GetName() != "pool_name" {
+				l.t.Fatalf("%s carries labels %v, want pool_name alone", f.GetName(), m.GetLabel())
+			}
+			pool = m.GetLabel()[0].GetValue()
+			v := m.GetGauge().GetValue()
+			switch f.GetName() {
+			case "llm_d_async_async_drain_limit_rps":
+				rps, n = v, n+1
+			case "llm_d_async_async_drain_limit_lease_valid":
+				valid = v == 1
+			case "llm_d_async_async_drain_limit_valid_until_seconds":
+				if v != 0 {
+					until = time.UnixMilli(int64(math.Round(v * 1000)))
+				}
+			default:
+				l.t.Fatalf("unexpected series %s", f.GetName())
+			}
+		}
+	}
+	return pool, rps, valid, until, n
 }
 
 func build(t testing.TB, params string, env gate.Env) (gate.Gate, error) {
@@ -106,10 +128,10 @@ func startRedis(t *testing.T) (*testenv.Redis, *redis.Client) {
 // after the lease; the budget is 1 and the lease is recorded.
 func TestTokenBucket(t *testing.T) {
 	r, c := startRedis(t)
-	rec := &leases{}
-	g := mustBuild(t, `{"address":"`+r.URL+`","control_key":"ctl","burst_seconds":0.5}`, gate.Env{Pool: "pool-a", Lease: rec.record})
+	rec := newLeases(t)
+	g := mustBuild(t, `{"address":"`+r.URL+`","control_key":"ctl","burst_seconds":0.5}`, rec.env("pool-a"))
 	if pool, rps, valid, until, n := rec.get(); n != 1 || pool != "pool-a" || rps != 0 || valid || !until.IsZero() {
-		t.Fatalf("at construction the lease reads %s %v %v %v (%d records), want pool-a 0 invalid none", pool, rps, valid, until, n)
+		t.Fatalf("at construction the lease reads %s %v %v %v (%d pools), want pool-a 0 invalid none", pool, rps, valid, until, n)
 	}
 	until := time.Now().Add(time.Minute)
 	control(t, c, "ctl", validLease("10", until))
@@ -156,8 +178,8 @@ func TestTokenBucket(t *testing.T) {
 // is 0; a paused lease is valid but admits nothing either.
 func TestInvalidLeases(t *testing.T) {
 	r, c := startRedis(t)
-	rec := &leases{}
-	g := mustBuild(t, `{"address":"`+r.URL+`","control_key":"ctl","pool_id":"pool-a"}`, gate.Env{Pool: "other", Lease: rec.record})
+	rec := newLeases(t)
+	g := mustBuild(t, `{"address":"`+r.URL+`","control_key":"ctl","pool_id":"pool-a"}`, rec.env("other"))
 	future := time.Now().Add(time.Minute)
 	with := func(k, v string) map[string]string {
 		m := validLease("100", future)
