@@ -21,7 +21,8 @@ import (
 const ownMetricsType = "test-own-metrics"
 
 // registerOwnMetrics registers ownMetricsType in ad: a constant gate of
-// budget 1 whose parameter v is its one event count.
+// budget 1 whose parameter v is its one event count; a negative v is
+// refused after the gate registered its series.
 func registerOwnMetrics(t *testing.T, ad Adapters) {
 	t.Helper()
 	if err := ad.Gates.Register(ownMetricsType, func(p gate.Params, env gate.Env) (gate.Gate, error) {
@@ -31,6 +32,9 @@ func registerOwnMetrics(t *testing.T, ad Adapters) {
 		}
 		if err := gate.Register(env.Metrics, gate.EventsCollector(func() map[string]int64 { return map[string]int64{"built": int64(v)} })); err != nil {
 			return nil, err
+		}
+		if v < 0 {
+			return nil, fmt.Errorf("v %v: negative (refused after registering)", v)
 		}
 		return constant.New(1)
 	}); err != nil {
@@ -68,8 +72,8 @@ func gateEventSeries(t *testing.T, reg *prometheus.Registry) map[string]float64 
 // gate.Env.Metrics, labelled with the gate's name (two gates of one type:
 // one metric, one series each); a reload that replaces a gate removes the
 // old gate's series and registers the new one's (no duplicate-registration
-// error, no stale series), and a queue's gate that is unchanged keeps its
-// series.
+// error, no stale series), a queue's gate that is unchanged keeps its
+// series, and a gate whose factory fails after registering leaves none.
 func TestGateOwnMetricsAcrossReloads(t *testing.T) {
 	_, gw := newGateway(t)
 	file := filepath.Join(t.TempDir(), "queues.json")
@@ -117,6 +121,18 @@ func TestGateOwnMetricsAcrossReloads(t *testing.T) {
 	write(4, 3) // a's gate replaced
 	waitReload(t, 10*time.Second, "the second reload", func() bool { return reloads() >= 2 })
 	want(map[string]float64{ownMetricsType + "#3": 4, ownMetricsType + "#2": 3})
+
+	// A gate whose factory fails leaves no series: the name it would have
+	// had goes to the next gate built, whose series are its own.
+	failures := func() float64 {
+		return metricValue(t, reg, "llm_d_async_async_queue_config_reloads_total", map[string]string{"result": metrics.ReloadError})
+	}
+	write(-1, 3)
+	waitReload(t, 10*time.Second, "the failed reload", func() bool { return failures() >= 1 })
+	want(map[string]float64{ownMetricsType + "#3": 4, ownMetricsType + "#2": 3})
+	write(4, 5)
+	waitReload(t, 10*time.Second, "the third reload", func() bool { return reloads() >= 3 })
+	want(map[string]float64{ownMetricsType + "#3": 4, ownMetricsType + "#4": 5})
 
 	if err := h.shutdown(); err != nil {
 		t.Errorf("shutdown: %v", err)
