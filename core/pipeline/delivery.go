@@ -26,9 +26,6 @@ import (
 // drain timeout ends; such deliveries are handed back, not answered.
 var errShutdown = errors.New("sluice is shutting down")
 
-// errCancelled is the cancellation cause of a request whose job or id was cancelled.
-var errCancelled = errors.New("request cancelled")
-
 // outcome of one delivery, for metrics and logs.
 type outcome int
 

@@ -15,9 +15,7 @@ import (
 	"github.com/sluice-io/sluice/core/metrics"
 	"github.com/sluice-io/sluice/core/resume"
 	"github.com/sluice-io/sluice/core/transform"
-	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/internal/mutant"
 )
 
 // deadLetterFunc keeps a message that has no readable id.
@@ -123,11 +121,6 @@ func deadlineCheck() message.HandlerMiddleware {
 	}
 }
 
-// boundedByDeadline returns d's context bounded by the request's deadline.
-func boundedByDeadline(d *delivery) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(d.Ctx, d.Req.Deadline)
-}
-
 // validator runs the transforms' checks once per delivery, before the gates:
 // a request they refuse is answered INVALID_REQUEST, as upstream.
 func validator(transforms *transform.Chain) message.HandlerMiddleware {
@@ -136,68 +129,6 @@ func validator(transforms *transform.Chain) message.HandlerMiddleware {
 			d := deliveryOf(m)
 			if err := transforms.Validate(d.Ctx, d.Req.Payload, d.Req.Metadata, d.Req.Deadline); err != nil {
 				return fail(d, wire.CodeInvalidRequest, "Failed to validate request for transform: "+err.Error()), nil
-			}
-			return next(m)
-		}
-	}
-}
-
-// cancelCheck answers CANCELLED for a request the transport says was cancelled
-// before dispatch, and registers the request in inflight (when not nil) so a
-// cancellation during dispatch aborts its HTTP call.
-func cancelCheck(checker transport.CancelChecker, inflight *inflightIndex, log *slog.Logger) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			d := deliveryOf(m)
-			if checker != nil {
-				ctx, cancel := boundedByDeadline(d)
-				cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
-				cancel()
-				if err != nil {
-					// The check is best effort: dispatching a request that was
-					// cancelled wastes capacity, dropping one loses it.
-					log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-				}
-				if cancelled {
-					return fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
-				}
-			}
-			if inflight != nil {
-				ctx, cancel := context.WithCancelCause(d.Ctx)
-				done := inflight.Register(d.Queue.Queue, d.Req, cancel)
-				defer func() {
-					done()
-					cancel(nil)
-				}()
-				d.Ctx = ctx
-			}
-			return next(m)
-		}
-	}
-}
-
-// cancelRecheck checks the cancellation again, right before the dispatch,
-// of a request that waited in admission (a gate's Wait, or for a worker of
-// the lanes): a cancel that took effect while it waited ends it CANCELLED
-// instead of being dispatched. A request admitted at once is not checked
-// again (cancelCheck ran one gate answer earlier; a cancel during the
-// dispatch aborts the call through the watcher), which spares the round
-// trip some transports' checks cost.
-func cancelRecheck(checker transport.CancelChecker, log *slog.Logger) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			d := deliveryOf(m)
-			if checker == nil || !d.waited || mutant.On(mutant.CancelOnlyAtClaim) {
-				return next(m)
-			}
-			ctx, cancel := boundedByDeadline(d)
-			cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
-			cancel()
-			if err != nil {
-				log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-			}
-			if cancelled {
-				return fail(d, wire.CodeCancelled, "cancelled while waiting for admission"), nil
 			}
 			return next(m)
 		}
