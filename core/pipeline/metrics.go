@@ -112,57 +112,71 @@ func recordMetrics(q *Queue) message.HandlerMiddleware {
 				qm.own.ResidenceMs.Observe(metrics.Millis(time.Since(c)))
 			}
 			out, err := next(m)
-			d := deliveryOf(m)
-			mq := d.mq()
-			if d.Req != nil && d.Req.RetryCount == 0 {
-				mq.Requests.Inc()
-			}
-			if err != nil {
-				d.Outcome = outcomeHandedBack
-			}
-			switch d.Outcome {
-			case outcomeHandedBack:
-				mq.HandedBack.Inc()
-				return out, err
-			case outcomeDeadLettered:
-				mq.DeadLettered.Inc()
-				return out, err
-			case outcomeRequeued:
-				return out, err
-			}
-			if d.kept { // answered and counted by an earlier delivery: only the write is left
-				d.resultCode = resultCode(d)
-				return out, err
-			}
-			now := time.Now()
-			if d.Req != nil && !d.Req.Created.IsZero() {
-				if !d.Dispatched.IsZero() {
-					mq.WaitMs.Observe(ms(d.Dispatched.Sub(d.Req.Created)))
-				}
-				mq.MessageMs.Observe(metrics.Millis(now.Sub(d.Req.Created)))
-			}
-			if d.Result == nil {
-				return out, err
-			}
-			switch d.Result.ErrorCode {
-			case wire.CodeNone:
-				switch {
-				case d.Result.OK():
-					mq.Succeeded.Inc()
-				case d.DeadlineEnded: // retries ended by the deadline: the last answer
-					mq.Expired.Inc()
-				default: // the gateway's final answer, 400 or above
-					mq.Failed.Inc()
-				}
-			case wire.CodeDeadlineExceeded:
-				mq.Expired.Inc()
-			case wire.CodeInferenceError, wire.CodeInvalidRequest:
-				mq.Failed.Inc()
-			}
-			// sluice_results_total counts the result once it is written (the settler).
-			d.resultCode = resultCode(d)
+			countEnd(deliveryOf(m), err)
 			return out, err
 		}
+	}
+}
+
+// countEnd counts how d ended (err: the chain's error, which hands it
+// back): handed back, dead-lettered, re-queued, or answered, with its wait
+// and message latencies, its result (countResult) and the code its
+// written result is counted under.
+func countEnd(d *delivery, err error) {
+	mq := d.mq()
+	if d.Req != nil && d.Req.RetryCount == 0 {
+		mq.Requests.Inc()
+	}
+	if err != nil {
+		d.Outcome = outcomeHandedBack
+	}
+	switch d.Outcome {
+	case outcomeHandedBack:
+		mq.HandedBack.Inc()
+		return
+	case outcomeDeadLettered:
+		mq.DeadLettered.Inc()
+		return
+	case outcomeRequeued:
+		return
+	}
+	if d.kept { // answered and counted by an earlier delivery: only the write is left
+		d.resultCode = resultCode(d)
+		return
+	}
+	if d.Req != nil && !d.Req.Created.IsZero() {
+		now := time.Now()
+		if !d.Dispatched.IsZero() {
+			mq.WaitMs.Observe(ms(d.Dispatched.Sub(d.Req.Created)))
+		}
+		mq.MessageMs.Observe(metrics.Millis(now.Sub(d.Req.Created)))
+	}
+	if d.Result == nil {
+		return
+	}
+	countResult(mq, d.Result, d.DeadlineEnded)
+	// sluice_results_total counts the result once it is written (the settler).
+	d.resultCode = resultCode(d)
+}
+
+// countResult counts res, a request's result, as succeeded, expired or
+// failed; deadlineEnded says retries were ended by the deadline, which
+// makes the last answer an expiry.
+func countResult(mq *metrics.Queue, res *wire.Result, deadlineEnded bool) {
+	switch res.ErrorCode {
+	case wire.CodeNone:
+		switch {
+		case res.OK():
+			mq.Succeeded.Inc()
+		case deadlineEnded: // retries ended by the deadline: the last answer
+			mq.Expired.Inc()
+		default: // the gateway's final answer, 400 or above
+			mq.Failed.Inc()
+		}
+	case wire.CodeDeadlineExceeded:
+		mq.Expired.Inc()
+	case wire.CodeInferenceError, wire.CodeInvalidRequest:
+		mq.Failed.Inc()
 	}
 }
 
