@@ -67,20 +67,8 @@ func admission(requeue requeuer, errDelay, gateTimeout time.Duration, draining <
 			}
 			// A worker of the pool, by lane.
 			if pool != nil && pool.lanes != nil {
-				ctx, cancel := context.WithDeadline(d.Ctx, bound)
-				waited, err := pool.lanes.acquire(ctx, q.priority.lane(d.Req), q.ID, draining)
-				cancel()
-				d.waited = d.waited || waited
-				switch {
-				case errors.Is(err, errDraining):
-					return deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
-				case err != nil && d.Ctx.Err() != nil:
-					return nil, context.Cause(d.Ctx)
-				case err != nil && time.Now().Before(d.Req.Deadline):
-					d.mq().GateWaitRequeues.Inc()
-					return deferTo(d, requeue, time.Now(), "waited the gate-wait timeout for a worker")
-				case err != nil:
-					return fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), nil
+				if out, taken, err := takeWorker(d, pool, bound, draining, requeue); !taken {
+					return out, err
 				}
 				defer pool.lanes.release(q.ID)
 			}
@@ -150,19 +138,8 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 				mq.Decision(refusal(d.Req)).Inc()
 			}
 			waited = true
-			d.waited = true
-			waiting := d.mq().GateWaiting
-			waiting.Inc()
-			out, done, timedOut, err := wait(d, freed, dec.Delay, a.bound, a.draining)
-			waiting.Dec()
-			switch {
-			case timedOut: // the gate-wait timeout, before the deadline: back to the queue now, no result
-				d.mq().GateWaitRequeues.Inc()
-				return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: "waited the gate-wait timeout"}, nil, true, nil
-			case done && out == nil && err == nil: // shutdown: back to the queue now
-				return gate.Decision{Verdict: gate.Defer, Reason: "shutdown while waiting for the gate"}, nil, true, nil
-			case done:
-				return dec, out, true, err
+			if stop, out, done, err := a.waitOut(dec, freed); done {
+				return stop, out, true, err
 			}
 			continue
 		}
@@ -171,6 +148,56 @@ func (a asker) ask(adm gate.Admitter, mq *metrics.Queue, pool *Pool) (dec gate.D
 		}
 		return dec, nil, true, nil
 	}
+}
+
+// waitOut waits out dec, a gate's Wait, before the gate is asked again
+// (done false). done says the wait ended the request: stop is a Defer back
+// to the queue now (at the gate-wait timeout before the deadline, or when
+// shutdown began), or out and err are its end (DEADLINE_EXCEEDED at the
+// deadline).
+func (a asker) waitOut(dec gate.Decision, freed <-chan struct{}) (stop gate.Decision, out []*message.Message, done bool, err error) {
+	d := a.d
+	d.waited = true
+	waiting := d.mq().GateWaiting
+	waiting.Inc()
+	out, done, timedOut, err := wait(d, freed, dec.Delay, a.bound, a.draining)
+	waiting.Dec()
+	switch {
+	case timedOut: // the gate-wait timeout, before the deadline: back to the queue now, no result
+		d.mq().GateWaitRequeues.Inc()
+		return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: "waited the gate-wait timeout"}, nil, true, nil
+	case done && out == nil && err == nil: // shutdown: back to the queue now
+		return gate.Decision{Verdict: gate.Defer, Reason: "shutdown while waiting for the gate"}, nil, true, nil
+	case done:
+		return dec, out, true, err
+	}
+	return dec, nil, false, nil
+}
+
+// takeWorker takes a worker of pool's lanes for d, by its lane, waiting
+// until bound at most. When none is taken (taken false), out and err end
+// the request: re-queued now at shutdown or at the gate-wait timeout
+// before the deadline, DEADLINE_EXCEEDED at the deadline, or the cause of
+// d's context when that ended. A taken worker is released by the caller.
+func takeWorker(d *delivery, pool *Pool, bound time.Time, draining <-chan struct{}, requeue requeuer) (out []*message.Message, taken bool, err error) {
+	ctx, cancel := context.WithDeadline(d.Ctx, bound)
+	waited, err := pool.lanes.acquire(ctx, d.Queue.priority.lane(d.Req), d.Queue.ID, draining)
+	cancel()
+	d.waited = d.waited || waited
+	switch {
+	case errors.Is(err, errDraining):
+		out, err = deferTo(d, requeue, time.Now(), "shutdown while waiting for a worker")
+		return out, false, err
+	case err != nil && d.Ctx.Err() != nil:
+		return nil, false, context.Cause(d.Ctx)
+	case err != nil && time.Now().Before(d.Req.Deadline):
+		d.mq().GateWaitRequeues.Inc()
+		out, err = deferTo(d, requeue, time.Now(), "waited the gate-wait timeout for a worker")
+		return out, false, err
+	case err != nil:
+		return fail(d, wire.CodeDeadlineExceeded, "no worker of the pool was free before the deadline"), false, nil
+	}
+	return nil, true, nil
 }
 
 // end finishes a request a gate stopped: a Defer re-queues it (without an
