@@ -1,10 +1,31 @@
 // Package pipeline is sluice's Watermill router: per queue one handler whose
 // subscriber is the claim loop (transport.NewSubscriber) over the queue's
-// credits, and whose middleware carries each request to its result —
-// settling, recovery, metrics, decoding, [tracing,] deadline, cancellation,
-// gate admission and retry, in that order, in front of the dispatch handler.
-// It owns the gate refresh loops, the cancellation watch, the sampled
-// gauges, and the drain on shutdown.
+// credits, and whose middleware carries each request to its result. It owns
+// the gate refresh loops, the cancellation watch, the sampled gauges, and
+// the drain on shutdown.
+//
+// The flow of one request, in the order handlerOf chains the steps:
+//
+//   - settler (pipeline.go, write.go): publishes the result the chain
+//     returns and settles the delivery;
+//   - recoverer (middleware.go): creates the delivery and turns a panic
+//     into a result;
+//   - recordMetrics (metrics.go): counts how the delivery ended;
+//   - decoder and limiter (middleware.go): decode the request, answer one
+//     that is invalid or over the limits;
+//   - traceSpans (trace.go), when tracing is on;
+//   - deadlineCheck (middleware.go): a request already past its deadline;
+//   - cancelCheck (cancel.go): a request cancelled before dispatch, and the
+//     registration that lets a cancellation abort its call;
+//   - validator (middleware.go), when there are transforms;
+//   - admission (admission.go): the queue's gate, a worker of the pool's
+//     lanes, the pool's gate;
+//   - cancelRecheck (cancel.go): a request cancelled while it waited;
+//   - retrier (retry.go): re-queues a retryable outcome;
+//   - dispatchHandler (dispatch.go): the HTTP call, and its outcome as the
+//     request's result.
+//
+// Everything about cancellation is in cancel.go.
 //
 // Who publishes the result. The chain ends a request by returning its result
 // message; the first middleware, the settler, publishes it through the
