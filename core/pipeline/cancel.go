@@ -33,18 +33,8 @@ func cancelCheck(checker transport.CancelChecker, inflight *inflightIndex, log *
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
 			d := deliveryOf(m)
-			if checker != nil {
-				ctx, cancel := boundedByDeadline(d)
-				cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
-				cancel()
-				if err != nil {
-					// The check is best effort: dispatching a request that was
-					// cancelled wastes capacity, dropping one loses it.
-					log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-				}
-				if cancelled {
-					return fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
-				}
+			if checker != nil && cancelledNow(checker, d, log) {
+				return fail(d, wire.CodeCancelled, "cancelled before dispatch"), nil
 			}
 			if inflight != nil {
 				ctx, cancel := context.WithCancelCause(d.Ctx)
@@ -74,13 +64,7 @@ func cancelRecheck(checker transport.CancelChecker, log *slog.Logger) message.Ha
 			if checker == nil || !d.waited || mutant.On(mutant.CancelOnlyAtClaim) {
 				return next(m)
 			}
-			ctx, cancel := boundedByDeadline(d)
-			cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
-			cancel()
-			if err != nil {
-				log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
-			}
-			if cancelled {
+			if cancelledNow(checker, d, log) {
 				return fail(d, wire.CodeCancelled, "cancelled while waiting for admission"), nil
 			}
 			return next(m)
@@ -88,9 +72,18 @@ func cancelRecheck(checker transport.CancelChecker, log *slog.Logger) message.Ha
 	}
 }
 
-// boundedByDeadline returns d's context bounded by the request's deadline.
-func boundedByDeadline(d *delivery) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(d.Ctx, d.Req.Deadline)
+// cancelledNow asks checker whether d's request was cancelled, bounded by
+// the request's deadline. The check is best effort: a failure is logged and
+// the request dispatched, as dispatching a request that was cancelled
+// wastes capacity, dropping one loses it.
+func cancelledNow(checker transport.CancelChecker, d *delivery, log *slog.Logger) bool {
+	ctx, cancel := context.WithDeadline(d.Ctx, d.Req.Deadline)
+	cancelled, err := checker.Cancelled(ctx, d.Queue.Queue, d.Req)
+	cancel()
+	if err != nil {
+		log.Warn("cancellation check failed; dispatching", "queue", d.Queue.ID, "id", d.Req.ID, "err", err)
+	}
+	return cancelled
 }
 
 // inflightIndex indexes the requests being dispatched by id and by job, so a

@@ -102,8 +102,8 @@ func limiter(limits wire.Limits) message.HandlerMiddleware {
 // before dispatch. It adds no context of its own: the steps that can block
 // are bounded by the deadline where they run (the HTTP call by
 // dispatch.Client.Do, which also tells a deadline from a timeout; the
-// cancellation check and the admission hook by boundedByDeadline), which
-// saves a timer and a context per request.
+// cancellation checks by cancelledNow; admission by its bound), which saves
+// a timer and a context per request.
 func deadlineCheck() message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
