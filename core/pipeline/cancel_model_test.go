@@ -230,26 +230,10 @@ func TestCancelWhileWaitingRegression(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
 	checker := &cancelChecker{ids: map[string]bool{}}
 	g := &stepGate{open: map[string]bool{}, asked: map[string]bool{}}
 	q := &Queue{metrics: newQueueMetrics(mets, transport.MetricLabels{QueueID: "q", QueueName: "q"}, ""), admitter: g}
-	dispatched := make(chan string, 1)
-	var h message.HandlerFunc = func(m *message.Message) ([]*message.Message, error) {
-		dispatched <- deliveryOf(m).Req.ID
-		return finish(deliveryOf(m), &wire.Result{ID: "r0", StatusCode: 200}), nil
-	}
-	requeue := func(context.Context, *delivery, []byte, time.Time) error { return errors.New("no re-queue") }
-	dead := func(context.Context, *delivery, string) error { return errors.New("dead-lettered") }
-	for _, mw := range []message.HandlerMiddleware{cancelRecheck(checker, log), admission(requeue, time.Second, 0, nil, log),
-		cancelCheck(checker, nil, log), decoder(dead, log), recoverer(q, context.Background(), dead, log)} {
-		h = mw(h)
-	}
-	out := make(chan []*message.Message, 1)
-	go func() {
-		o, _ := h(message.NewMessage("r0", fmt.Appendf(nil, `{"id":"r0","deadline":%d,"payload":{}}`, time.Now().Add(time.Hour).Unix())))
-		out <- o
-	}()
+	out, dispatched := runCancelChain(q, checker)
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		g.mu.Lock()
 		asked := g.asked["r0"]
@@ -267,6 +251,37 @@ func TestCancelWhileWaitingRegression(t *testing.T) {
 	g.mu.Lock()
 	g.open["r0"] = true
 	g.mu.Unlock()
+	endsCancelled(t, out, dispatched)
+}
+
+// runCancelChain runs request r0 through the cancellation steps of q's
+// chain (the claim-time check, admission, the recheck) to a dispatch that
+// reports on dispatched; out gets what the chain returns.
+func runCancelChain(q *Queue, checker *cancelChecker) (out chan []*message.Message, dispatched chan string) {
+	log := slog.New(slog.DiscardHandler)
+	dispatched = make(chan string, 1)
+	var h message.HandlerFunc = func(m *message.Message) ([]*message.Message, error) {
+		dispatched <- deliveryOf(m).Req.ID
+		return finish(deliveryOf(m), &wire.Result{ID: "r0", StatusCode: 200}), nil
+	}
+	requeue := func(context.Context, *delivery, []byte, time.Time) error { return errors.New("no re-queue") }
+	dead := func(context.Context, *delivery, string) error { return errors.New("dead-lettered") }
+	for _, mw := range []message.HandlerMiddleware{cancelRecheck(checker, log), admission(requeue, time.Second, 0, nil, log),
+		cancelCheck(checker, nil, log), decoder(dead, log), recoverer(q, context.Background(), dead, log)} {
+		h = mw(h)
+	}
+	out = make(chan []*message.Message, 1)
+	go func() {
+		o, _ := h(message.NewMessage("r0", fmt.Appendf(nil, `{"id":"r0","deadline":%d,"payload":{}}`, time.Now().Add(time.Hour).Unix())))
+		out <- o
+	}()
+	return out, dispatched
+}
+
+// endsCancelled checks that r0 (runCancelChain) ends CANCELLED and was
+// never dispatched.
+func endsCancelled(t *testing.T, out <-chan []*message.Message, dispatched <-chan string) {
+	t.Helper()
 	select {
 	case o := <-out:
 		if len(o) != 1 || !strings.Contains(string(o[0].Payload), string(wire.CodeCancelled)) {

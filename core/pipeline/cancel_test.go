@@ -3,13 +3,9 @@ package pipeline
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/metrics"
@@ -61,7 +57,6 @@ func TestCancelWhileWaitingForWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.DiscardHandler)
 	l := newLanes(1, nil)
 	never := make(chan struct{})
 	if _, err := l.acquire(context.Background(), 0, "other", never); err != nil { // the only worker
@@ -70,22 +65,7 @@ func TestCancelWhileWaitingForWorker(t *testing.T) {
 	checker := &cancelChecker{ids: map[string]bool{}}
 	q := &Queue{Queue: transport.Queue{ID: "q", Name: "q"}, metrics: newQueueMetrics(mets, transport.MetricLabels{QueueID: "q", QueueName: "q"}, ""),
 		priority: &Priority{}, pool: &Pool{ID: "p", lanes: l, freed: &waker{}}}
-	dispatched := make(chan string, 1)
-	var h message.HandlerFunc = func(m *message.Message) ([]*message.Message, error) {
-		dispatched <- deliveryOf(m).Req.ID
-		return finish(deliveryOf(m), &wire.Result{ID: "r0", StatusCode: 200}), nil
-	}
-	requeue := func(context.Context, *delivery, []byte, time.Time) error { return errors.New("no re-queue") }
-	dead := func(context.Context, *delivery, string) error { return errors.New("dead-lettered") }
-	for _, mw := range []message.HandlerMiddleware{cancelRecheck(checker, log), admission(requeue, time.Second, 0, nil, log),
-		cancelCheck(checker, nil, log), decoder(dead, log), recoverer(q, context.Background(), dead, log)} {
-		h = mw(h)
-	}
-	out := make(chan []*message.Message, 1)
-	go func() {
-		o, _ := h(message.NewMessage("r0", fmt.Appendf(nil, `{"id":"r0","deadline":%d,"payload":{}}`, time.Now().Add(time.Hour).Unix())))
-		out <- o
-	}()
+	out, dispatched := runCancelChain(q, checker)
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		l.mu.Lock()
 		waiting := 0
@@ -104,17 +84,5 @@ func TestCancelWhileWaitingForWorker(t *testing.T) {
 	checker.ids["r0"] = true
 	checker.mu.Unlock()
 	l.release("other")
-	select {
-	case o := <-out:
-		if len(o) != 1 || !strings.Contains(string(o[0].Payload), string(wire.CodeCancelled)) {
-			t.Fatalf("results %v, want one %s", o, wire.CodeCancelled)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("r0 did not end")
-	}
-	select {
-	case id := <-dispatched:
-		t.Fatalf("%s dispatched after its cancel took effect", id)
-	default:
-	}
+	endsCancelled(t, out, dispatched)
 }
