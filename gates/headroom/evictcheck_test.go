@@ -3,12 +3,8 @@ package headroom_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,54 +12,27 @@ import (
 	"github.com/sluice-io/sluice/gates/headroom"
 )
 
-// abortPods are fake model servers exporting vLLM's gauges and its
-// request_success_total by finished_reason (abort: set by the test;
-// export false: no such series at all).
-type abortPods struct {
-	mu     sync.Mutex
-	aborts []float64
-	export bool
-	srv    []*httptest.Server
-}
-
-func newAbortPods(t *testing.T, n int) *abortPods {
-	p := &abortPods{aborts: make([]float64, n), export: true}
+// newAbortPods are fake model servers (pods) with 3 requests running each
+// and their abort counters exported.
+func newAbortPods(t *testing.T, n int) *pods {
+	p := newPods(t, n)
 	for i := range n {
-		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			p.mu.Lock()
-			a, export := p.aborts[i], p.export
-			p.mu.Unlock()
-			fmt.Fprint(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
-			fmt.Fprint(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n")
-			fmt.Fprint(w, "# TYPE vllm:request_success_total counter\nvllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 7\n")
-			if export {
-				fmt.Fprintf(w, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"m\"} %g\n", a)
-			}
-		}))
-		t.Cleanup(s.Close)
-		p.srv = append(p.srv, s)
+		p.set(i, 3, 0)
 	}
+	p.exportAborts = true
 	return p
 }
 
-func (p *abortPods) add(i int, n float64) {
+func (p *pods) addAborts(i int, n float64) {
 	p.mu.Lock()
 	p.aborts[i] += n
 	p.mu.Unlock()
 }
 
-func (p *abortPods) set(i int, n float64) {
+func (p *pods) setAborts(i int, n float64) {
 	p.mu.Lock()
 	p.aborts[i] = n
 	p.mu.Unlock()
-}
-
-func (p *abortPods) urls() []string {
-	var out []string
-	for _, s := range p.srv {
-		out = append(out, s.URL+"/metrics")
-	}
-	return out
 }
 
 // checkGate is a gate on p whose clock the test moves, logging into log.
@@ -74,7 +43,7 @@ type checkGate struct {
 	log   *bytes.Buffer
 }
 
-func newCheckGate(t *testing.T, p *abortPods, mode string) *checkGate {
+func newCheckGate(t *testing.T, p *pods, mode string) *checkGate {
 	var buf bytes.Buffer
 	g, err := headroom.New(headroom.Config{Endpoints: p.urls(), SeatsPerPod: 16, MaxConcurrency: 16, EvictCheck: mode,
 		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
@@ -128,14 +97,14 @@ func TestEvictCheck(t *testing.T) {
 	}
 
 	// an abort of the other traffic: the pods count aborts
-	p.add(0, 1)
+	p.addAborts(0, 1)
 	g.readings(1)
 	g.Evicted(ctx, 4)
 	g.readings(1)
 	if st := g.state(); !st.Pending || st.Suspended {
 		t.Fatalf("a check open: state %+v, want pending", st)
 	}
-	p.add(1, 1) // 1 of 4: not enough
+	p.addAborts(1, 1) // 1 of 4: not enough
 	g.readings(8)
 	if st := g.state(); !st.Pending {
 		t.Fatalf("9 readings, 1 of 4 aborts shown: state %+v, want still pending", st)
@@ -170,8 +139,8 @@ func TestEvictCheck(t *testing.T) {
 	// a retry whose aborts show ends at once and resets the back-off
 	g.clock = g.clock.Add(time.Minute)
 	g.Evicted(ctx, 3)
-	p.add(0, 1)
-	p.add(1, 1) // 2 ≥ ceil(3/2)
+	p.addAborts(0, 1)
+	p.addAborts(1, 1) // 2 ≥ ceil(3/2)
 	g.readings(1)
 	if st := g.state(); st.Suspended || st.Pending {
 		t.Fatalf("aborts shown: state %+v, want eviction allowed", st)
@@ -186,7 +155,7 @@ func TestEvictCheck(t *testing.T) {
 	g.clock = g.clock.Add(time.Minute)
 	g.readings(1)
 	g.Evicted(ctx, 2)
-	p.set(0, 1) // was 3
+	p.setAborts(0, 1) // was 3
 	g.readings(1)
 	if st := g.state(); st.Suspended || st.Pending {
 		t.Fatalf("a restarted pod's abort: state %+v, want the check passed", st)
@@ -198,7 +167,9 @@ func TestEvictCheck(t *testing.T) {
 // never checks.
 func TestEvictCheckStrictAndOff(t *testing.T) {
 	p := newAbortPods(t, 1)
-	p.export = false
+	p.mu.Lock()
+	p.exportAborts = false
+	p.mu.Unlock()
 	g := newCheckGate(t, p, headroom.EvictCheckStrict)
 	g.readings(1)
 	if !strings.Contains(g.log.String(), "no pod exports the abort counter") {

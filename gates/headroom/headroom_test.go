@@ -16,21 +16,29 @@ import (
 	"github.com/sluice-io/sluice/internal/poolsim"
 )
 
-// pods is a set of fake model servers exporting vLLM's two gauges.
+// pods is a set of fake model servers exporting vLLM's gauges and, with
+// exportAborts, its request_success_total by finished_reason (abort: set by
+// the test).
 type pods struct {
 	mu               sync.Mutex
 	running, waiting []int
 	kv               []float64
+	aborts           []float64
+	exportAborts     bool
 	srv              []*httptest.Server
 }
 
 func newPods(t testing.TB, n int) *pods {
-	p := &pods{running: make([]int, n), waiting: make([]int, n), kv: make([]float64, n)}
+	p := &pods{running: make([]int, n), waiting: make([]int, n), kv: make([]float64, n), aborts: make([]float64, n)}
 	for i := range n {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			p.mu.Lock()
-			r, q, kv := p.running[i], p.waiting[i], p.kv[i]
+			r, q, kv, a, export := p.running[i], p.waiting[i], p.kv[i], p.aborts[i], p.exportAborts
 			p.mu.Unlock()
+			if export {
+				fmt.Fprint(w, "# TYPE vllm:request_success_total counter\nvllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 7\n")
+				fmt.Fprintf(w, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"m\"} %g\n", a)
+			}
 			fmt.Fprintf(w, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} %g\n", kv)
 			fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\",engine=\"0\"} %d\n", r)
 			fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} %d\n", q)
