@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -259,15 +260,7 @@ func p99AtGoodput(points []peerPoint, g, tol float64) (p99 float64, ok bool) {
 	if len(ps) == 0 {
 		return math.NaN(), false
 	}
-	slices.SortFunc(ps, func(a, b peerPoint) int {
-		switch {
-		case a.goodput < b.goodput:
-			return -1
-		case a.goodput > b.goodput:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ps, func(a, b peerPoint) int { return cmp.Compare(a.goodput, b.goodput) })
 	for i := 1; i < len(ps); i++ {
 		a, b := ps[i-1], ps[i]
 		if a.goodput <= g && g <= b.goodput {
