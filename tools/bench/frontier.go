@@ -237,8 +237,8 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 		}
 	}
 	if perPod > 64 {
-		// the interactive requests in the pool: about 14 between bursts
-		// and 140 in one on vllm-8b-h100
+		// the interactive requests in the pool on vllm-8b-h100: about 10-15
+		// between bursts and 100-140 in one
 		for _, idle := range []int{backlog / 4, backlog / 2} {
 			for _, burst := range []int{backlog / 64, backlog / 32, backlog / 16} {
 				for _, thr := range []int{40, 80} {
