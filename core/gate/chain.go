@@ -19,6 +19,7 @@ import (
 func Chain(ctx context.Context, req *wire.Request, admitters ...Admitter) (Decision, error) {
 	var releases []func()
 	var observers []func(Feedback)
+	pod := ""
 	for _, a := range admitters {
 		d, err := a.Admit(ctx, req)
 		if err != nil || d.Verdict != Admit {
@@ -35,8 +36,11 @@ func Chain(ctx context.Context, req *wire.Request, admitters ...Admitter) (Decis
 		if d.Observe != nil {
 			observers = append(observers, d.Observe)
 		}
+		if pod == "" {
+			pod = d.Pod // the first member that places the request decides
+		}
 	}
-	return Decision{Verdict: Admit, Release: JoinReleases(releases...), Observe: JoinObservers(observers...)}, nil
+	return Decision{Verdict: Admit, Release: JoinReleases(releases...), Observe: JoinObservers(observers...), Pod: pod}, nil
 }
 
 // JoinReleases returns one release running fs in reverse order, at most

@@ -112,6 +112,13 @@ type Decision struct {
 	// others pass their inner gates' Observe on (Chain joins them). nil:
 	// the gate does not learn from answers.
 	Observe func(Feedback)
+	// Pod, for Admit, is the base URL of the pod the gate placed the
+	// request on (a gate that knows the pool's pods and dispatches to them
+	// itself, such as pool-headroom with dispatch "pods"): the pipeline
+	// sends the request there, on the queue's path, instead of to the
+	// queue's gateway, and takes it back from there (PodLimiter). "": the
+	// queue's gateway.
+	Pod string
 }
 
 // Admitted is the decision that lets a request through.
@@ -167,15 +174,25 @@ type Validator interface {
 // ValidateGate returns what g's Validator reports, looking through wrappers
 // (a gate with an Unwrap() Gate method); nil when none reports anything.
 func ValidateGate(g Gate) error {
+	if v, ok := Find[Validator](g); ok {
+		return v.Validate()
+	}
+	return nil
+}
+
+// Find returns the first of g and the gates it wraps (through their
+// Unwrap() Gate methods) that implements T, the optional interface asked
+// for; ok is false when none does.
+func Find[T any](g Gate) (t T, ok bool) {
 	for g != nil {
-		if v, ok := g.(Validator); ok {
-			return v.Validate()
+		if t, ok = g.(T); ok {
+			return t, true
 		}
-		u, ok := g.(interface{ Unwrap() Gate })
-		if !ok {
-			return nil
+		u, isWrapper := g.(interface{ Unwrap() Gate })
+		if !isWrapper {
+			break
 		}
 		g = u.Unwrap()
 	}
-	return nil
+	return t, false
 }

@@ -31,15 +31,8 @@ type Reader interface {
 // ReadingsOf returns g's readings, looking through wrappers (a gate with an
 // Unwrap() Gate method), or nil when g reads no metric.
 func ReadingsOf(g Gate) []Reading {
-	for g != nil {
-		if r, ok := g.(Reader); ok {
-			return r.Readings()
-		}
-		u, ok := g.(interface{ Unwrap() Gate })
-		if !ok {
-			return nil
-		}
-		g = u.Unwrap()
+	if r, ok := Find[Reader](g); ok {
+		return r.Readings()
 	}
 	return nil
 }

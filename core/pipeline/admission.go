@@ -65,6 +65,7 @@ func admission(requeue requeuer, errDelay, gateTimeout time.Duration, draining <
 			if dec.Release != nil {
 				defer dec.Release()
 			}
+			d.Pod = dec.Pod
 			// A worker of the pool, by lane.
 			if pool != nil && pool.lanes != nil {
 				if out, taken, err := takeWorker(d, pool, bound, draining, requeue); !taken {
@@ -83,6 +84,9 @@ func admission(requeue requeuer, errDelay, gateTimeout time.Duration, draining <
 					defer pdec.Release()
 				}
 				poolObserve = pdec.Observe
+				if d.Pod == "" {
+					d.Pod = pdec.Pod
+				}
 			}
 			return observed(d, next, m, dec.Observe, poolObserve)
 		}

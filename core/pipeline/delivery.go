@@ -72,6 +72,10 @@ type delivery struct {
 	// afterSettle, when set, runs once the delivery is settled (the
 	// evictor's count of the calls it took back).
 	afterSettle func()
+	// Pod is the base URL of the pod a gate placed the request on
+	// (gate.Decision.Pod): its call goes there instead of to the queue's
+	// gateway. "": the gateway.
+	Pod string
 
 	view       *metrics.Queue // the metrics view of Req, once decoded
 	kept       bool           // Result was kept by an earlier delivery (wire.Request.KeptResult)

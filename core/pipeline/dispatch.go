@@ -83,7 +83,8 @@ func overridesOf(d *delivery, transforms *transform.Chain) (ov dispatch.Override
 	return ov, rc, nil
 }
 
-// callGateway makes d's HTTP call with ov, counted in flight in mq, inside the
+// callGateway makes d's HTTP call with ov (to the queue's gateway, or to the
+// pod the gate placed the request on), counted in flight in mq, inside the
 // request's HTTP span and tracked by the queue's evictor (when it has
 // one), and records the outcome in d.Dispatch. An evicted call under
 // Queue.Resume keeps what it made (keepResumed).
@@ -96,7 +97,11 @@ func callGateway(client Dispatcher, d *delivery, mq *metrics.Queue, ov dispatch.
 	if ev := d.Queue.evictor; ev != nil {
 		ctx, untrack = ev.track(d, ctx)
 	}
-	o := client.DoWith(ctx, d.Queue.Target, req, ov)
+	t := d.Queue.Target
+	if d.Pod != "" {
+		t.BaseURL = d.Pod // placed on a pod by the gate: the queue's path there
+	}
+	o := client.DoWith(ctx, t, req, ov)
 	untrack()
 	if rc != nil && o.Class == dispatch.Cancelled && errors.Is(o.Err, errEvicted) {
 		keepResumed(d, rc)

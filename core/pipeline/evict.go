@@ -45,6 +45,11 @@ var errEvicted = errors.New("request evicted: the gate's budget fell below what 
 // work running. Cost on the per-message path: one map insert and delete per
 // dispatched request, under one mutex, for the queues that enable it.
 //
+// When the gate places requests on pods (a gate.PodLimiter whose
+// PodLimits is not nil: pool-headroom with dispatch "pods"), the limit is
+// per pod: on each pod over its limit the youngest calls there are taken
+// back, so the seats freed are on the pod that needs them.
+//
 // When the gate is a gate.EvictionChecker (pool-headroom), the evictor
 // asks it before taking anything back and tells it what it took back: a
 // pool that does not free the calls aborted (a server that ignores
@@ -55,6 +60,7 @@ type evictor struct {
 	q     *Queue
 	limit int // evictions allowed per request; negative: no limit
 	check gate.EvictionChecker
+	pods  gate.PodLimiter // nil: the queue's limit only
 	log   *slog.Logger
 	gauge prometheus.Gauge // sluice_evict_suspended of the queue
 
@@ -68,6 +74,10 @@ type evictCall struct {
 	started time.Time
 	cancel  context.CancelCauseFunc
 	evicted bool
+	pod     string // the pod the gate placed it on ("": the gateway)
+	// kept: taken back EvictLimit times already, it runs to its end (it
+	// counts on its pod, but is never a victim)
+	kept bool
 }
 
 func newEvictor(q *Queue, log *slog.Logger, suspended *prometheus.GaugeVec) *evictor {
@@ -76,7 +86,7 @@ func newEvictor(q *Queue, log *slog.Logger, suspended *prometheus.GaugeVec) *evi
 		limit = DefaultEvictLimit
 	}
 	e := &evictor{q: q, limit: limit, calls: map[*evictCall]struct{}{}, log: log,
-		check: gate.EvictionCheckerOf(q.Gate.Gate())}
+		check: gate.EvictionCheckerOf(q.Gate.Gate()), pods: gate.PodLimiterOf(q.Gate.Gate())}
 	if suspended != nil {
 		e.gauge = suspended.WithLabelValues(q.ID)
 		e.gauge.Set(0)
@@ -130,35 +140,18 @@ func evictions(req *wire.Request) int {
 func (e *evictor) SetBudget(float64) {}
 
 // SetBudgetMeasured evicts, on a measured budget, the youngest calls over
-// the queue's new limit that are not being evicted already.
+// the queue's new limit (or over each pod's, see podVictims) that are not
+// being evicted already.
 func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
 	if !measured || !e.allowed() {
 		return
 	}
-	// The budget's own limit, not the credits' ramped one: the ramp paces
-	// new claims after a rise, and a rise that is still ramping must not
-	// read as a fall.
-	inflight, _, _ := e.q.credits.Snapshot()
-	limit := int(math.Ceil(float64(e.q.credits.Max()) * max(0, min(b, 1))))
-	e.mu.Lock()
-	excess := inflight - limit - e.pending
-	if excess <= 0 {
-		e.mu.Unlock()
-		return
+	var victims []*evictCall
+	if limits := e.podLimits(); limits != nil {
+		victims = e.podVictims(limits)
+	} else {
+		victims = e.queueVictims(b)
 	}
-	victims := make([]*evictCall, 0, len(e.calls))
-	for c := range e.calls {
-		if !c.evicted {
-			victims = append(victims, c)
-		}
-	}
-	slices.SortFunc(victims, func(a, b *evictCall) int { return b.started.Compare(a.started) })
-	victims = victims[:min(excess, len(victims))]
-	for _, c := range victims {
-		c.evicted = true
-	}
-	e.pending += len(victims)
-	e.mu.Unlock()
 	for _, c := range victims {
 		c.cancel(errEvicted)
 	}
@@ -170,18 +163,88 @@ func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
 	}
 }
 
-// track registers d's HTTP call (unless its request was taken back
-// EvictLimit times already), bounded by ctx, and returns the context
-// to make it with and the func that ends the registration once the call
-// returned. An evicted delivery stays counted as pending until it is
-// settled (d.afterSettle), so that the next budget does not take its seat
-// back twice.
-func (e *evictor) track(d *delivery, ctx context.Context) (context.Context, func()) {
-	if e.limit >= 0 && evictions(d.Req) >= e.limit {
-		return ctx, func() {} // taken back often enough: it runs to its end
+// podLimits returns the gate's per-pod limits, nil when it places nothing.
+func (e *evictor) podLimits() map[string]int {
+	if e.pods == nil {
+		return nil
 	}
+	return e.pods.PodLimits()
+}
+
+// queueVictims marks and returns the youngest calls over the queue's limit
+// at budget b.
+func (e *evictor) queueVictims(b float64) []*evictCall {
+	// The budget's own limit, not the credits' ramped one: the ramp paces
+	// new claims after a rise, and a rise that is still ramping must not
+	// read as a fall.
+	inflight, _, _ := e.q.credits.Snapshot()
+	limit := int(math.Ceil(float64(e.q.credits.Max()) * max(0, min(b, 1))))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	excess := inflight - limit - e.pending
+	if excess <= 0 {
+		return nil
+	}
+	victims := make([]*evictCall, 0, len(e.calls))
+	for c := range e.calls {
+		if !c.evicted && !c.kept {
+			victims = append(victims, c)
+		}
+	}
+	return e.mark(victims, excess)
+}
+
+// podVictims marks and returns, on each pod whose calls (not taken back
+// already) exceed its limit, the youngest calls there over it. A call on a
+// pod the limits do not name (placed before the pods changed) is left
+// alone.
+func (e *evictor) podVictims(limits map[string]int) []*evictCall {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	on := map[string][]*evictCall{}
+	count := map[string]int{}
+	for c := range e.calls {
+		if c.evicted || c.pod == "" {
+			continue
+		}
+		count[c.pod]++
+		if !c.kept {
+			on[c.pod] = append(on[c.pod], c)
+		}
+	}
+	var victims []*evictCall
+	for pod, n := range count {
+		limit, ok := limits[pod]
+		if !ok || n <= limit {
+			continue
+		}
+		victims = append(victims, e.mark(on[pod], n-max(0, limit))...)
+	}
+	return victims
+}
+
+// mark sorts calls youngest first, marks the first n evicted and counts
+// them pending; it returns them. e.mu is held.
+func (e *evictor) mark(calls []*evictCall, n int) []*evictCall {
+	slices.SortFunc(calls, func(a, b *evictCall) int { return b.started.Compare(a.started) })
+	calls = calls[:min(n, len(calls))]
+	for _, c := range calls {
+		c.evicted = true
+	}
+	e.pending += len(calls)
+	return calls
+}
+
+// track registers d's HTTP call, bounded by ctx, and returns the context
+// to make it with and the func that ends the registration once the call
+// returned. A request taken back EvictLimit times already is registered
+// as kept: it counts on its pod but runs to its end. An evicted delivery
+// stays counted as pending until it is settled (d.afterSettle), so that
+// the next budget does not take its seat back twice.
+func (e *evictor) track(d *delivery, ctx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	c := &evictCall{started: time.Now(), cancel: cancel}
+	c := &evictCall{started: time.Now(), cancel: cancel, pod: d.Pod,
+		kept: e.limit >= 0 && evictions(d.Req) >= e.limit}
 	e.mu.Lock()
 	e.calls[c] = struct{}{}
 	e.mu.Unlock()

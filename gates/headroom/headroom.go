@@ -170,6 +170,19 @@ type Config struct {
 	AbortLabels map[string]string
 	// Logger receives the eviction check's lines (default slog.Default()).
 	Logger *slog.Logger
+	// Dispatch is where the queue's batch goes: DispatchGateway (default:
+	// the queue's gateway; the gate's rules apply to the pool as a whole)
+	// or DispatchPods (straight to the pod the gate places each request
+	// on; every rule applies per pod: see pods.go).
+	Dispatch string
+	// PodURLs are, with DispatchPods, the pods' inference base URLs, one
+	// per endpoint in the same order (default: each endpoint without its
+	// trailing /metrics).
+	PodURLs []string
+	// PendingPrefills is, with DispatchPods, how many calls may be placed
+	// on one pod between two readings of it (default 1): each is a
+	// prefill its next steps carry.
+	PendingPrefills int
 	// ReleaseGrace is how long a released request still counts as the
 	// queue's own (default two refresh intervals). A request sluice
 	// aborted (evicted, cancelled) is released at once but leaves the
@@ -235,6 +248,12 @@ func (c *Config) SetDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Dispatch == "" {
+		c.Dispatch = DispatchGateway
+	}
+	if c.PendingPrefills == 0 {
+		c.PendingPrefills = DefaultPendingPrefills
+	}
 }
 
 // Validate reports every unusable parameter.
@@ -287,6 +306,21 @@ func (c Config) Validate() error {
 	if !(c.ReserveShare >= 0 && c.ReserveShare < 1) {
 		errs = append(errs, fmt.Errorf("gate_params.reserve_share: %v outside [0,1)", c.ReserveShare))
 	}
+	switch c.Dispatch {
+	case DispatchGateway:
+		if len(c.PodURLs) > 0 {
+			errs = append(errs, fmt.Errorf("gate_params.pod_urls: set with dispatch %q; it is used only with dispatch %q", c.Dispatch, DispatchPods))
+		}
+	case DispatchPods:
+		if _, err := podURLs(c.Endpoints, c.PodURLs); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("gate_params.dispatch: %q, want %q or %q", c.Dispatch, DispatchGateway, DispatchPods))
+	}
+	if c.PendingPrefills < 0 {
+		errs = append(errs, fmt.Errorf("gate_params.pending_prefills: %d, want ≥ 1", c.PendingPrefills))
+	}
 	return errors.Join(errs...)
 }
 
@@ -297,41 +331,13 @@ type Gate struct {
 	tr     *http.Transport
 	now    func() time.Time
 
-	mu       sync.Mutex
-	peaks    []peak      // others seen within Hold, a falling sequence
-	own      int         // admitted, release not yet seen by a reading
-	releases []time.Time // releases still within ReleaseGrace
-	rule     Rule
-	last     Reading
-	check    *evictCheck // nil with EvictCheckOff
-}
-
-// peak is one reading's others, kept while no later reading exceeds it
-// and it is younger than Hold.
-type peak struct {
-	at     time.Time
-	others int
-}
-
-// held returns the highest others of the readings within Hold, now's
-// included (a monotonic queue: O(1) amortized per reading).
-func (g *Gate) held(now time.Time, others int) int {
-	if g.cfg.Hold < 0 {
-		return others
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for len(g.peaks) > 0 && g.peaks[len(g.peaks)-1].others <= others {
-		g.peaks = g.peaks[:len(g.peaks)-1]
-	}
-	g.peaks = append(g.peaks, peak{now, others})
-	cut := now.Add(-g.cfg.Hold)
-	n := 0
-	for n < len(g.peaks)-1 && !g.peaks[n].at.After(cut) {
-		n++
-	}
-	g.peaks = append(g.peaks[:0], g.peaks[n:]...)
-	return g.peaks[0].others
+	mu    sync.Mutex
+	own   ledger   // admitted (dispatch "gateway")
+	peaks peakHold // others seen within Hold (dispatch "gateway")
+	rule  Rule
+	pods  []*podState // dispatch "pods": one per endpoint
+	last  Reading
+	check *evictCheck // nil with EvictCheckOff
 }
 
 // Reading is what the last successful reading saw.
@@ -348,6 +354,9 @@ type Reading struct {
 	KV     float64
 	KVCap  int
 	Budget float64
+	// Pods is each pod's part, with dispatch "pods" (the fields above
+	// are then their sums; Burst: any pod's).
+	Pods []PodReading
 }
 
 var (
@@ -374,6 +383,12 @@ func New(cfg Config) (*Gate, error) {
 	if cfg.EvictCheck != EvictCheckOff {
 		g.check = newEvictCheck(cfg)
 	}
+	if cfg.Dispatch == DispatchPods {
+		var err error
+		if g.pods, err = newPods(cfg); err != nil {
+			return nil, err
+		}
+	}
 	return g, nil
 }
 
@@ -382,16 +397,28 @@ func New(cfg Config) (*Gate, error) {
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
 // labels, evict_check, evict_check_readings, evict_check_backoff,
-// abort_metric, abort_labels, and the generic refresh_interval (which also paces its own
+// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, and the generic refresh_interval (which also paces its own
 // readings); the queue's concurrency is max_concurrency.
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
-	eps, err := endpoints(p)
+	eps, err := urlList(p, "endpoints")
 	if err != nil {
 		return nil, err
 	}
 	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency, Logger: env.Logger,
 		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", ""),
-		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", "")}
+		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", ""),
+		Dispatch: p.String("dispatch", "")}
+	if cfg.PodURLs, err = urlList(p, "pod_urls"); err != nil {
+		return nil, err
+	}
+	if p.Has("pending_prefills") {
+		if cfg.PendingPrefills, err = p.Int("pending_prefills", 0); err != nil {
+			return nil, err
+		}
+		if cfg.PendingPrefills == 0 {
+			cfg.PendingPrefills = -1 // refused by Validate, not defaulted
+		}
+	}
 	// the generic refresh_interval also sets the gate's own clock (its
 	// release grace and burst growth default to it)
 	if cfg.RefreshInterval, err = p.Duration(gate.ParamRefreshInterval, 0); err != nil {
@@ -471,19 +498,19 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	return g, nil
 }
 
-// endpoints reads gate_params.endpoints: a JSON array of strings, or one
+// urlList reads gate_params.<key>: a JSON array of strings, or one
 // string of comma-separated URLs.
-func endpoints(p gate.Params) ([]string, error) {
-	raw := p.Raw("endpoints")
+func urlList(p gate.Params, key string) ([]string, error) {
+	raw := p.Raw(key)
 	if len(raw) > 0 && raw[0] == '[' {
 		var list []string
 		if err := json.Unmarshal(raw, &list); err != nil {
-			return nil, fmt.Errorf("gate_params.endpoints: %w", err)
+			return nil, fmt.Errorf("gate_params.%s: %w", key, err)
 		}
 		return list, nil
 	}
 	var out []string
-	for _, e := range strings.Split(p.String("endpoints", ""), ",") {
+	for _, e := range strings.Split(p.String(key, ""), ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			out = append(out, e)
 		}
@@ -492,37 +519,49 @@ func endpoints(p gate.Params) ([]string, error) {
 }
 
 // Budget reads every pod and returns the share of the queue's concurrency
-// the other traffic leaves beyond the reserve.
+// the other traffic leaves beyond the reserve (with dispatch "pods", the
+// sum of every pod's limit: see podState).
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	rd, err := g.read(ctx)
 	if err != nil {
 		return 0, err
 	}
-	running, waiting, kv := rd.running, rd.waiting, rd.kv
 	c := g.cfg
-	r := Reading{At: g.now(), Running: running, Waiting: waiting, Own: g.ownAt(g.now()),
-		Seats: len(c.Endpoints) * c.SeatsPerPod}
-	r.Others = max(0, running+int(math.Ceil(c.WaitingWeight*float64(waiting)))-r.Own)
-	r.Held = g.held(r.At, r.Others)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	r.KV, r.KVCap = kv, -1
-	if c.KVLimit > 0 && kv > c.KVLimit {
-		r.KVCap = r.Own
+	now := g.now()
+	r := Reading{At: now, Running: rd.running, Waiting: rd.waiting, Seats: len(c.Endpoints) * c.SeatsPerPod, KV: rd.kv, KVCap: -1}
+	if g.pods != nil {
+		g.readPods(&r, rd)
+	} else {
+		r.Own = g.own.at(now, c.ReleaseGrace)
+		r.Others = g.others(rd.running, rd.waiting, r.Own)
+		r.Held = g.peaks.held(now, c.Hold, r.Others)
+		if c.KVLimit > 0 && rd.kv > c.KVLimit {
+			r.KVCap = r.Own
+		}
+		r.Burst, r.Keep, r.Allowed = g.rule.Apply(now, r.Others, r.Held, r.Own, r.KVCap)
 	}
-	r.Burst, r.Keep, r.Allowed = g.rule.Apply(r.At, r.Others, r.Held, r.Own, r.KVCap)
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.last = r
 	if g.check != nil {
-		g.check.observe(r.At, rd.aborts, rd.abortsOK, running+waiting)
+		g.check.observe(now, rd.aborts, rd.abortsOK, rd.running+rd.waiting)
 	}
 	return r.Budget, nil
+}
+
+// others is the traffic sluice does not send, of running and waiting
+// requests of which own are the queue's.
+func (g *Gate) others(running, waiting, own int) int {
+	return max(0, running+int(math.Ceil(g.cfg.WaitingWeight*float64(waiting)))-own)
 }
 
 // reading is what one reading of every pod found.
 type reading struct {
 	running, waiting int
 	kv               float64 // the fullest pod's, with KVLimit
+	// pods are each pod's gauges, in the endpoints' order.
+	pods []podGauges
 	// aborts is each pod's abort counter, abortsOK whether the pod
 	// exports it (read only with the eviction check).
 	aborts   []float64
@@ -574,12 +613,13 @@ func (g *Gate) read(ctx context.Context) (reading, error) {
 	wg.Wait()
 	var errs []error
 	var run, wait float64
-	rd := reading{aborts: make([]float64, len(pages)), abortsOK: make([]bool, len(pages))}
+	rd := reading{aborts: make([]float64, len(pages)), abortsOK: make([]bool, len(pages)), pods: make([]podGauges, len(pages))}
 	for i, p := range pages {
 		errs = append(errs, p.err)
 		run += p.run
 		wait += p.wait
 		rd.kv = max(rd.kv, p.kv)
+		rd.pods[i] = podGauges{running: int(math.Round(p.run)), waiting: int(math.Round(p.wait)), kv: p.kv}
 		rd.aborts[i], rd.abortsOK[i] = p.aborts, p.abortsOK
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -633,35 +673,31 @@ func sum(mf *dto.MetricFamily, labels map[string]string, u, metric string) (floa
 	return t, nil
 }
 
-// ownAt applies the releases older than the grace and returns what is
-// still the queue's own.
-func (g *Gate) ownAt(now time.Time) int {
+// Admit counts the request as the queue's own until the grace after its
+// Release. With dispatch "gateway" it admits every request; with "pods" it
+// places the request on a pod with room (see place), or asks it to wait.
+func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	cut := now.Add(-g.cfg.ReleaseGrace)
-	n := 0
-	for n < len(g.releases) && !g.releases[n].After(cut) {
-		n++
+	l := &g.own
+	dec := gate.Decision{Verdict: gate.Admit}
+	if g.pods != nil {
+		p, why := g.place(req)
+		if p == nil {
+			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
+		}
+		l, dec.Pod = &p.own, p.url
 	}
-	g.own -= n
-	g.releases = append(g.releases[:0], g.releases[n:]...)
-	return g.own
-}
-
-// Admit admits every request and counts it as the queue's own until the
-// grace after its Release.
-func (g *Gate) Admit(context.Context, *wire.Request) (gate.Decision, error) {
-	g.mu.Lock()
-	g.own++
-	g.mu.Unlock()
+	l.admit()
 	var once sync.Once
-	return gate.Decision{Verdict: gate.Admit, Release: func() {
+	dec.Release = func() {
 		once.Do(func() {
 			g.mu.Lock()
-			g.releases = append(g.releases, g.now())
+			l.release(g.now())
 			g.mu.Unlock()
 		})
-	}}, nil
+	}
+	return dec, nil
 }
 
 // Last returns the last successful reading (zero before the first).
@@ -694,8 +730,12 @@ func (g *Gate) Describe() string {
 		check = fmt.Sprintf("; eviction checked (%s) on %s within %d readings, back-off %v", g.cfg.EvictCheck, g.check.series,
 			g.cfg.EvictCheckReadings, g.cfg.EvictCheckBackoff)
 	}
-	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free of %d×%d%s on %s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
-		len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check)
+	where := "pool-wide"
+	if g.pods != nil {
+		where = fmt.Sprintf("per pod, dispatching to the pods itself (at most %d placement(s) per pod between readings; a request taken back resumes on its pod)", g.cfg.PendingPrefills)
+	}
+	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free %s of %d×%d%s on %s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
+		where, len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check)
 }
 
 // Close drops the idle connections.

@@ -329,12 +329,23 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// when the reserve is eaten. "-resume" (implies evict) continues
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
-		// bursts, default the same). Names: headroom[-evict|-resume][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
+		// bursts, default the same). Names: headroom[-evict|-resume][-pods[-p<placements>]][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
+		perPodDispatch, pending := false, 0
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
+			case part == "pods":
+				// dispatch "pods": the batch goes to the pods the gate
+				// places it on; every rule per pod
+				perPodDispatch = true
+			case strings.HasPrefix(part, "p") && perPodDispatch:
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n <= 0 {
+					return ipArm{}, fmt.Errorf("arm %q: p<n> wants placements per pod between readings, above 0", name)
+				}
+				pending = n
 			case part == "evict":
 				a.evict = true
 			case part == "resume":
@@ -407,6 +418,12 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 			}
 			if idle >= 0 {
 				params["idle_reserve"] = idle
+			}
+			if perPodDispatch {
+				params["dispatch"] = headroom.DispatchPods
+				if pending > 0 {
+					params["pending_prefills"] = pending
+				}
 			}
 			return headroom.Type, params
 		}

@@ -1,0 +1,211 @@
+package headroom
+
+// Dispatch "pods": the gate places each batch request on a pod itself.
+//
+// With dispatch "gateway" (the default) the gate sees the pool as one
+// number: it cannot tell on which pod its calls run (the gateway picks),
+// so its reserve is pool-wide, a take-back hits the youngest call wherever
+// it runs, and a call taken back resumes wherever the router sends it.
+// With dispatch "pods" the queue's batch goes straight to the pods the
+// gate reads (the interactive traffic stays on the gateway), and every
+// rule of the gate applies per pod:
+//
+//	own_i     = calls placed on pod i (until the grace after their release)
+//	others_i  = max(0, running_i + ceil(waiting_weight × waiting_i) − own_i)
+//	held_i    = the highest others_i within hold
+//	keep_i    = (burst_i ? reserve : idle_reserve) + ceil(reserve_share × held_i)
+//	allowed_i = seats_per_pod − keep_i − held_i   (in a burst: at most own_i + 1)
+//	budget    = Σ allowed_i / max_concurrency
+//
+// burst_i is pod i's own burst (its others_i reaching burst_threshold). A
+// request is placed on a pod only while that pod has room (own_i <
+// allowed_i), nothing waits there (waiting_i = 0: no interactive request
+// is queued behind the batch) and fewer than pending_prefills of the
+// queue's calls were placed there since the pod's last reading (each is a
+// prefill the pod's next steps carry). Among those pods, a request that
+// was taken back goes to the pod it ran on (its tokens are in that pod's
+// prefix cache: the resumed call redoes no prefill), any other to the pod
+// with the most room. When no pod qualifies the request waits (its credit
+// held) and asks again at the next reading. The evictor takes back, on
+// each pod over allowed_i, the youngest calls there (gate.PodLimiter).
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/wire"
+)
+
+// Dispatch modes.
+const (
+	// DispatchGateway sends the batch to the queue's gateway (default).
+	DispatchGateway = "gateway"
+	// DispatchPods places each batch request on a pod (see the file's notes).
+	DispatchPods = "pods"
+)
+
+// DefaultPendingPrefills is how many calls may be placed on one pod
+// between two readings of it.
+const DefaultPendingPrefills = 1
+
+// PodLabel is the request label naming the pod (its base URL) the gate
+// last placed the request on; it travels with a request taken back, so
+// that the request resumes where its tokens are cached.
+const PodLabel = "sluice_pod"
+
+var _ gate.PodLimiter = (*Gate)(nil)
+
+// podGauges are one pod's gauges of one reading.
+type podGauges struct {
+	running, waiting int
+	kv               float64
+}
+
+// podState is what the gate keeps of one pod with dispatch "pods".
+type podState struct {
+	url   string // the pod's base URL: calls placed here go to url + the queue's path
+	own   ledger
+	peaks peakHold
+	rule  Rule
+	// since counts the calls placed here since the pod's last reading.
+	since int
+	last  PodReading
+}
+
+// PodReading is what the last reading saw of one pod (dispatch "pods").
+type PodReading struct {
+	// URL is the pod's base URL.
+	URL                         string
+	Running, Waiting, Own       int
+	Others, Held, Keep, Allowed int
+	Burst                       bool
+	KV                          float64
+}
+
+// podURLs returns the base URLs the pods serve inference on: urls when
+// given, else each endpoint with its last path element ("/metrics")
+// removed, as vLLM serves both on one port.
+func podURLs(endpoints, urls []string) ([]string, error) {
+	if len(urls) > 0 {
+		if len(urls) != len(endpoints) {
+			return nil, fmt.Errorf("gate_params.pod_urls: %d URLs for %d endpoints, want one per endpoint in the same order", len(urls), len(endpoints))
+		}
+		for _, u := range urls {
+			p, err := url.Parse(u)
+			if err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
+				return nil, fmt.Errorf("gate_params.pod_urls: %q is not an http(s)://host[:port][/prefix] URL", u)
+			}
+		}
+		return urls, nil
+	}
+	out := make([]string, len(endpoints))
+	for i, e := range endpoints {
+		base, ok := strings.CutSuffix(e, "/metrics")
+		if !ok {
+			return nil, fmt.Errorf("gate_params.endpoints: %q does not end in /metrics, so the pod's inference URL cannot be derived with dispatch %q: set gate_params.pod_urls", e, DispatchPods)
+		}
+		out[i] = base
+	}
+	return out, nil
+}
+
+// newPods returns the per-pod state for cfg (dispatch "pods").
+func newPods(cfg Config) ([]*podState, error) {
+	urls, err := podURLs(cfg.Endpoints, cfg.PodURLs)
+	if err != nil {
+		return nil, err
+	}
+	pods := make([]*podState, len(urls))
+	for i, u := range urls {
+		pods[i] = &podState{url: u, rule: Rule{Seats: cfg.SeatsPerPod, Reserve: *cfg.Reserve, IdleReserve: *cfg.IdleReserve,
+			ReserveShare: cfg.ReserveShare,
+			Burst:        Burst{Threshold: cfg.BurstThreshold, Window: cfg.BurstWindow, Growth: cfg.BurstGrowth}}}
+	}
+	return pods, nil
+}
+
+// readPods applies one reading to every pod and fills r's pool-wide sums.
+// g.mu is held.
+func (g *Gate) readPods(r *Reading, rd reading) {
+	c := g.cfg
+	r.Pods = make([]PodReading, len(g.pods))
+	for i, p := range g.pods {
+		pg := rd.pods[i]
+		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace)}
+		pr.Others = g.others(pg.running, pg.waiting, pr.Own)
+		pr.Held = p.peaks.held(r.At, c.Hold, pr.Others)
+		kvCap := -1
+		if c.KVLimit > 0 && pg.kv > c.KVLimit {
+			kvCap = pr.Own
+			r.KVCap = max(0, r.KVCap) + pr.Own
+		}
+		pr.Burst, pr.Keep, pr.Allowed = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own, kvCap)
+		p.since, p.last = 0, pr
+		r.Pods[i] = pr
+		r.Own += pr.Own
+		r.Others += pr.Others
+		r.Held += pr.Held
+		r.Keep += pr.Keep
+		r.Allowed += pr.Allowed
+		r.Burst = r.Burst || pr.Burst
+	}
+}
+
+// place picks the pod for req (see the file's notes) and labels req with
+// it; nil and why when no pod qualifies. g.mu is held.
+func (g *Gate) place(req *wire.Request) (*podState, string) {
+	now := g.now()
+	var best *podState
+	bestRoom := 0
+	full, waiting, pending := 0, 0, 0
+	prev := ""
+	if req != nil {
+		prev = req.Label(PodLabel)
+	}
+	for _, p := range g.pods {
+		room := p.last.Allowed - p.own.at(now, g.cfg.ReleaseGrace)
+		switch {
+		case room <= 0:
+			full++
+			continue
+		case p.last.Waiting > 0:
+			waiting++
+			continue
+		case p.since >= g.cfg.PendingPrefills:
+			pending++
+			continue
+		}
+		if p.url == prev { // where its tokens are cached
+			best = p
+			break
+		}
+		if room > bestRoom {
+			best, bestRoom = p, room
+		}
+	}
+	if best == nil {
+		return nil, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet", full, waiting, pending)
+	}
+	best.since++
+	if req != nil {
+		req.SetLabel(PodLabel, best.url)
+	}
+	return best, ""
+}
+
+// PodLimits implements gate.PodLimiter: each pod's allowed_i of the last
+// reading (nil with dispatch "gateway").
+func (g *Gate) PodLimits() map[string]int {
+	if g.pods == nil {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]int, len(g.pods))
+	for _, p := range g.pods {
+		out[p.url] = p.last.Allowed
+	}
+	return out
+}

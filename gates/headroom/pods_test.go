@@ -1,0 +1,192 @@
+package headroom_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/headroom"
+)
+
+// podsGate is a gate with dispatch "pods" on p, its clock held.
+func podsGate(t *testing.T, p *pods, extra string) (*headroom.Gate, *time.Time) {
+	t.Helper()
+	g := mustBuild(t, p.params(`,"dispatch":"pods","reserve":2,"hold":"-1ns"`+extra), 64)
+	clock := time.Now()
+	g.SetClock(func() time.Time { return clock })
+	return g, &clock
+}
+
+// admitOn admits req and returns the pod it was placed on ("" when it was
+// not admitted) and the decision.
+func admitOn(t *testing.T, g *headroom.Gate, req *wire.Request) (string, gate.Decision) {
+	t.Helper()
+	d, err := g.Admit(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Verdict != gate.Admit {
+		return "", d
+	}
+	if d.Pod == "" || req.Label(headroom.PodLabel) != d.Pod {
+		t.Fatalf("admitted without a pod, or the label %q is not the pod %q", req.Label(headroom.PodLabel), d.Pod)
+	}
+	return d.Pod, d
+}
+
+func base(p *pods, i int) string { return p.srv[i].URL }
+
+// Every rule applies per pod: each pod's limit is its seats less its own
+// reserve and its other traffic; a request goes to the pod with the most
+// room, at most pending_prefills per pod between two readings of it.
+func TestPodsPlacement(t *testing.T) {
+	p := newPods(t, 2)
+	g, _ := podsGate(t, p, "")
+	ctx := context.Background()
+	if pod, d := admitOn(t, g, &wire.Request{}); pod != "" || d.Verdict != gate.Wait {
+		t.Fatalf("before the first reading: placed on %q (%+v), want a wait", pod, d)
+	}
+	p.set(0, 10, 0) // 10 others on pod 0: 16-2-10 = 4 left; pod 1: 14
+	b, err := g.Budget(ctx)
+	if err != nil || b != 18.0/64 {
+		t.Fatalf("budget %v, %v; want 18/64 (%+v)", b, err, g.Last())
+	}
+	if lim := g.PodLimits(); lim[base(p, 0)] != 4 || lim[base(p, 1)] != 14 || len(lim) != 2 {
+		t.Fatalf("PodLimits = %v, want 4 and 14", lim)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 1) {
+		t.Errorf("first placement on %q, want pod 1 (most room)", pod)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 0) {
+		t.Errorf("second placement on %q, want pod 0 (pod 1 has one not read yet)", pod)
+	}
+	pod, d := admitOn(t, g, &wire.Request{})
+	if pod != "" || d.Verdict != gate.Wait || !strings.Contains(d.Reason, "2 with a placement not read yet") {
+		t.Errorf("third placement on %q (%+v), want a wait naming the pending placements", pod, d)
+	}
+	// the next reading shows them running: the pods take one more each
+	p.set(0, 11, 0)
+	p.set(1, 1, 0)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := g.Last(); len(r.Pods) != 2 || r.Pods[0].Own != 1 || r.Pods[0].Others != 10 || r.Pods[1].Others != 0 || r.Own != 2 || r.Others != 10 {
+		t.Errorf("reading %+v, want pod 0 own 1 others 10, pod 1 own 1 others 0", r)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 1) {
+		t.Errorf("placement after the reading on %q, want pod 1", pod)
+	}
+}
+
+// A pod where a request waits (interactive traffic queued behind the
+// batch) takes no batch; a request taken back goes back to the pod it ran
+// on while that pod qualifies, elsewhere when it does not.
+func TestPodsWaitingAndAffinity(t *testing.T) {
+	p := newPods(t, 2)
+	g, clock := podsGate(t, p, `,"pending_prefills":4`)
+	ctx := context.Background()
+	p.set(1, 0, 1)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 0) {
+		t.Errorf("placed on %q with a request waiting on pod 1, want pod 0", pod)
+	}
+	p.set(0, 1, 1)
+	*clock = clock.Add(time.Second)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pod, d := admitOn(t, g, &wire.Request{})
+	if pod != "" || d.Verdict != gate.Wait || !strings.Contains(d.Reason, "2 with requests waiting") {
+		t.Errorf("placed on %q (%+v) with requests waiting on both pods, want a wait saying so", pod, d)
+	}
+	// pod 1 has more room, but the request's tokens are on pod 0
+	p.set(0, 3, 0)
+	p.set(1, 0, 0)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resumed := &wire.Request{}
+	resumed.SetLabel(headroom.PodLabel, base(p, 0))
+	if pod, _ := admitOn(t, g, resumed); pod != base(p, 0) {
+		t.Errorf("a request taken back from pod 0 placed on %q, want pod 0", pod)
+	}
+	// pod 0 full of other traffic: it resumes elsewhere
+	p.set(0, 16, 0)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := &wire.Request{}
+	again.SetLabel(headroom.PodLabel, base(p, 0))
+	if pod, _ := admitOn(t, g, again); pod != base(p, 1) {
+		t.Errorf("a request of a full pod 0 placed on %q, want pod 1", pod)
+	}
+}
+
+// The per-pod limit falls on the pod whose other traffic grows: that
+// pod's limit drops below what the queue holds there (the evictor takes
+// back there), the other pod's does not move.
+func TestPodsLimitsFallPerPod(t *testing.T) {
+	p := newPods(t, 2)
+	g, clock := podsGate(t, p, `,"pending_prefills":100`)
+	ctx := context.Background()
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]int{}
+	for range 20 {
+		pod, _ := admitOn(t, g, &wire.Request{})
+		on[pod]++
+	}
+	if on[base(p, 0)] != 10 || on[base(p, 1)] != 10 {
+		t.Fatalf("20 placements split %v, want 10 and 10 (the most room first)", on)
+	}
+	p.set(0, 10+6, 0) // 6 interactive requests on pod 0
+	p.set(1, 10, 0)
+	*clock = clock.Add(time.Second)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lim := g.PodLimits()
+	if lim[base(p, 0)] != 16-2-6 || lim[base(p, 1)] != 14 {
+		t.Errorf("PodLimits = %v, want pod 0 at 8 (below its 10) and pod 1 at 14", lim)
+	}
+}
+
+// Bad dispatch settings are refused with what to set.
+func TestPodsConfigErrors(t *testing.T) {
+	p := newPods(t, 2)
+	for _, c := range []struct{ params, want string }{
+		{`{"endpoints":"http://a:1/stats,http://b:1/stats","seats_per_pod":16,"dispatch":"pods"}`, "set gate_params.pod_urls"},
+		{fmt.Sprintf(`{"endpoints":%q,"seats_per_pod":16,"dispatch":"pods","pod_urls":["http://a:1"]}`, strings.Join(p.urls(), ",")), "1 URLs for 2 endpoints"},
+		{p.params(`,"dispatch":"pods","pod_urls":"http://a:1,ftp://b"`), `"ftp://b" is not an http(s)`},
+		{p.params(`,"pod_urls":"http://a:1,http://b:1"`), `used only with dispatch "pods"`},
+		{p.params(`,"dispatch":"pod"`), `gate_params.dispatch: "pod"`},
+		{p.params(`,"dispatch":"pods","pending_prefills":0`), "pending_prefills: -1, want ≥ 1"},
+	} {
+		if _, err := build(t, c.params, 8); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.params, err, c.want)
+		}
+	}
+	// pod_urls given: used as they are
+	g := mustBuild(t, fmt.Sprintf(`{"endpoints":%q,"seats_per_pod":4,"reserve":0,"dispatch":"pods","pod_urls":["http://a:1/v","http://b:2"]}`,
+		strings.Join(p.urls(), ",")), 8)
+	if _, err := g.Budget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if lim := g.PodLimits(); lim["http://a:1/v"] != 4 || lim["http://b:2"] != 4 {
+		t.Errorf("PodLimits = %v, want the pod_urls as keys", lim)
+	}
+	if !strings.Contains(g.Describe(), "per pod, dispatching to the pods itself") {
+		t.Errorf("Describe() = %q", g.Describe())
+	}
+	// dispatch "gateway": no pods, no limits per pod
+	if lim := mustBuild(t, p.params(``), 8).PodLimits(); lim != nil {
+		t.Errorf("gateway PodLimits = %v, want nil", lim)
+	}
+}
