@@ -208,7 +208,7 @@ var (
 // default), it was scanned from the start by every write and lookup: the
 // claim's HSET, the settle's HMGET and HDEL, the renewal's HMGET. At the
 // bench's 64 in flight that scan was a tenth of the scripts' instructions
-// per request (docs/benchmarks.md, ninth pass).
+// per request (docs/benchmarks-log.md, ninth pass).
 const replicaIDBytes = 32
 
 // New builds the transport; it does no I/O until a subscriber runs.
