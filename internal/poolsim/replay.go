@@ -78,6 +78,23 @@ type Backlog struct {
 	// dispatcher that cannot tell its calls' pods does (default: the
 	// youngest of the most crowded pod).
 	ParkYoungest bool
+	// PodLimit, when set, replaces Limit with a dispatcher that places
+	// the batch on the pods itself (pool-headroom's dispatch "pods"): it
+	// reads every pod each ReadEvery (at the first event after), takes
+	// PodLimit(at, pod, that pod's others) as the pod's limit and parks
+	// the youngest requests of a pod over it. Between readings it places
+	// a request (a parked one first, oldest first) on a pod only while
+	// the pod is under its limit, no arrival waited there at the last
+	// reading, and fewer than PendingPrefills were placed there since: a
+	// parked request on the pod it left when that pod qualifies (its
+	// tokens are there), any other on the qualifying pod with the most
+	// room.
+	PodLimit func(at time.Duration, pod int, others Others) int
+	// ReadEvery is the readings' period with PodLimit (0: every event).
+	ReadEvery time.Duration
+	// PendingPrefills bounds the placements on one pod between two
+	// readings with PodLimit (0: 1).
+	PendingPrefills int
 }
 
 // Others are the replay's arrivals in the pool at an event.
@@ -102,6 +119,8 @@ type BatchTrace struct {
 	Parked int
 	// Done reports whether it made all its tokens.
 	Done bool
+	// Pods are the pods it was placed on, in order (one per placement).
+	Pods []int
 }
 
 // ReplayBacklog is Replay with a closed-loop batch beside the arrivals
@@ -192,10 +211,115 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 		}
 		return o
 	}
-	balance := func() {
-		if b.Limit == nil {
-			return
+	// park takes inPool[k] out of its pod.
+	park := func(k int) {
+		m := inPool[k]
+		inPool = slices.Delete(inPool, k, k+1)
+		if p.pods[m.pod].eng.park(m.s) {
+			if b.Recompute {
+				m.s.computed = 0
+			}
+			if p.front.inflight[m.pod] > 0 {
+				p.front.inflight[m.pod]--
+			}
+			m.parked++
+			parked = append(parked, m)
 		}
+	}
+	// fresh returns a new backlog request, traced from at.
+	fresh := func(at time.Duration) *member {
+		s := newSeq(nextID, ClassBatch, b.PromptTokens, b.MaxTokens, nil)
+		nextID++
+		m := &member{s: s, trace: len(batch), pod: -1}
+		batch = append(batch, BatchTrace{Start: at})
+		batchSeqs = append(batchSeqs, s)
+		return m
+	}
+	// The per-pod dispatcher's state (PodLimit): each pod's limit and
+	// whether an arrival waited there at the last reading, and the
+	// placements on it since.
+	podWant := make([]int, len(p.pods))
+	podBusy := make([]bool, len(p.pods))
+	podPlaced := make([]int, len(p.pods))
+	lastRead := time.Duration(-1)
+	pending := max(b.PendingPrefills, 1)
+	podOthers := func(i int) Others {
+		var o Others
+		d := p.pods[i]
+		for _, s := range d.eng.running {
+			if !isBacklog(s) {
+				o.Running++
+			}
+		}
+		d.eng.waiting.each(func(s *seq) {
+			if !isBacklog(s) {
+				o.Waiting++
+			}
+		})
+		for _, m := range inPool {
+			if m.pod == i {
+				o.Batch++
+			}
+		}
+		return o
+	}
+	podBalance := func() {
+		at := now.Sub(t0)
+		if lastRead < 0 || at-lastRead >= b.ReadEvery {
+			lastRead = at
+			for i := range p.pods {
+				o := podOthers(i)
+				podWant[i], podBusy[i], podPlaced[i] = max(0, b.PodLimit(at, i, o)), o.Waiting > 0, 0
+				for n := o.Batch; n > podWant[i]; n-- {
+					k := len(inPool) - 1 // the pod's youngest
+					for k >= 0 && inPool[k].pod != i {
+						k--
+					}
+					park(k)
+				}
+			}
+		}
+		if at >= b.Until {
+			return // nothing new, nothing resumed
+		}
+		count := make([]int, len(p.pods))
+		for _, m := range inPool {
+			count[m.pod]++
+		}
+		ok := func(i int) bool { return count[i] < podWant[i] && !podBusy[i] && podPlaced[i] < pending }
+		for {
+			var m *member
+			if len(parked) > 0 {
+				m = parked[0]
+			}
+			pod := -1
+			if m != nil && m.pod >= 0 && ok(m.pod) {
+				pod = m.pod
+			} else {
+				for i := range p.pods {
+					if ok(i) && (pod < 0 || podWant[i]-count[i] > podWant[pod]-count[pod]) {
+						pod = i
+					}
+				}
+			}
+			if pod < 0 {
+				return
+			}
+			if m != nil {
+				parked = parked[1:]
+			} else {
+				m = fresh(at)
+			}
+			m.pod = pod
+			batch[m.trace].Pods = append(batch[m.trace].Pods, pod)
+			p.pods[pod].eng.add(m.s)
+			p.front.inflight[pod]++ // as routing counts it, so that arrivals' routing sees it
+			inPool = append(inPool, m)
+			count[pod]++
+			podPlaced[pod]++
+		}
+	}
+	poolBalance := func() {
 		at := now.Sub(t0)
 		o := others()
 		o.Batch = len(inPool)
@@ -216,33 +340,29 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 					k = j
 				}
 			}
-			m := inPool[k]
-			inPool = slices.Delete(inPool, k, k+1)
-			if p.pods[m.pod].eng.park(m.s) {
-				if b.Recompute {
-					m.s.computed = 0
-				}
-				if p.front.inflight[m.pod] > 0 {
-					p.front.inflight[m.pod]--
-				}
-				m.parked++
-				parked = append(parked, m)
-			}
+			park(k)
 		}
 		for len(inPool) < want {
 			var m *member
 			if len(parked) > 0 {
 				m, parked = parked[0], parked[1:]
 			} else {
-				s := newSeq(nextID, ClassBatch, b.PromptTokens, b.MaxTokens, nil)
-				nextID++
-				m = &member{s: s, trace: len(batch)}
-				batch = append(batch, BatchTrace{Start: at})
-				batchSeqs = append(batchSeqs, s)
+				m = fresh(at)
 			}
 			m.pod = route()
+			batch[m.trace].Pods = append(batch[m.trace].Pods, m.pod)
 			p.pods[m.pod].eng.add(m.s)
 			inPool = append(inPool, m)
+		}
+	}
+	balance := func() {
+		switch {
+		case b.PodLimit != nil:
+			podBalance()
+		case b.Limit != nil:
+			poolBalance()
+		default:
+			return
 		}
 		for _, m := range parked {
 			batch[m.trace].Parked = m.parked

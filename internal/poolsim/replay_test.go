@@ -1,6 +1,7 @@
 package poolsim
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -175,5 +176,104 @@ func TestReplayBacklog(t *testing.T) {
 	again, batch2, err := ReplayBacklog(Config{Seed: 3}, nil, b)
 	if err != nil || len(again) != 0 || !reflect.DeepEqual(batch, batch2) {
 		t.Fatalf("two backlog replays differ (err %v)", err)
+	}
+}
+
+// TestReplayBacklogPods: the per-pod dispatcher keeps each pod at its own
+// limit (never over it after a reading), parks the youngest of the pod
+// whose limit fell, resumes a parked request on the pod it left while that
+// pod has room (even when another has more), places new requests on the
+// pod with the most room, and places nothing on a pod where an arrival
+// waited at the last reading.
+func TestReplayBacklogPods(t *testing.T) {
+	limits := func(at time.Duration) [2]int {
+		switch {
+		case at < 2*time.Second:
+			return [2]int{2, 2}
+		case at < 3*time.Second:
+			return [2]int{2, 0}
+		}
+		return [2]int{6, 2}
+	}
+	var over []string
+	lim := func(at time.Duration, pod int, o Others) int {
+		if l := limits(at - 50*time.Millisecond)[pod]; o.Batch > l && at >= 50*time.Millisecond {
+			over = append(over, fmt.Sprintf("pod %d held %d at %v, over its limit %d", pod, o.Batch, at, l))
+		}
+		return limits(at)[pod]
+	}
+	b := Backlog{PodLimit: lim, ReadEvery: 50 * time.Millisecond, PendingPrefills: 8, PromptTokens: 64, MaxTokens: 300, Until: 5 * time.Second}
+	_, batch, err := ReplayBacklog(Config{Seed: 3}, nil, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(over) > 0 {
+		t.Fatalf("placed over a pod's limit: %v", over)
+	}
+	parked := 0
+	for i, tr := range batch {
+		if tr.Parked == 0 {
+			continue
+		}
+		parked++
+		if len(tr.Pods) < 2 || tr.Pods[0] != 1 || tr.Pods[1] != 1 {
+			t.Errorf("batch %d parked from pod 1 was placed on %v, want back on pod 1", i, tr.Pods)
+		}
+	}
+	if parked != 2 {
+		t.Errorf("%d requests parked, want pod 1's 2 when its limit fell to 0", parked)
+	}
+	// after 3 s the new requests go to pod 0, which has the most room
+	newOn := [2]int{}
+	for _, tr := range batch {
+		if tr.Start >= 3*time.Second && tr.Start < 3100*time.Millisecond {
+			newOn[tr.Pods[0]]++
+		}
+	}
+	if newOn[0] != 4 || newOn[1] != 0 {
+		t.Errorf("new requests placed at 3 s: %v per pod, want the 4 of pod 0's new room there", newOn)
+	}
+
+	// an arrival waiting on a pod at a reading: nothing placed there
+	arrivals := []Arrival{}
+	for i := range 40 { // more than a pod's 16 seats, at once: some wait
+		arrivals = append(arrivals, Arrival{At: time.Second + time.Duration(i)*time.Microsecond, PromptTokens: 64, MaxTokens: 200})
+	}
+	type read struct {
+		at      time.Duration
+		waiting bool
+	}
+	reads := [2][]read{}
+	lim2 := func(at time.Duration, pod int, o Others) int {
+		reads[pod] = append(reads[pod], read{at, o.Waiting > 0})
+		return 16
+	}
+	b2 := Backlog{PodLimit: lim2, ReadEvery: 50 * time.Millisecond, PendingPrefills: 16, PromptTokens: 64, MaxTokens: 50, Until: 4 * time.Second}
+	traces, batch2, err := ReplayBacklog(Config{Seed: 3}, arrivals, b2)
+	if err != nil || len(traces) != len(arrivals) {
+		t.Fatal(err)
+	}
+	waitedReads := 0
+	for pod := range reads {
+		for _, r := range reads[pod] {
+			if r.waiting {
+				waitedReads++
+			}
+		}
+	}
+	if waitedReads == 0 {
+		t.Fatal("no reading saw an arrival waiting: the case tests nothing")
+	}
+	for i, tr := range batch2 {
+		pod := tr.Pods[0]
+		var last read
+		for _, r := range reads[pod] {
+			if r.at <= tr.Start {
+				last = r
+			}
+		}
+		if last.waiting {
+			t.Errorf("batch %d placed on pod %d at %v, after a reading at %v that saw an arrival waiting there", i, pod, tr.Start, last.at)
+		}
 	}
 }

@@ -69,6 +69,10 @@ const (
 	// recomputing twin (without "-keep") was the larger part of the 0.09
 	// of goodput between the clocks that issue 41 measured.
 	frontierTwin = "headroom-burst-r4-i4-t3-w2-h1000-keep"
+	// frontierPodTwin is the per-pod arm's twin (ipPodArm): pool-headroom
+	// with dispatch "pods", its rules per pod, a request taken back
+	// resuming on its pod from the prefix cache.
+	frontierPodTwin = "pods-r2-i2-t3-w1-h250-p1"
 )
 
 // frontierPolicy is one ideal dispatcher.
@@ -86,6 +90,11 @@ type frontierPolicy struct {
 	// blind: the policy does not know the phase schedule (it sees only
 	// the pool); G*(x) is the best goodput of the blind ones.
 	blind bool
+	// podLimit, instead of limit, places the batch on the pods itself
+	// (pool-headroom's dispatch "pods"): each pod's limit, read every
+	// 50 ms, at most pending placements per pod between readings.
+	podLimit func() func(at time.Duration, pod int, others poolsim.Others) int
+	pending  int
 }
 
 // frontierPolicies: the max-goodput engine point; reactive dispatchers
@@ -315,6 +324,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 			}
 		}
 	}
+	ps = append(ps, podPolicies(perPod, pods)...)
 	for _, b := range []int{seats / 2, seats / 4} {
 		ps = append(ps, frontierPolicy{name: fmt.Sprintf("phase-i%d-b%d", seats, b), limit: func(bursts [][2]time.Duration) func(time.Duration, poolsim.Others) int {
 			return func(at time.Duration, _ poolsim.Others) int {
@@ -331,7 +341,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 		// variants collapse onto the uncapped batch; keep one of each
 		// family, the twin, and the caps, which are what differ.
 		keep := map[string]bool{frontierEngine: true, "reactive-r0": true, "reactive-r4-read50ms": true, "nogrow-r2": true,
-			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
+			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true, frontierPodTwin: true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
 			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-")
 		})
@@ -565,8 +575,13 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 		if pol.engine {
 			cfg.Engine.Policy, cfg.Engine.SeatPreempt, cfg.Engine.PreemptKeep = poolsim.PolicyPriority, true, true
 		}
-		bl := poolsim.Backlog{Limit: pol.limit(b.bursts), PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
+		bl := poolsim.Backlog{PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
 			Recompute: pol.recompute, ParkYoungest: pol.youngest}
+		if pol.podLimit != nil {
+			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending
+		} else {
+			bl.Limit = pol.limit(b.bursts)
+		}
 		traces, batch, err := poolsim.ReplayBacklog(cfg, b.arrivals, bl)
 		if err != nil {
 			return b, nil, fmt.Errorf("policy %s: %w", pol.name, err)
@@ -645,4 +660,65 @@ func growSlowly(grew *time.Duration, at, gap time.Duration, want, running int) i
 	}
 	*grew = at
 	return running + 1
+}
+
+// podPolicies are pool-headroom with dispatch "pods" replayed: every pod
+// read each 50 ms, its own reserve (idle reserve outside its bursts), its
+// others' peak over the hold, its burst rule (threshold per pod, 2-s
+// window, one rise per 50 ms), at most p placements per pod between
+// readings, none on a pod where an arrival waited; a request taken back
+// resumes on its pod with its tokens cached. Named
+// pods-r<reserve>-i<idle>-t<threshold>-w<weight>-h<hold ms>-p<placements>.
+func podPolicies(perPod, pods int) []frontierPolicy {
+	type knobs struct {
+		r, i, t int
+		w       float64
+		h       time.Duration
+		p       int
+	}
+	var ks []knobs
+	for _, r := range []int{2, 3, 4} {
+		for _, i := range []int{1, r} {
+			for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
+				ks = append(ks, knobs{r, i, 3, 1, h, 1}, knobs{r, i, 3, 2, h, 1})
+			}
+		}
+	}
+	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1})
+	var out []frontierPolicy
+	for _, k := range ks {
+		name := fmt.Sprintf("pods-r%d-i%d-t%d-w%g-h%d-p%d", k.r, k.i, k.t, k.w, k.h.Milliseconds(), k.p)
+		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, podLimit: func() func(time.Duration, int, poolsim.Others) int {
+			type state struct {
+				rule  headroom.Rule
+				peaks []podPeak
+			}
+			st := make([]*state, pods)
+			for i := range st {
+				st[i] = &state{rule: headroom.Rule{Seats: perPod, Reserve: k.r, IdleReserve: k.i,
+					Burst: headroom.Burst{Threshold: k.t, Window: 2 * time.Second, Growth: 50 * time.Millisecond}}}
+			}
+			return func(at time.Duration, pod int, o poolsim.Others) int {
+				s := st[pod]
+				others := int(math.Ceil(float64(o.Running) + k.w*float64(o.Waiting)))
+				s.peaks = append(s.peaks, podPeak{at, others})
+				for len(s.peaks) > 1 && at-s.peaks[0].at > k.h {
+					s.peaks = s.peaks[1:]
+				}
+				held := 0
+				for _, p := range s.peaks {
+					held = max(held, p.others)
+				}
+				_, _, limit := s.rule.Apply(time.Unix(0, 0).Add(at), others, held, o.Batch, -1)
+				return limit
+			}
+		}})
+	}
+	return out
+}
+
+// podPeak is one reading of a pod's others in a per-pod policy's hold.
+type podPeak struct {
+	at     time.Duration
+	others int
 }

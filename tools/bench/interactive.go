@@ -102,9 +102,15 @@ const (
 	ipInteractiveObj = "interactive-default"
 	ipBatchObj       = "batch-sheddable"
 	ipRecommendedArm = "headroom-resume-w2-t3"
-	ipUpstreamArm    = "endpoint-scrape-upstream"
-	ipRouterArm      = "router-flow-control"
-	ipAIMDArm        = "aimd-tuned"
+	// ipPodArm is pool-headroom with dispatch "pods" (issue 42): the
+	// batch placed on the pods by the gate, every rule per pod, a request
+	// taken back resuming on its pod. It runs as many repetitions as the
+	// recommended arm, its p99 pooled the same way; its twin is
+	// frontierPodTwin.
+	ipPodArm      = "headroom-resume-pods-r2-i2-t3-w1-h250"
+	ipUpstreamArm = "endpoint-scrape-upstream"
+	ipRouterArm   = "router-flow-control"
+	ipAIMDArm     = "aimd-tuned"
 	// ipRecReps and ipOtherReps are the default repetitions of the floor
 	// and the recommended arm (their p99 is pooled over every repetition's
 	// burst arrivals) and of every other arm.
@@ -117,6 +123,11 @@ const (
 	// interval.
 	ipBootstrap = 2000
 )
+
+// ipPooledArm reports whether arm n runs every repetition, its burst
+// TTFTs pooled over them: the floor, the recommended arm and the per-pod
+// arm.
+func ipPooledArm(n string) bool { return n == "floor" || n == ipRecommendedArm || n == ipPodArm }
 
 // ipPeers are the peers held against the recommended arm at matched
 // goodput: each one's own knob swept (arm names as ipArmByName parses
@@ -157,7 +168,7 @@ func (p ipProfile) phaseLen() time.Duration {
 func ipProfiles() []ipProfile {
 	return []ipProfile{
 		{name: "short", batchPrompt: 512, batchOutput: 256, warmup: 6 * time.Second, arms: append([]string{
-			"floor", "ungated", "saturation-tuned", "engine-seat-preempt", "headroom-evict-w2", ipRecommendedArm,
+			"floor", "ungated", "saturation-tuned", "engine-seat-preempt", "headroom-evict-w2", ipRecommendedArm, ipPodArm,
 		}, ipPeerArms()...)},
 		{name: "long", batchPrompt: 512, batchOutput: 1024, warmup: 30 * time.Second, arms: []string{
 			"floor", "ungated", ipRecommendedArm, "aimd-tuned", "reserve-25", "reserve-50",
@@ -620,7 +631,7 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 	for rep := range recReps {
 		order := slices.Clone(prof.arms)
 		if rep >= otherReps {
-			order = slices.DeleteFunc(order, func(n string) bool { return n != "floor" && n != ipRecommendedArm })
+			order = slices.DeleteFunc(order, func(n string) bool { return !ipPooledArm(n) })
 		}
 		if rep%2 == 1 {
 			slices.Reverse(order)
@@ -635,7 +646,7 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 			runs[n] = r
 			fmt.Fprintf(os.Stderr, "bench: %s %s %s %s rep %d: ttft p99 %.0f ms (÷k), batch %.0f tokens (%.2f of the slack), %d/%d results ok, step lag p99 %.1f ms (%.1f %% of a step)\n",
 				ipScenario, pool.name(), prof.name, n, rep+1, percentile(slices.Clone(r.ttft), 0.99)/k, r.batchTokens, r.batchTokens/slack, r.resultsOK, r.results, r.stepLagP99, 100*r.stepLagShare)
-			if n == "floor" || n == ipRecommendedArm {
+			if ipPooledArm(n) {
 				if pooled[n] == nil {
 					pooled[n] = &[2]burstSample{}
 				}
@@ -652,7 +663,7 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 	for _, n := range prof.arms {
 		f := medianFigures(perArm[n])
 		f["reps"] = float64(len(perArm[n]))
-		if n == ipRecommendedArm && pooled[n] != nil && pooled["floor"] != nil {
+		if n != "floor" && pooled[n] != nil && pooled["floor"] != nil {
 			f["ttft_p99_ratio_pooled"], f["ttft_p99_ratio_lo"], f["ttft_p99_ratio_hi"] = pooledP99Ratio(pooled[n][0], pooled["floor"][0], ipBootstrap, uint64(ipSeed))
 			f["ttft_idle_p99_ratio_pooled"], _, _ = pooledP99Ratio(pooled[n][1], pooled["floor"][1], 0, 0)
 			f["burst_arrivals_pooled"] = float64(len(slices.Concat(pooled[n][0]...)))
@@ -666,16 +677,17 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 		}
 	}
 	summary["dilation"] = k
+	for _, arm := range []string{ipRecommendedArm, ipPodArm} {
+		for _, key := range []string{"ttft_p99_ratio_pooled", "ttft_p99_ratio_lo", "ttft_p99_ratio_hi", "ttft_idle_p99_ratio_pooled",
+			"batch_goodput_share", "deadline_miss_rate", "gate_reaction_ms", "reps", "batch_aborted_per_request"} {
+			if v, ok := med[arm][key]; ok {
+				summary[arm+"_"+key] = v
+			}
+		}
+	}
 	rec, ok := med[ipRecommendedArm]
 	if !ok {
 		return summary, nil
-	}
-	r := ipRecommendedArm + "_"
-	for _, key := range []string{"ttft_p99_ratio_pooled", "ttft_p99_ratio_lo", "ttft_p99_ratio_hi", "ttft_idle_p99_ratio_pooled",
-		"batch_goodput_share", "deadline_miss_rate", "gate_reaction_ms", "reps"} {
-		if v, ok := rec[key]; ok {
-			summary[r+key] = v
-		}
 	}
 	if prof.name == "long" {
 		// the smallest reserve of seats (percent) that kept p99 ≤ 2×
@@ -708,6 +720,14 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 		summary["twin_p99_ratio"] = twin["ttft_p99_ratio"]
 		summary["twin_goodput_diff"] = math.Abs(rec["batch_goodput_share"] - twin["batch_goodput_share"])
 		summary["twin_p99_diff"] = math.Abs(rec["ttft_p99_ratio_pooled"] - twin["ttft_p99_ratio"])
+	}
+	if pods, ok := med[ipPodArm]; ok {
+		if twin, ok := fr.median[frontierPodTwin]; ok {
+			summary["pods_twin_goodput"] = twin["batch_goodput_share"]
+			summary["pods_twin_p99_ratio"] = twin["ttft_p99_ratio"]
+			summary["pods_twin_goodput_diff"] = math.Abs(pods["batch_goodput_share"] - twin["batch_goodput_share"])
+			summary["pods_twin_p99_diff"] = math.Abs(pods["ttft_p99_ratio_pooled"] - twin["ttft_p99_ratio"])
+		}
 	}
 	// Peers at matched goodput: each peer's p99 interpolated at sluice's
 	// goodput along its own sweep.
@@ -825,6 +845,11 @@ func ipFigures(r, floor *ipRun, slack float64, a ipArm, k float64) figures {
 	f["duplicate_results"] = float64(r.duplicates)
 	f["unknown_results"] = float64(r.unknownR)
 	f["batch_aborted"] = r.aborted
+	if r.results > 0 {
+		// take-backs per batch request that ended (issue 42's replicas
+		// must take back no more per request than one replica)
+		f["batch_aborted_per_request"] = r.aborted / float64(r.results)
+	}
 	f["batch_aborted_tokens"] = r.abortedTokens
 	f["batch_seats_idle"] = r.seatsIdle
 	f["batch_seats_burst"] = r.seatsBurst
