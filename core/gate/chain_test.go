@@ -111,3 +111,45 @@ func TestChainObservers(t *testing.T) {
 		t.Errorf("JoinObservers of nils is not nil")
 	}
 }
+
+// The first member that places the request on a pod decides its pod; a
+// member that places nothing leaves it to the others.
+func TestChainPod(t *testing.T) {
+	place := func(pod string) Admitter {
+		return admitFunc(func() (Decision, error) { return Decision{Verdict: Admit, Pod: pod}, nil })
+	}
+	req := &wire.Request{ID: "r"}
+	for _, tc := range []struct {
+		members []Admitter
+		want    string
+	}{
+		{[]Admitter{place(""), place("http://pod-1")}, "http://pod-1"},
+		{[]Admitter{place("http://pod-0"), place("http://pod-1")}, "http://pod-0"},
+		{[]Admitter{place(""), place("")}, ""},
+	} {
+		d, err := Chain(context.Background(), req, tc.members...)
+		if err != nil || d.Verdict != Admit || d.Pod != tc.want {
+			t.Errorf("chain: %+v, %v; want admitted on %q", d, err, tc.want)
+		}
+	}
+}
+
+// limitingGate is a gate with per-pod limits.
+type limitingGate struct{ fixedGate }
+
+func (limitingGate) PodLimits() map[string]int { return map[string]int{"http://pod-0": 3} }
+
+// Find looks through wrappers for the optional interface asked for.
+func TestFindThroughWrappers(t *testing.T) {
+	wrapped := wrapConfigured(limitingGate{fixedGate(1)}, FailOpen, 0)
+	if _, direct := wrapped.(PodLimiter); direct {
+		t.Fatal("the wrapper itself is a PodLimiter: the case tests nothing")
+	}
+	l := PodLimiterOf(wrapped)
+	if l == nil || l.PodLimits()["http://pod-0"] != 3 {
+		t.Fatalf("PodLimiterOf through a wrapper: %v", l)
+	}
+	if PodLimiterOf(wrapConfigured(fixedGate(1), FailOpen, 0)) != nil || PodLimiterOf(nil) != nil {
+		t.Error("PodLimiterOf found a limiter on a gate that has none")
+	}
+}
