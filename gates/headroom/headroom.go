@@ -684,6 +684,11 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	if g.pods != nil {
 		p, why := g.place(req)
 		if p == nil {
+			if strings.HasPrefix(why, stayReason) {
+				// back to the queue (its credit freed for the other
+				// pods), asked again at the next reading
+				return gate.Decision{Verdict: gate.Defer, Delay: g.cfg.RefreshInterval, Reason: why}, nil
+			}
 			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		}
 		l, dec.Pod = &p.own, p.url

@@ -22,11 +22,14 @@ package headroom
 // allowed_i), nothing waits there (waiting_i = 0: no interactive request
 // is queued behind the batch) and fewer than pending_prefills of the
 // queue's calls were placed there since the pod's last reading (each is a
-// prefill the pod's next steps carry). Among those pods, a request that
-// was taken back goes to the pod it ran on (its tokens are in that pod's
-// prefix cache: the resumed call redoes no prefill), any other to the pod
-// with the most room. When no pod qualifies the request waits (its credit
-// held) and asks again at the next reading. The evictor takes back, on
+// prefill the pod's next steps carry). A request that was taken back goes
+// to the pod it ran on (its tokens are in that pod's prefix cache: the
+// resumed call redoes no prefill) and, while that pod does not qualify,
+// goes back to the queue for a reading (Defer: its credit freed for the
+// other pods) rather than prefill its prompt and tokens again elsewhere;
+// any other request goes to the qualifying pod with the most room. When no
+// pod qualifies it waits (its credit held) and asks again at the next
+// reading. The evictor takes back, on
 // each pod over allowed_i, the youngest calls there (gate.PodLimiter).
 
 import (
@@ -188,11 +191,30 @@ func (g *Gate) place(req *wire.Request) (*podState, string) {
 	if best == nil {
 		return nil, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet", full, waiting, pending)
 	}
+	if prev != "" && best.url != prev && g.hasPod(prev) {
+		// taken back from a pod that has no room now: it waits for that
+		// pod, where its tokens are cached, rather than prefill again here
+		return nil, stayReason + prev
+	}
 	best.since++
 	if req != nil {
 		req.SetLabel(PodLabel, best.url)
 	}
 	return best, ""
+}
+
+// stayReason starts the reason of a request that waits for the pod it
+// was taken back from.
+const stayReason = "waiting for the pod its tokens are cached on: "
+
+// hasPod reports whether url is one of the gate's pods.
+func (g *Gate) hasPod(url string) bool {
+	for _, p := range g.pods {
+		if p.url == url {
+			return true
+		}
+	}
+	return false
 }
 
 // PodLimits implements gate.PodLimiter: each pod's allowed_i of the last

@@ -84,7 +84,9 @@ func TestPodsPlacement(t *testing.T) {
 
 // A pod where a request waits (interactive traffic queued behind the
 // batch) takes no batch; a request taken back goes back to the pod it ran
-// on while that pod qualifies, elsewhere when it does not.
+// on, and waits for it (deferred) while that pod does not qualify: moved,
+// it would prefill its prompt and tokens again (the replay measured that
+// cost: docs/gates.md, per-pod dispatch).
 func TestPodsWaitingAndAffinity(t *testing.T) {
 	p := newPods(t, 2)
 	g, clock := podsGate(t, p, `,"pending_prefills":4`)
@@ -116,15 +118,22 @@ func TestPodsWaitingAndAffinity(t *testing.T) {
 	if pod, _ := admitOn(t, g, resumed); pod != base(p, 0) {
 		t.Errorf("a request taken back from pod 0 placed on %q, want pod 0", pod)
 	}
-	// pod 0 full of other traffic: it resumes elsewhere
+	// pod 0 full of other traffic: the request waits for it, back in the
+	// queue (its credit freed), rather than prefill again on pod 1
 	p.set(0, 16, 0)
 	if _, err := g.Budget(ctx); err != nil {
 		t.Fatal(err)
 	}
 	again := &wire.Request{}
 	again.SetLabel(headroom.PodLabel, base(p, 0))
-	if pod, _ := admitOn(t, g, again); pod != base(p, 1) {
-		t.Errorf("a request of a full pod 0 placed on %q, want pod 1", pod)
+	if pod, d := admitOn(t, g, again); pod != "" || d.Verdict != gate.Defer || d.Delay <= 0 || !strings.Contains(d.Reason, base(p, 0)) {
+		t.Errorf("a request of a full pod 0 placed on %q (%+v), want a deferral naming pod 0", pod, d)
+	}
+	// a pod the gate no longer reads: placed where there is room
+	gone := &wire.Request{}
+	gone.SetLabel(headroom.PodLabel, "http://gone:8000")
+	if pod, _ := admitOn(t, g, gone); pod != base(p, 1) {
+		t.Errorf("a request of a pod no longer read placed on %q, want pod 1", pod)
 	}
 }
 

@@ -88,13 +88,17 @@ type Backlog struct {
 	// reading, and fewer than PendingPrefills were placed there since: a
 	// parked request on the pod it left when that pod qualifies (its
 	// tokens are there), any other on the qualifying pod with the most
-	// room.
+	// room. A parked request placed on another pod than the one it left
+	// prefills again (its KV stayed behind), whatever Recompute says.
 	PodLimit func(at time.Duration, pod int, others Others) int
 	// ReadEvery is the readings' period with PodLimit (0: every event).
 	ReadEvery time.Duration
 	// PendingPrefills bounds the placements on one pod between two
 	// readings with PodLimit (0: 1).
 	PendingPrefills int
+	// Stay, with PodLimit, keeps a parked request for the pod it left:
+	// it waits for room there instead of prefilling again elsewhere.
+	Stay bool
 }
 
 // Others are the replay's arrivals in the pool at an event.
@@ -287,10 +291,16 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			count[m.pod]++
 		}
 		ok := func(i int) bool { return count[i] < podWant[i] && !podBusy[i] && podPlaced[i] < pending }
+		waitingFor := 0 // parked requests skipped: they wait for their pod (Stay)
 		for {
 			var m *member
-			if len(parked) > 0 {
-				m = parked[0]
+			if b.Stay {
+				for waitingFor < len(parked) && parked[waitingFor].pod >= 0 && !ok(parked[waitingFor].pod) {
+					waitingFor++
+				}
+			}
+			if waitingFor < len(parked) {
+				m = parked[waitingFor]
 			}
 			pod := -1
 			if m != nil && m.pod >= 0 && ok(m.pod) {
@@ -306,7 +316,10 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 				return
 			}
 			if m != nil {
-				parked = parked[1:]
+				parked = slices.Delete(parked, waitingFor, waitingFor+1)
+				if m.pod >= 0 && m.pod != pod {
+					m.s.computed = 0 // its KV stayed on the pod it left
+				}
 			} else {
 				m = fresh(at)
 			}

@@ -71,8 +71,8 @@ const (
 	frontierTwin = "headroom-burst-r4-i4-t3-w2-h1000-keep"
 	// frontierPodTwin is the per-pod arm's twin (ipPodArm): pool-headroom
 	// with dispatch "pods", its rules per pod, a request taken back
-	// resuming on its pod from the prefix cache.
-	frontierPodTwin = "pods-r2-i2-t3-w1-h250-p1"
+	// waiting for its pod and resuming there from the prefix cache.
+	frontierPodTwin = "pods-r2-i2-t3-w1-h250-p1-stay"
 )
 
 // frontierPolicy is one ideal dispatcher.
@@ -95,6 +95,7 @@ type frontierPolicy struct {
 	// 50 ms, at most pending placements per pod between readings.
 	podLimit func() func(at time.Duration, pod int, others poolsim.Others) int
 	pending  int
+	stay     bool
 }
 
 // frontierPolicies: the max-goodput engine point; reactive dispatchers
@@ -578,7 +579,7 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 		bl := poolsim.Backlog{PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
 			Recompute: pol.recompute, ParkYoungest: pol.youngest}
 		if pol.podLimit != nil {
-			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending
+			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills, bl.Stay = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending, pol.stay
 		} else {
 			bl.Limit = pol.limit(b.bursts)
 		}
@@ -675,20 +676,29 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		w       float64
 		h       time.Duration
 		p       int
+		stay    bool
 	}
 	var ks []knobs
 	for _, r := range []int{2, 3, 4} {
 		for _, i := range []int{1, r} {
 			for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
-				ks = append(ks, knobs{r, i, 3, 1, h, 1}, knobs{r, i, 3, 2, h, 1})
+				ks = append(ks, knobs{r, i, 3, 1, h, 1, false}, knobs{r, i, 3, 2, h, 1, false})
 			}
 		}
 	}
-	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1})
+	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false})
+	for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
+		for _, w := range []float64{1, 2} {
+			ks = append(ks, knobs{2, 2, 3, w, h, 1, true}, knobs{4, 4, 3, w, h, 1, true}, knobs{2, 2, 3, w, h, 4, false})
+		}
+	}
 	var out []frontierPolicy
 	for _, k := range ks {
 		name := fmt.Sprintf("pods-r%d-i%d-t%d-w%g-h%d-p%d", k.r, k.i, k.t, k.w, k.h.Milliseconds(), k.p)
-		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, podLimit: func() func(time.Duration, int, poolsim.Others) int {
+		if k.stay {
+			name += "-stay"
+		}
+		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, podLimit: func() func(time.Duration, int, poolsim.Others) int {
 			type state struct {
 				rule  headroom.Rule
 				peaks []podPeak
