@@ -942,6 +942,17 @@ func ipTargets() []target {
 			reportedOnly(s+"goodput_bar", "the goodput the recommended arm must reach: the fixed bar, or G*(x) less the slack the issue allows"),
 			reportedOnly(s+"frontier_goodput_at_bar", "G*(x) at the pool's p99 bar, from interactive-frontier"),
 		)
+		// issue 42: the per-pod arm held to the same bar, and to its twin
+		pa := pool.name() + "_short_" + ipPodArm + "_"
+		ts = append(ts,
+			maximum(pa+"ttft_p99_ratio_pooled", bar.p99, "issue 42: per-pod dispatch, interactive burst p99 (pooled) within the pool's bar"),
+			maximum(pa+"ttft_p99_ratio_hi", bar.p99Hi, "issue 42: per-pod dispatch, the pooled p99's 90 % interval under its upper bar"),
+			maximum(pa+"ttft_idle_p99_ratio_pooled", bar.idle, "issue 42: per-pod dispatch, the idle phases not flooded"),
+			noLess(pa+"batch_goodput_share", s+"goodput_bar", "issue 42: per-pod dispatch, the batch's goodput against the frontier's G*(x)"),
+			exactly(pa+"deadline_miss_rate", 0, "issue 42: per-pod dispatch, no misses for jobs with ≥ 2.5× slack"),
+			maximum(s+"pods_twin_goodput_diff", 0.05, "issue 42: one clock, the per-pod arm's goodput within 0.05 of its replayed twin's"),
+			maximum(s+"pods_twin_p99_diff", 0.2, "issue 42: one clock, the per-pod arm's p99 ratio within 0.2 of its replayed twin's"),
+		)
 		for _, peer := range []string{ipUpstreamArm, ipRouterArm, ipAIMDArm} {
 			ts = append(ts, exactly(s+"fifth_of_"+peer, 1, "the recommended arm's p99 ratio ≤ ⅕ of "+peer+"'s at the same goodput (interpolated along its knob's sweep)"))
 		}
