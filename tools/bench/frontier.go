@@ -246,6 +246,38 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 			}
 		}
 	}
+	// Step-aware, for pods whose seats are never the limit (issue 42 item
+	// 4): the batch prefills only between bursts. It holds at most cap
+	// requests (so its decode tokens and KV stay bounded), and while a
+	// burst is seen (as detectCap sees one) it neither grows (no batch
+	// prefill shares a step with the arrivals' prefills) nor shrinks (a
+	// take-back would restart a prefill later): it drains as its requests
+	// finish.
+	freezeCap := func(limit, thr int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
+			read, seen := time.Duration(-1), 0
+			hot := time.Duration(-1 << 62)
+			return func(at time.Duration, o poolsim.Others) int {
+				if read < 0 || at-read >= 50*time.Millisecond {
+					read, seen = at, o.In()
+					if seen >= thr {
+						hot = at
+					}
+				}
+				if at-hot > 2*time.Second {
+					return limit
+				}
+				return min(limit, o.Batch)
+			}
+		}
+	}
+	if perPod > 64 {
+		for _, c := range []int{backlog / 8, backlog / 4, 3 * backlog / 8, backlog / 2} {
+			for _, thr := range []int{40, 80} {
+				ps = append(ps, frontierPolicy{name: fmt.Sprintf("freezecap-c%d-t%d", c, thr), limit: freezeCap(c, thr), blind: true})
+			}
+		}
+	}
 	if perPod > 64 {
 		// the interactive requests in the pool on vllm-8b-h100: about 10-15
 		// between bursts and 100-140 in one
@@ -344,7 +376,8 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 		keep := map[string]bool{frontierEngine: true, "reactive-r0": true, "reactive-r4-read50ms": true, "nogrow-r2": true,
 			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true, frontierPodTwin: true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
-			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-")
+			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-") &&
+				!strings.HasPrefix(p.name, "freezecap-")
 		})
 	}
 	return ps
