@@ -714,16 +714,11 @@ func (b *BatchAPI) setDefaults() {
 	}
 }
 
-// frontTransports are the transports the fronts (batch_api, openai_api)
-// run on: those with a front/submit adapter (a producer and per-request
-// result routes).
-var frontTransports = []string{"memory", "redis-sortedset", "redis-stream"}
-
 // BatchQueue returns the queue batch_api.queue names (nil when none does).
 func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
 
 // batchProblems checks the batch_api section.
-func (c *Config) batchProblems(add func(where, format string, a ...any)) {
+func (c *Config) batchProblems(k Known, add func(where, format string, a ...any)) {
 	b := c.BatchAPI
 	if !b.Enabled {
 		return
@@ -731,9 +726,7 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
 		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
 	}
-	if !slices.Contains(frontTransports, c.Transport) {
-		add("batch_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
-	}
+	c.producerProblems("batch_api", k, add)
 	if q := c.BatchQueue(); q == nil {
 		if b.Queue == "" {
 			add("batch_api.queue", "missing: there are %d queues, name the one batches go to", len(c.TransportConfig.Queues))
@@ -765,6 +758,14 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 		add("batch_api.file_expiry", "must not be negative")
 	}
 	c.portProblems("batch_api.listen", b.Listen, add)
+}
+
+// producerProblems reports a front (where) on a transport without a
+// producer side: the fronts need one, with per-request result routes.
+func (c *Config) producerProblems(where string, k Known, add func(where, format string, a ...any)) {
+	if k.Producer != nil && !k.Producer(c.Transport) {
+		add(where, "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(k.Producers, ", "), c.Transport)
+	}
 }
 
 // portProblems reports a front's listen address whose port is the
@@ -894,7 +895,7 @@ func (c *Config) OpenAIQueues() (def string, queues []string, ok bool) {
 
 // openAIProblems checks the openai_api section (what the assembly reads;
 // front/openai checks its own settings).
-func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
+func (c *Config) openAIProblems(k Known, add func(where, format string, a ...any)) {
 	o := c.OpenAIAPI
 	if !o.Enabled {
 		return
@@ -902,9 +903,7 @@ func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
 	}
-	if !slices.Contains(frontTransports, c.Transport) {
-		add("openai_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
-	}
+	c.producerProblems("openai_api", k, add)
 	check := func(where, name string) {
 		q := c.findQueue(name)
 		switch {
@@ -953,9 +952,13 @@ func (ps Problems) Error() string {
 type Known struct {
 	Transport func(string) bool
 	Gate      func(string) bool
-	// Transports and Gates list the names, for messages.
+	// Producer says which transports have a producer side (the fronts
+	// run on those only); nil checks nothing.
+	Producer func(string) bool
+	// Transports, Gates and Producers list the names, for messages.
 	Transports []string
 	Gates      []string
+	Producers  []string
 }
 
 // Validate returns every problem of a defaulted config (nil when none).
@@ -998,8 +1001,8 @@ func (c *Config) Validate(k Known) error {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
 	c.componentProblems(add)
-	c.batchProblems(add)
-	c.openAIProblems(add)
+	c.batchProblems(k, add)
+	c.openAIProblems(k, add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)

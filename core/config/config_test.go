@@ -17,6 +17,8 @@ func known() Known {
 		Transport:  func(s string) bool { return s == "memory" || s == "redis-sortedset" },
 		Gate:       func(s string) bool { return s == "constant" || s == "redis" },
 		Transports: []string{"memory", "redis-sortedset"}, Gates: []string{"constant", "redis"},
+		Producer:  func(s string) bool { return s == "memory" || s == "redis-sortedset" || s == "redis-stream" },
+		Producers: []string{"memory", "redis-sortedset", "redis-stream"},
 	}
 }
 
