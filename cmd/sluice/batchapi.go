@@ -56,13 +56,20 @@ func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.
 	return p, t, nil
 }
 
-// s3Files and gcsFiles are batch_api.files in the backends' own types.
+// s3Files, gcsFiles and diskFiles are batch_api.files in the stores' own
+// types: every key of the chosen store.
 func s3Files(f config.BatchFiles) s3store.Config {
-	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle}
+	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle,
+		AccessKeyID: f.AccessKeyID, SecretAccessKey: f.SecretAccessKey, PartSize: f.PartSize, ChecksumWhenRequired: f.ChecksumWhenRequired}
 }
 
 func gcsFiles(f config.BatchFiles) gcsstore.Config {
-	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint}
+	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint,
+		CredentialsFile: f.CredentialsFile, NoAuth: f.NoAuth, ChunkSize: f.ChunkSize}
+}
+
+func diskFiles(f config.BatchFiles) disk.Config {
+	return disk.Config{Dir: f.Dir, StaleTemp: f.StaleTemp}
 }
 
 // openFiles opens the file store batch_api.files chooses.
@@ -77,7 +84,7 @@ func openFiles(ctx context.Context, f config.BatchFiles) (filestore.Store, error
 	case "gcs":
 		st, err = gcsstore.Open(ctx, gcsFiles(f))
 	default:
-		st, err = disk.Open(disk.Config{Dir: f.Dir})
+		st, err = disk.Open(diskFiles(f))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("batch_api.files: %w", err)

@@ -154,6 +154,10 @@ func frontProblems(cfg *config.Config, ad app.Adapters) error {
 			c := gcsFiles(f)
 			c.SetDefaults()
 			err = c.Validate()
+		default:
+			c := diskFiles(f)
+			c.SetDefaults()
+			err = c.Validate()
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("batch_api.files: %w", err))
