@@ -195,7 +195,7 @@ func TestValidateComponentSettings(t *testing.T) {
 		},
 			"batch_api.files.region: not a setting of the gcs store"},
 		{"batch_api disk with bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Bucket = true, "b" },
-			"batch_api.files.bucket: not a setting of the disk store (its keys: dir)"},
+			"batch_api.files.bucket: not a setting of the disk store (its keys: dir, stale_temp)"},
 		{"batch_api s3 endpoint", func(c *Config) {
 			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Endpoint: "minio:9000"}
 		},

@@ -50,7 +50,8 @@ func Run(t testing.TB, tp *wmtransport.Transport, ad app.Adapters, queue, result
 		DrainTimeout: config.Duration(5 * time.Second),
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
 	}
-	return dispatcher.Run(t, ad, cfg, tp)
+	_, stop = dispatcher.Run(t, cfg, app.Options{Adapters: ad, Transport: tp})
+	return stop
 }
 
 // Request is the payload of request id (flat form), due in an hour.

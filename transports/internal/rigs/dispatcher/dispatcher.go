@@ -13,13 +13,14 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 )
 
-// Run runs sluice of cfg on tr with the gates of ad (the test registers
-// them: an adapter package imports no other) until the returned stop is
-// called, and at the latest when the test ends. It fails t when the
-// dispatcher cannot start, ends with an error or takes over 30s to stop.
-func Run(t testing.TB, ad app.Adapters, cfg *config.Config, tr transport.Transport) (stop func()) {
+// Run runs sluice of cfg with o (o.Transport the test's transport, the
+// gates of o.Adapters registered by the test: an adapter package imports no
+// other) until the returned stop is called, and at the latest when the
+// test ends. It fails t when the dispatcher cannot start, ends with an
+// error or takes over 30s to stop.
+func Run(t testing.TB, cfg *config.Config, o app.Options) (a *app.App, stop func()) {
 	t.Helper()
-	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tr})
+	a, err := app.New(cfg, o)
 	if err != nil {
 		t.Fatalf("app: %v", err)
 	}
@@ -43,13 +44,13 @@ func Run(t testing.TB, ad app.Adapters, cfg *config.Config, tr transport.Transpo
 		}
 	}
 	t.Cleanup(stop)
-	return stop
+	return a, stop
 }
 
 // Runner is Run with ad, in the shape of submittest.Harness.Dispatch.
 func Runner(ad app.Adapters) func(testing.TB, *config.Config, transport.Transport) {
 	return func(t testing.TB, cfg *config.Config, tr transport.Transport) {
 		t.Helper()
-		Run(t, ad, cfg, tr)
+		Run(t, cfg, app.Options{Adapters: ad, Transport: tr})
 	}
 }
