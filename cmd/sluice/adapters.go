@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transform/gcsmultipart"
 	"github.com/sluice-io/sluice/gates/aimd"
 	"github.com/sluice-io/sluice/gates/composite"
@@ -24,6 +25,7 @@ import (
 	"github.com/sluice-io/sluice/transports/memory"
 	"github.com/sluice-io/sluice/transports/redispubsub"
 	"github.com/sluice-io/sluice/transports/redissortedset"
+	rssproducer "github.com/sluice-io/sluice/transports/redissortedset/producer"
 	"github.com/sluice-io/sluice/transports/redisstream"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 	"github.com/sluice-io/sluice/transports/wmtransport/natsjetstream"
@@ -31,7 +33,9 @@ import (
 )
 
 // adapters chooses the transports and gates the sluice binary links: the one
-// place they are named. Add an adapter by adding its line here.
+// place they are named. Add an adapter by adding its line here (a
+// transport with a producer side, which the fronts run on, adds a second
+// line: its submit.Factory under its name).
 func adapters() (app.Adapters, error) {
 	ad := app.NewAdapters()
 	brokers := wmtransport.NewBrokers() // the Watermill brokers of transport "watermill"
@@ -41,9 +45,12 @@ func adapters() (app.Adapters, error) {
 		ad.Transports.Register(wmtransport.Name, wmtransport.Factory(brokers)),
 
 		ad.Transports.Register(memory.Name, memory.Factory),
+		ad.Producers.Register(memory.Name, submit.Factory{New: memory.OpenProducer}),
 		ad.Transports.Register(redissortedset.Name, redissortedset.Factory),
+		ad.Producers.Register(redissortedset.Name, submit.Factory{New: rssproducer.OpenSubmitter}),
 		ad.Transports.Register(redispubsub.Name, redispubsub.Factory),
 		ad.Transports.Register(redisstream.Name, redisstream.Factory),
+		ad.Producers.Register(redisstream.Name, submit.Factory{New: redisstream.OpenProducer, Check: redisstream.CheckProducerOptions}),
 		ad.Transports.Register(gcppubsub.Name, gcppubsub.Factory),
 
 		ad.Gates.Register(constant.Type, constant.Factory),

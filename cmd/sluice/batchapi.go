@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/status"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
@@ -24,13 +24,6 @@ import (
 	"github.com/sluice-io/sluice/front/filestore/disk"
 	gcsstore "github.com/sluice-io/sluice/front/filestore/gcs"
 	s3store "github.com/sluice-io/sluice/front/filestore/s3"
-	"github.com/sluice-io/sluice/front/submit"
-	submitmem "github.com/sluice-io/sluice/front/submit/memory"
-	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
-	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
-	"github.com/sluice-io/sluice/transports/memory"
-	rss "github.com/sluice-io/sluice/transports/redissortedset"
-	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // batchAPI is the batch_api section at work: the OpenAI Batch API beside
@@ -44,77 +37,39 @@ type batchAPI struct {
 	log   *slog.Logger
 }
 
-// newProducer builds the submit.Producer every front of cfg shares. For
-// the memory transport it builds the transport too, which the dispatcher
-// must then run on (the returned transport, for app.Options.Transport).
+// newProducer builds the submit.Producer every front of cfg shares: the
+// producer side the registry holds for cfg's transport, built from the
+// transport's options and the deployment's Redis settings (url, topology,
+// redis_tls), so that it reaches the queues as the transport does. When
+// the producer reaches them only through a transport of its own (memory),
+// that transport is returned too: the dispatcher must then run on it
+// (app.Options.Transport).
 func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.Producer, transport.Transport, error) {
-	switch cfg.Transport {
-	case memory.Name:
-		t, err := ad.Transports.New(cfg.Transport, cfg.TransportConfig.Options, transport.Env{Logger: log})
-		if err != nil {
-			return nil, nil, err
-		}
-		mem, ok := t.(*memory.Transport)
-		if !ok {
-			return nil, nil, fmt.Errorf("fronts: transport %s is not the memory transport", cfg.Transport)
-		}
-		return submitmem.New(mem, submitmem.Options{}), mem, nil
-	case rss.Name:
-		// The queues the transport reads, reached as the transport reaches
-		// them: its options (checked strictly by the transport itself) and
-		// the deployment's Redis settings (url, topology, redis_tls).
-		var o rss.Options
-		if len(cfg.TransportConfig.Options) > 0 {
-			_ = json.Unmarshal(cfg.TransportConfig.Options, &o)
-		}
-		env, err := app.TransportEnv(cfg, log)
-		if err != nil {
-			return nil, nil, fmt.Errorf("fronts: %w", err)
-		}
-		p, err := submitrss.Dial(o, env, submitrss.Options{})
-		if err != nil {
-			return nil, nil, fmt.Errorf("fronts: %w", err)
-		}
-		return p, nil, nil
-	case rstream.Name:
-		o, err := streamOptions(cfg)
-		if err != nil {
-			return nil, nil, err
-		}
-		env, err := app.TransportEnv(cfg, log)
-		if err != nil {
-			return nil, nil, fmt.Errorf("fronts: %w", err)
-		}
-		p, err := submitstream.Dial(o, env, submitstream.Options{})
-		if err != nil {
-			return nil, nil, fmt.Errorf("fronts: %w", err)
-		}
-		return p, nil, nil
-	default:
-		return nil, nil, fmt.Errorf("fronts: transport %s has no producer here (memory, redis-sortedset, redis-stream)", cfg.Transport)
+	env, err := app.TransportEnv(cfg, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fronts: %w", err)
 	}
+	p, t, err := ad.Producers.New(cfg.Transport, cfg.TransportConfig.Options, env)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fronts: %w", err)
+	}
+	return p, t, nil
 }
 
-// streamOptions are the redis-stream transport's options in cfg (checked
-// strictly by the transport itself); a front needs their result_mode list.
-func streamOptions(cfg *config.Config) (rstream.Options, error) {
-	var o rstream.Options
-	if len(cfg.TransportConfig.Options) > 0 {
-		_ = json.Unmarshal(cfg.TransportConfig.Options, &o)
-	}
-	if o.ResultMode != "" && o.ResultMode != rstream.ResultList {
-		return o, fmt.Errorf("fronts: redis-stream result_mode %q: the fronts read their result routes as lists (result_mode %q, the default)", o.ResultMode, rstream.ResultList)
-	}
-	return o, nil
-}
-
-// s3Files and gcsFiles are batch_api.files in the backends' own types.
+// s3Files, gcsFiles and diskFiles are batch_api.files in the stores' own
+// types: every key of the chosen store.
 func s3Files(f config.BatchFiles) s3store.Config {
-	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle}
+	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle,
+		AccessKeyID: f.AccessKeyID, SecretAccessKey: f.SecretAccessKey, PartSize: f.PartSize, ChecksumWhenRequired: f.ChecksumWhenRequired}
 }
 
 func gcsFiles(f config.BatchFiles) gcsstore.Config {
-	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint}
+	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint,
+		CredentialsFile: f.CredentialsFile, NoAuth: f.NoAuth, ChunkSize: f.ChunkSize}
+}
+
+func diskFiles(f config.BatchFiles) disk.Config {
+	return disk.Config{Dir: f.Dir, StaleTemp: f.StaleTemp}
 }
 
 // openFiles opens the file store batch_api.files chooses.
@@ -129,7 +84,7 @@ func openFiles(ctx context.Context, f config.BatchFiles) (filestore.Store, error
 	case "gcs":
 		st, err = gcsstore.Open(ctx, gcsFiles(f))
 	default:
-		st, err = disk.Open(disk.Config{Dir: f.Dir})
+		st, err = disk.Open(diskFiles(f))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("batch_api.files: %w", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/memory"
+	"github.com/sluice-io/sluice/transports/redispubsub"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 )
 
@@ -26,7 +29,7 @@ func TestFrontsProducerUsesTransportURL(t *testing.T) {
 		TransportConfig: config.TransportConfig{Options: json.RawMessage(fmt.Sprintf(`{"url": %q, "prefix": "fronts"}`, r.URL))},
 		RedisURL:        "redis://127.0.0.1:1/0", // nothing listens there
 	}
-	p, _, err := newProducer(cfg, app.Adapters{}, slog.New(slog.DiscardHandler))
+	p, _, err := newProducer(cfg, registered(t), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +62,7 @@ func TestFrontsProducerUsesRedisTLS(t *testing.T) {
 		if withTLS {
 			cfg.RedisTLS = config.TLS{CACert: srv.CAFile, Cert: srv.CertFile, Key: srv.KeyFile}
 		}
-		p, _, err := newProducer(cfg, app.Adapters{}, slog.New(slog.DiscardHandler))
+		p, _, err := newProducer(cfg, registered(t), slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,5 +74,36 @@ func TestFrontsProducerUsesRedisTLS(t *testing.T) {
 		if withTLS != (err == nil) {
 			t.Errorf("redis_tls set %v: Enqueue: %v", withTLS, err)
 		}
+	}
+}
+
+// registered returns the adapters the binary registers.
+func registered(t testing.TB) app.Adapters {
+	t.Helper()
+	ad, err := adapters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ad
+}
+
+// The fronts' producer is the one the registry holds for the transport;
+// a transport without one is refused, naming those that have one.
+func TestFrontsProducerFromRegistry(t *testing.T) {
+	ad := registered(t)
+	if got, want := strings.Join(ad.Producers.Names(), ", "), "memory, redis-sortedset, redis-stream"; got != want {
+		t.Errorf("transports with a producer: %s, want %s", got, want)
+	}
+	p, tr, err := newProducer(&config.Config{Transport: memory.Name}, ad, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, ok := tr.(*memory.Transport); !ok {
+		t.Errorf("the memory producer hands the dispatcher transport %T, want its memory transport", tr)
+	}
+	_, _, err = newProducer(&config.Config{Transport: redispubsub.Name}, ad, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "redis-pubsub") || !strings.Contains(err.Error(), "memory, redis-sortedset, redis-stream") {
+		t.Errorf("a producer on redis-pubsub: %v, want it refused", err)
 	}
 }

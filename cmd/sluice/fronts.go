@@ -13,10 +13,9 @@ import (
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/status"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/openai"
-	"github.com/sluice-io/sluice/front/submit"
-	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
 // fronts are the batch_api and openai_api sections at work beside the
@@ -31,7 +30,7 @@ type fronts struct {
 // transport it builds the transport too, which the dispatcher must then
 // run on (the returned transport, for app.Options.Transport).
 func newFronts(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*fronts, transport.Transport, error) {
-	if err := frontProblems(cfg); err != nil {
+	if err := frontProblems(cfg, ad); err != nil {
 		return nil, nil, err
 	}
 	prod, tr, err := newProducer(cfg, ad, log)
@@ -127,13 +126,13 @@ func openAIConfig(cfg *config.Config) (openai.Config, error) {
 }
 
 // frontProblems runs the fronts' own checks on their parts of cfg (after
-// cfg.Validate), with their defaults: what `sluice validate` reports
-// beside the config's problems.
-func frontProblems(cfg *config.Config) error {
+// cfg.Validate), with their defaults, and the producer's on the transport
+// options: what `sluice validate` reports beside the config's problems.
+func frontProblems(cfg *config.Config, ad app.Adapters) error {
 	var errs []error
-	if (cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled) && cfg.Transport == rstream.Name {
-		if _, err := streamOptions(cfg); err != nil {
-			errs = append(errs, err)
+	if cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled {
+		if err := ad.Producers.Check(cfg.Transport, cfg.TransportConfig.Options); err != nil {
+			errs = append(errs, fmt.Errorf("fronts: %w", err))
 		}
 	}
 	if cfg.OpenAIAPI.Enabled {
@@ -153,6 +152,10 @@ func frontProblems(cfg *config.Config) error {
 			err = c.Validate()
 		case "gcs":
 			c := gcsFiles(f)
+			c.SetDefaults()
+			err = c.Validate()
+		default:
+			c := diskFiles(f)
 			c.SetDefaults()
 			err = c.Validate()
 		}

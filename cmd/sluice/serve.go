@@ -371,7 +371,7 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 				warnings, err = app.CheckWarnings(cfg, ad)
 			}
 			if err == nil {
-				err = frontProblems(cfg)
+				err = frontProblems(cfg, ad)
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {

@@ -43,6 +43,7 @@ import (
 	"github.com/sluice-io/sluice/core/pipeline"
 	"github.com/sluice-io/sluice/core/redact"
 	"github.com/sluice-io/sluice/core/status"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transform"
 	"github.com/sluice-io/sluice/core/transport"
 )
@@ -58,11 +59,15 @@ type Adapters struct {
 	Gates *gate.Registry
 	// Transforms maps a transform file's "type" to a factory.
 	Transforms *transform.Registry
+	// Producers maps a transport's name to its producer side, for the
+	// fronts (batch_api, openai_api): a transport without an entry has
+	// none.
+	Producers *submit.Registry
 }
 
 // NewAdapters returns empty registries, ready for Register.
 func NewAdapters() Adapters {
-	return Adapters{Transports: transport.NewRegistry(), Gates: gate.NewRegistry(), Transforms: transform.NewRegistry()}
+	return Adapters{Transports: transport.NewRegistry(), Gates: gate.NewRegistry(), Transforms: transform.NewRegistry(), Producers: submit.NewRegistry()}
 }
 
 func (ad *Adapters) setDefaults() {
@@ -75,14 +80,18 @@ func (ad *Adapters) setDefaults() {
 	if ad.Transforms == nil {
 		ad.Transforms = transform.NewRegistry()
 	}
+	if ad.Producers == nil {
+		ad.Producers = submit.NewRegistry()
+	}
 }
 
 // known describes the registries for config validation. With a transport
-// given, the config's transport name is only a label and is not checked.
+// given, the config's transport name is only a label and is not checked
+// (nor whether it has a producer).
 func (ad Adapters) known(transportGiven bool) config.Known {
-	k := config.Known{Gate: ad.Gates.Has, Gates: ad.Gates.Names(), Transports: ad.Transports.Names()}
+	k := config.Known{Gate: ad.Gates.Has, Gates: ad.Gates.Names(), Transports: ad.Transports.Names(), Producers: ad.Producers.Names()}
 	if !transportGiven {
-		k.Transport = ad.Transports.Has
+		k.Transport, k.Producer = ad.Transports.Has, ad.Producers.Has
 	}
 	return k
 }

@@ -632,8 +632,10 @@ type BatchAPI struct {
 }
 
 // BatchFiles is batch_api.files: the file store (front/filestore) and the
-// settings of the one chosen. S3 and GCS take their credentials from their
-// SDK's default chain (AWS: environment, shared files, web identity,
+// settings of the one chosen, each key one of that store's Config
+// (front/filestore/disk, s3, gcs: same names, same defaults, checked again
+// by the store). Without credentials of their own, S3 and GCS take them
+// from their usual chain (AWS: environment, shared files, web identity,
 // instance role; GCS: Application Default Credentials).
 type BatchFiles struct {
 	// Store is "disk" (default), "s3" (S3 or an S3-compatible store) or
@@ -641,6 +643,9 @@ type BatchFiles struct {
 	Store string `json:"store,omitempty"`
 	// Dir is the disk store's directory (default sluice-files); disk only.
 	Dir string `json:"dir,omitempty"`
+	// StaleTemp is how old a leftover temporary file must be before the
+	// disk store removes it when it opens (default 1h); disk only.
+	StaleTemp Duration `json:"stale_temp,omitempty"`
 	// Bucket holds the files (required for s3 and gcs; it must exist).
 	Bucket string `json:"bucket,omitempty"`
 	// Prefix starts every object's key (s3, gcs), e.g. "sluice/files/".
@@ -655,6 +660,24 @@ type BatchFiles struct {
 	// PathStyle addresses buckets as endpoint/bucket/key (most
 	// S3-compatible stores want it); s3 only.
 	PathStyle bool `json:"path_style,omitempty"`
+	// AccessKeyID and SecretAccessKey are static S3 credentials, both or
+	// neither (default: AWS's usual chain); s3 only.
+	AccessKeyID     string `json:"access_key_id,omitempty"`
+	SecretAccessKey string `json:"secret_access_key,omitempty"`
+	// PartSize is the size of each uploaded part and of the one buffer a
+	// Put holds (default 16 MiB; 5 MiB to 5 GiB); s3 only.
+	PartSize int64 `json:"part_size,omitempty"`
+	// ChecksumWhenRequired is accepted for the configs that set it and
+	// changes nothing (every payload is signed with its SHA-256); s3 only.
+	ChecksumWhenRequired bool `json:"checksum_when_required,omitempty"`
+	// CredentialsFile is a service-account key file (default: Application
+	// Default Credentials); gcs only.
+	CredentialsFile string `json:"credentials_file,omitempty"`
+	// NoAuth sends no credentials (an emulator); gcs only.
+	NoAuth bool `json:"no_auth,omitempty"`
+	// ChunkSize is the resumable upload's chunk, a multiple of 256 KiB
+	// (default 16 MiB); gcs only.
+	ChunkSize int `json:"chunk_size,omitempty"`
 }
 
 // transportHasURL reports whether the transport options carry a url of
@@ -714,16 +737,11 @@ func (b *BatchAPI) setDefaults() {
 	}
 }
 
-// frontTransports are the transports the fronts (batch_api, openai_api)
-// run on: those with a front/submit adapter (a producer and per-request
-// result routes).
-var frontTransports = []string{"memory", "redis-sortedset", "redis-stream"}
-
 // BatchQueue returns the queue batch_api.queue names (nil when none does).
 func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
 
 // batchProblems checks the batch_api section.
-func (c *Config) batchProblems(add func(where, format string, a ...any)) {
+func (c *Config) batchProblems(k Known, add func(where, format string, a ...any)) {
 	b := c.BatchAPI
 	if !b.Enabled {
 		return
@@ -731,9 +749,7 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
 		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
 	}
-	if !slices.Contains(frontTransports, c.Transport) {
-		add("batch_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
-	}
+	c.producerProblems("batch_api", k, add)
 	if q := c.BatchQueue(); q == nil {
 		if b.Queue == "" {
 			add("batch_api.queue", "missing: there are %d queues, name the one batches go to", len(c.TransportConfig.Queues))
@@ -767,6 +783,14 @@ func (c *Config) batchProblems(add func(where, format string, a ...any)) {
 	c.portProblems("batch_api.listen", b.Listen, add)
 }
 
+// producerProblems reports a front (where) on a transport without a
+// producer side: the fronts need one, with per-request result routes.
+func (c *Config) producerProblems(where string, k Known, add func(where, format string, a ...any)) {
+	if k.Producer != nil && !k.Producer(c.Transport) {
+		add(where, "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(k.Producers, ", "), c.Transport)
+	}
+}
+
 // portProblems reports a front's listen address whose port is the
 // metrics or the health port.
 func (c *Config) portProblems(where, listen string, add func(where, format string, a ...any)) {
@@ -785,23 +809,29 @@ func (c *Config) portProblems(where, listen string, add func(where, format strin
 // keys are set.
 func (f BatchFiles) problems(add func(where, format string, a ...any)) {
 	const w = "batch_api.files"
-	set := map[string]bool{"dir": f.Dir != "", "bucket": f.Bucket != "", "prefix": f.Prefix != "",
-		"region": f.Region != "", "endpoint": f.Endpoint != "", "path_style": f.PathStyle}
+	keys := []struct {
+		name string
+		set  bool
+	}{{"dir", f.Dir != ""}, {"stale_temp", f.StaleTemp != 0}, {"bucket", f.Bucket != ""}, {"prefix", f.Prefix != ""},
+		{"region", f.Region != ""}, {"endpoint", f.Endpoint != ""}, {"path_style", f.PathStyle},
+		{"access_key_id", f.AccessKeyID != ""}, {"secret_access_key", f.SecretAccessKey != ""}, {"part_size", f.PartSize != 0},
+		{"checksum_when_required", f.ChecksumWhenRequired}, {"credentials_file", f.CredentialsFile != ""}, {"no_auth", f.NoAuth},
+		{"chunk_size", f.ChunkSize != 0}}
 	var own []string
 	switch f.Store {
 	case "disk":
-		own = []string{"dir"}
+		own = []string{"dir", "stale_temp"}
 	case "s3":
-		own = []string{"bucket", "prefix", "region", "endpoint", "path_style"}
+		own = []string{"bucket", "prefix", "region", "endpoint", "path_style", "access_key_id", "secret_access_key", "part_size", "checksum_when_required"}
 	case "gcs":
-		own = []string{"bucket", "prefix", "endpoint"}
+		own = []string{"bucket", "prefix", "endpoint", "credentials_file", "no_auth", "chunk_size"}
 	default:
 		add(w+".store", "%q: want disk, s3 or gcs", f.Store)
 		return
 	}
-	for _, k := range []string{"dir", "bucket", "prefix", "region", "endpoint", "path_style"} {
-		if set[k] && !slices.Contains(own, k) {
-			add(w+"."+k, "not a setting of the %s store (its keys: %s)", f.Store, strings.Join(own, ", "))
+	for _, k := range keys {
+		if k.set && !slices.Contains(own, k.name) {
+			add(w+"."+k.name, "not a setting of the %s store (its keys: %s)", f.Store, strings.Join(own, ", "))
 		}
 	}
 	if f.Store != "disk" && f.Bucket == "" {
@@ -894,7 +924,7 @@ func (c *Config) OpenAIQueues() (def string, queues []string, ok bool) {
 
 // openAIProblems checks the openai_api section (what the assembly reads;
 // front/openai checks its own settings).
-func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
+func (c *Config) openAIProblems(k Known, add func(where, format string, a ...any)) {
 	o := c.OpenAIAPI
 	if !o.Enabled {
 		return
@@ -902,9 +932,7 @@ func (c *Config) openAIProblems(add func(where, format string, a ...any)) {
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
 	}
-	if !slices.Contains(frontTransports, c.Transport) {
-		add("openai_api", "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(frontTransports, ", "), c.Transport)
-	}
+	c.producerProblems("openai_api", k, add)
 	check := func(where, name string) {
 		q := c.findQueue(name)
 		switch {
@@ -953,9 +981,13 @@ func (ps Problems) Error() string {
 type Known struct {
 	Transport func(string) bool
 	Gate      func(string) bool
-	// Transports and Gates list the names, for messages.
+	// Producer says which transports have a producer side (the fronts
+	// run on those only); nil checks nothing.
+	Producer func(string) bool
+	// Transports, Gates and Producers list the names, for messages.
 	Transports []string
 	Gates      []string
+	Producers  []string
 }
 
 // Validate returns every problem of a defaulted config (nil when none).
@@ -998,8 +1030,8 @@ func (c *Config) Validate(k Known) error {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
 	c.componentProblems(add)
-	c.batchProblems(add)
-	c.openAIProblems(add)
+	c.batchProblems(k, add)
+	c.openAIProblems(k, add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)

@@ -17,6 +17,8 @@ func known() Known {
 		Transport:  func(s string) bool { return s == "memory" || s == "redis-sortedset" },
 		Gate:       func(s string) bool { return s == "constant" || s == "redis" },
 		Transports: []string{"memory", "redis-sortedset"}, Gates: []string{"constant", "redis"},
+		Producer:  func(s string) bool { return s == "memory" || s == "redis-sortedset" || s == "redis-stream" },
+		Producers: []string{"memory", "redis-sortedset", "redis-stream"},
 	}
 }
 
@@ -193,7 +195,7 @@ func TestValidateComponentSettings(t *testing.T) {
 		},
 			"batch_api.files.region: not a setting of the gcs store"},
 		{"batch_api disk with bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Bucket = true, "b" },
-			"batch_api.files.bucket: not a setting of the disk store (its keys: dir)"},
+			"batch_api.files.bucket: not a setting of the disk store (its keys: dir, stale_temp)"},
 		{"batch_api s3 endpoint", func(c *Config) {
 			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Endpoint: "minio:9000"}
 		},

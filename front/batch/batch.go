@@ -3,7 +3,7 @@
 // /v1/batches (create a job from a file, retrieve, list, cancel).
 //
 // A job's lines become requests on one request queue (through a
-// front/submit Producer), each with the job's deadline (created_at plus the
+// core/submit Producer), each with the job's deadline (created_at plus the
 // completion window), metadata.job_id = the batch id, and the job's own
 // result route, so the dispatcher writes the job's results where only the
 // job reads them. The replica that owns the job (an ownership lease in the
@@ -29,10 +29,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/filestore"
-	"github.com/sluice-io/sluice/front/submit"
 )
 
 // Config configures a Service.

@@ -19,13 +19,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	"github.com/sluice-io/sluice/front/submit"
-	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
-	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
@@ -122,11 +120,11 @@ func TestKillDispatcherMidJob(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return submitrss.New(p, submitrss.Options{})
+				return producer.NewSubmitter(p, submit.ReaderOptions{})
 			}},
 		{rstream.Name, map[string]any{"claim_idle_ms": 1500, "heartbeat_ms": 300, "block_ms": 50},
 			func(t *testing.T, url string) submit.Producer {
-				p, err := submitstream.Dial(rstream.Options{Server: rstream.Server{URL: url}}, transport.Env{}, submitstream.Options{})
+				p, err := rstream.DialProducer(rstream.Options{Server: rstream.Server{URL: url}}, transport.Env{}, submit.ReaderOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	"github.com/sluice-io/sluice/front/submit"
 )
 
 // oneJobState holds one job and one file record: what validate and

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/front/submit"
+	"github.com/sluice-io/sluice/core/submit"
 )
 
 // chanReader hands out what is sent on c, a slice at a time.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -46,7 +46,7 @@ func TestResumeQueuesNothingTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod := submitrss.New(p, submitrss.Options{})
+	prod := producer.NewSubmitter(p, submit.ReaderOptions{})
 	defer prod.Close()
 	if !prod.Capabilities().Idempotent {
 		t.Fatal("the redis-sortedset producer on one node takes no idempotent submits")

@@ -19,13 +19,11 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	"github.com/sluice-io/sluice/front/submit"
-	submitrss "github.com/sluice-io/sluice/front/submit/redissortedset"
-	submitstream "github.com/sluice-io/sluice/front/submit/redisstream"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
@@ -69,7 +67,7 @@ func runFront(url, dir, listen string, stream bool) error {
 	}
 	var prod submit.Producer
 	if stream {
-		if prod, err = submitstream.Dial(rstream.Options{Server: rstream.Server{URL: url}}, transport.Env{}, submitstream.Options{Lease: time.Second}); err != nil {
+		if prod, err = rstream.DialProducer(rstream.Options{Server: rstream.Server{URL: url}}, transport.Env{}, submit.ReaderOptions{Lease: time.Second}); err != nil {
 			return err
 		}
 	} else {
@@ -77,7 +75,7 @@ func runFront(url, dir, listen string, stream bool) error {
 		if err != nil {
 			return err
 		}
-		prod = submitrss.New(p, submitrss.Options{Lease: time.Second})
+		prod = producer.NewSubmitter(p, submit.ReaderOptions{Lease: time.Second})
 	}
 	svc, err := batch.New(batch.Config{Queue: "kill-q", OwnerLease: time.Second, ScanInterval: 100 * time.Millisecond},
 		state, files, prod, nil)

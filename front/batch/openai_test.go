@@ -20,11 +20,11 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	submitmem "github.com/sluice-io/sluice/front/submit/memory"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -109,7 +109,7 @@ func newRig(t testing.TB, hold bool) *rig {
 		t.Fatal(err)
 	}
 	svc, err := batch.New(batch.Config{Queue: "batch", ScanInterval: 50 * time.Millisecond, CancelQuiet: 300 * time.Millisecond},
-		state, files, submitmem.New(mem, submitmem.Options{}), nil)
+		state, files, memory.NewProducer(mem, submit.ReaderOptions{}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

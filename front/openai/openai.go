@@ -38,9 +38,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/front/submit"
 )
 
 // The paths the front serves.

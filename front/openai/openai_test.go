@@ -20,11 +20,10 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/openai"
-	"github.com/sluice-io/sluice/front/submit"
-	"github.com/sluice-io/sluice/front/submit/memory"
 	"github.com/sluice-io/sluice/gates/constant"
 	memtransport "github.com/sluice-io/sluice/transports/memory"
 )
@@ -141,7 +140,7 @@ func newRig(t *testing.T, mod func(*openai.Config)) *rig {
 	if mod != nil {
 		mod(&fc)
 	}
-	front, err := openai.New(fc, memory.New(mem, memory.Options{}))
+	front, err := openai.New(fc, memtransport.NewProducer(mem, submit.ReaderOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +381,7 @@ func TestResultStatuses(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(c.res.ErrorCode, c.res.StatusCode), func(t *testing.T) {
 			mem := memtransport.New(memtransport.Options{})
-			p := &answering{Producer: memory.New(mem, memory.Options{}), mem: mem, res: c.res}
+			p := &answering{Producer: memtransport.NewProducer(mem, submit.ReaderOptions{}), mem: mem, res: c.res}
 			front, err := openai.New(openai.Config{DefaultQueue: "chat"}, p)
 			if err != nil {
 				t.Fatal(err)
@@ -416,7 +415,7 @@ func TestResultStatuses(t *testing.T) {
 func TestRefusedCalls(t *testing.T) {
 	mem := memtransport.New(memtransport.Options{})
 	front, err := openai.New(openai.Config{DefaultQueue: "chat", Queues: []string{"chat", "bulk"}, MaxBodyBytes: 64,
-		MaxTimeout: config.Duration(time.Minute), DefaultTimeout: config.Duration(time.Minute)}, memory.New(mem, memory.Options{}))
+		MaxTimeout: config.Duration(time.Minute), DefaultTimeout: config.Duration(time.Minute)}, memtransport.NewProducer(mem, submit.ReaderOptions{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,12 +23,12 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	submitmem "github.com/sluice-io/sluice/front/submit/memory"
 	"github.com/sluice-io/sluice/transports/memory"
 )
 
@@ -255,7 +255,7 @@ func batchAPIRun(ctx context.Context, gatewayURL string, input []byte, clock *st
 	// The seams wrapped only to note the stages' times (batchstages.go).
 	state := stageState{State: boltState, c: clock}
 	files := stageFiles{Store: diskFiles, c: clock}
-	prod := stageProducer{Producer: submitmem.New(mem, submitmem.Options{}), c: clock}
+	prod := stageProducer{Producer: memory.NewProducer(mem, submit.ReaderOptions{}), c: clock}
 	// As serve builds it (cmd/sluice/batchapi.go): the front's defaults.
 	svc, err := batch.New(batch.Config{Queue: batchAPIQueue}, state, files, prod, nil)
 	if err != nil {
@@ -420,7 +420,7 @@ func batchDirectRun(ctx context.Context, gatewayURL string, input []byte, clock 
 	if err != nil {
 		return 0, 0, err
 	}
-	prod := submitmem.New(mem, submitmem.Options{})
+	prod := memory.NewProducer(mem, submit.ReaderOptions{})
 	const job, route, chunkSize = "direct", "sluice-batch:direct", 1000
 	err = runUntil(ctx, func(ctx context.Context) error {
 		clock.restart()

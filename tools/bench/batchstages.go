@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/filestore"
-	"github.com/sluice-io/sluice/front/submit"
 )
 
 // The stages of one Batch API run, in milliseconds from the start of the

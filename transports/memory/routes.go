@@ -8,7 +8,7 @@ import (
 
 // RoutesResults implements transport.ResultRouter: a result list is any
 // name, so a request may name its own (wire.Request.ResultQueueName) and
-// its caller reads only its own results (front/submit/memory).
+// its caller reads only its own results (Producer).
 func (*Transport) RoutesResults() {}
 
 // resultEntry is one result in a list; seq orders the list.

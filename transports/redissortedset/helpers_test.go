@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/simulator"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/internal/rigs/dispatcher"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
@@ -151,31 +152,7 @@ func (f *fixture) runAppOn(tp *rss.Transport, qs []config.Queue, results string,
 	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
 		f.t.Fatal(err)
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp, Logger: f.log})
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	f.app = a
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				f.t.Errorf("app: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			f.t.Error("app did not stop")
-		}
-	}
-	f.t.Cleanup(stop)
+	f.app, stop = dispatcher.Run(f.t, cfg, app.Options{Adapters: ad, Transport: tp, Logger: f.log})
 	return stop
 }
 

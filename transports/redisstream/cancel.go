@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-io/sluice/transports/internal/cancelset"
 )
 
-// Cancellations through sluice (a producer's Cancel, front/submit/redisstream)
+// Cancellations through sluice (a producer's Cancel, Producer.Cancel)
 // live in three keys named by the cancel_key option (default
 // DefaultCancelKey): the sorted set <cancel_key> of entries "job:<job id>"
 // and "req:<request id>" scored by when they are forgotten (Unix ms), the

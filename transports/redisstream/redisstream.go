@@ -242,7 +242,7 @@ var (
 // NewClient returns o with its defaults and a client of the Redis it
 // names, reached as env says (redis_mode, redis_addrs, redis_master_name,
 // TLS): the client New runs on, for a producer beside the dispatcher
-// (front/submit/redisstream). It connects lazily.
+// (DialProducer). It connects lazily.
 func NewClient(o Options, env transport.Env) (*redis.Client, Options, error) {
 	o.setDefaults(env)
 	if err := o.Validate(); err != nil {
@@ -540,7 +540,7 @@ func (resultPublisher) Close() error { return nil }
 // RoutesResults implements transport.ResultRouter: a result list (or
 // stream) is any key, so a request may name its own
 // (wire.Request.ResultQueueName) and its caller reads only its own
-// (front/submit/redisstream).
+// (Producer).
 func (*Transport) RoutesResults() {}
 
 var _ transport.ResultRouter = (*Transport)(nil)

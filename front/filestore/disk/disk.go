@@ -64,7 +64,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("disk filestore: file_mode %o must let the owner read and write", c.FileMode)
 	}
 	if c.StaleTemp < 0 {
-		return fmt.Errorf("disk filestore: stale_temp %v is negative", c.StaleTemp)
+		return fmt.Errorf("disk filestore: stale_temp %v is negative", c.StaleTemp.D())
 	}
 	return nil
 }

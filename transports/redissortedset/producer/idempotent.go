@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/wire"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -37,32 +38,18 @@ import (
 const DefaultSubmissionRetention = 7 * 24 * time.Hour
 
 // ErrIdempotencyConflict is returned by SubmitIdempotent when its key
-// already names a different request.
-var ErrIdempotencyConflict = errors.New("idempotency key already used by a different request")
+// already names a different request (submit's sentinel: one error for
+// every idempotent producer).
+var ErrIdempotencyConflict = submit.ErrIdempotencyConflict
 
 // ErrSubmissionNotFound is returned by LookupSubmission when no record of
 // the key is kept (never submitted, or older than the retention).
-var ErrSubmissionNotFound = errors.New("submission not found")
+var ErrSubmissionNotFound = submit.ErrSubmissionNotFound
 
-// Submission is the record of the first submit under a key.
-type Submission struct {
-	// Key is the caller's idempotency key.
-	Key string
-	// RequestToken identifies the first submission (the flat form carries
-	// no token on the wire: it is the record's own).
-	RequestToken string
-	// IdentitySHA256 is the hex SHA-256 of the request's canonical JSON
-	// (Identity).
-	IdentitySHA256 string
-	// RequestRoute is the request queue it went to.
-	RequestRoute string
-	// ResultRoute is the result route it named (its ResultQueueName).
-	ResultRoute string
-	// Submitted is when the first submit wrote it.
-	Submitted time.Time
-	// Replayed says this call found the record and enqueued nothing.
-	Replayed bool
-}
+// Submission is the record of the first submit under a key (submit's:
+// its RequestToken is the record's own, since the flat form carries no
+// token on the wire; its IdentitySHA256 is Identity's).
+type Submission = submit.Submission
 
 // identityJSON is the canonical form whose SHA-256 identifies a request:
 // what it asks and where its answer goes, not when or by which attempt.

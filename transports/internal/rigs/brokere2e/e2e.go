@@ -4,7 +4,6 @@
 package brokere2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/simulator"
+	"github.com/sluice-io/sluice/transports/internal/rigs/dispatcher"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 )
 
@@ -50,30 +50,7 @@ func Run(t testing.TB, tp *wmtransport.Transport, ad app.Adapters, queue, result
 		DrainTimeout: config.Duration(5 * time.Second),
 		Retry:        config.Retry{Base: config.Duration(200 * time.Millisecond), Max: config.Duration(time.Second)},
 	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tp})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("app: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("app did not stop")
-		}
-	}
-	t.Cleanup(stop)
+	_, stop = dispatcher.Run(t, cfg, app.Options{Adapters: ad, Transport: tp})
 	return stop
 }
 

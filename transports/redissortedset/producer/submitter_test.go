@@ -1,4 +1,4 @@
-package redissortedset_test
+package producer_test
 
 import (
 	"context"
@@ -8,20 +8,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/core/app"
+	"github.com/sluice-io/sluice/core/submit"
+	"github.com/sluice-io/sluice/core/submit/submittest"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/front/submit"
-	"github.com/sluice-io/sluice/front/submit/redissortedset"
-	"github.com/sluice-io/sluice/front/submit/submittest"
+	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/testenv"
+	"github.com/sluice-io/sluice/transports/internal/rigs/dispatcher"
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
 
 // The suite against a real redis-server.
-func TestConformance(t *testing.T) {
+func TestSubmitterConformance(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	ad := app.NewAdapters()
+	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
+		t.Fatal(err)
+	}
 	submittest.Run(t, submittest.Harness{
+		Dispatch:      dispatcher.Runner(ad),
 		Features:      submittest.Features{CountsCancelled: true},
 		TransportName: rss.Name,
 		New: func(t testing.TB, lease time.Duration) (transport.Transport, submit.Producer) {
@@ -33,20 +40,20 @@ func TestConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return tr, redissortedset.New(p, redissortedset.Options{Lease: lease})
+			return tr, producer.NewSubmitter(p, submit.ReaderOptions{Lease: lease})
 		},
 	})
 }
 
 // TestIdempotent: the seam's idempotent submit replays the first
 // submission, matches submit's sentinel errors, and looks keys up.
-func TestIdempotent(t *testing.T) {
+func TestSubmitterIdempotent(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p, err := producer.Dial(r.URL, producer.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sp submit.Producer = redissortedset.New(p, redissortedset.Options{})
+	var sp submit.Producer = producer.NewSubmitter(p, submit.ReaderOptions{})
 	defer sp.Close()
 	ip, ok := sp.(submit.IdempotentProducer)
 	if !ok {
@@ -82,13 +89,13 @@ func TestIdempotent(t *testing.T) {
 // the results its earlier incarnation leased and did not ack (their
 // leases have a minute to run), acks each once, and reads on; what the
 // earlier incarnation acked does not come back.
-func TestReopenResults(t *testing.T) {
+func TestSubmitterReopenResults(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p, err := producer.Dial(r.URL, producer.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := redissortedset.New(p, redissortedset.Options{Lease: time.Minute})
+	sp := producer.NewSubmitter(p, submit.ReaderOptions{Lease: time.Minute})
 	defer sp.Close()
 	ctx := context.Background()
 	const route = "acme/results:replica-1"

@@ -10,10 +10,11 @@
 // front that resumes a job after a crash reads every result it had not yet
 // recorded (at least once: the caller writes idempotently by request id).
 //
-// Adapters live in one package per transport under front/submit/ and are
-// built from the same transport config the dispatcher uses
-// (Registry.Open); the conformance suite in front/submit/submittest runs
-// against each.
+// A transport with a producer side implements it in its own package
+// (transports/<name>) and registers a Factory for it beside its transport
+// factory (Registry; cmd/sluice/adapters.go), built from the same transport
+// config the dispatcher uses. The conformance suite in core/submit/submittest
+// runs against each.
 package submit
 
 import (

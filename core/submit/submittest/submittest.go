@@ -1,6 +1,7 @@
-// Package submittest is the conformance suite every front/submit adapter
-// passes: requests enqueued through the Producer are answered by a real
-// sluice pipeline (core/app on the adapter's transport, an HTTP gateway)
+// Package submittest is the conformance suite every transport's producer
+// (submit.Producer) passes: requests enqueued through the Producer are
+// answered by a real sluice dispatcher (the one the harness hands over, on
+// the producer's transport, before an HTTP gateway of the suite's)
 // onto the route each request names; a reader's lease lapses and the
 // result is handed out again; Ack removes it; Cancel removes (or answers
 // CANCELLED) what is still queued and aborts what is in flight.
@@ -19,12 +20,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/front/submit"
-	"github.com/sluice-io/sluice/gates/constant"
 )
 
 // Features say what an adapter's transport does beyond the contract.
@@ -49,6 +48,11 @@ type Harness struct {
 	// the producer; the dispatcher closes the transport when it runs (the
 	// suite closes it otherwise).
 	New func(t testing.TB, lease time.Duration) (transport.Transport, submit.Producer)
+	// Dispatch runs a sluice dispatcher of cfg on tr until the test ends
+	// (core/app, with the constant gate the suite's queue names), failing
+	// t if it cannot start or ends with an error. The suite builds cfg:
+	// one queue before a gateway of its own.
+	Dispatch func(t testing.TB, cfg *config.Config, tr transport.Transport)
 }
 
 // Run runs the suite.
@@ -113,32 +117,15 @@ func (g *gateway) count(id string) int {
 	return g.seen[id]
 }
 
-// runSluice runs a dispatcher on tr with one queue (queueName) whose
+// runSluice runs h's dispatcher on tr with one queue (queueName) whose
 // results go where each request says, until the test ends.
-func runSluice(t testing.TB, name string, tr transport.Transport, gw *gateway, concurrency int) {
+func runSluice(t testing.TB, h Harness, tr transport.Transport, gw *gateway, concurrency int) {
 	t.Helper()
-	ad := app.NewAdapters()
-	if err := ad.Gates.Register(constant.Type, constant.Factory); err != nil {
-		t.Fatal(err)
-	}
-	cfg := &config.Config{
-		Transport: name, Concurrency: concurrency, MetricsPort: -1, HealthPort: -1,
+	h.Dispatch(t, &config.Config{
+		Transport: h.TransportName, Concurrency: concurrency, MetricsPort: -1, HealthPort: -1,
 		TransportConfig: config.TransportConfig{ResultQueueName: "submittest-default-results",
-			Queues: []config.Queue{{Queue: transport.Queue{Name: queueName}, IGWBaseURL: gw.srv.URL, GateType: constant.Type}}},
-	}
-	a, err := app.New(cfg, app.Options{Adapters: ad, Transport: tr})
-	if err != nil {
-		t.Fatalf("app: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("sluice run: %v", err)
-		}
-	})
+			Queues: []config.Queue{{Queue: transport.Queue{Name: queueName}, IGWBaseURL: gw.srv.URL, GateType: "constant"}}},
+	}, tr)
 }
 
 var seq atomic.Int64
@@ -216,7 +203,7 @@ func roundTrip(t *testing.T, h Harness) {
 	tr, p := h.New(t, time.Minute)
 	defer p.Close()
 	gw := newGateway(t)
-	runSluice(t, h.TransportName, tr, gw, 8)
+	runSluice(t, h, tr, gw, 8)
 	routeA, routeB := fmt.Sprint("route-a-", seq.Add(1)), fmt.Sprint("route-b-", seq.Add(1))
 	a, b := requests(30, "job-a", routeA, false), requests(20, "job-b", routeB, false)
 	ctx := context.Background()
@@ -256,7 +243,7 @@ func leaseLapse(t *testing.T, h Harness) {
 	tr, p := h.New(t, lease)
 	defer p.Close()
 	gw := newGateway(t)
-	runSluice(t, h.TransportName, tr, gw, 4)
+	runSluice(t, h, tr, gw, 4)
 	route := fmt.Sprint("route-lease-", seq.Add(1))
 	reqs := requests(3, "job-l", route, false)
 	want := map[string]bool{}
@@ -328,7 +315,7 @@ func cancelQueued(t *testing.T, h Harness) {
 	gw := newGateway(t)
 	// One worker: the cancelled requests, queued first, would be
 	// dispatched before the kept one if they were still there.
-	runSluice(t, h.TransportName, tr, gw, 1)
+	runSluice(t, h, tr, gw, 1)
 	want := 1
 	if !h.Features.RemovesQueued {
 		want += len(cancelled)
@@ -352,7 +339,7 @@ func cancelInFlight(t *testing.T, h Harness) {
 	tr, p := h.New(t, time.Minute)
 	defer p.Close()
 	gw := newGateway(t)
-	runSluice(t, h.TransportName, tr, gw, 4)
+	runSluice(t, h, tr, gw, 4)
 	t.Cleanup(func() { close(gw.stop) }) // runs before the dispatcher's drain
 	route := fmt.Sprint("route-inflight-", seq.Add(1))
 	reqs := requests(1, fmt.Sprint("job-f-", seq.Add(1)), route, true)

@@ -1,19 +1,8 @@
-// Package redisstream is the front/submit adapter of the Redis Streams
-// transport (transports/redisstream): requests are XADDed to the request
-// stream in watermill-redisstream's entry format, pipelined; a job or a
-// request is cancelled through the transport's cancel keys
-// (redisstream.Cancel: queued requests are answered CANCELLED without
-// dispatch when they come up, those in flight aborted); and a route is a
-// Redis result list read durably (a result is leased into the sorted set
-// <route>:pending and comes back to another reader when the one holding it
-// dies before its Ack).
-//
-// Routes are lists: the transport's result_mode must be "list" (its
-// default).
 package redisstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -24,64 +13,106 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/front/submit"
-	rstream "github.com/sluice-io/sluice/transports/redisstream"
 )
 
-// Options configure a Producer's result readers (Batch default 256: one
-// Next per that many results).
-type Options = submit.ReaderOptions
-
-// defaultBatch is the most results one Next returns when Options say none.
+// defaultBatch is the most results one Next of a Producer's readers
+// returns when its options say none.
 const defaultBatch = 256
 
-// chunk is how many XADDs one pipeline carries.
+// chunk is how many XADDs one pipeline of Producer.Enqueue carries.
 const chunk = 1000
 
-// Producer is the submit.Producer of the Redis Streams transport.
+// Producer is the submit.Producer of the Redis Streams transport: requests
+// are XADDed to the request stream in watermill-redisstream's entry format,
+// pipelined; a job or a request is cancelled through the transport's cancel
+// keys (Cancel: queued requests are answered CANCELLED without dispatch
+// when they come up, those in flight aborted); and a route is a Redis
+// result list read durably (a result is leased into the sorted set
+// <route>:pending and comes back to another reader when the one holding it
+// dies before its Ack).
+//
+// Routes are lists: the transport's result_mode must be "list" (its
+// default).
 type Producer struct {
 	client    *redis.Client
 	own       bool
 	cancelKey string
-	o         Options
+	o         submit.ReaderOptions
 	seq       atomic.Uint64
 	prefix    string
 }
 
 var _ submit.Producer = (*Producer)(nil)
 
-// New returns a producer on client, with the transport's options to (for
-// its cancel_key; its result_mode must be "list"); Close leaves client
-// open.
-func New(client *redis.Client, to rstream.Options, o Options) (*Producer, error) {
-	if to.ResultMode != "" && to.ResultMode != rstream.ResultList {
-		return nil, fmt.Errorf("redis-stream result_mode %q: a front reads its routes as lists (result_mode %q)", to.ResultMode, rstream.ResultList)
+// NewProducer returns a producer on client, with the transport's options
+// to (for its cancel_key; its result_mode must be "list"), whose readers
+// take o (Batch default 256: one Next per that many results); Close leaves
+// client open.
+func NewProducer(client *redis.Client, to Options, o submit.ReaderOptions) (*Producer, error) {
+	if err := checkProducerOptions(to); err != nil {
+		return nil, err
 	}
 	key := to.CancelKey
 	if key == "" {
-		key = rstream.DefaultCancelKey
+		key = DefaultCancelKey
 	}
 	return &Producer{client: client, cancelKey: key, o: o.WithDefaults(defaultBatch),
 		prefix: strconv.FormatInt(time.Now().UnixNano(), 36) + "-s"}, nil
 }
 
-// Dial builds a producer on a client of its own for the transport's
-// options to and env (the client redisstream.NewClient builds, as the
+// DialProducer builds a producer on a client of its own for the
+// transport's options to and env (the client NewClient builds, as the
 // dispatcher's); Close closes it.
-func Dial(to rstream.Options, env transport.Env, o Options) (*Producer, error) {
-	client, to, err := rstream.NewClient(to, env)
-	if err != nil {
-		return nil, fmt.Errorf("redis-stream producer: %w", err)
+func DialProducer(to Options, env transport.Env, o submit.ReaderOptions) (*Producer, error) {
+	if err := checkProducerOptions(to); err != nil {
+		return nil, err
 	}
-	p, err := New(client, to, o)
+	client, to, err := NewClient(to, env)
+	if err != nil {
+		return nil, err
+	}
+	p, err := NewProducer(client, to, o)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
 	}
 	p.own = true
 	return p, nil
+}
+
+// OpenProducer is the transport's submit.Factory.New: DialProducer on the
+// transport's options. It returns no transport.
+func OpenProducer(options json.RawMessage, env transport.Env) (submit.Producer, transport.Transport, error) {
+	var to Options
+	if err := transport.DecodeOptions(options, &to); err != nil {
+		return nil, nil, err
+	}
+	p, err := DialProducer(to, env, submit.ReaderOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, nil, nil
+}
+
+// CheckProducerOptions is the transport's submit.Factory.Check: options
+// (decoded leniently: the transport checks them strictly) must leave the
+// results in lists, which a producer's readers read.
+func CheckProducerOptions(options json.RawMessage) error {
+	var to Options
+	if len(options) > 0 {
+		_ = json.Unmarshal(options, &to)
+	}
+	return checkProducerOptions(to)
+}
+
+func checkProducerOptions(to Options) error {
+	if to.ResultMode != "" && to.ResultMode != ResultList {
+		return fmt.Errorf("redis-stream result_mode %q: the fronts read their result routes as lists (result_mode %q, the default)", to.ResultMode, ResultList)
+	}
+	return nil
 }
 
 // Enqueue implements submit.Producer: every request encoded first (one
@@ -116,12 +147,12 @@ func (p *Producer) Enqueue(ctx context.Context, queue string, reqs []*wire.Reque
 	return nil
 }
 
-// Cancel implements submit.Producer (redisstream.Cancel): the requests
+// Cancel implements submit.Producer (the package's Cancel): the requests
 // of the job or the request are answered CANCELLED without dispatch when
 // a dispatcher claims them, and aborted in flight. It cannot count them
 // (-1).
 func (p *Producer) Cancel(ctx context.Context, _ string, c transport.Cancellation) (int, error) {
-	if err := rstream.Cancel(ctx, p.client, p.cancelKey, c, 0); err != nil {
+	if err := Cancel(ctx, p.client, p.cancelKey, c, 0); err != nil {
 		return 0, err
 	}
 	return -1, nil

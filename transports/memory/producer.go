@@ -1,43 +1,51 @@
-// Package memory is the front/submit adapter of the memory transport
-// (transports/memory): requests go onto its in-process queues, results are
-// read from its result lists, one per route, leased and acked.
-//
-// Nothing survives the process (Capabilities.Durable is false): a front on
-// it serves a single node, in the same process as the dispatcher.
 package memory
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
-	"github.com/sluice-io/sluice/front/submit"
-	memtransport "github.com/sluice-io/sluice/transports/memory"
 )
 
-// Options configure a Producer's result readers (Batch default 1000: one
-// Next per that many results).
-type Options = submit.ReaderOptions
-
-// defaultBatch is the most results one Next returns when Options say none.
+// defaultBatch is the most results one Next of a Producer's readers
+// returns when its options say none.
 const defaultBatch = 1000
 
-// Producer is the submit.Producer of a memory transport.
+// Producer is the submit.Producer of a memory transport: requests go onto
+// its in-process queues, results are read from its result lists, one per
+// route, leased and acked.
+//
+// Nothing survives the process (Capabilities.Durable is false): a front on
+// it serves a single node, in the same process as the dispatcher.
 type Producer struct {
-	t *memtransport.Transport
-	o Options
+	t *Transport
+	o submit.ReaderOptions
 }
 
 var _ submit.Producer = (*Producer)(nil)
 
-// New returns a producer on t (the transport the dispatcher runs on); Close
-// leaves t open.
-func New(t *memtransport.Transport, o Options) *Producer {
-	o = o.WithDefaults(defaultBatch)
-	return &Producer{t: t, o: o}
+// NewProducer returns a producer on t (the transport the dispatcher runs
+// on), whose readers take o (Batch default 1000: one Next per that many
+// results); Close leaves t open.
+func NewProducer(t *Transport, o submit.ReaderOptions) *Producer {
+	return &Producer{t: t, o: o.WithDefaults(defaultBatch)}
+}
+
+// OpenProducer is the transport's submit.Factory.New: a transport of
+// options (as Factory builds it) and a producer on it. The dispatcher must run on the
+// transport returned, the only way to its queues.
+func OpenProducer(options json.RawMessage, _ transport.Env) (submit.Producer, transport.Transport, error) {
+	var o Options
+	if err := transport.DecodeOptions(options, &o); err != nil {
+		return nil, nil, err
+	}
+	t := New(o)
+	return NewProducer(t, submit.ReaderOptions{}), t, nil
 }
 
 // Enqueue implements submit.Producer: all of reqs in one step, or none
