@@ -38,7 +38,7 @@ func batchAPITargets() []target {
 	return []target{
 		noFailures("failed"),
 		noFailures("baseline_failed"),
-		minimum("ratio", 0.8, "a 50,000-line batch end to end over the same requests enqueued and read back through front/submit directly"),
+		minimum("ratio", 0.8, "a 50,000-line batch end to end over the same requests enqueued and read back through the submit seam (core/submit) directly"),
 		reportedOnly("lines_per_s", "the Batch API's rate, upload to downloaded output"),
 		reportedOnly("direct_lines_per_s", "the baseline's rate"),
 		reportedOnly("rss_mb", "peak resident set of the bench process (both sides)"),
@@ -60,7 +60,7 @@ const (
 // polled until completed, its output file downloaded and checked (one 200
 // line per custom_id). The baseline is the same 50,000 requests (the same
 // fields the front gives them, built from the same file) enqueued through
-// the same producer seam (front/submit on the memory transport, in chunks
+// the same producer seam (core/submit, the memory transport's producer, in chunks
 // of the front's size) and their results read back from a route of their
 // own and acked. Both sides run on a fresh deployment per run as serve
 // builds it (memory transport, bolt state and disk files on a temp dir,
@@ -411,7 +411,7 @@ func batchOutputFailures(out []byte, n int) (int, error) {
 }
 
 // batchDirectRun is one run of the baseline: the lines of input turned
-// into the requests the front would make, enqueued through front/submit in
+// into the requests the front would make, enqueued through core/submit in
 // chunks of 1000, their results read from a route of their own and acked;
 // seconds from the first line read to the last result acked, and the
 // results that were not a 200 (or never came).
