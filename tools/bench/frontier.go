@@ -725,6 +725,11 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 			ks = append(ks, knobs{2, 2, 3, w, h, 1, true}, knobs{4, 4, 3, w, h, 1, true}, knobs{2, 2, 3, w, h, 4, false})
 		}
 	}
+	// smaller reserves, for pods whose KV cache is not the limit
+	// (vllm-8b-h100-16)
+	for _, ri := range [][2]int{{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}} {
+		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true})
+	}
 	var out []frontierPolicy
 	for _, k := range ks {
 		name := fmt.Sprintf("pods-r%d-i%d-t%d-w%g-h%d-p%d", k.r, k.i, k.t, k.w, k.h.Milliseconds(), k.p)
