@@ -96,6 +96,7 @@ type frontierPolicy struct {
 	podLimit func() func(at time.Duration, pod int, others poolsim.Others) int
 	pending  int
 	stay     bool
+	read     time.Duration // the per-pod policy's reading period (0: 50 ms)
 }
 
 // frontierPolicies: the max-goodput engine point; reactive dispatchers
@@ -377,7 +378,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true, frontierPodTwin: true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
 			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-") &&
-				!strings.HasPrefix(p.name, "freezecap-")
+				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p")
 		})
 	}
 	return ps
@@ -613,6 +614,9 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 			Recompute: pol.recompute, ParkYoungest: pol.youngest}
 		if pol.podLimit != nil {
 			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills, bl.Stay = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending, pol.stay
+			if pol.read > 0 {
+				bl.ReadEvery = pol.read
+			}
 		} else {
 			bl.Limit = pol.limit(b.bursts)
 		}
@@ -710,25 +714,38 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		h       time.Duration
 		p       int
 		stay    bool
+		e       time.Duration // reading period (0: 50 ms)
 	}
 	var ks []knobs
 	for _, r := range []int{2, 3, 4} {
 		for _, i := range []int{1, r} {
 			for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
-				ks = append(ks, knobs{r, i, 3, 1, h, 1, false}, knobs{r, i, 3, 2, h, 1, false})
+				ks = append(ks, knobs{r, i, 3, 1, h, 1, false, 0}, knobs{r, i, 3, 2, h, 1, false, 0})
 			}
 		}
 	}
-	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false})
+	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false, 0}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false, 0})
 	for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
 		for _, w := range []float64{1, 2} {
-			ks = append(ks, knobs{2, 2, 3, w, h, 1, true}, knobs{4, 4, 3, w, h, 1, true}, knobs{2, 2, 3, w, h, 4, false})
+			ks = append(ks, knobs{2, 2, 3, w, h, 1, true, 0}, knobs{4, 4, 3, w, h, 1, true, 0}, knobs{2, 2, 3, w, h, 4, false, 0})
 		}
 	}
 	// smaller reserves, for pods whose KV cache is not the limit
 	// (vllm-8b-h100-16)
 	for _, ri := range [][2]int{{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}} {
-		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true})
+		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, 0})
+	}
+	// the pacing: more placements per pod between readings (each is a
+	// batch prefill in the pod's next steps; on pods of 1,024 seats this,
+	// not the seats, bounds what the batch adds to a step)
+	for _, p := range []int{2, 4, 8, 16} {
+		ks = append(ks, knobs{2, 2, 3, 1, 250 * time.Millisecond, p, true, 0})
+	}
+	// readings more often than the default 50 ms
+	for _, e := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} {
+		for _, ri := range [][2]int{{0, 0}, {1, 1}, {2, 1}, {2, 2}} {
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, e})
+		}
 	}
 	var out []frontierPolicy
 	for _, k := range ks {
@@ -736,7 +753,10 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		if k.stay {
 			name += "-stay"
 		}
-		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, podLimit: func() func(time.Duration, int, poolsim.Others) int {
+		if k.e > 0 {
+			name += fmt.Sprintf("-e%d", k.e.Milliseconds())
+		}
+		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, podLimit: func() func(time.Duration, int, poolsim.Others) int {
 			type state struct {
 				rule  headroom.Rule
 				peaks []podPeak
