@@ -112,15 +112,7 @@ func (o *Options) Validate() error {
 
 // Factory is the broker's wmtransport.BrokerFactory. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (wmtransport.Broker, error) {
-	var o Options
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	b, err := New(o, env)
-	if err != nil {
-		return nil, err
-	}
-	return b, nil
+	return wmtransport.BuildBroker(options, env, New)
 }
 
 // Broker is the PostgreSQL broker. It is safe for concurrent use.
