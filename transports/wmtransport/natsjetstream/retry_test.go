@@ -127,6 +127,20 @@ func TestFetchRecoversFromLostConsumer(t *testing.T) {
 	}
 	receive("before")
 	stream := natsjetstream.StreamName(topic)
+	// The ack is confirmed (the work queue dropped the message) before the
+	// consumer goes: a new consumer would deliver it again otherwise.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.CachedInfo().State.Msgs == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the ack of the first message was not confirmed")
+		}
+	}
 	if err := js.DeleteConsumer(ctx, stream, "sluice"); err != nil {
 		t.Fatal(err)
 	}
