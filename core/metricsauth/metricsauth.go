@@ -362,7 +362,7 @@ func (g *Guard) post(ctx context.Context, path string, in, out any) error {
 	// ±20% (uncapped: a wait past Timeout is cut by it anyway).
 	exp := &backoff.ExponentialBackOff{InitialInterval: g.cfg.RetryBackoff, RandomizationFactor: 0.2, Multiplier: 1.5, MaxInterval: g.cfg.Timeout}
 	_, err = backoff.Retry(ctx, review, backoff.WithBackOff(exp), backoff.WithMaxTries(uint(g.cfg.Retries)), backoff.WithMaxElapsedTime(0))
-	if err != nil && err != last { // Timeout ran out between two attempts
+	if err != nil && !errors.Is(err, last) { // Timeout ran out between two attempts
 		return fmt.Errorf("%w (after %d attempts: %w)", last, attempts, ctx.Err())
 	}
 	return err
