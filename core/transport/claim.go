@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/internal/mutant"
+	"github.com/sluice-io/sluice/internal/retry"
 )
 
 // Source is the broker side of one request queue: the calls the claim loop
@@ -227,7 +228,7 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			s.src.HandBack(ms)
 		}
 	}()
-	backoff := claimErrMin
+	pause := retry.Doubling(claimErrMin, claimErrMax) // after a failed claim
 	var lastLog time.Time
 	busy := false // the last claim came back full
 	for {
@@ -269,13 +270,12 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 				s.log.Warn("claim failed; retrying", "queue", s.q.Name, "err", err)
 				lastLog = time.Now()
 			}
-			if !sleep(ctx, backoff) {
+			if !sleep(ctx, pause.NextBackOff()) {
 				return
 			}
-			backoff = min(2*backoff, claimErrMax)
 			continue
 		}
-		backoff = claimErrMin
+		pause.Reset()
 		if len(ms) > ask { // a source bug; never hand out more than asked
 			s.log.Error("source claimed more than asked; handing the excess back", "queue", s.q.Name, "asked", ask, "claimed", len(ms))
 			s.src.HandBack(ms[ask:])
