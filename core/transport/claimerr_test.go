@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluice-io/sluice/core/credit"
+	"github.com/sluice-io/sluice/internal/testenv"
 )
 
 // failingSource is a modelSource whose first fail claims fail; it notes
@@ -42,13 +42,8 @@ func (s *failingSource) Claim(ctx context.Context, n int) ([]*message.Message, e
 // then twice as long after each further failure, logs the failures once
 // (not once per claim), and delivers once a claim succeeds.
 func TestClaimFailuresBackOff(t *testing.T) {
-	var logs bytes.Buffer
-	var logMu sync.Mutex
-	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		logMu.Lock()
-		defer logMu.Unlock()
-		return logs.Write(p)
-	}), nil))
+	var logs testenv.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
 	src := &failingSource{modelSource: &modelSource{claimed: map[string]bool{}, wake: make(chan struct{}, 1)}, fail: 5}
 	src.put("a")
 	pool := credit.NewPool(1, credit.Ramp{})
@@ -84,15 +79,7 @@ func TestClaimFailuresBackOff(t *testing.T) {
 		}
 		want = min(2*want, claimErrMax)
 	}
-	logMu.Lock()
-	n := strings.Count(logs.String(), "claim failed; retrying")
-	logMu.Unlock()
-	if n != 1 {
+	if n := strings.Count(logs.String(), "claim failed; retrying"); n != 1 {
 		t.Errorf("%d log lines for 5 failed claims within %s, want 1", n, claimErrLog)
 	}
 }
-
-// writerFunc is an io.Writer from a function.
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -1,11 +1,9 @@
 package redissortedset_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 	rss "github.com/sluice-io/sluice/transports/redissortedset"
 	"github.com/sluice-io/sluice/transports/redissortedset/producer"
 )
-
-// lockedBuffer is a log sink safe for the transport's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) contains(s string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Contains(b.buf.String(), s)
-}
 
 // refuseScripts makes Redis refuse every script call (EVAL, EVALSHA) of
 // the default user, as a failing server would, or allows them again.
@@ -68,12 +48,12 @@ func TestHandBackRetried(t *testing.T) {
 
 	// run delivers a request of queue name and nacks it while Redis
 	// refuses scripts, for refuseFor (0: until the test allows them).
-	run := func(t *testing.T, name string, leaseMS int, refuseFor time.Duration) (*sub, *lockedBuffer, transport.Queue) {
+	run := func(t *testing.T, name string, leaseMS int, refuseFor time.Duration) (*sub, *testenv.Buffer, transport.Queue) {
 		q := queueOf(name)
 		if err := p.Enqueue(ctx, q.Name, request(name+"-1", "", time.Hour, nil)); err != nil {
 			t.Fatal(err)
 		}
-		logs := &lockedBuffer{}
+		logs := &testenv.Buffer{}
 		tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, LeaseMS: leaseMS, ReclaimIntervalMS: 100},
 			slog.New(slog.NewTextHandler(logs, nil)))
 		if err != nil {
@@ -102,7 +82,7 @@ func TestHandBackRetried(t *testing.T) {
 		if id := idOf(t, m); id != "handback-clears-1" {
 			t.Fatalf("delivered %s", id)
 		}
-		if logs.contains(handBackGaveUp) {
+		if strings.Contains(logs.String(), handBackGaveUp) {
 			t.Fatal("the hand-back was given up although Redis took it within its retries")
 		}
 		s.answer(m)
@@ -112,7 +92,7 @@ func TestHandBackRetried(t *testing.T) {
 		start := time.Now()
 		s, logs, q := run(t, "handback-lasts", 3000, 0)
 		deadline := time.Now().Add(10 * time.Second)
-		for !logs.contains(handBackGaveUp) {
+		for !strings.Contains(logs.String(), handBackGaveUp) {
 			if time.Now().After(deadline) {
 				t.Fatal("the hand-back was not given up 10 s after the nack")
 			}

@@ -1,11 +1,9 @@
 package natsjetstream_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,24 +14,6 @@ import (
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/wmtransport/natsjetstream"
 )
-
-// lockedBuffer is a log sink safe for the broker's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestPublishRetriedUntilTimeout: a publish whose stream is missing (with
 // no_create_streams) is tried again with backoff until publish_timeout_ms:
@@ -90,7 +70,7 @@ func TestPublishRetriedUntilTimeout(t *testing.T) {
 func TestFetchRecoversFromLostConsumer(t *testing.T) {
 	srv := testenv.StartNATSCluster(t, 1)
 	js := client(t, srv.URL)
-	logs := &lockedBuffer{}
+	logs := &testenv.Buffer{}
 	b, err := natsjetstream.New(natsjetstream.Options{URL: srv.URL, AckWaitMS: 5000, FetchWaitMS: 200},
 		transport.Env{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
