@@ -100,6 +100,32 @@ func TestTableCreationRetried(t *testing.T) {
 		out.SetContext(m.Context())
 		return out
 	}
+	// subscribe subscribes to topic until the test ends.
+	subscribe := func(t *testing.T, topic string) error {
+		t.Helper()
+		sub, err := b.Subscriber(topic, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(func() { cancel(); _ = sub.Close() })
+		_, err = sub.Subscribe(sctx, topic)
+		return err
+	}
+	// gaveUp checks a creation refused every time: err is the refusal,
+	// naming topic, after tries tries and at least waits since start.
+	gaveUp := func(t *testing.T, err error, topic string, tried func() int, tries int, start time.Time, waits time.Duration) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), "create the table of "+topic) || !strings.Contains(err.Error(), "refused (test)") {
+			t.Fatalf("%v; want the refusal, naming the table", err)
+		}
+		if n := tried(); n != tries {
+			t.Errorf("%d CREATE TABLE tries, want %d", n, tries)
+		}
+		if took := time.Since(start); took < waits {
+			t.Errorf("gave up after %s, before its waits (%s in all) ran", took, waits)
+		}
+	}
 
 	t.Run("result table, refused twice", func(t *testing.T) {
 		tried := refuseCreates(t, db, "res2", "res-two", 2)
@@ -133,27 +159,12 @@ func TestTableCreationRetried(t *testing.T) {
 		start := time.Now()
 		err := b.Publisher().Publish("res-all", result(m))
 		m.Nack()
-		if err == nil || !strings.Contains(err.Error(), "create the table of res-all") || !strings.Contains(err.Error(), "refused (test)") {
-			t.Fatalf("publish: %v; want the refusal, naming the table", err)
-		}
-		if n := tried(); n != 4 {
-			t.Errorf("%d CREATE TABLE tries, want 4", n)
-		}
-		if took := time.Since(start); took < 120*time.Millisecond {
-			t.Errorf("gave up after %s, before its waits (20+40+60 ms) ran", took)
-		}
+		gaveUp(t, err, "res-all", tried, 4, start, (20+40+60)*time.Millisecond)
 	})
 
 	t.Run("subscription table, refused twice", func(t *testing.T) {
 		tried := refuseCreates(t, db, "sub2", "sub-two", 2)
-		sub, err := b.Subscriber("sub-two", 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Close()
-		sctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		if _, err := sub.Subscribe(sctx, "sub-two"); err != nil {
+		if err := subscribe(t, "sub-two"); err != nil {
 			t.Fatalf("subscribe: %v", err)
 		}
 		if n := tried(); n != 3 {
@@ -163,21 +174,7 @@ func TestTableCreationRetried(t *testing.T) {
 
 	t.Run("subscription table, always refused", func(t *testing.T) {
 		tried := refuseCreates(t, db, "suball", "sub-all", 1000)
-		sub, err := b.Subscriber("sub-all", 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer sub.Close()
 		start := time.Now()
-		_, err = sub.Subscribe(ctx, "sub-all")
-		if err == nil || !strings.Contains(err.Error(), "create the table of sub-all") || !strings.Contains(err.Error(), "refused (test)") {
-			t.Fatalf("subscribe: %v; want the refusal, naming the table", err)
-		}
-		if n := tried(); n != 5 {
-			t.Errorf("%d CREATE TABLE tries, want 5", n)
-		}
-		if took := time.Since(start); took < 500*time.Millisecond {
-			t.Errorf("gave up after %s, before its waits (50+100+150+200 ms) ran", took)
-		}
+		gaveUp(t, subscribe(t, "sub-all"), "sub-all", tried, 5, start, (50+100+150+200)*time.Millisecond)
 	})
 }
