@@ -236,20 +236,21 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 	client := ro.New()
 	closingCtx, cancelClosing := context.WithCancelCause(context.Background())
 	return &Transport{
-		opts:       o,
-		log:        log,
-		client:     client,
-		upCancel:   upstream.NewCancelReader(client),
-		cluster:    cluster,
-		db:         ro.DB(),
-		names:      keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},
-		id:         hex.EncodeToString(id[:]),
-		closing:    make(chan struct{}),
-		closingCtx: closingCtx, cancelClosing: cancelClosing,
-		queues:   map[string]*queueState{},
-		batchers: map[[2]string]*settler{},
-		warned:   map[[2]string]bool{},
-		cancels:  cancelset.Set{ReportRepeats: true},
+		opts:          o,
+		log:           log,
+		client:        client,
+		upCancel:      upstream.NewCancelReader(client),
+		cluster:       cluster,
+		db:            ro.DB(),
+		names:         keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},
+		id:            hex.EncodeToString(id[:]),
+		closing:       make(chan struct{}),
+		closingCtx:    closingCtx,
+		cancelClosing: cancelClosing,
+		queues:        map[string]*queueState{},
+		batchers:      map[[2]string]*settler{},
+		warned:        map[[2]string]bool{},
+		cancels:       cancelset.Set{ReportRepeats: true},
 	}, nil
 }
 
