@@ -3,8 +3,8 @@
 // operation hands one to backoff.Retry (with WithMaxTries,
 // WithMaxElapsedTime and WithNotify for its bounds and its log line); a
 // loop that runs for good and only slows down after a failure (a claim or
-// fetch loop) calls NextBackOff after each failure and Reset after each
-// success.
+// fetch loop), or a supervisor that schedules the next restart, calls
+// NextBackOff after each failure and Reset after each success.
 //
 // The schedules have no jitter: each loop waits exactly what it waited
 // when it was written by hand. Use the library's ExponentialBackOff with a
