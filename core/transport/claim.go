@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/internal/mutant"
-	"github.com/sluice-io/sluice/internal/retry"
 )
 
 // Source is the broker side of one request queue: the calls the claim loop
@@ -228,7 +228,10 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			s.src.HandBack(ms)
 		}
 	}()
-	pause := retry.Doubling(claimErrMin, claimErrMax) // after a failed claim
+	// The wait after a failed claim: claimErrMin, doubling up to
+	// claimErrMax, no jitter (internal/retry.Doubling, which core does not
+	// link: see core/app's TestLinksOnlyCore).
+	pause := &backoff.ExponentialBackOff{InitialInterval: claimErrMin, Multiplier: 2, MaxInterval: claimErrMax}
 	var lastLog time.Time
 	busy := false // the last claim came back full
 	for {
