@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/transport"
@@ -30,11 +31,22 @@ func refuseScripts(t *testing.T, c *redis.Client, refuse bool) {
 
 const handBackGaveUp = "hand-back failed; the lease will expire"
 
+// refusals counts the commands Redis refused since the last ACL LOG RESET.
+func refusals(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	entries, err := c.Do(context.Background(), "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
 // TestHandBackRetried: a nacked request whose hand-back Redis refuses is
 // handed back again with backoff (50, 100, 200, 400 ms after the first
-// try). A refusal that clears meanwhile returns the request to its queue
-// long before its lease would; one that lasts ends the retries after the
-// fifth try, with a warning, leaving the request to its lease's expiry.
+// try; the nack returns once it is done). A refusal that clears meanwhile
+// returns the request to its queue long before its lease would; one that
+// lasts ends the retries after the fifth try, with a warning, leaving the
+// request to its lease's expiry.
 func TestHandBackRetried(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	admin := redis.NewClient(&redis.Options{Addr: r.Addr})
@@ -46,16 +58,16 @@ func TestHandBackRetried(t *testing.T) {
 	t.Cleanup(func() { _ = p.Close() })
 	ctx := context.Background()
 
-	// run delivers a request of queue name and nacks it while Redis
-	// refuses scripts, for refuseFor (0: until the test allows them).
-	run := func(t *testing.T, name string, leaseMS int, refuseFor time.Duration) (*sub, *testenv.Buffer, transport.Queue) {
+	// deliver delivers a request of queue name, and then has Redis refuse
+	// every script until the test allows them again.
+	deliver := func(t *testing.T, name string, o rss.Options) (*sub, *message.Message, *testenv.Buffer) {
 		q := queueOf(name)
 		if err := p.Enqueue(ctx, q.Name, request(name+"-1", "", time.Hour, nil)); err != nil {
 			t.Fatal(err)
 		}
 		logs := &testenv.Buffer{}
-		tp, err := rss.New(rss.Options{Server: rss.Server{URL: r.URL}, LeaseMS: leaseMS, ReclaimIntervalMS: 100},
-			slog.New(slog.NewTextHandler(logs, nil)))
+		o.URL = r.URL
+		tp, err := rss.New(o, slog.New(slog.NewTextHandler(logs, nil)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,52 +75,65 @@ func TestHandBackRetried(t *testing.T) {
 		s := subscribe(t, tp, q, 1)
 		t.Cleanup(s.close)
 		m := s.next(5 * time.Second)
+		if err := admin.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+			t.Fatal(err)
+		}
 		refuseScripts(t, admin, true)
 		t.Cleanup(func() { refuseScripts(t, admin, false) })
-		if refuseFor > 0 {
-			allow := time.AfterFunc(refuseFor, func() { _ = admin.Do(ctx, "ACL", "SETUSER", "default", "+@all").Err() })
-			t.Cleanup(func() { allow.Stop() })
-		}
-		transport.Nack(m)
-		return s, logs, q
+		return s, m, logs
 	}
 
 	t.Run("refusal clears", func(t *testing.T) {
-		s, logs, q := run(t, "handback-clears", 60000, 120*time.Millisecond)
-		if n := admin.ZCard(ctx, q.Name).Val(); n != 0 {
+		// No reclaimer nor heartbeat runs a script meanwhile: every refusal
+		// is a hand-back's.
+		s, m, logs := deliver(t, "handback-clears", rss.Options{LeaseMS: 60000, ReclaimIntervalMS: 30000})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			transport.Nack(m)
+		}()
+		for deadline := time.Now().Add(5 * time.Second); refusals(t, admin) == 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("Redis refused no hand-back within 5 s of the nack")
+			}
+		}
+		if n := admin.ZCard(ctx, s.q.Name).Val(); n != 0 {
 			t.Fatalf("%d requests in the queue while Redis refused the hand-back", n)
 		}
-		m := s.next(5 * time.Second) // handed back and claimed again: the lease has a minute left
-		if id := idOf(t, m); id != "handback-clears-1" {
-			t.Fatalf("delivered %s", id)
+		refuseScripts(t, admin, false)
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the nack did not return after Redis took scripts again")
 		}
 		if strings.Contains(logs.String(), handBackGaveUp) {
-			t.Fatal("the hand-back was given up although Redis took it within its retries")
+			t.Fatalf("the hand-back was given up although Redis took it within its retries:\n%s", logs)
 		}
-		s.answer(m)
+		d := s.next(5 * time.Second) // handed back and claimed again: the lease has a minute left
+		if id := idOf(t, d); id != "handback-clears-1" {
+			t.Fatalf("delivered %s", id)
+		}
+		s.answer(d)
 	})
 
 	t.Run("refusal lasts", func(t *testing.T) {
+		s, m, logs := deliver(t, "handback-lasts", rss.Options{LeaseMS: 3000, ReclaimIntervalMS: 100})
 		start := time.Now()
-		s, logs, q := run(t, "handback-lasts", 3000, 0)
-		deadline := time.Now().Add(10 * time.Second)
-		for !strings.Contains(logs.String(), handBackGaveUp) {
-			if time.Now().After(deadline) {
-				t.Fatal("the hand-back was not given up 10 s after the nack")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		transport.Nack(m)
 		if took := time.Since(start); took < 750*time.Millisecond {
 			t.Fatalf("gave up after %s, before its four waits (750 ms) ran", took)
 		}
-		if n := admin.ZCard(ctx, q.Name).Val(); n != 0 {
+		if !strings.Contains(logs.String(), handBackGaveUp) {
+			t.Fatalf("no warning for the hand-back given up:\n%s", logs)
+		}
+		if n := admin.ZCard(ctx, s.q.Name).Val(); n != 0 {
 			t.Fatalf("%d requests in the queue after the hand-back was given up", n)
 		}
 		refuseScripts(t, admin, false)
-		m := s.next(10 * time.Second) // the lease expired: reclaimed
-		if id := idOf(t, m); id != "handback-lasts-1" {
+		d := s.next(10 * time.Second) // the lease expired: reclaimed
+		if id := idOf(t, d); id != "handback-lasts-1" {
 			t.Fatalf("delivered %s", id)
 		}
-		s.answer(m)
+		s.answer(d)
 	})
 }

@@ -22,15 +22,19 @@ import (
 func TestPublishRetriedUntilTimeout(t *testing.T) {
 	srv := testenv.StartNATSCluster(t, 1)
 	js := client(t, srv.URL)
-	b, err := natsjetstream.New(natsjetstream.Options{URL: srv.URL, NoCreateStreams: true, PublishTimeoutMS: 1500}, transport.Env{})
-	if err != nil {
-		t.Fatal(err)
+	// publisher publishes with publish_timeout_ms timeoutMS.
+	publisher := func(t *testing.T, timeoutMS int) message.Publisher {
+		b, err := natsjetstream.New(natsjetstream.Options{URL: srv.URL, NoCreateStreams: true, PublishTimeoutMS: timeoutMS}, transport.Env{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		return b.Publisher()
 	}
-	defer b.Close()
-	pub := b.Publisher()
 
 	t.Run("stream appears", func(t *testing.T) {
 		const topic = "late-stream"
+		pub := publisher(t, 20000)
 		done := make(chan error, 1)
 		go func() { done <- pub.Publish(topic, message.NewMessage("r1", []byte("one"))) }()
 		time.Sleep(300 * time.Millisecond)
@@ -53,6 +57,7 @@ func TestPublishRetriedUntilTimeout(t *testing.T) {
 	})
 
 	t.Run("stream never appears", func(t *testing.T) {
+		pub := publisher(t, 1500)
 		start := time.Now()
 		err := pub.Publish("no-stream", message.NewMessage("r2", []byte("two")))
 		if err == nil || !strings.Contains(err.Error(), "stream not found") {
