@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // The OpenAI Batch API as `sluice batch` speaks it: the five calls it
@@ -110,69 +112,80 @@ func retryable(code int) bool {
 }
 
 // call makes one API call: method on path (relative to base) with the
-// body body builds (nil: none), made once more after a connection error
-// or a retryable status. It returns the response of a 2xx answer, whose
-// body the caller closes, or an *apiError.
+// body body builds (nil: none), made once more callRetryWait after a
+// connection error or a retryable status. It returns the response of a
+// 2xx answer, whose body the caller closes, or an *apiError.
 func (c *batchClient) call(ctx context.Context, method, path string, body func() (io.Reader, string, error)) (*http.Response, error) {
-	var last error
-	for attempt := 0; attempt < 2; attempt++ {
-		if attempt > 0 {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(500 * time.Millisecond):
-			}
+	var last error // the last attempt's failure
+	attempt := func() (*http.Response, error) {
+		resp, retry, err := c.attempt(ctx, method, path, body)
+		last = err
+		if err != nil && !retry {
+			return nil, backoff.Permanent(err)
 		}
-		req, err := http.NewRequestWithContext(ctx, method, c.base+path, nil)
-		if err != nil {
-			return nil, err
-		}
-		if body != nil {
-			rd, ctype, err := body()
-			if err != nil {
-				return nil, err
-			}
-			// A pipe's reader is closed by the transport whatever happens,
-			// which ends its writer.
-			rc, ok := rd.(io.ReadCloser)
-			if !ok {
-				rc = io.NopCloser(rd)
-			}
-			req.Body, req.ContentLength = rc, -1
-			if br, ok := rd.(*bytes.Reader); ok {
-				req.ContentLength = int64(br.Len())
-			}
-			req.Header.Set("Content-Type", ctype)
-		}
-		req.Header.Set("Accept", "application/json")
-		if c.key != "" {
-			req.Header.Set("Authorization", "Bearer "+c.key)
-		}
-		resp, err := c.hc.Do(req)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			last = err
-			continue
-		}
-		if resp.StatusCode/100 == 2 {
-			return resp, nil
-		}
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		resp.Body.Close()
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		_ = json.Unmarshal(raw, &e)
-		last = &apiError{StatusCode: resp.StatusCode, Message: e.Error.Message}
-		if !retryable(resp.StatusCode) {
-			return nil, last
-		}
+		return resp, err
 	}
-	return nil, last
+	resp, err := backoff.Retry(ctx, attempt, backoff.WithBackOff(backoff.NewConstantBackOff(callRetryWait)),
+		backoff.WithMaxTries(callTries), backoff.WithMaxElapsedTime(0))
+	if err != nil && !errors.Is(err, last) { // ctx ended before the next attempt
+		return nil, ctx.Err()
+	}
+	return resp, err
+}
+
+// A call is made callTries times at most, callRetryWait apart.
+const (
+	callTries     = 2
+	callRetryWait = 500 * time.Millisecond
+)
+
+// attempt makes one attempt of a call and says whether its failure may
+// pass when made again.
+func (c *batchClient) attempt(ctx context.Context, method, path string, body func() (io.Reader, string, error)) (resp *http.Response, retry bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	if body != nil {
+		rd, ctype, err := body()
+		if err != nil {
+			return nil, false, err
+		}
+		// A pipe's reader is closed by the transport whatever happens,
+		// which ends its writer.
+		rc, ok := rd.(io.ReadCloser)
+		if !ok {
+			rc = io.NopCloser(rd)
+		}
+		req.Body, req.ContentLength = rc, -1
+		if br, ok := rd.(*bytes.Reader); ok {
+			req.ContentLength = int64(br.Len())
+		}
+		req.Header.Set("Content-Type", ctype)
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.key != "" {
+		req.Header.Set("Authorization", "Bearer "+c.key)
+	}
+	resp, err = c.hc.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, false, ctx.Err()
+		}
+		return nil, true, err
+	}
+	if resp.StatusCode/100 == 2 {
+		return resp, false, nil
+	}
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(raw, &e)
+	return nil, retryable(resp.StatusCode), &apiError{StatusCode: resp.StatusCode, Message: e.Error.Message}
 }
 
 // callJSON makes a call whose body is in (nil: none) as JSON and whose

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -31,6 +30,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // The service-account files every pod has mounted, and the API paths.
@@ -346,22 +347,25 @@ func (g *Guard) post(ctx context.Context, path string, in, out any) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
 	defer cancel()
-	wait := g.cfg.RetryBackoff
-	for attempt := 1; ; attempt++ {
+	attempts := 0
+	var last error
+	review := func() (struct{}, error) {
+		attempts++
 		retry, err := g.try(ctx, path, body, out)
-		if err == nil || !retry || attempt >= g.cfg.Retries {
-			return err
+		last = err
+		if err != nil && !retry {
+			return struct{}{}, backoff.Permanent(err)
 		}
-		jittered := wait + time.Duration((rand.Float64()*0.4-0.2)*float64(wait))
-		t := time.NewTimer(jittered)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (after %d attempts: %w)", err, attempt, ctx.Err())
-		case <-t.C:
-		}
-		wait = wait * 3 / 2
+		return struct{}{}, err
 	}
+	// Upstream's back-off: RetryBackoff, then 1.5 times longer each time,
+	// ±20% (uncapped: a wait past Timeout is cut by it anyway).
+	exp := &backoff.ExponentialBackOff{InitialInterval: g.cfg.RetryBackoff, RandomizationFactor: 0.2, Multiplier: 1.5, MaxInterval: g.cfg.Timeout}
+	_, err = backoff.Retry(ctx, review, backoff.WithBackOff(exp), backoff.WithMaxTries(uint(g.cfg.Retries)), backoff.WithMaxElapsedTime(0))
+	if err != nil && !errors.Is(err, last) { // Timeout ran out between two attempts
+		return fmt.Errorf("%w (after %d attempts: %w)", last, attempts, ctx.Err())
+	}
+	return err
 }
 
 // try makes one call and says whether its failure is worth retrying.

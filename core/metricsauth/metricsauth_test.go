@@ -1,6 +1,7 @@
 package metricsauth
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -238,5 +239,33 @@ func TestGuardRetries(t *testing.T) {
 	f.FailNext(503)
 	if code, _ := scrape(h, "Bearer denied"); code != 500 || f.Requests() != 8 {
 		t.Errorf("503 without Retry-After: %d after %d requests, want 500 after 8", code, f.Requests())
+	}
+}
+
+// TestGuardRetryEndsWithTimeout: when Timeout runs out before the next
+// attempt, the review ends then, with the last failure, the number of
+// attempts made and the timeout.
+func TestGuardRetryEndsWithTimeout(t *testing.T) {
+	f := metricsauthtest.New(t)
+	c := cfgFor(f, nil)
+	c.Timeout, c.RetryBackoff = 200*time.Millisecond, time.Minute
+	g, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	f.FailNext(500)
+	start := time.Now()
+	var out struct{}
+	err = g.post(context.Background(), tokenReviewPath, struct{}{}, &out)
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "500") ||
+		!strings.Contains(err.Error(), "(after 1 attempts: context deadline exceeded)") {
+		t.Fatalf("error %v; want the 500, 1 attempt and the deadline", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the review took %s, past its 200ms timeout", took)
+	}
+	if n := f.Requests(); n != 1 {
+		t.Errorf("%d requests, want 1", n)
 	}
 }

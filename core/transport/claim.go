@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/sluice-io/sluice/core/credit"
 	"github.com/sluice-io/sluice/internal/mutant"
@@ -227,7 +228,10 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 			s.src.HandBack(ms)
 		}
 	}()
-	backoff := claimErrMin
+	// The wait after a failed claim: claimErrMin, doubling up to
+	// claimErrMax, no jitter (internal/retry.Doubling, which core does not
+	// link: see core/app's TestLinksOnlyCore).
+	pause := &backoff.ExponentialBackOff{InitialInterval: claimErrMin, Multiplier: 2, MaxInterval: claimErrMax}
 	var lastLog time.Time
 	busy := false // the last claim came back full
 	for {
@@ -269,13 +273,12 @@ func (s *subscriber) run(ctx context.Context, out chan<- *message.Message) {
 				s.log.Warn("claim failed; retrying", "queue", s.q.Name, "err", err)
 				lastLog = time.Now()
 			}
-			if !sleep(ctx, backoff) {
+			if !sleep(ctx, pause.NextBackOff()) {
 				return
 			}
-			backoff = min(2*backoff, claimErrMax)
 			continue
 		}
-		backoff = claimErrMin
+		pause.Reset()
 		if len(ms) > ask { // a source bug; never hand out more than asked
 			s.log.Error("source claimed more than asked; handing the excess back", "queue", s.q.Name, "asked", ask, "claimed", len(ms))
 			s.src.HandBack(ms[ask:])

@@ -314,13 +314,24 @@ type EventCounter interface {
 // Build is the body of most factories: it decodes options strictly into a
 // fresh O (see DecodeOptions) and calls build with them.
 func Build[O any, T Transport](options json.RawMessage, env Env, build func(O, Env) (T, error)) (Transport, error) {
-	var o O
-	if err := DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	t, err := build(o, env)
+	t, err := Construct(options, env, build)
 	if err != nil {
 		return nil, err // not t: a typed nil would not compare equal to nil
 	}
 	return t, nil
+}
+
+// Construct decodes options strictly into a fresh O (see DecodeOptions)
+// and returns what build makes of them, as build returns it. It is the one
+// path from options to a component: Build wraps it for transports, and
+// the factories of what a transport is built from (a Watermill broker,
+// see wmtransport.BuildBroker) wrap it for their own interface. build
+// sets O's defaults and validates it.
+func Construct[O, T any](options json.RawMessage, env Env, build func(O, Env) (T, error)) (T, error) {
+	var o O
+	if err := DecodeOptions(options, &o); err != nil {
+		var zero T
+		return zero, err
+	}
+	return build(o, env)
 }

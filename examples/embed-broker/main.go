@@ -45,14 +45,14 @@ type goChannelOptions struct {
 // next after the ack), whatever the window.
 type goChannelBroker struct{ ps *gochannel.GoChannel }
 
-// newGoChannelBroker is the wmtransport.BrokerFactory.
+// newGoChannelBroker is the wmtransport.BrokerFactory: BuildBroker decodes
+// the options strictly (an unknown one is an error) and hands them to the
+// constructor.
 func newGoChannelBroker(options json.RawMessage, env transport.Env) (wmtransport.Broker, error) {
-	var o goChannelOptions
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: o.Buffer, Persistent: true}, watermill.NewSlogLogger(env.Logger))
-	return goChannelBroker{ps}, nil
+	return wmtransport.BuildBroker(options, env, func(o goChannelOptions, env transport.Env) (goChannelBroker, error) {
+		ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: o.Buffer, Persistent: true}, watermill.NewSlogLogger(env.Logger))
+		return goChannelBroker{ps}, nil
+	})
 }
 
 func (b goChannelBroker) Publisher() message.Publisher { return b.ps }

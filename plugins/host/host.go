@@ -39,12 +39,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/internal/retry"
 )
 
 // Type is the gate's registry name.
@@ -69,9 +71,12 @@ type Gate struct {
 	cfgErr   error         // permanent: the plugin refused its parameters
 	lastErr  error         // why the last process died or failed to start
 	retryAt  time.Time     // no start before this
-	failures int           // consecutive failures, for the backoff
 	info     Info          // what the running (or last) plugin told
 	wg       sync.WaitGroup
+
+	// restarts is the wait before the next start after a failure (under
+	// mu): RestartBackoff, doubling per consecutive failure.
+	restarts *backoff.ExponentialBackOff
 
 	starts, losses, startFailures atomic.Int64 // for Events
 	stderr                        *rateWriter  // the plugin's relayed stderr
@@ -190,12 +195,14 @@ func New(cfg Config) (*Gate, error) {
 		return nil, err
 	}
 	name := filepath.Base(cfg.Path)
-	return &Gate{
+	g := &Gate{
 		cfg:    cfg,
 		name:   name,
 		log:    newLogger("plugin."+name, os.Stderr),
 		stderr: newRateWriter(os.Stderr, cfg.LogRate, "plugin."+name),
-	}, nil
+	}
+	g.restarts = retry.Doubling(cfg.RestartBackoff, cfg.RestartBackoffMax)
+	return g, nil
 }
 
 // Validate reports a plugin binary that cannot be started: missing, not a

@@ -101,21 +101,17 @@ func (g *Gate) lostLocked(p *proc, err error) error {
 }
 
 // failLocked records a failed start or a lost process and sets the next
-// start time, doubling the backoff per consecutive failure.
+// start time: RestartBackoff after the first failure, doubling per
+// consecutive failure up to RestartBackoffMax.
 func (g *Gate) failLocked(err error) {
 	g.lastErr = err
-	backoff := g.cfg.RestartBackoff << min(g.failures, 30)
-	if backoff <= 0 || backoff > g.cfg.RestartBackoffMax {
-		backoff = g.cfg.RestartBackoffMax
-	}
-	g.failures++
-	g.retryAt = time.Now().Add(backoff)
+	g.retryAt = time.Now().Add(g.restarts.NextBackOff())
 }
 
 // answered resets the backoff after a good answer.
 func (g *Gate) answered() {
 	g.mu.Lock()
-	g.failures = 0
+	g.restarts.Reset()
 	g.mu.Unlock()
 }
 

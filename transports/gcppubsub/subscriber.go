@@ -11,8 +11,18 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/retry"
+)
+
+// A subscription whose Receive stopped is received again after
+// receiveRetryFirst, then twice as long after each further stop, up to
+// receiveRetryMax.
+const (
+	receiveRetryFirst = time.Second
+	receiveRetryMax   = 30 * time.Second
 )
 
 // source receives one subscription for the claim loop
@@ -86,29 +96,29 @@ func (s *source) Open(ctx context.Context) error {
 		// Receive ends on a permanent error too (a subscription that does not
 		// exist yet, lost permissions): keep trying, loudly, rather than sit
 		// silently with no work (sluice_transport_events_total{event="receive_errors"}).
-		backoff := time.Second
 		h := t.history(s.subscription)
-		for {
+		receive := func() (struct{}, error) {
 			err := ps.Receive(rctx, func(_ context.Context, pm *pubsub.Message) {
 				h.received(t.now())
 				s.handle(rctx, pm)
 			})
 			if rctx.Err() != nil {
-				return
+				return struct{}{}, backoff.Permanent(rctx.Err())
 			}
 			if err == nil {
 				err = errors.New("receive returned without an error")
 			}
 			h.failed(t.now(), err)
 			t.receiveErrors.Add(1)
-			t.log.Error("receiving stopped; trying again", "subscription", s.subscription, "err", err, "retry_in", backoff.String())
-			select {
-			case <-rctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 30*time.Second)
+			return struct{}{}, err
 		}
+		// Until the subscription ends: no bound on the tries nor the time.
+		_, _ = backoff.Retry(rctx, receive,
+			backoff.WithBackOff(retry.Doubling(receiveRetryFirst, receiveRetryMax)),
+			backoff.WithMaxElapsedTime(0),
+			backoff.WithNotify(func(err error, next time.Duration) {
+				t.log.Error("receiving stopped; trying again", "subscription", s.subscription, "err", err, "retry_in", next.String())
+			}))
 	}()
 	return nil
 }

@@ -8,9 +8,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/internal/mutant"
+	"github.com/sluice-io/sluice/internal/retry"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
 )
 
@@ -70,37 +72,61 @@ func (*Transport) RoutesResults() {}
 var _ transport.ResultRouter = (*Transport)(nil)
 
 // settleRetrying settles one lease through the group-commit settler of
-// (qs, list), retrying while Redis fails, for up to result_retry_ms.
+// (qs, list), retrying while Redis fails, for up to result_retry_ms: after
+// settleRetryFirst, then twice as long each time up to settleRetryMax.
 func (t *Transport) settleRetrying(qs *queueState, list string, it settleItem) error {
 	s, err := t.settler(qs, list)
 	if err != nil {
 		return err
 	}
 	give := time.Now().Add(ms(t.opts.ResultRetryMS))
-	backoff := 50 * time.Millisecond
-	for {
+	settle := func() (struct{}, error) {
 		o := s.submit(it)
-		ok, err := o.ok, o.err
 		it.pushed = it.pushed || o.pushed
-		if err == nil {
-			qs.settle(it.token)
-			if !ok {
-				t.lateResults.Add(1)
-				t.log.Warn("late result discarded: the lease expired and the request was handed to another claim", "queue", qs.k.Name)
+		if o.err != nil {
+			if errors.Is(o.err, ErrClosed) {
+				return struct{}{}, backoff.Permanent(o.err)
 			}
-			return nil
+			return struct{}{}, o.err
 		}
-		if errors.Is(err, ErrClosed) || time.Now().Add(backoff).After(give) {
-			return fmt.Errorf("write result to %s: %w", list, err)
+		qs.settle(it.token)
+		if !o.ok {
+			t.lateResults.Add(1)
+			t.log.Warn("late result discarded: the lease expired and the request was handed to another claim", "queue", qs.k.Name)
 		}
-		t.log.Warn("writing a result failed; retrying (the request stays leased)", "queue", qs.k.Name, "err", err, "backoff", backoff)
-		select {
-		case <-time.After(backoff):
-		case <-t.closing:
-			return fmt.Errorf("write result to %s: %w", list, ErrClosed)
-		}
-		backoff = min(backoff*2, time.Second)
+		return struct{}{}, nil
 	}
+	_, err = settle() // the common case: no backoff state at all
+	if err == nil || errors.Is(err, ErrClosed) {
+		return wrapSettle(list, err)
+	}
+	left := time.Until(give)
+	if left <= 0 {
+		return wrapSettle(list, err)
+	}
+	_, err = backoff.Retry(t.closingCtx, retry.After(err, settle),
+		backoff.WithBackOff(retry.Doubling(settleRetryFirst, settleRetryMax)),
+		backoff.WithMaxElapsedTime(left),
+		backoff.WithNotify(func(err error, next time.Duration) {
+			t.log.Warn("writing a result failed; retrying (the request stays leased)", "queue", qs.k.Name, "err", err, "backoff", next)
+		}))
+	return wrapSettle(list, err)
+}
+
+// Result writes that fail while Redis does are tried again after
+// settleRetryFirst, then twice as long each time up to settleRetryMax
+// (for up to result_retry_ms in all).
+const (
+	settleRetryFirst = 50 * time.Millisecond
+	settleRetryMax   = time.Second
+)
+
+// wrapSettle names list in the error of a result write (nil stays nil).
+func wrapSettle(list string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("write result to %s: %w", list, err)
 }
 
 // settleItem is one claim to settle (owner token and claim id); see

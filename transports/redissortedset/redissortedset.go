@@ -35,12 +35,14 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/internal/mutant"
 	"github.com/sluice-io/sluice/internal/redisclient"
+	"github.com/sluice-io/sluice/internal/retry"
 	"github.com/sluice-io/sluice/transports/internal/cancelset"
 	"github.com/sluice-io/sluice/transports/internal/upstream"
 	"github.com/sluice-io/sluice/transports/redissortedset/internal/keys"
@@ -158,9 +160,13 @@ type Transport struct {
 	id      string
 	seq     atomic.Uint64
 
-	closing   chan struct{}
-	closeOnce sync.Once
-	wg        sync.WaitGroup // loops, batchers and settle waiters
+	closing chan struct{}
+	// closingCtx is cancelled with ErrClosed when closing is closed: the
+	// context of the retries that end with the transport.
+	closingCtx    context.Context
+	cancelClosing context.CancelCauseFunc
+	closeOnce     sync.Once
+	wg            sync.WaitGroup // loops, batchers and settle waiters
 
 	mu       sync.Mutex
 	queues   map[string]*queueState
@@ -228,20 +234,23 @@ func New(o Options, log *slog.Logger) (*Transport, error) {
 	_, _ = rand.Read(id[:])
 	cluster := ro.Mode() == redisclient.Cluster
 	client := ro.New()
+	closingCtx, cancelClosing := context.WithCancelCause(context.Background())
 	return &Transport{
-		opts:     o,
-		log:      log,
-		client:   client,
-		upCancel: upstream.NewCancelReader(client),
-		cluster:  cluster,
-		db:       ro.DB(),
-		names:    keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},
-		id:       hex.EncodeToString(id[:]),
-		closing:  make(chan struct{}),
-		queues:   map[string]*queueState{},
-		batchers: map[[2]string]*settler{},
-		warned:   map[[2]string]bool{},
-		cancels:  cancelset.Set{ReportRepeats: true},
+		opts:          o,
+		log:           log,
+		client:        client,
+		upCancel:      upstream.NewCancelReader(client),
+		cluster:       cluster,
+		db:            ro.DB(),
+		names:         keys.Names{Prefix: o.Prefix, DelayedTemplate: o.RetryQueueName, Cluster: cluster},
+		id:            hex.EncodeToString(id[:]),
+		closing:       make(chan struct{}),
+		closingCtx:    closingCtx,
+		cancelClosing: cancelClosing,
+		queues:        map[string]*queueState{},
+		batchers:      map[[2]string]*settler{},
+		warned:        map[[2]string]bool{},
+		cancels:       cancelset.Set{ReportRepeats: true},
 	}, nil
 }
 
@@ -593,28 +602,36 @@ func (t *Transport) release(ctx context.Context, qs *queueState, hs ...heldClaim
 	return nil
 }
 
-// releaseRetrying hands claims back, retrying briefly; on failure the
+// releaseRetrying hands claims back, trying releaseTries times in all,
+// releaseRetryFirst apart and then twice as long each time; on failure the
 // leases expire and the reclaimer returns the requests instead.
 func (t *Transport) releaseRetrying(qs *queueState, hs ...heldClaim) {
 	if len(hs) == 0 {
 		return
 	}
-	backoff := 50 * time.Millisecond
-	for attempt := 0; ; attempt++ {
+	release := func() (struct{}, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := t.release(ctx, qs, hs...)
-		cancel()
-		if err == nil {
-			return
-		}
-		if attempt == 4 {
-			t.log.Warn("hand-back failed; the lease will expire and the request return to the queue", "queue", qs.k.Name, "err", err)
-			return
-		}
-		time.Sleep(backoff)
-		backoff *= 2
+		defer cancel()
+		return struct{}{}, t.release(ctx, qs, hs...)
+	}
+	_, err := release() // the common case: no backoff state at all
+	if err == nil {
+		return
+	}
+	_, err = backoff.Retry(context.Background(), retry.After(err, release),
+		backoff.WithBackOff(retry.Doubling(releaseRetryFirst, time.Second)),
+		backoff.WithMaxTries(releaseTries), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		t.log.Warn("hand-back failed; the lease will expire and the request return to the queue", "queue", qs.k.Name, "err", err)
 	}
 }
+
+// A hand-back is tried releaseTries times in all, releaseRetryFirst apart
+// and then twice as long each time (50, 100, 200, 400 ms).
+const (
+	releaseTries      = 5
+	releaseRetryFirst = 50 * time.Millisecond
+)
 
 // Close stops the loops, hands back every request still leased by this
 // replica and closes the Redis client.
@@ -629,6 +646,7 @@ func (t *Transport) Close() error {
 		}
 		t.mu.Unlock()
 		close(t.closing)
+		t.cancelClosing(ErrClosed)
 		t.wg.Wait()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

@@ -50,6 +50,18 @@ type HealthChecker interface {
 // I/O that can wait for long.
 type BrokerFactory func(options json.RawMessage, env transport.Env) (Broker, error)
 
+// BuildBroker is the body of a BrokerFactory, as transport.Build is a
+// transport factory's: it decodes options strictly into a fresh O (unknown
+// fields are errors) and returns the broker build makes of them (build
+// sets O's defaults and validates it).
+func BuildBroker[O any, B Broker](options json.RawMessage, env transport.Env, build func(O, transport.Env) (B, error)) (Broker, error) {
+	b, err := transport.Construct(options, env, build)
+	if err != nil {
+		return nil, err // not b: a typed nil would not compare equal to nil
+	}
+	return b, nil
+}
+
 // Brokers maps broker names to factories: the "watermill broker" namespace
 // of the generic registry (a duplicate name is an error; an unknown one is
 // an error naming the known ones).

@@ -49,10 +49,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/retry"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 )
 
@@ -159,15 +161,7 @@ func (o *Options) Validate() error {
 
 // Factory is the broker's wmtransport.BrokerFactory. It connects lazily.
 func Factory(options json.RawMessage, env transport.Env) (wmtransport.Broker, error) {
-	var o Options
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	b, err := New(o, env)
-	if err != nil {
-		return nil, err
-	}
-	return b, nil
+	return wmtransport.BuildBroker(options, env, New)
 }
 
 // Broker is the NATS JetStream broker. It is safe for concurrent use.
@@ -314,25 +308,37 @@ func (b *Broker) publishOne(ctx context.Context, js jetstream.JetStream, topic s
 	for k, v := range m.Metadata {
 		nm.Header.Set(k, v)
 	}
-	backoff := 50 * time.Millisecond
-	for {
+	var last error // what the last try failed with, rather than ctx's end
+	publish := func() (struct{}, error) {
 		_, err := b.ensureStream(ctx, js, topic)
 		if err == nil {
 			_, err = js.PublishMsg(ctx, nm, jetstream.WithMsgID(m.UUID))
 		}
-		if err == nil {
-			return nil
+		if err != nil {
+			last = err
 		}
-		// A stream electing a leader, a server going away: try again
-		// until the publish timeout (the Msg-Id drops a duplicate).
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
+		return struct{}{}, err
 	}
+	_, err := publish() // the common case: no backoff state at all
+	if err == nil {
+		return nil
+	}
+	// A stream electing a leader, a server going away: try again until the
+	// publish timeout (the Msg-Id drops a duplicate).
+	if _, err = backoff.Retry(ctx, retry.After(err, publish),
+		backoff.WithBackOff(retry.Doubling(publishRetryFirst, publishRetryMax)),
+		backoff.WithMaxElapsedTime(0)); err != nil {
+		return last
+	}
+	return nil
 }
+
+// A publish that failed is tried again after publishRetryFirst, then
+// twice as long each time up to publishRetryMax, until its timeout.
+const (
+	publishRetryFirst = 50 * time.Millisecond
+	publishRetryMax   = time.Second
+)
 
 // Close does nothing: Broker.Close closes the connection.
 func (publisher) Close() error { return nil }
@@ -428,7 +434,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // fetch pulls while fewer than window messages are outstanding.
 func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- *message.Message) {
 	wait := time.Duration(s.b.opts.FetchWaitMS) * time.Millisecond
-	backoff := 10 * time.Millisecond
+	pause := retry.Doubling(fetchRetryFirst, fetchRetryMax) // after a failed fetch
 	var lastLog time.Time
 	for ctx.Err() == nil {
 		free := s.window - int(s.outstanding.Load())
@@ -460,7 +466,7 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 		}
 		fcancel()
 		if err == nil || errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-			backoff = 10 * time.Millisecond
+			pause.Reset()
 			continue
 		}
 		if ctx.Err() != nil {
@@ -472,11 +478,18 @@ func (s *subscriber) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-time.After(pause.NextBackOff()):
 		}
-		backoff = min(2*backoff, time.Second)
 	}
 }
+
+// A failed fetch is followed by a pause of fetchRetryFirst, twice as long
+// after each further failure up to fetchRetryMax, and none once a fetch
+// succeeds again.
+const (
+	fetchRetryFirst = 10 * time.Millisecond
+	fetchRetryMax   = time.Second
+)
 
 func (s *subscriber) release() {
 	s.outstanding.Add(-1)
@@ -537,22 +550,31 @@ func (s *subscriber) watch(ctx context.Context, wm *message.Message, msg jetstre
 // (a server failing over); an ack that never got through is redelivered
 // after ack_wait.
 func (s *subscriber) ack(msg jetstream.Msg) {
-	deadline := time.Now().Add(time.Duration(s.b.opts.PublishTimeoutMS) * time.Millisecond)
-	for {
+	give := time.Now().Add(time.Duration(s.b.opts.PublishTimeoutMS) * time.Millisecond)
+	ack := func() (struct{}, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := msg.DoubleAck(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.b.ackErrors.Add(1)
-			s.b.log.Warn("ack not confirmed; the message will be redelivered", "topic", s.topic, "err", err)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
+		defer cancel()
+		return struct{}{}, msg.DoubleAck(ctx)
+	}
+	_, err := ack() // the common case: no backoff state at all
+	if err == nil {
+		return
+	}
+	if left := time.Until(give); left > 0 {
+		_, err = backoff.Retry(context.Background(), retry.After(err, ack),
+			backoff.WithBackOff(backoff.NewConstantBackOff(ackRetryEvery)),
+			// the last try may start up to ackRetryEvery after the timeout, as it always did
+			backoff.WithMaxElapsedTime(left+ackRetryEvery))
+	}
+	if err != nil {
+		s.b.ackErrors.Add(1)
+		s.b.log.Warn("ack not confirmed; the message will be redelivered", "topic", s.topic, "err", err)
 	}
 }
+
+// An ack the server did not confirm is sent again every ackRetryEvery, for
+// up to publish_timeout_ms.
+const ackRetryEvery = 100 * time.Millisecond
 
 // Close ends the subscription and waits for the deliveries to be nacked.
 func (s *subscriber) Close() error {

@@ -45,9 +45,11 @@ import (
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/delay"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sluice-io/sluice/core/transport"
+	"github.com/sluice-io/sluice/internal/retry"
 	"github.com/sluice-io/sluice/transports/wmtransport"
 )
 
@@ -112,15 +114,7 @@ func (o *Options) Validate() error {
 
 // Factory is the broker's wmtransport.BrokerFactory. It does no I/O.
 func Factory(options json.RawMessage, env transport.Env) (wmtransport.Broker, error) {
-	var o Options
-	if err := transport.DecodeOptions(options, &o); err != nil {
-		return nil, err
-	}
-	b, err := New(o, env)
-	if err != nil {
-		return nil, err
-	}
-	return b, nil
+	return wmtransport.BuildBroker(options, env, New)
 }
 
 // Broker is the PostgreSQL broker. It is safe for concurrent use.
@@ -247,23 +241,36 @@ func (b *Broker) ensureTable(ctx context.Context, topic string) error {
 	// CREATE TABLE IF NOT EXISTS racing another one (another replica, a
 	// producer) fails on the catalog's unique index: the second try sees
 	// the table.
-	for attempt := 0; ; attempt++ {
-		err = nil
+	create := func() (struct{}, error) {
 		for _, q := range qs {
-			if _, err = b.pool.Exec(ctx, q.Query, q.Args...); err != nil {
-				break
+			if _, err := b.pool.Exec(ctx, q.Query, q.Args...); err != nil {
+				if ctx.Err() != nil {
+					return struct{}{}, backoff.Permanent(err)
+				}
+				return struct{}{}, err
 			}
 		}
-		if err == nil {
-			b.tables.Store(topic, struct{}{})
-			return nil
-		}
-		if attempt == 3 || ctx.Err() != nil {
-			return fmt.Errorf("create the table of %s: %w", topic, err)
-		}
-		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
+		return struct{}{}, nil
 	}
+	// The waits do not end with ctx (as before: ctx only stops the tries).
+	if _, err := backoff.Retry(context.WithoutCancel(ctx), create, backoff.WithBackOff(&retry.Linear{Step: createRetryStep}),
+		backoff.WithMaxTries(createTries), backoff.WithMaxElapsedTime(0)); err != nil {
+		return fmt.Errorf("create the table of %s: %w", topic, err)
+	}
+	b.tables.Store(topic, struct{}{})
+	return nil
 }
+
+// Creating a table is tried createTries times in all, createRetryStep
+// apart, then twice, three times that long (20, 40, 60 ms): the race with
+// another creator clears at once. A subscription creating its table waits
+// subscribeRetryStep longer each time, subscribeTries times in all.
+const (
+	createTries        = 4
+	createRetryStep    = 20 * time.Millisecond
+	subscribeTries     = 5
+	subscribeRetryStep = 50 * time.Millisecond
+)
 
 // Close does nothing: Broker.Close closes the pool.
 func (publisher) Close() error { return nil }
@@ -315,22 +322,19 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	// CREATE TABLE IF NOT EXISTS racing another one (a producer creating
 	// the table at the same moment) fails on a unique index of the catalog:
 	// try again.
-	var err error
-	for attempt := range 5 {
-		if err = s.sub.SubscribeInitialize(topic); err == nil {
-			in, err := s.par.Subscribe(ctx, topic)
-			if err != nil {
-				return nil, err
-			}
-			return s.b.handBack(ctx, in), nil
-		}
-		select {
-		case <-ctx.Done():
+	initialize := func() (struct{}, error) { return struct{}{}, s.sub.SubscribeInitialize(topic) }
+	if _, err := backoff.Retry(ctx, initialize, backoff.WithBackOff(&retry.Linear{Step: subscribeRetryStep}),
+		backoff.WithMaxTries(subscribeTries), backoff.WithMaxElapsedTime(0)); err != nil {
+		if ctx.Err() != nil {
 			return nil, ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
 		}
+		return nil, fmt.Errorf("create the table of %s: %w", topic, err)
 	}
-	return nil, fmt.Errorf("create the table of %s: %w", topic, err)
+	in, err := s.par.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	return s.b.handBack(ctx, in), nil
 }
 
 // handBack forwards the deliveries of in, and settles each at watermill-sql
