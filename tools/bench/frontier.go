@@ -69,11 +69,18 @@ const (
 	// recomputing twin (without "-keep") was the larger part of the 0.09
 	// of goodput between the clocks that issue 41 measured.
 	frontierTwin = "headroom-burst-r4-i4-t3-w2-h1000-keep"
-	// frontierPodTwin is the per-pod arm's twin (ipPodArm): pool-headroom
-	// with dispatch "pods", its rules per pod, a request taken back
-	// waiting for its pod and resuming there from the prefix cache.
-	frontierPodTwin = "pods-r2-i2-t3-w1-h250-p1-stay"
 )
+
+// frontierPodTwinFor is the per-pod arm's twin on a pool (ipPodArm,
+// ipPodSettings): pool-headroom with dispatch "pods", its rules per pod, a
+// request taken back waiting for its pod and resuming there from the
+// prefix cache.
+func frontierPodTwinFor(preset string) string {
+	if preset == "vllm-8b-h100-16" {
+		return "pods-r0-i0-t3-w1-h250-p1-stay-e10"
+	}
+	return "pods-r2-i2-t3-w1-h250-p1-stay"
+}
 
 // frontierPolicy is one ideal dispatcher.
 type frontierPolicy struct {
@@ -375,7 +382,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 		// variants collapse onto the uncapped batch; keep one of each
 		// family, the twin, and the caps, which are what differ.
 		keep := map[string]bool{frontierEngine: true, "reactive-r0": true, "reactive-r4-read50ms": true, "nogrow-r2": true,
-			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true, frontierPodTwin: true}
+			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
 			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-") &&
 				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p")

@@ -104,10 +104,10 @@ const (
 	ipRecommendedArm = "headroom-resume-w2-t3"
 	// ipPodArm is pool-headroom with dispatch "pods" (issue 42): the
 	// batch placed on the pods by the gate, every rule per pod, a request
-	// taken back resuming on its pod. It runs as many repetitions as the
-	// recommended arm, its p99 pooled the same way; its twin is
-	// frontierPodTwin.
-	ipPodArm      = "headroom-resume-pods-r2-i2-t3-w1-h250"
+	// taken back resuming on its pod. It names each pool's own settings
+	// (ipPodSettings); it runs as many repetitions as the recommended arm,
+	// its p99 pooled the same way; its twin is frontierPodTwinFor(pool).
+	ipPodArm      = "headroom-pods"
 	ipUpstreamArm = "endpoint-scrape-upstream"
 	ipRouterArm   = "router-flow-control"
 	ipAIMDArm     = "aimd-tuned"
@@ -123,6 +123,17 @@ const (
 	// interval.
 	ipBootstrap = 2000
 )
+
+// ipPodSettings are the per-pod arm's settings on each pool, chosen from
+// the replay (interactive-frontier's pods-* policies; docs/benchmarks.md,
+// per-pod protection): reserve and idle reserve per pod, and readings
+// every 10 ms on the pods whose first tokens take 20 ms.
+func ipPodSettings(preset string) string {
+	if preset == "vllm-8b-h100-16" {
+		return "headroom-resume-pods-r0-i0-t3-w1-h250-e10"
+	}
+	return "headroom-resume-pods-r2-i2-t3-w1-h250"
+}
 
 // ipPooledArm reports whether arm n runs every repetition, its burst
 // TTFTs pooled over them: the floor, the recommended arm and the per-pod
@@ -334,16 +345,19 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		a.concurrency = seats - r
 		return a, nil
 	}
+	if name == ipPodArm {
+		return ipArmByName(ipPodSettings(pool.name()), pool)
+	}
 	if rest, ok := strings.CutPrefix(name, "headroom"); ok {
 		// pool-headroom: every pod's own gauges read each 50 ms, a
 		// reserve of seats kept free; "-evict" takes batch requests back
 		// when the reserve is eaten. "-resume" (implies evict) continues
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
-		// bursts, default the same). Names: headroom[-evict|-resume][-pods[-p<placements>]][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
+		// bursts, default the same). Names: headroom[-evict|-resume][-pods[-p<placements>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
-		perPodDispatch, pending := false, 0
+		perPodDispatch, pending, refresh := false, 0, headroom.DefaultRefreshInterval
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -351,6 +365,12 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				// dispatch "pods": the batch goes to the pods the gate
 				// places it on; every rule per pod
 				perPodDispatch = true
+			case strings.HasPrefix(part, "e"):
+				n, err := strconv.Atoi(part[1:])
+				if err != nil || n <= 0 {
+					return ipArm{}, fmt.Errorf("arm %q: e<ms> wants a reading period in milliseconds, above 0", name)
+				}
+				refresh = time.Duration(n) * time.Millisecond
 			case strings.HasPrefix(part, "p") && perPodDispatch:
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n <= 0 {
@@ -423,7 +443,7 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 			// readings, hold and burst window keep their meaning in the
 			// pool's time
 			params := map[string]any{"endpoints": eps, "seats_per_pod": perPod, "reserve": reserve, "reserve_share": share, "waiting_weight": weight,
-				"hold": holdS, "kv_limit": kv, "refresh_interval": dur(headroom.DefaultRefreshInterval), "burst_window": dur(headroom.DefaultBurstWindow)}
+				"hold": holdS, "kv_limit": kv, "refresh_interval": dur(refresh), "burst_window": dur(headroom.DefaultBurstWindow)}
 			if thr > 0 {
 				params["burst_threshold"] = thr
 			}
@@ -722,7 +742,7 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 		summary["twin_p99_diff"] = math.Abs(rec["ttft_p99_ratio_pooled"] - twin["ttft_p99_ratio"])
 	}
 	if pods, ok := med[ipPodArm]; ok {
-		if twin, ok := fr.median[frontierPodTwin]; ok {
+		if twin, ok := fr.median[frontierPodTwinFor(pool.name())]; ok {
 			summary["pods_twin_goodput"] = twin["batch_goodput_share"]
 			summary["pods_twin_p99_ratio"] = twin["ttft_p99_ratio"]
 			summary["pods_twin_goodput_diff"] = math.Abs(pods["batch_goodput_share"] - twin["batch_goodput_share"])
