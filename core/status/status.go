@@ -56,7 +56,8 @@ type Config struct {
 	Started time.Time
 	// Extra, when set, is asked for figures of the embedding program's own
 	// at every snapshot (the demo shows interactive TTFT against its floor);
-	// the page lists them under "Also" in the order given.
+	// the page lists them under "Also" in the order given, and draws the
+	// chart of each figure that has one.
 	Extra func() []Figure
 }
 
@@ -64,6 +65,27 @@ type Config struct {
 type Figure struct {
 	Label string `json:"label"`
 	Value string `json:"value"`
+	// Chart, when set, is the figure over time: the page draws it as the
+	// budget chart is drawn, above the table of figures. The program keeps
+	// the history (the page keeps none of it).
+	Chart *Chart `json:"chart,omitempty"`
+}
+
+// Chart is a figure's history: one or more lines over time, on one
+// y-axis from 0 (the page scales it to the highest point).
+type Chart struct {
+	// Unit is the y-axis's unit ("ms").
+	Unit string `json:"unit"`
+	// Lines are drawn in order, the first in the accent colour, the
+	// others dashed (a reference such as a floor).
+	Lines []Line `json:"lines"`
+}
+
+// Line is one line of a Chart.
+type Line struct {
+	Label string `json:"label"`
+	// Points holds [at (Unix ms), value] pairs, oldest first.
+	Points [][2]float64 `json:"points"`
 }
 
 // Page serves the status page and its JSON.
@@ -179,7 +201,7 @@ func (p *Page) Snapshot() Snapshot {
 	}
 	names := map[*gate.Refresher]string{}
 	for _, st := range p.cfg.Gates.states() {
-		g, r := st.snapshot()
+		g, r := st.snapshot(now)
 		s.Gates = append(s.Gates, g)
 		if r != nil {
 			names[r] = g.Name

@@ -42,3 +42,45 @@ func TestPoolDemoAccountsForEveryRequest(t *testing.T) {
 		t.Errorf("%d live lines, want at least one a second:\n%s", n, progress.String())
 	}
 }
+
+// On a vLLM preset the demo runs the gate per pod (dispatch "pods", with
+// kv_limit), and the live lines and the summary say what the batch held
+// on each pod against the gate's limit there.
+func TestPoolDemoPerPod(t *testing.T) {
+	var progress bytes.Buffer
+	sum, err := RunPool(context.Background(), PoolOptions{
+		Preset: poolsim.PresetVLLM8BH100Seats16, Batch: 40, BatchOutput: 32, Floor: 2 * time.Second, Progress: &progress,
+		Waves: poolsim.Waves{Warmup: time.Second, Burst: 2 * time.Second, Idle: 2 * time.Second, Cycles: 1, BurstRate: 20, IdleRate: 4},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Missing != 0 || sum.Duplicates != 0 || sum.BatchOK != sum.Batch {
+		t.Fatalf("batch not answered exactly once, ok: %+v", sum)
+	}
+	if sum.Preset != poolsim.PresetVLLM8BH100Seats16 || sum.Pods != 2 || sum.SeatsPerPod != 16 {
+		t.Errorf("pool %s %d×%d", sum.Preset, sum.Pods, sum.SeatsPerPod)
+	}
+	if string(sum.GateParams["dispatch"]) != `"pods"` || string(sum.GateParams["kv_limit"]) != "0.7" {
+		t.Errorf("gate params %s", sum.GateParams)
+	}
+	if len(sum.PerPod) != 2 {
+		t.Fatalf("per pod %+v, want 2 pods", sum.PerPod)
+	}
+	for _, p := range sum.PerPod {
+		if !strings.Contains(p.Pod, "/pods/") || p.MaxInFlight <= 0 || p.MaxInFlight > 16 || p.BurstLimit <= 0 || p.BurstLimit > 16 {
+			t.Errorf("pod %+v: want some batch in flight, within 16 seats", p)
+		}
+	}
+	if !strings.Contains(progress.String(), "| per pod ") {
+		t.Errorf("the live lines do not say what the batch holds per pod:\n%s", progress.String())
+	}
+}
+
+// An unknown preset is refused before anything starts, naming the presets.
+func TestPoolDemoUnknownPreset(t *testing.T) {
+	_, err := RunPool(context.Background(), PoolOptions{Preset: "h200"})
+	if err == nil || !strings.Contains(err.Error(), poolsim.PresetVLLM8BH100) {
+		t.Fatalf("err %v, want one naming the presets", err)
+	}
+}
