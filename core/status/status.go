@@ -4,14 +4,18 @@
 // fetches GET /status.json every two seconds and draws it: per queue its
 // depth in the broker, in flight against its limits, delayed and
 // dead-lettered requests, results by code with the throughput of the last
-// minute, its gate budget over the last 15 minutes, and whether its
-// eviction is suspended; the worker pools;
-// the gates (and the state of plugin gates); the process.
+// minute, its gate budget over the last 15 minutes, whether its eviction
+// is suspended and, for a gate that places requests on pods
+// (gate.PodReporter), the batch in flight on each pod over the same span;
+// the worker pools; the gates (and the state of plugin gates); the
+// process; and the embedding program's own figures under "Also" (Extra),
+// with their charts.
 //
 // The figures come from the pipeline (pipeline.Pipeline.Snapshot, whose
 // history the gauges sampler keeps: nothing runs per message for the page)
-// and from the gates' refresh loops (Gates). core/app registers the handler
-// on the metrics mux, behind the same guard as /metrics.
+// and from the gates' refresh loops (Gates, which also sample the per-pod
+// history). core/app registers the handler on the metrics mux, behind the
+// same guard as /metrics.
 package status
 
 import (
