@@ -6,10 +6,11 @@ BENCHTIME ?= 1x
 .PHONY: run test test-short bench lint fmt vet build fuzz proto
 
 ## run: the embedded demo (a batch through the pool-headroom gate, with evict and resume, beside
-## interactive bursts on the simulated pool, internal/poolsim), then one small OpenAI batch through the embedded Batch
+## interactive bursts on the simulated pool, internal/poolsim, at vLLM's defaults on an H100: the gate
+## dispatches to the pods, per pod), then one small OpenAI batch through the embedded Batch
 ## API (sluice batch demo: prints where its output is); no server needed
 run:
-	$(GO) run ./cmd/sluice demo
+	$(GO) run ./cmd/sluice demo --preset vllm-8b-h100
 	$(GO) run ./cmd/sluice batch demo
 
 ## test: every test, with the race detector (needs redis-server, prometheus and the

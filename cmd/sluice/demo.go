@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice/cmd/sluice/demo"
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/internal/poolsim"
 )
 
 func newDemo() *cobra.Command {
@@ -35,6 +37,15 @@ second shows interactive TTFT p99 against the floor, the batch's progress and
 sluice's in-flight limit; a table closes the run. --ungated runs the same
 batch without a gate, to show what the gate prevents.
 
+--preset chooses the pool, as sluice simulate-pool --preset does: stress
+(the default, above), vllm-8b-h100 (vLLM's defaults on an H100: 1,024
+seats a pod, 8,192 tokens a step; what make run shows) or vllm-8b-h100-16.
+On the vLLM presets the interactive rates scale with the pool (×20, ×3.8)
+and the gate dispatches to the pods itself (dispatch "pods": every rule
+per pod, no batch placed where an interactive request waits) with
+kv_limit 0.7; the live line and the table then say, per pod, what the
+batch holds (in flight / limit).
+
 --mode mechanics: enqueue a sample of requests with mixed deadlines (most
 ordinary, some already expired, some invalid, some whose gateway call
 outlives their deadline, some meeting the simulator's 429s and 5xx) into the
@@ -42,7 +53,7 @@ in-memory queue, run sluice against the fixed-latency gateway simulator until
 every request has its result, and print a summary.
 
 No server is needed for either.`,
-		Example: "  sluice demo\n  sluice demo --ungated\n  sluice demo --mode mechanics --requests 5000 --json",
+		Example: "  sluice demo\n  sluice demo --preset vllm-8b-h100\n  sluice demo --ungated\n  sluice demo --mode mechanics --requests 5000 --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var progress io.Writer = cmd.ErrOrStderr()
@@ -56,6 +67,9 @@ No server is needed for either.`,
 			out := cmd.OutOrStdout()
 			switch mode {
 			case "purpose":
+				if _, err := poolsim.PresetByName(po.Preset); err != nil {
+					return fmt.Errorf("--preset: %w", err)
+				}
 				po.Progress, po.Logger = progress, logger
 				sum, err := demo.RunPool(cmd.Context(), po)
 				if asJSON {
@@ -81,7 +95,8 @@ No server is needed for either.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&mode, "mode", "purpose", "purpose (a batch beside interactive traffic on a simulated pool) or mechanics (mixed deadlines, retries, exactly one result each)")
-	fs.IntVar(&po.Batch, "batch", 160, "purpose: how many batch requests")
+	fs.StringVar(&po.Preset, "preset", poolsim.PresetStress, "purpose: the simulated pool: "+strings.Join(poolsim.PresetNames(), ", ")+" (as simulate-pool --preset)")
+	fs.IntVar(&po.Batch, "batch", 0, "purpose: how many batch requests (0: 160, or 600 on the vLLM presets)")
 	fs.BoolVar(&po.Ungated, "ungated", false, "purpose: send the batch without a gate (constant budget 1)")
 	fs.IntVar(&o.Requests, "requests", 1000, "mechanics: how many requests to enqueue")
 	fs.IntVar(&o.Concurrency, "concurrency", 64, "mechanics: in-flight limit")
@@ -93,7 +108,7 @@ No server is needed for either.`,
 }
 
 func printPoolSummary(w io.Writer, s demo.PoolSummary) {
-	fmt.Fprintf(w, "\nsluice demo: a batch beside interactive traffic (gate %s)\n", s.Gate)
+	fmt.Fprintf(w, "\nsluice demo: a batch beside interactive traffic (pool %s, %d pods × %d seats; gate %s)\n", s.Preset, s.Pods, s.SeatsPerPod, s.Gate)
 	fmt.Fprintf(w, "  %-34s %9s %9s %8s\n", "interactive TTFT", "p50", "p99", "p99/floor")
 	fmt.Fprintf(w, "  %-34s %6.0f ms %6.0f ms %7.1f×\n", "alone (the floor)", s.FloorP50Ms, s.FloorP99Ms, 1.0)
 	fmt.Fprintf(w, "  %-34s %6.0f ms %6.0f ms %7.1f×\n", "in bursts, beside the batch", s.BurstP50Ms, s.BurstP99Ms, s.P99Ratio)
@@ -105,6 +120,13 @@ func printPoolSummary(w io.Writer, s demo.PoolSummary) {
 	fmt.Fprintf(w, "  batch: %d requests, %d ok, %d failed, %d missing, %d duplicated; %d tokens in %.1fs (%.0f tokens/s)\n",
 		s.Batch, s.BatchOK, s.BatchFailed, s.Missing, s.Duplicates, s.BatchTokens, s.BatchSeconds, rate)
 	fmt.Fprintf(w, "  sluice took back %d batch calls for the gate (evicted: aborted, re-queued, resumed from the tokens they had made; %d tokens kept, %d prompt tokens served by the pods' prefix caches)\n", s.Evicted, s.ResumedTokens, s.PrefixHitTokens)
+	if len(s.PerPod) > 0 {
+		fmt.Fprintf(w, "  batch per pod (the gate's readings each second: in flight / limit, means)\n")
+		fmt.Fprintf(w, "  %-34s %15s %15s %8s\n", "pod", "in bursts", "between them", "most")
+		for _, p := range s.PerPod {
+			fmt.Fprintf(w, "  %-34s %7.1f / %-5.0f %7.1f / %-5.0f %8d\n", p.Pod, p.BurstInFlight, p.BurstLimit, p.IdleInFlight, p.IdleLimit, p.MaxInFlight)
+		}
+	}
 	if s.Rejections > 0 {
 		fmt.Fprintf(w, "  front refused %d batch requests (429 rejected-saturated; each came back after backoff)\n", s.Rejections)
 	}

@@ -1,10 +1,12 @@
 package status
 
 import (
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/pipeline"
 )
 
 // Gates records the state of a deployment's gates as their refresh loops
@@ -55,6 +57,21 @@ type GateState struct {
 	lastErr   string
 	lastErrAt time.Time
 	since     time.Time // of the current failing state
+	// pods is the history of the gate's per-pod readings (a
+	// gate.PodReporter's), one sample per PodHistoryStep over
+	// pipeline.HistorySpan, oldest first.
+	pods []podSample
+}
+
+// PodHistoryStep is the least time between two samples of a gate's
+// per-pod history (the refresh loop reports every reading; the page's
+// chart needs one a second).
+const PodHistoryStep = time.Second
+
+// podSample is a gate's per-pod readings at one moment.
+type podSample struct {
+	at   time.Time
+	pods []gate.PodReading
 }
 
 // SetRefresher names the gate's refresh loop (the queues' snapshots name
@@ -69,7 +86,9 @@ func (s *GateState) SetRefresher(r *gate.Refresher) {
 }
 
 // Observe records one budget query: gate.RefresherConfig.Observe's
-// arguments.
+// arguments. After a query that worked it samples, at most once per
+// PodHistoryStep, the per-pod readings of a gate that places requests on
+// pods (gate.PodReporter, found through the gate's wrappers).
 func (s *GateState) Observe(_ float64, err error) {
 	if s == nil {
 		return
@@ -85,6 +104,20 @@ func (s *GateState) Observe(_ float64, err error) {
 	if failing {
 		s.failures++
 		s.lastErr, s.lastErrAt = err.Error(), now
+		return
+	}
+	if s.refresher == nil || (len(s.pods) > 0 && now.Sub(s.pods[len(s.pods)-1].at) < PodHistoryStep) {
+		return
+	}
+	rep := gate.PodReporterOf(s.refresher.Gate())
+	if rep == nil {
+		return
+	}
+	if pods := rep.PodReadings(); len(pods) > 0 {
+		s.pods = append(s.pods, podSample{at: now, pods: pods})
+	}
+	if k := slices.IndexFunc(s.pods, func(p podSample) bool { return now.Sub(p.at) <= pipeline.HistorySpan }); k > 0 {
+		s.pods = slices.Delete(s.pods, 0, k)
 	}
 }
 
@@ -114,6 +147,31 @@ type Gate struct {
 	LastErrorAt int64  `json:"last_error_at,omitempty"`
 	// Plugin is set for a plugin gate.
 	Plugin *Plugin `json:"plugin,omitempty"`
+	// Pods are, for a gate that places requests on pods (pool-headroom
+	// with dispatch "pods": gate.PodReporter), each pod's figures of its
+	// last reading and their history; omitted for any other gate.
+	Pods []Pod `json:"pods,omitempty"`
+}
+
+// Pod is one pod's entry of a gate that places requests on pods.
+type Pod struct {
+	// Pod is the pod's base URL.
+	Pod string `json:"pod"`
+	// InFlight is the batch's calls on the pod (the gate's own); Limit the
+	// most the gate allows there now.
+	InFlight int `json:"in_flight"`
+	Limit    int `json:"limit"`
+	// Running and Waiting are the pod's gauges (all traffic); KV its
+	// KV-cache usage (0 when the gate does not read it).
+	Running int     `json:"running"`
+	Waiting int     `json:"waiting"`
+	KV      float64 `json:"kv"`
+	// Burst: the gate sees a burst of other traffic on the pod.
+	Burst bool `json:"burst,omitempty"`
+	// History holds [at (Unix ms), in flight, limit] triples, one per
+	// PodHistoryStep over the last 15 minutes, oldest first; the last
+	// reading closes it.
+	History [][3]float64 `json:"history"`
 }
 
 // Plugin is what the page can tell of a plugin gate's process. The host
@@ -129,9 +187,9 @@ type Plugin struct {
 	State string `json:"state"`
 }
 
-// snapshot returns the gate's entry and its refresh loop (nil until
-// SetRefresher).
-func (s *GateState) snapshot() (Gate, *gate.Refresher) {
+// snapshot returns the gate's entry as of now and its refresh loop (nil
+// until SetRefresher).
+func (s *GateState) snapshot(now time.Time) (Gate, *gate.Refresher) {
 	s.mu.Lock()
 	g := Gate{Name: s.name, Type: s.typ, Failures: s.failures, LastError: s.lastErr, State: "starting"}
 	r := s.refresher
@@ -144,9 +202,13 @@ func (s *GateState) snapshot() (Gate, *gate.Refresher) {
 	if !s.lastErrAt.IsZero() {
 		g.LastErrorAt = s.lastErrAt.UnixMilli()
 	}
+	hist := slices.Clone(s.pods)
 	s.mu.Unlock()
 	if r == nil {
 		return g, nil
+	}
+	if rep := gate.PodReporterOf(r.Gate()); rep != nil {
+		g.Pods = podEntries(rep.PodReadings(), hist, now)
 	}
 	g.Budget = r.Budget()
 	if pg, ok := unwrapPlugin(r.Gate()); ok {
@@ -176,4 +238,25 @@ func unwrapPlugin(g gate.Gate) (pider, bool) {
 		g = u.Unwrap()
 	}
 	return nil, false
+}
+
+// podEntries are the pods of the last reading, each with its history from
+// hist (matched by URL) closed by the reading, taken at now.
+func podEntries(last []gate.PodReading, hist []podSample, now time.Time) []Pod {
+	if len(last) == 0 {
+		return nil
+	}
+	out := make([]Pod, len(last))
+	for i, p := range last {
+		e := Pod{Pod: p.Pod, InFlight: p.InFlight, Limit: p.Limit, Running: p.Running, Waiting: p.Waiting, KV: p.KV, Burst: p.Burst,
+			History: make([][3]float64, 0, len(hist)+1)}
+		for _, h := range hist {
+			if j := slices.IndexFunc(h.pods, func(q gate.PodReading) bool { return q.Pod == p.Pod }); j >= 0 {
+				e.History = append(e.History, [3]float64{float64(h.at.UnixMilli()), float64(h.pods[j].InFlight), float64(h.pods[j].Limit)})
+			}
+		}
+		e.History = append(e.History, [3]float64{float64(now.UnixMilli()), float64(p.InFlight), float64(p.Limit)})
+		out[i] = e
+	}
+	return out
 }

@@ -4,14 +4,18 @@
 // fetches GET /status.json every two seconds and draws it: per queue its
 // depth in the broker, in flight against its limits, delayed and
 // dead-lettered requests, results by code with the throughput of the last
-// minute, its gate budget over the last 15 minutes, and whether its
-// eviction is suspended; the worker pools;
-// the gates (and the state of plugin gates); the process.
+// minute, its gate budget over the last 15 minutes, whether its eviction
+// is suspended and, for a gate that places requests on pods
+// (gate.PodReporter), the batch in flight on each pod over the same span;
+// the worker pools; the gates (and the state of plugin gates); the
+// process; and the embedding program's own figures under "Also" (Extra),
+// with their charts.
 //
 // The figures come from the pipeline (pipeline.Pipeline.Snapshot, whose
 // history the gauges sampler keeps: nothing runs per message for the page)
-// and from the gates' refresh loops (Gates). core/app registers the handler
-// on the metrics mux, behind the same guard as /metrics.
+// and from the gates' refresh loops (Gates, which also sample the per-pod
+// history). core/app registers the handler on the metrics mux, behind the
+// same guard as /metrics.
 package status
 
 import (
@@ -56,7 +60,8 @@ type Config struct {
 	Started time.Time
 	// Extra, when set, is asked for figures of the embedding program's own
 	// at every snapshot (the demo shows interactive TTFT against its floor);
-	// the page lists them under "Also" in the order given.
+	// the page lists them under "Also" in the order given, and draws the
+	// chart of each figure that has one.
 	Extra func() []Figure
 }
 
@@ -64,6 +69,27 @@ type Config struct {
 type Figure struct {
 	Label string `json:"label"`
 	Value string `json:"value"`
+	// Chart, when set, is the figure over time: the page draws it as the
+	// budget chart is drawn, above the table of figures. The program keeps
+	// the history (the page keeps none of it).
+	Chart *Chart `json:"chart,omitempty"`
+}
+
+// Chart is a figure's history: one or more lines over time, on one
+// y-axis from 0 (the page scales it to the highest point).
+type Chart struct {
+	// Unit is the y-axis's unit ("ms").
+	Unit string `json:"unit"`
+	// Lines are drawn in order, the first in the accent colour, the
+	// others dashed (a reference such as a floor).
+	Lines []Line `json:"lines"`
+}
+
+// Line is one line of a Chart.
+type Line struct {
+	Label string `json:"label"`
+	// Points holds [at (Unix ms), value] pairs, oldest first.
+	Points [][2]float64 `json:"points"`
 }
 
 // Page serves the status page and its JSON.
@@ -179,7 +205,7 @@ func (p *Page) Snapshot() Snapshot {
 	}
 	names := map[*gate.Refresher]string{}
 	for _, st := range p.cfg.Gates.states() {
-		g, r := st.snapshot()
+		g, r := st.snapshot(now)
 		s.Gates = append(s.Gates, g)
 		if r != nil {
 			names[r] = g.Name

@@ -186,3 +186,105 @@ func TestEvictSuspended(t *testing.T) {
 		t.Error("the page does not draw a suspended eviction")
 	}
 }
+
+// podGate stands for pool-headroom with dispatch "pods": it reports its
+// per-pod readings.
+type podGate struct {
+	budgetGate
+	pods []gate.PodReading
+}
+
+func (g *podGate) PodReadings() []gate.PodReading { return append([]gate.PodReading(nil), g.pods...) }
+
+// A gate that places requests on pods shows, in status.json, each pod's
+// in flight and limit with their history (sampled at most once per
+// PodHistoryStep, through the registry's wrapper), the last reading
+// closing it; the page draws them as a chart in the queue's card.
+func TestGatePods(t *testing.T) {
+	pg := &podGate{pods: []gate.PodReading{
+		{Pod: "http://pod-0:8000", InFlight: 3, Limit: 5, Running: 9, Waiting: 1, KV: 0.25, Burst: true},
+		{Pod: "http://pod-1:8000", InFlight: 7, Limit: 1020},
+	}}
+	gates := NewGates()
+	st := gates.Add("q", "pool-headroom")
+	r := gate.NewRefresher(wrapped{pg}, gate.RefresherConfig{Name: "q"})
+	st.SetRefresher(r)
+	st.Observe(1, nil) // sampled: 3 and 7 in flight
+	pg.pods[0].InFlight = 4
+	st.Observe(1, nil) // within PodHistoryStep: not sampled
+	st.Observe(0, errors.New("scrape failed"))
+	pg.pods[0].InFlight = 2 // the reading in force when the page asks
+
+	now := time.Now()
+	p := New(Config{Pipeline: fixedSource{At: now, Queues: []pipeline.QueueSnapshot{{ID: "b", Name: "b", Gate: r}}}, Gates: gates})
+	var s Snapshot
+	if err := json.NewDecoder(get(t, p, "/status.json").Body).Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Gates) != 1 || len(s.Gates[0].Pods) != 2 {
+		t.Fatalf("gates %+v, want one gate with 2 pods", s.Gates)
+	}
+	p0, p1 := s.Gates[0].Pods[0], s.Gates[0].Pods[1]
+	if p0.Pod != "http://pod-0:8000" || p0.InFlight != 2 || p0.Limit != 5 || p0.Running != 9 || p0.Waiting != 1 || p0.KV != 0.25 || !p0.Burst {
+		t.Errorf("pod 0: %+v", p0)
+	}
+	if h := p0.History; len(h) != 2 || h[0][1] != 3 || h[0][2] != 5 || h[1] != [3]float64{float64(s.Now), 2, 5} {
+		t.Errorf("pod 0 history %v, want the sample (3 of 5) then the reading now (2 of 5)", h)
+	}
+	if h := p1.History; p1.InFlight != 7 || p1.Limit != 1020 || len(h) != 2 || h[0][1] != 7 {
+		t.Errorf("pod 1: %+v", p1)
+	}
+	// a gate that does not place requests has no pods in the JSON
+	plain := NewGates()
+	ps := plain.Add("c", "constant")
+	ps.SetRefresher(gate.NewRefresher(budgetGate{}, gate.RefresherConfig{Name: "c"}))
+	ps.Observe(1, nil)
+	resp := get(t, New(Config{Pipeline: fixedSource{At: now}, Gates: plain}), "/status.json")
+	body, _ := io.ReadAll(resp.Body)
+	if strings.Contains(string(body), `"pods"`) {
+		t.Errorf("a constant gate's entry has pods: %s", body)
+	}
+	page, _ := io.ReadAll(get(t, p, "/").Body)
+	for _, want := range []string{"function podChart(", "g.pods && g.pods.length ? podChart(", `"batch in flight per pod"`, "p.in_flight", "p.limit"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("the page lacks %q: it does not draw the pods", want)
+		}
+	}
+}
+
+// An "Also" figure with a chart carries its lines in status.json, and the
+// page draws them with the budget chart's code above the table.
+func TestExtraChart(t *testing.T) {
+	now := time.Now()
+	at := func(d time.Duration) float64 { return float64(now.Add(d).UnixMilli()) }
+	p := New(Config{Pipeline: fixedSource{At: now}, Extra: func() []Figure {
+		return []Figure{
+			{Label: "phase", Value: "burst"},
+			{Label: "TTFT p99", Value: "80 ms", Chart: &Chart{Unit: "ms", Lines: []Line{
+				{Label: "p99", Points: [][2]float64{{at(-2 * time.Second), 40}, {at(-time.Second), 80}}},
+				{Label: "floor", Points: [][2]float64{{at(-2 * time.Second), 50}, {at(0), 50}}},
+			}}},
+		}
+	}})
+	var s Snapshot
+	if err := json.NewDecoder(get(t, p, "/status.json").Body).Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Extra) != 2 || s.Extra[0].Chart != nil {
+		t.Fatalf("extra %+v", s.Extra)
+	}
+	c := s.Extra[1].Chart
+	if c == nil || c.Unit != "ms" || len(c.Lines) != 2 || c.Lines[0].Label != "p99" || len(c.Lines[0].Points) != 2 ||
+		c.Lines[0].Points[1][1] != 80 || c.Lines[1].Points[1][0] != at(0) {
+		t.Errorf("chart %+v", c)
+	}
+	page, _ := io.ReadAll(get(t, p, "/").Body)
+	for _, want := range []string{"function figureChart(", "f.chart.lines", "chartBlock(lines, now, span, ymax"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("the page lacks %q: it does not draw the figures' charts", want)
+		}
+	}
+	if n := strings.Count(string(page), "<polyline"); n != 1 {
+		t.Errorf("%d polyline templates in the page, want the one chart implementation", n)
+	}
+}
