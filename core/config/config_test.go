@@ -384,3 +384,32 @@ func TestValidateResume(t *testing.T) {
 		}
 	}
 }
+
+// The fronts' sections are kept as written, for their components to read
+// (cmd/sluice); UnknownKeys reports their unknown keys as Parse reports
+// the config's own.
+func TestFrontSectionsKeptRaw(t *testing.T) {
+	doc := `{"batch_api": {"enabled": true, "files": {"store": "disk"}}, "openai_api": {"enabled": true},
+	  "transport_config": {"queues": [{"queue_name": "q", "igw_base_url": "http://gw"}]}}`
+	c, err := Parse([]byte(doc), "f.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.BatchAPI) != `{"enabled": true, "files": {"store": "disk"}}` || string(c.OpenAIAPI) != `{"enabled": true}` {
+		t.Errorf("sections: %s, %s", c.BatchAPI, c.OpenAIAPI)
+	}
+	shape := struct {
+		Listen string `json:"listen"`
+		State  struct {
+			Path string `json:"path"`
+		} `json:"state"`
+	}{}
+	ps := UnknownKeys([]byte(`{"listne": "x", "state": {"path": "p", "pth": "p"}}`), shape, "batch_api")
+	want := `batch_api.listne: unknown field (did you mean "listen"?)` + "\n" + `batch_api.state.pth: unknown field (did you mean "path"?)`
+	if ps.Error() != want {
+		t.Errorf("UnknownKeys:\n%v\nwant\n%s", ps, want)
+	}
+	if ps := UnknownKeys([]byte(`{"listen": "x"}`), shape, "batch_api"); ps != nil {
+		t.Errorf("UnknownKeys of known keys: %v", ps)
+	}
+}
