@@ -109,8 +109,8 @@ func (p *problems) addErr(where string, err error) {
 }
 
 // decodeSection decodes raw into dst, having checked its keys against
-// shape (unknown keys reported as config.Parse reports them); ok is false
-// when raw is not one of dst's.
+// shape (unknown keys reported as config.Parse reports them); it reports
+// false when a key is unknown or a value is not of its key's type.
 func (p *problems) decodeSection(raw json.RawMessage, where string, shape, dst any) bool {
 	ps := config.UnknownKeys(raw, shape, where)
 	p.ps = append(p.ps, ps...)
@@ -238,12 +238,15 @@ func transportHasURL(cfg *config.Config) bool {
 	return len(cfg.TransportConfig.Options) > 0 && json.Unmarshal(cfg.TransportConfig.Options, &o) == nil && o.URL != ""
 }
 
-// storeConfigs are the file stores' Configs by store name, in the order
-// messages list the stores.
-var storeConfigs = []struct {
+// storeKind is a file store: its name in batch_api.files.store and where
+// its Config is in a storeSection.
+type storeKind struct {
 	name string
 	cfg  func(*storeSection) any
-}{
+}
+
+// storeKinds are the file stores, in the order messages list them.
+var storeKinds = []storeKind{
 	{"disk", func(s *storeSection) any { return &s.disk }},
 	{"s3", func(s *storeSection) any { return &s.s3 }},
 	{"gcs", func(s *storeSection) any { return &s.gcs }},
@@ -269,25 +272,20 @@ func (p *problems) readFiles(raw json.RawMessage) storeSection {
 		}
 		delete(keys, "store")
 	}
-	i := slices.IndexFunc(storeConfigs, func(c struct {
-		name string
-		cfg  func(*storeSection) any
-	}) bool {
-		return c.name == s.store
-	})
+	i := slices.IndexFunc(storeKinds, func(k storeKind) bool { return k.name == s.store })
 	if i < 0 {
 		p.add(w+".store", "%q: want disk, s3 or gcs", s.store)
 		return storeSection{}
 	}
-	dst := storeConfigs[i].cfg(&s)
+	dst := storeKinds[i].cfg(&s)
 	rest, err := json.Marshal(keys)
 	if err != nil {
 		p.add(w, "%v", err)
 		return storeSection{}
 	}
 	var anyStore []string
-	for _, c := range storeConfigs {
-		anyStore = append(anyStore, jsonKeys(c.cfg(&storeSection{}))...)
+	for _, k := range storeKinds {
+		anyStore = append(anyStore, jsonKeys(k.cfg(&storeSection{}))...)
 	}
 	own := jsonKeys(dst)
 	for _, u := range config.UnknownKeys(rest, dst, w) {

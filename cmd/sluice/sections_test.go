@@ -35,6 +35,18 @@ func sectionsConfig(batchAPI, openaiAPI string, set func(*config.Config)) *confi
 	return c
 }
 
+// readFrontsDoc is readFronts of the config document doc, with its
+// defaults.
+func readFrontsDoc(t *testing.T, doc string) (frontConfig, error) {
+	t.Helper()
+	c, err := config.Parse([]byte(doc), "f.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDefaults()
+	return readFronts(c, registered(t))
+}
+
 // The fronts' sections are checked as Config.Validate checked them before
 // they moved to their components: the same cases, the same meanings (a
 // rule a component holds is reported in its words).
@@ -117,7 +129,6 @@ func TestFrontSectionProblems(t *testing.T) {
 // Every key of the S3, GCS and disk stores is settable from a config
 // file, under batch_api.files, and reaches the store's Config whole.
 func TestBatchFilesEveryStoreKey(t *testing.T) {
-	ad := registered(t)
 	tests := []struct {
 		doc  string
 		want storeSection
@@ -138,13 +149,7 @@ func TestBatchFilesEveryStoreKey(t *testing.T) {
 	for _, tc := range tests {
 		doc := `{"batch_api": {"enabled": true, "files": ` + tc.doc + `},
 		  "transport_config": {"result_queue_name": "r", "queues": [{"queue_name": "q", "igw_base_url": "http://gw"}]}}`
-		c, err := config.Parse([]byte(doc), "f.json")
-		if err != nil {
-			t.Errorf("%s: %v", tc.doc, err)
-			continue
-		}
-		c.SetDefaults()
-		fc, err := readFronts(c, ad)
+		fc, err := readFrontsDoc(t, doc)
 		if err != nil {
 			t.Errorf("%s: %v", tc.doc, err)
 			continue
@@ -207,12 +212,7 @@ func TestBatchAPIEveryFrontKey(t *testing.T) {
 	    "max_file_bytes": 1048576, "max_lines": 500, "chunk_size": 50, "file_expiry": "48h", "cancel_quiet": 0.5,
 	    "cancel_wait": "2m", "scan_interval": "250ms", "record_wait": "5ms", "completion_windows": ["1h", "24h"]},
 	  "transport_config": {"result_queue_name": "r", "queues": [{"id": "jobs", "queue_name": "sluice:requests:jobs", "igw_base_url": "http://gw"}]}}`
-	c, err := config.Parse([]byte(doc), "f.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDefaults()
-	fc, err := readFronts(c, registered(t))
+	fc, err := readFrontsDoc(t, doc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +235,7 @@ func TestOpenAIAPIEveryFrontKey(t *testing.T) {
 	    "max_body_bytes": 1024, "forward_headers": ["X-Gateway-Model-Name"]},
 	  "transport_config": {"result_queue_name": "r", "queues": [{"id": "a", "queue_name": "sluice:requests:a", "igw_base_url": "http://gw"},
 	    {"id": "b", "queue_name": "sluice:requests:b", "igw_base_url": "http://gw"}]}}`
-	c, err := config.Parse([]byte(doc), "f.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDefaults()
-	fc, err := readFronts(c, registered(t))
+	fc, err := readFrontsDoc(t, doc)
 	if err != nil {
 		t.Fatal(err)
 	}
