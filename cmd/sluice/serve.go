@@ -277,7 +277,7 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	}
 	opts := app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version, Reload: reload}
 	var fr *fronts
-	if len(cfg.BatchAPI) > 0 || len(cfg.OpenAIAPI) > 0 {
+	if written(cfg.BatchAPI) || written(cfg.OpenAIAPI) {
 		if err := app.Check(cfg, ad); err != nil {
 			return err
 		}
