@@ -56,35 +56,19 @@ func newProducer(cfg *config.Config, ad app.Adapters, log *slog.Logger) (submit.
 	return p, t, nil
 }
 
-// s3Files, gcsFiles and diskFiles are batch_api.files in the stores' own
-// types: every key of the chosen store.
-func s3Files(f config.BatchFiles) s3store.Config {
-	return s3store.Config{Bucket: f.Bucket, Prefix: f.Prefix, Region: f.Region, Endpoint: f.Endpoint, PathStyle: f.PathStyle,
-		AccessKeyID: f.AccessKeyID, SecretAccessKey: f.SecretAccessKey, PartSize: f.PartSize, ChecksumWhenRequired: f.ChecksumWhenRequired}
-}
-
-func gcsFiles(f config.BatchFiles) gcsstore.Config {
-	return gcsstore.Config{Bucket: f.Bucket, Prefix: f.Prefix, Endpoint: f.Endpoint,
-		CredentialsFile: f.CredentialsFile, NoAuth: f.NoAuth, ChunkSize: f.ChunkSize}
-}
-
-func diskFiles(f config.BatchFiles) disk.Config {
-	return disk.Config{Dir: f.Dir, StaleTemp: f.StaleTemp}
-}
-
 // openFiles opens the file store batch_api.files chooses.
-func openFiles(ctx context.Context, f config.BatchFiles) (filestore.Store, error) {
+func openFiles(ctx context.Context, f storeSection) (filestore.Store, error) {
 	var (
 		st  filestore.Store
 		err error
 	)
-	switch f.Store {
+	switch f.store {
 	case "s3":
-		st, err = s3store.Open(ctx, s3Files(f))
+		st, err = s3store.Open(ctx, f.s3)
 	case "gcs":
-		st, err = gcsstore.Open(ctx, gcsFiles(f))
+		st, err = gcsstore.Open(ctx, f.gcs)
 	default:
-		st, err = disk.Open(diskFiles(f))
+		st, err = disk.Open(f.disk)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("batch_api.files: %w", err)
@@ -92,14 +76,10 @@ func openFiles(ctx context.Context, f config.BatchFiles) (filestore.Store, error
 	return st, nil
 }
 
-// newBatchAPI builds the Batch API of cfg (batch_api.enabled) on prod.
-func newBatchAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*batchAPI, error) {
-	b := cfg.BatchAPI
-	q := cfg.BatchQueue()
-	if q == nil {
-		return nil, errors.New("batch_api.queue: names no configured queue")
-	}
-	files, err := openFiles(context.Background(), b.Files)
+// newBatchAPI builds the Batch API of b (read by readFronts from cfg) on
+// prod.
+func newBatchAPI(cfg *config.Config, b *batchSection, prod submit.Producer, log *slog.Logger) (*batchAPI, error) {
+	files, err := openFiles(context.Background(), b.files)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +108,7 @@ func newBatchAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*b
 		closeStore(files)
 		return nil, err
 	}
-	svc, err := batch.New(batch.Config{Queue: q.Name, Windows: b.CompletionWindows, FileExpiry: b.FileExpiry.D()}, state, files, prod, log.With("component", "batch-api"))
+	svc, err := batch.New(b.front, state, files, prod, log.With("component", "batch-api"))
 	if err != nil {
 		return fail(err)
 	}

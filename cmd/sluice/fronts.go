@@ -26,26 +26,31 @@ type fronts struct {
 	openai *openaiAPI // nil when openai_api is off
 }
 
-// newFronts builds the fronts cfg turns on (at least one). For the memory
-// transport it builds the transport too, which the dispatcher must then
-// run on (the returned transport, for app.Options.Transport).
+// newFronts builds the fronts cfg turns on (nil when none is), after
+// readFronts' checks. For the memory transport it builds the transport
+// too, which the dispatcher must then run on (the returned transport, for
+// app.Options.Transport).
 func newFronts(cfg *config.Config, ad app.Adapters, log *slog.Logger) (*fronts, transport.Transport, error) {
-	if err := frontProblems(cfg, ad); err != nil {
+	fc, err := readFronts(cfg, ad)
+	if err != nil {
 		return nil, nil, err
+	}
+	if fc.batch == nil && fc.openai == nil {
+		return nil, nil, nil
 	}
 	prod, tr, err := newProducer(cfg, ad, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	f := &fronts{prod: prod}
-	if cfg.BatchAPI.Enabled {
-		if f.batch, err = newBatchAPI(cfg, prod, log); err != nil {
+	if fc.batch != nil {
+		if f.batch, err = newBatchAPI(cfg, fc.batch, prod, log); err != nil {
 			f.close()
 			return nil, nil, err
 		}
 	}
-	if cfg.OpenAIAPI.Enabled {
-		if f.openai, err = newOpenAIAPI(cfg, prod, log); err != nil {
+	if fc.openai != nil {
+		if f.openai, err = newOpenAIAPI(fc.openai.Config, prod, log); err != nil {
 			f.close()
 			return nil, nil, err
 		}
@@ -110,62 +115,6 @@ func (f *fronts) figures() []status.Figure {
 	return out
 }
 
-// openAIConfig is openai_api in front/openai's own type (its defaults
-// applied by the front).
-func openAIConfig(cfg *config.Config) (openai.Config, error) {
-	o := cfg.OpenAIAPI
-	def, queues, ok := cfg.OpenAIQueues()
-	if !ok {
-		return openai.Config{}, errors.New("openai_api: default_queue or queues names no configured queue")
-	}
-	return openai.Config{
-		Listen: o.Listen, DefaultQueue: def, Queues: queues, RoutePrefix: o.RoutePrefix,
-		DefaultTimeout: o.DefaultTimeout, MaxTimeout: o.MaxTimeout, ResultGrace: o.ResultGrace, KeepAlive: o.KeepAlive,
-		MaxBodyBytes: o.MaxBodyBytes, ForwardHeaders: o.ForwardHeaders,
-	}, nil
-}
-
-// frontProblems runs the fronts' own checks on their parts of cfg (after
-// cfg.Validate), with their defaults, and the producer's on the transport
-// options: what `sluice validate` reports beside the config's problems.
-func frontProblems(cfg *config.Config, ad app.Adapters) error {
-	var errs []error
-	if cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled {
-		if err := ad.Producers.Check(cfg.Transport, cfg.TransportConfig.Options); err != nil {
-			errs = append(errs, fmt.Errorf("fronts: %w", err))
-		}
-	}
-	if cfg.OpenAIAPI.Enabled {
-		if oc, err := openAIConfig(cfg); err != nil {
-			errs = append(errs, err)
-		} else {
-			oc.SetDefaults()
-			errs = append(errs, oc.Validate())
-		}
-	}
-	if cfg.BatchAPI.Enabled {
-		var err error
-		switch f := cfg.BatchAPI.Files; f.Store {
-		case "s3":
-			c := s3Files(f)
-			c.SetDefaults()
-			err = c.Validate()
-		case "gcs":
-			c := gcsFiles(f)
-			c.SetDefaults()
-			err = c.Validate()
-		default:
-			c := diskFiles(f)
-			c.SetDefaults()
-			err = c.Validate()
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("batch_api.files: %w", err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // openaiAPI is the openai_api section at work: the OpenAI-compatible
 // synchronous front on its own listener, through the fronts' producer
 // (which it does not close).
@@ -175,12 +124,9 @@ type openaiAPI struct {
 	log   *slog.Logger
 }
 
-// newOpenAIAPI builds the front of cfg (openai_api.enabled) on prod.
-func newOpenAIAPI(cfg *config.Config, prod submit.Producer, log *slog.Logger) (*openaiAPI, error) {
-	oc, err := openAIConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
+// newOpenAIAPI builds the front of oc (openai_api, read by readFronts) on
+// prod.
+func newOpenAIAPI(oc openai.Config, prod submit.Producer, log *slog.Logger) (*openaiAPI, error) {
 	log = log.With("component", "openai-api")
 	front, err := openai.NewWithLogger(oc, prod, log)
 	if err != nil {

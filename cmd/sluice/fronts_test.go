@@ -216,7 +216,7 @@ func TestValidateFronts(t *testing.T) {
 		{`"openai_api": {"enabled": true, "forward_headers": ["Authorization"]}`, `openai_api: forward_headers: "Authorization" cannot be forwarded`},
 		{`"openai_api": {"enabled": true, "default_queue": "other"}`, `openai_api.default_queue: "other" names no configured queue`},
 		{`"openai_api": {"enabled": true, "tls": true}`, "openai_api.tls: unknown field"},
-		{`"batch_api": {"enabled": true, "files": {"store": "gcs"}}`, "batch_api.files.bucket: missing: the gcs store needs an existing bucket"},
+		{`"batch_api": {"enabled": true, "files": {"store": "gcs"}}`, "batch_api.files: gcs filestore: bucket is empty"}, // the store's own rule
 		{`"batch_api": {"enabled": true, "files": {"store": "s3", "bucket": "b", "dir": "d"}}`, "batch_api.files.dir: not a setting of the s3 store"},
 	} {
 		f := writeFile(t, "sluice.json", "{"+base+", "+tc.section+"}")

@@ -277,14 +277,16 @@ func (f *serveFlags) serve(cmd *cobra.Command) error {
 	}
 	opts := app.Options{Adapters: ad, Logger: log, MetricsGuard: f.upstreamFlags.metricsGuard(), Version: version, Reload: reload}
 	var fr *fronts
-	if cfg.BatchAPI.Enabled || cfg.OpenAIAPI.Enabled {
+	if written(cfg.BatchAPI) || written(cfg.OpenAIAPI) {
 		if err := app.Check(cfg, ad); err != nil {
 			return err
 		}
 		if fr, opts.Transport, err = newFronts(cfg, ad, log); err != nil {
 			return err
 		}
-		opts.StatusExtra = fr.figures
+		if fr != nil {
+			opts.StatusExtra = fr.figures
+		}
 	}
 	a, err := app.New(cfg, opts)
 	if err != nil {
@@ -369,9 +371,7 @@ defaults). Exit 0 when it is valid, 1 otherwise.`,
 			}
 			if err == nil {
 				warnings, err = app.CheckWarnings(cfg, ad)
-			}
-			if err == nil {
-				err = frontProblems(cfg, ad)
+				err = errors.Join(err, frontProblems(cfg, ad))
 			}
 			if err != nil {
 				for _, line := range strings.Split(err.Error(), "\n") {

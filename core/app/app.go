@@ -86,12 +86,11 @@ func (ad *Adapters) setDefaults() {
 }
 
 // known describes the registries for config validation. With a transport
-// given, the config's transport name is only a label and is not checked
-// (nor whether it has a producer).
+// given, the config's transport name is only a label and is not checked.
 func (ad Adapters) known(transportGiven bool) config.Known {
-	k := config.Known{Gate: ad.Gates.Has, Gates: ad.Gates.Names(), Transports: ad.Transports.Names(), Producers: ad.Producers.Names()}
+	k := config.Known{Gate: ad.Gates.Has, Gates: ad.Gates.Names(), Transports: ad.Transports.Names()}
 	if !transportGiven {
-		k.Transport, k.Producer = ad.Transports.Has, ad.Producers.Has
+		k.Transport = ad.Transports.Has
 	}
 	return k
 }

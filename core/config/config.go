@@ -15,15 +15,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"reflect"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
@@ -126,11 +123,15 @@ type Config struct {
 	Log Log `json:"log"`
 	// Tracing configures OpenTelemetry tracing (off unless an endpoint is set).
 	Tracing Tracing `json:"tracing"`
-	// BatchAPI is the OpenAI Batch API front (front/batch), off by default.
-	BatchAPI BatchAPI `json:"batch_api"`
-	// OpenAIAPI is the OpenAI-compatible synchronous front (front/openai),
-	// off by default.
-	OpenAIAPI OpenAIAPI `json:"openai_api"`
+	// BatchAPI is the batch_api section as written: the OpenAI Batch API
+	// front (front/batch), off by default. The front and its file store
+	// own its keys: cmd/sluice decodes it into their Config types, which
+	// check them (this package cannot import the fronts).
+	BatchAPI json.RawMessage `json:"batch_api,omitempty"`
+	// OpenAIAPI is the openai_api section as written: the
+	// OpenAI-compatible synchronous front (front/openai), off by default;
+	// decoded and checked as BatchAPI is.
+	OpenAIAPI json.RawMessage `json:"openai_api,omitempty"`
 }
 
 // Tracing configures OpenTelemetry traces, exported over OTLP/HTTP.
@@ -546,8 +547,6 @@ func (c *Config) StatusPageEnabled() bool { return c.StatusPage == nil || *c.Sta
 // SetDefaults fills the unset fields that only the assembly reads; the
 // settings of components stay zero (see the package doc).
 func (c *Config) SetDefaults() {
-	c.BatchAPI.setDefaults()
-	c.OpenAIAPI.setDefaults()
 	if c.Transport == "" {
 		c.Transport = "memory"
 	}
@@ -607,288 +606,9 @@ func (c *Config) SetDefaults() {
 	}
 }
 
-// BatchAPI is the batch_api section: the OpenAI Batch API (/v1/files,
-// /v1/batches) served by `sluice serve` beside the dispatcher, on sluice's
-// own queues (docs/batch.md).
-type BatchAPI struct {
-	// Enabled turns it on (default off).
-	Enabled bool `json:"enabled,omitempty"`
-	// Listen is its own address (default 127.0.0.1:8090).
-	Listen string `json:"listen,omitempty"`
-	// Queue is the id or broker name of the configured queue jobs go to
-	// (default: the only queue). Its results must be routed by the message:
-	// the queue has no result_queue_name of its own.
-	Queue string `json:"queue,omitempty"`
-	// Files is where uploaded, output and error files live.
-	Files BatchFiles `json:"files"`
-	// State is where jobs and their recorded results live.
-	State BatchState `json:"state"`
-	// CompletionWindows are the completion_window values accepted, each a
-	// Go duration (default ["24h"]).
-	CompletionWindows []string `json:"completion_windows,omitempty"`
-	// FileExpiry is how long files live unless a batch says otherwise
-	// (default 720h, OpenAI's 30 days).
-	FileExpiry Duration `json:"file_expiry,omitempty"`
-}
-
-// BatchFiles is batch_api.files: the file store (front/filestore) and the
-// settings of the one chosen, each key one of that store's Config
-// (front/filestore/disk, s3, gcs: same names, same defaults, checked again
-// by the store). Without credentials of their own, S3 and GCS take them
-// from their usual chain (AWS: environment, shared files, web identity,
-// instance role; GCS: Application Default Credentials).
-type BatchFiles struct {
-	// Store is "disk" (default), "s3" (S3 or an S3-compatible store) or
-	// "gcs".
-	Store string `json:"store,omitempty"`
-	// Dir is the disk store's directory (default sluice-files); disk only.
-	Dir string `json:"dir,omitempty"`
-	// StaleTemp is how old a leftover temporary file must be before the
-	// disk store removes it when it opens (default 1h); disk only.
-	StaleTemp Duration `json:"stale_temp,omitempty"`
-	// Bucket holds the files (required for s3 and gcs; it must exist).
-	Bucket string `json:"bucket,omitempty"`
-	// Prefix starts every object's key (s3, gcs), e.g. "sluice/files/".
-	Prefix string `json:"prefix,omitempty"`
-	// Region is the S3 bucket's region (default AWS_REGION, else
-	// AWS_DEFAULT_REGION, else the profile's in ~/.aws/config, else
-	// us-east-1); s3 only.
-	Region string `json:"region,omitempty"`
-	// Endpoint is the URL of an S3-compatible store or of a GCS emulator's
-	// JSON API ("" for AWS S3, GCS itself).
-	Endpoint string `json:"endpoint,omitempty"`
-	// PathStyle addresses buckets as endpoint/bucket/key (most
-	// S3-compatible stores want it); s3 only.
-	PathStyle bool `json:"path_style,omitempty"`
-	// AccessKeyID and SecretAccessKey are static S3 credentials, both or
-	// neither (default: AWS's usual chain); s3 only.
-	AccessKeyID     string `json:"access_key_id,omitempty"`
-	SecretAccessKey string `json:"secret_access_key,omitempty"`
-	// PartSize is the size of each uploaded part and of the one buffer a
-	// Put holds (default 16 MiB; 5 MiB to 5 GiB); s3 only.
-	PartSize int64 `json:"part_size,omitempty"`
-	// ChecksumWhenRequired is accepted for the configs that set it and
-	// changes nothing (every payload is signed with its SHA-256); s3 only.
-	ChecksumWhenRequired bool `json:"checksum_when_required,omitempty"`
-	// CredentialsFile is a service-account key file (default: Application
-	// Default Credentials); gcs only.
-	CredentialsFile string `json:"credentials_file,omitempty"`
-	// NoAuth sends no credentials (an emulator); gcs only.
-	NoAuth bool `json:"no_auth,omitempty"`
-	// ChunkSize is the resumable upload's chunk, a multiple of 256 KiB
-	// (default 16 MiB); gcs only.
-	ChunkSize int `json:"chunk_size,omitempty"`
-}
-
-// transportHasURL reports whether the transport options carry a url of
-// their own (the Redis transports' "url" option), on which the fronts reach
-// the transport's Redis.
-func (c *Config) transportHasURL() bool {
-	if c.Transport != "redis-sortedset" && c.Transport != "redis-stream" {
-		return false
-	}
-	var o struct {
-		URL string `json:"url"`
-	}
-	return len(c.TransportConfig.Options) > 0 && json.Unmarshal(c.TransportConfig.Options, &o) == nil && o.URL != ""
-}
-
-// BatchState is batch_api.state.
-type BatchState struct {
-	// Store is "bolt" (default: a local embedded file, single node) or
-	// "redis" (several front replicas): on a Redis transport, the Redis the
-	// transport reaches (its url and topology options, else the
-	// deployment's redis_url, redis_mode, redis_addrs, redis_master_name and
-	// redis_tls; single, cluster or sentinel); on another transport, the
-	// deployment's.
-	Store string `json:"store,omitempty"`
-	// Path is the bolt file (default sluice-batch.db).
-	Path string `json:"path,omitempty"`
-	// Prefix starts the redis store's keys (default sluice-batch:); no
-	// '{' or '}': a job's keys are <prefix>{<job id>}:<kind>, one hash
-	// slot per job on a Redis Cluster.
-	Prefix string `json:"prefix,omitempty"`
-}
-
-func (b *BatchAPI) setDefaults() {
-	if !b.Enabled {
-		return
-	}
-	if b.Listen == "" {
-		b.Listen = "127.0.0.1:8090"
-	}
-	if b.Files.Store == "" {
-		b.Files.Store = "disk"
-	}
-	if b.Files.Dir == "" && b.Files.Store == "disk" {
-		b.Files.Dir = "sluice-files"
-	}
-	if b.State.Store == "" {
-		b.State.Store = "bolt"
-	}
-	if b.State.Path == "" {
-		b.State.Path = "sluice-batch.db"
-	}
-	if len(b.CompletionWindows) == 0 {
-		b.CompletionWindows = []string{"24h"}
-	}
-	if b.FileExpiry == 0 {
-		b.FileExpiry = Duration(30 * 24 * time.Hour)
-	}
-}
-
-// BatchQueue returns the queue batch_api.queue names (nil when none does).
-func (c *Config) BatchQueue() *Queue { return c.findQueue(c.BatchAPI.Queue) }
-
-// batchProblems checks the batch_api section.
-func (c *Config) batchProblems(k Known, add func(where, format string, a ...any)) {
-	b := c.BatchAPI
-	if !b.Enabled {
-		return
-	}
-	if _, _, err := net.SplitHostPort(b.Listen); err != nil {
-		add("batch_api.listen", "%q is not host:port: %v", b.Listen, err)
-	}
-	c.producerProblems("batch_api", k, add)
-	if q := c.BatchQueue(); q == nil {
-		if b.Queue == "" {
-			add("batch_api.queue", "missing: there are %d queues, name the one batches go to", len(c.TransportConfig.Queues))
-		} else {
-			add("batch_api.queue", "%q names no configured queue", b.Queue)
-		}
-	} else if !q.ResultFromMessage {
-		add("batch_api.queue", "queue %s has its own result_queue_name: batch results must be routed by the message (leave it out, set transport_config.result_queue_name instead)", q.ID)
-	}
-	b.Files.problems(add)
-	switch b.State.Store {
-	case "bolt":
-	case "redis":
-		if c.RedisURL == "" && !c.transportHasURL() {
-			add("batch_api.state.store", "redis needs redis_url (--redis.url, $REDIS_URL) or a Redis transport with its own url")
-		}
-		if strings.ContainsAny(b.State.Prefix, "{}") {
-			add("batch_api.state.prefix", "%q: must not contain '{' or '}' (each job's keys take its id as hash tag, for Redis Cluster)", b.State.Prefix)
-		}
-	default:
-		add("batch_api.state.store", "%q: want bolt or redis", b.State.Store)
-	}
-	for _, w := range b.CompletionWindows {
-		if d, err := time.ParseDuration(w); err != nil || d <= 0 {
-			add("batch_api.completion_windows", "%q is not a positive duration", w)
-		}
-	}
-	if b.FileExpiry < 0 {
-		add("batch_api.file_expiry", "must not be negative")
-	}
-	c.portProblems("batch_api.listen", b.Listen, add)
-}
-
-// producerProblems reports a front (where) on a transport without a
-// producer side: the fronts need one, with per-request result routes.
-func (c *Config) producerProblems(where string, k Known, add func(where, format string, a ...any)) {
-	if k.Producer != nil && !k.Producer(c.Transport) {
-		add(where, "needs a transport with a producer and per-request result routes (%s), not %s", strings.Join(k.Producers, ", "), c.Transport)
-	}
-}
-
-// portProblems reports a front's listen address whose port is the
-// metrics or the health port.
-func (c *Config) portProblems(where, listen string, add func(where, format string, a ...any)) {
-	_, p, err := net.SplitHostPort(listen)
-	if err != nil {
-		return
-	}
-	for name, port := range map[string]int{"metrics_port": c.MetricsPort, "health_port": c.HealthPort} {
-		if port > 0 && p == strconv.Itoa(port) {
-			add(where, "same port as %s (%d)", name, port)
-		}
-	}
-}
-
-// problems checks batch_api.files: the store is known and only its own
-// keys are set.
-func (f BatchFiles) problems(add func(where, format string, a ...any)) {
-	const w = "batch_api.files"
-	keys := []struct {
-		name string
-		set  bool
-	}{{"dir", f.Dir != ""}, {"stale_temp", f.StaleTemp != 0}, {"bucket", f.Bucket != ""}, {"prefix", f.Prefix != ""},
-		{"region", f.Region != ""}, {"endpoint", f.Endpoint != ""}, {"path_style", f.PathStyle},
-		{"access_key_id", f.AccessKeyID != ""}, {"secret_access_key", f.SecretAccessKey != ""}, {"part_size", f.PartSize != 0},
-		{"checksum_when_required", f.ChecksumWhenRequired}, {"credentials_file", f.CredentialsFile != ""}, {"no_auth", f.NoAuth},
-		{"chunk_size", f.ChunkSize != 0}}
-	var own []string
-	switch f.Store {
-	case "disk":
-		own = []string{"dir", "stale_temp"}
-	case "s3":
-		own = []string{"bucket", "prefix", "region", "endpoint", "path_style", "access_key_id", "secret_access_key", "part_size", "checksum_when_required"}
-	case "gcs":
-		own = []string{"bucket", "prefix", "endpoint", "credentials_file", "no_auth", "chunk_size"}
-	default:
-		add(w+".store", "%q: want disk, s3 or gcs", f.Store)
-		return
-	}
-	for _, k := range keys {
-		if k.set && !slices.Contains(own, k.name) {
-			add(w+"."+k.name, "not a setting of the %s store (its keys: %s)", f.Store, strings.Join(own, ", "))
-		}
-	}
-	if f.Store != "disk" && f.Bucket == "" {
-		add(w+".bucket", "missing: the %s store needs an existing bucket", f.Store)
-	}
-	if f.Endpoint != "" {
-		if u, err := url.Parse(f.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			add(w+".endpoint", "%q is not an http(s) URL", f.Endpoint)
-		}
-	}
-}
-
-// OpenAIAPI is the openai_api section: the OpenAI-compatible synchronous
-// front (/v1/chat/completions, /v1/completions; front/openai) served by
-// `sluice serve` beside the dispatcher, on sluice's own queues
-// (docs/batch.md). Its settings other than Enabled and Listen are
-// front/openai.Config's, whose defaults apply where they are left zero.
-type OpenAIAPI struct {
-	// Enabled turns it on (default off).
-	Enabled bool `json:"enabled,omitempty"`
-	// Listen is its own address (default 127.0.0.1:8091).
-	Listen string `json:"listen,omitempty"`
-	// DefaultQueue is the id or broker name of the configured queue a call
-	// without X-Sluice-Queue goes to (default: the only queue).
-	DefaultQueue string `json:"default_queue,omitempty"`
-	// Queues are the ids or broker names of the queues X-Sluice-Queue may
-	// name (by broker name). Default: DefaultQueue alone.
-	Queues []string `json:"queues,omitempty"`
-	// RoutePrefix starts every call's result route (default openai-sync:).
-	RoutePrefix string `json:"route_prefix,omitempty"`
-	// DefaultTimeout is a call's timeout without X-Sluice-Timeout
-	// (default 10m).
-	DefaultTimeout Duration `json:"default_timeout,omitempty"`
-	// MaxTimeout is the largest X-Sluice-Timeout accepted (default 1h).
-	MaxTimeout Duration `json:"max_timeout,omitempty"`
-	// ResultGrace is how long past a call's deadline the front waits for
-	// the dispatcher's result before it answers 504 itself (default 10s).
-	ResultGrace Duration `json:"result_grace,omitempty"`
-	// KeepAlive is the SSE comment interval of a streamed call that waits
-	// (default 15s).
-	KeepAlive Duration `json:"keep_alive,omitempty"`
-	// MaxBodyBytes is the largest request body accepted (default 8 MiB).
-	MaxBodyBytes int64 `json:"max_body_bytes,omitempty"`
-	// ForwardHeaders are request headers copied onto the queued request
-	// (sent to the gateway); never Authorization.
-	ForwardHeaders []string `json:"forward_headers,omitempty"`
-}
-
-func (o *OpenAIAPI) setDefaults() {
-	if o.Enabled && o.Listen == "" {
-		o.Listen = "127.0.0.1:8091"
-	}
-}
-
-// findQueue returns the queue whose id or broker name is name (nil when
+// FindQueue returns the queue whose id or broker name is name (nil when
 // none is); "" is the only queue.
-func (c *Config) findQueue(name string) *Queue {
+func (c *Config) FindQueue(name string) *Queue {
 	qs := c.TransportConfig.Queues
 	if name == "" {
 		if len(qs) == 1 {
@@ -902,60 +622,6 @@ func (c *Config) findQueue(name string) *Queue {
 		}
 	}
 	return nil
-}
-
-// OpenAIQueues returns the broker names of openai_api's default queue and
-// of the queues X-Sluice-Queue may name (the default first when queues is
-// empty); ok is false when one names no configured queue.
-func (c *Config) OpenAIQueues() (def string, queues []string, ok bool) {
-	q := c.findQueue(c.OpenAIAPI.DefaultQueue)
-	if q == nil {
-		return "", nil, false
-	}
-	for _, n := range c.OpenAIAPI.Queues {
-		qq := c.findQueue(n)
-		if n == "" || qq == nil {
-			return "", nil, false
-		}
-		queues = append(queues, qq.Name)
-	}
-	return q.Name, queues, true
-}
-
-// openAIProblems checks the openai_api section (what the assembly reads;
-// front/openai checks its own settings).
-func (c *Config) openAIProblems(k Known, add func(where, format string, a ...any)) {
-	o := c.OpenAIAPI
-	if !o.Enabled {
-		return
-	}
-	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
-		add("openai_api.listen", "%q is not host:port: %v", o.Listen, err)
-	}
-	c.producerProblems("openai_api", k, add)
-	check := func(where, name string) {
-		q := c.findQueue(name)
-		switch {
-		case q == nil && name == "":
-			add(where, "missing: there are %d queues, name the one calls go to", len(c.TransportConfig.Queues))
-		case q == nil:
-			add(where, "%q names no configured queue", name)
-		case !q.ResultFromMessage:
-			add(where, "queue %s has its own result_queue_name: each call's result must be routed by the message (leave it out, set transport_config.result_queue_name instead)", q.ID)
-		}
-	}
-	check("openai_api.default_queue", o.DefaultQueue)
-	for i, n := range o.Queues {
-		check(fmt.Sprintf("openai_api.queues[%d]", i), n)
-	}
-	c.portProblems("openai_api.listen", o.Listen, add)
-	if c.BatchAPI.Enabled {
-		_, bp, err1 := net.SplitHostPort(c.BatchAPI.Listen)
-		_, op, err2 := net.SplitHostPort(o.Listen)
-		if err1 == nil && err2 == nil && bp == op && bp != "0" {
-			add("openai_api.listen", "same port as batch_api.listen (%s)", bp)
-		}
-	}
 }
 
 // Problem is one thing wrong with a configuration, and where it is.
@@ -981,13 +647,9 @@ func (ps Problems) Error() string {
 type Known struct {
 	Transport func(string) bool
 	Gate      func(string) bool
-	// Producer says which transports have a producer side (the fronts
-	// run on those only); nil checks nothing.
-	Producer func(string) bool
-	// Transports, Gates and Producers list the names, for messages.
+	// Transports and Gates list the names, for messages.
 	Transports []string
 	Gates      []string
-	Producers  []string
 }
 
 // Validate returns every problem of a defaulted config (nil when none).
@@ -1030,8 +692,6 @@ func (c *Config) Validate(k Known) error {
 		add("retry.jitter", "must be in [0,1], got %v", c.Retry.Jitter)
 	}
 	c.componentProblems(add)
-	c.batchProblems(k, add)
-	c.openAIProblems(k, add)
 	if c.Prometheus.URL != "" {
 		if u, err := url.Parse(c.Prometheus.URL); err != nil || u.Scheme == "" || u.Host == "" {
 			add("prometheus.url", "%q is not an absolute URL", c.Prometheus.URL)
@@ -1259,6 +919,20 @@ func lineCol(data []byte, off int64) string {
 	line := 1 + bytes.Count(data[:off], []byte("\n"))
 	col := off - int64(bytes.LastIndexByte(data[:off], '\n'))
 	return fmt.Sprintf("%d col %d", line, col)
+}
+
+// UnknownKeys reports every key of the JSON object raw, and of the objects
+// it holds, that the Go type of shape has no field for (fields of embedded
+// structs count as encoding/json promotes them), each at its path under
+// path and with the closest known key: what Parse reports for the config's
+// own sections, for the sections that components own and decode
+// themselves (batch_api, openai_api).
+func UnknownKeys(raw json.RawMessage, shape any, path string) Problems {
+	var generic any
+	if json.Unmarshal(raw, &generic) != nil {
+		return nil // syntax and type errors are the decoder's to report
+	}
+	return unknownFields(generic, reflect.TypeOf(shape), path)
 }
 
 // unknownFields walks a decoded JSON value against the Go type it will be

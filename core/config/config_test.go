@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -17,8 +16,6 @@ func known() Known {
 		Transport:  func(s string) bool { return s == "memory" || s == "redis-sortedset" },
 		Gate:       func(s string) bool { return s == "constant" || s == "redis" },
 		Transports: []string{"memory", "redis-sortedset"}, Gates: []string{"constant", "redis"},
-		Producer:  func(s string) bool { return s == "memory" || s == "redis-sortedset" || s == "redis-stream" },
-		Producers: []string{"memory", "redis-sortedset", "redis-stream"},
 	}
 }
 
@@ -165,71 +162,6 @@ func TestValidateComponentSettings(t *testing.T) {
 			"redis_tls: applies to the Redis transports only (redis-sortedset, redis-stream, redis-pubsub), and the transport is memory"},
 		{"redis_tls with a Redis transport", func(c *Config) { c.Transport, c.RedisTLS.InsecureSkipVerify = "redis-sortedset", true }, ""},
 		{"auto", func(c *Config) { c.Dispatch.Protocol = "auto" }, ""},
-		{"batch_api off checks nothing", func(c *Config) { c.BatchAPI.State.Store = "mongo" }, ""},
-		{"batch_api", func(c *Config) { c.BatchAPI.Enabled = true }, ""},
-		{"batch_api unknown queue", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Queue = true, "nope" }, `batch_api.queue: "nope" names no configured queue`},
-		{"batch_api queue with its own results", func(c *Config) {
-			c.BatchAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
-		}, "batch_api.queue: queue q has its own result_queue_name"},
-		{"batch_api transport", func(c *Config) { c.BatchAPI.Enabled, c.Transport = true, "redis-pubsub" }, "batch_api: needs a transport with a producer"},
-		{"batch_api stores", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files.Store, c.BatchAPI.State.Store = true, "ftp", "mongo"
-		},
-			`batch_api.files.store: "ftp": want disk, s3 or gcs`},
-		{"batch_api state store", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "mongo" },
-			`batch_api.state.store: "mongo": want bolt or redis`},
-		{"batch_api s3", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Prefix: "p/", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true}
-		}, ""},
-		{"batch_api gcs", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "gcs", Bucket: "b", Prefix: "p/"}
-		}, ""},
-		{"batch_api s3 without bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3"} },
-			"batch_api.files.bucket: missing: the s3 store needs an existing bucket"},
-		{"batch_api s3 with dir", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Dir: "d"}
-		},
-			"batch_api.files.dir: not a setting of the s3 store"},
-		{"batch_api gcs with region", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "gcs", Bucket: "b", Region: "r"}
-		},
-			"batch_api.files.region: not a setting of the gcs store"},
-		{"batch_api disk with bucket", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Files.Bucket = true, "b" },
-			"batch_api.files.bucket: not a setting of the disk store (its keys: dir, stale_temp)"},
-		{"batch_api s3 endpoint", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.Files = true, BatchFiles{Store: "s3", Bucket: "b", Endpoint: "minio:9000"}
-		},
-			`batch_api.files.endpoint: "minio:9000" is not an http(s) URL`},
-		{"openai_api off checks nothing", func(c *Config) { c.OpenAIAPI.DefaultQueue = "nope" }, ""},
-		{"openai_api", func(c *Config) { c.OpenAIAPI.Enabled = true }, ""},
-		{"openai_api with batch_api", func(c *Config) { c.OpenAIAPI.Enabled, c.BatchAPI.Enabled = true, true }, ""},
-		{"openai_api same port as batch_api", func(c *Config) {
-			c.OpenAIAPI.Enabled, c.BatchAPI.Enabled, c.OpenAIAPI.Listen = true, true, "0.0.0.0:8090"
-		}, "openai_api.listen: same port as batch_api.listen (8090)"},
-		{"openai_api same port as metrics", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Listen = true, "127.0.0.1:9090" },
-			"openai_api.listen: same port as metrics_port (9090)"},
-		{"openai_api listen", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Listen = true, "8091" }, `openai_api.listen: "8091" is not host:port`},
-		{"openai_api unknown queue", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.DefaultQueue = true, "nope" },
-			`openai_api.default_queue: "nope" names no configured queue`},
-		{"openai_api unknown header queue", func(c *Config) { c.OpenAIAPI.Enabled, c.OpenAIAPI.Queues = true, []string{"q", "other"} },
-			`openai_api.queues[1]: "other" names no configured queue`},
-		{"openai_api queue with its own results", func(c *Config) {
-			c.OpenAIAPI.Enabled, c.TransportConfig.Queues[0].ResultName = true, "own"
-		}, "openai_api.default_queue: queue q has its own result_queue_name"},
-		{"openai_api transport", func(c *Config) { c.OpenAIAPI.Enabled, c.Transport = true, "redis-pubsub" },
-			"openai_api: needs a transport with a producer and per-request result routes (memory, redis-sortedset, redis-stream), not redis-pubsub"},
-		{"batch_api redis state needs redis_url", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.State.Store = true, "redis" },
-			"batch_api.state.store: redis needs redis_url"},
-		{"batch_api redis state on a transport url", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.State.Store, c.Transport = true, "redis", "redis-sortedset"
-			c.TransportConfig.Options = json.RawMessage(`{"url":"redis://127.0.0.1:6379/0"}`)
-		}, ""},
-		{"batch_api redis state prefix with a brace", func(c *Config) {
-			c.BatchAPI.Enabled, c.BatchAPI.State.Store, c.BatchAPI.State.Prefix, c.RedisURL = true, "redis", "s{x}:", "redis://127.0.0.1:6379/0"
-		}, "batch_api.state.prefix: \"s{x}:\": must not contain '{' or '}'"},
-		{"batch_api listen", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.Listen = true, "8090" }, `batch_api.listen: "8090" is not host:port`},
-		{"batch_api window", func(c *Config) { c.BatchAPI.Enabled, c.BatchAPI.CompletionWindows = true, []string{"1d"} },
-			`batch_api.completion_windows: "1d" is not a positive duration`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -450,5 +382,34 @@ func TestValidateResume(t *testing.T) {
 		if refused == evict {
 			t.Errorf("evict %v: err %v", evict, err)
 		}
+	}
+}
+
+// The fronts' sections are kept as written, for their components to read
+// (cmd/sluice); UnknownKeys reports their unknown keys as Parse reports
+// the config's own.
+func TestFrontSectionsKeptRaw(t *testing.T) {
+	doc := `{"batch_api": {"enabled": true, "files": {"store": "disk"}}, "openai_api": {"enabled": true},
+	  "transport_config": {"queues": [{"queue_name": "q", "igw_base_url": "http://gw"}]}}`
+	c, err := Parse([]byte(doc), "f.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(c.BatchAPI) != `{"enabled": true, "files": {"store": "disk"}}` || string(c.OpenAIAPI) != `{"enabled": true}` {
+		t.Errorf("sections: %s, %s", c.BatchAPI, c.OpenAIAPI)
+	}
+	shape := struct {
+		Listen string `json:"listen"`
+		State  struct {
+			Path string `json:"path"`
+		} `json:"state"`
+	}{}
+	ps := UnknownKeys([]byte(`{"listne": "x", "state": {"path": "p", "pth": "p"}}`), shape, "batch_api")
+	want := `batch_api.listne: unknown field (did you mean "listen"?)` + "\n" + `batch_api.state.pth: unknown field (did you mean "path"?)`
+	if ps.Error() != want {
+		t.Errorf("UnknownKeys:\n%v\nwant\n%s", ps, want)
+	}
+	if ps := UnknownKeys([]byte(`{"listen": "x"}`), shape, "batch_api"); ps != nil {
+		t.Errorf("UnknownKeys of known keys: %v", ps)
 	}
 }

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -34,103 +33,6 @@ import (
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/filestore"
 )
-
-// Config configures a Service.
-type Config struct {
-	// Queue is the request queue jobs are put on (its broker name); the
-	// dispatcher must route its results by the message (a queue without
-	// its own result_queue_name).
-	Queue string
-	// RoutePrefix starts every job's result route (default "sluice-batch:").
-	RoutePrefix string
-	// Owner names this replica in ownership leases (default host-pid-random).
-	Owner string
-	// OwnerLease is how long a job stays owned without renewal (default 30s).
-	OwnerLease time.Duration
-	// MaxFileBytes bounds an upload (default 200 MB, OpenAI's).
-	MaxFileBytes int64
-	// MaxLines bounds the requests of a file (default 50,000, OpenAI's).
-	MaxLines int
-	// ChunkSize is how many requests one Enqueue carries (default 1000).
-	ChunkSize int
-	// FileExpiry is how long uploaded and output files live by default
-	// (default 30 days, OpenAI's for purpose batch).
-	FileExpiry time.Duration
-	// CancelQuiet is how long a cancelled or expired job waits without a
-	// new result before it answers the lines left (default 2s; at most
-	// CancelWait in all).
-	CancelQuiet time.Duration
-	// CancelWait bounds the wait for the results of a cancelled or expired
-	// job's requests in flight (default 1m).
-	CancelWait time.Duration
-	// ScanInterval is how often the replica looks for jobs to own (default 1s).
-	ScanInterval time.Duration
-	// RecordWait is how long the collector of a job gathers the results
-	// it reads before it records them in one state step (one transaction,
-	// one fsync on the local store) and acks them: up to ChunkSize results
-	// or this long after the first (default 20ms; the job's last step ends
-	// sooner, once every line left has a result). A result is acked only
-	// after its record is committed, as before; the wait trades that
-	// much latency per result for fewer, larger steps.
-	RecordWait time.Duration
-	// Windows are the completion windows accepted (default {"24h"}), each
-	// a Go duration.
-	Windows []string
-}
-
-func (c *Config) setDefaults() {
-	if c.RoutePrefix == "" {
-		c.RoutePrefix = "sluice-batch:"
-	}
-	if c.Owner == "" {
-		h, _ := os.Hostname()
-		c.Owner = fmt.Sprintf("%s-%d-%s", h, os.Getpid(), randomHex(4))
-	}
-	if c.OwnerLease <= 0 {
-		c.OwnerLease = 30 * time.Second
-	}
-	if c.MaxFileBytes <= 0 {
-		c.MaxFileBytes = 200 << 20
-	}
-	if c.MaxLines <= 0 {
-		c.MaxLines = 50000
-	}
-	if c.ChunkSize <= 0 {
-		c.ChunkSize = 1000
-	}
-	if c.FileExpiry <= 0 {
-		c.FileExpiry = 30 * 24 * time.Hour
-	}
-	if c.CancelQuiet <= 0 {
-		c.CancelQuiet = 2 * time.Second
-	}
-	if c.CancelWait <= 0 {
-		c.CancelWait = time.Minute
-	}
-	if c.ScanInterval <= 0 {
-		c.ScanInterval = time.Second
-	}
-	if c.RecordWait <= 0 {
-		c.RecordWait = 20 * time.Millisecond
-	}
-	if len(c.Windows) == 0 {
-		c.Windows = []string{"24h"}
-	}
-}
-
-// Validate checks c after its defaults.
-func (c *Config) Validate() error {
-	c.setDefaults()
-	if c.Queue == "" {
-		return errors.New("batch: queue is empty")
-	}
-	for _, w := range c.Windows {
-		if d, err := time.ParseDuration(w); err != nil || d <= 0 {
-			return fmt.Errorf("batch: completion window %q is not a positive duration", w)
-		}
-	}
-	return nil
-}
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -58,7 +58,7 @@ func New(client redis.UniversalClient, prefix string) *Store {
 // deployment's redis_tls) when set, as the Redis transports do
 // (transport.Env.RedisTLSFor).
 func Dial(url, prefix string, env transport.Env) (*Store, error) {
-	if err := checkPrefix(prefix); err != nil {
+	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
 	top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
@@ -79,13 +79,15 @@ func Dial(url, prefix string, env transport.Env) (*Store, error) {
 // a connection someone else owns (the transport's), which Close leaves
 // open.
 func NewChecked(client redis.UniversalClient, prefix string) (*Store, error) {
-	if err := checkPrefix(prefix); err != nil {
+	if err := CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
 	return New(client, prefix), nil
 }
 
-func checkPrefix(prefix string) error {
+// CheckPrefix reports a key prefix the store refuses: one with '{' or
+// '}' (each job's keys take its id as their hash tag, for Redis Cluster).
+func CheckPrefix(prefix string) error {
 	if strings.ContainsAny(prefix, "{}") {
 		return fmt.Errorf("batch state: prefix %q: must not contain '{' or '}' (the job id is the keys' hash tag)", prefix)
 	}
