@@ -76,8 +76,11 @@ const (
 // request taken back waiting for its pod and resuming there from the
 // prefix cache.
 func frontierPodTwinFor(preset string) string {
-	if preset == "vllm-8b-h100-16" {
+	switch preset {
+	case "vllm-8b-h100-16":
 		return "pods-r0-i0-t3-w1-h250-p1-stay-e10"
+	case "vllm-8b-h100":
+		return "pods-r2-i2-t3-w1-h250-p1-stay-e10"
 	}
 	return "pods-r2-i2-t3-w1-h250-p1-stay"
 }

@@ -127,10 +127,15 @@ const (
 // ipPodSettings are the per-pod arm's settings on each pool, chosen from
 // the replay (interactive-frontier's pods-* policies; docs/benchmarks.md,
 // per-pod protection): reserve and idle reserve per pod, and readings
-// every 10 ms on the pods whose first tokens take 20 ms.
+// (so placements) every 10 ms on the vLLM pools.
 func ipPodSettings(preset string) string {
-	if preset == "vllm-8b-h100-16" {
+	switch preset {
+	case "vllm-8b-h100-16":
 		return "headroom-resume-pods-r0-i0-t3-w1-h250-e10"
+	case "vllm-8b-h100":
+		// the pace of placements (one per pod per reading) is what keeps
+		// this pool's steps short: 100 a second per pod
+		return "headroom-resume-pods-r2-i2-t3-w1-h250-e10"
 	}
 	return "headroom-resume-pods-r2-i2-t3-w1-h250"
 }
