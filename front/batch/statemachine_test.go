@@ -368,6 +368,9 @@ func TestResumeFromEachState(t *testing.T) {
 					if got.Usage == nil {
 						t.Error("usage not set when the batch ended")
 					}
+					if active, err := f.state.ActiveJobs(ctx); err != nil || slices.Contains(active, j.ID) {
+						t.Errorf("active jobs %v (%v) after the job ended", active, err)
+					}
 				})
 			}
 		})
