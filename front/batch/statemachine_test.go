@@ -687,3 +687,45 @@ func TestCancelWhileValidating(t *testing.T) {
 		t.Errorf("queued %v for a batch cancelled while validating", enqueued)
 	}
 }
+
+// cancelLandsInValidation is a State on which a cancel of the API lands
+// while a job validates: just before the update that ends its validation.
+type cancelLandsInValidation struct {
+	batch.State
+	once sync.Once
+}
+
+func (s *cancelLandsInValidation) UpdateJob(ctx context.Context, id string, fn func(*batch.Job) error) (batch.Job, error) {
+	if j, err := s.State.GetJob(ctx, id); err == nil && j.Status == batch.StatusValidating {
+		s.once.Do(func() {
+			_, _ = s.State.UpdateJob(ctx, id, func(j *batch.Job) error {
+				j.Status, j.CancellingAt = batch.StatusCancelling, time.Now().Unix()
+				return nil
+			})
+		})
+	}
+	return s.State.UpdateJob(ctx, id, fn)
+}
+
+// TestCancelDuringValidation: a cancel that lands while the job validates
+// wins: the job is not moved to in_progress, nothing is queued, and it
+// ends cancelled.
+func TestCancelDuringValidation(t *testing.T) {
+	ctx := context.Background()
+	f := newFront(t, &cancelLandsInValidation{State: backends(t)[0].open(t)}, batch.Config{})
+	f.putInput(t, 3)
+	now := time.Now().Unix()
+	j := batch.Job{ID: "batch_race", Endpoint: "/v1/chat/completions", InputFileID: smInputID, CompletionWindow: "24h",
+		Status: batch.StatusValidating, CreatedAt: now, ExpiresAt: now + 3600}
+	if err := f.state.CreateJob(ctx, j); err != nil {
+		t.Fatal(err)
+	}
+	f.run()
+	got := f.waitFinal(t, j.ID)
+	if got.Status != batch.StatusCancelled || got.InProgressAt != 0 || got.CancelledAt == 0 {
+		t.Fatalf("job %s, in_progress_at %d, cancelled_at %d; want cancelled, never in progress", got.Status, got.InProgressAt, got.CancelledAt)
+	}
+	if _, enqueued := f.prod.seen(); len(enqueued) > 0 {
+		t.Errorf("queued %v for a batch cancelled while it validated", enqueued)
+	}
+}
