@@ -3,7 +3,6 @@ package batch_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -118,20 +117,7 @@ func multipartUpload(t *testing.T, f *front, parts ...[2]string) (int, map[strin
 		}
 	}
 	_ = mw.Close()
-	return f.post(t, "/v1/files", mw.FormDataContentType(), &body)
-}
-
-func (f *front) post(t *testing.T, path, contentType string, body io.Reader) (int, map[string]any) {
-	t.Helper()
-	resp, err := http.Post(f.api.URL+path, contentType, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var m map[string]any
-	b, _ := io.ReadAll(resp.Body)
-	_ = json.Unmarshal(b, &m)
-	return resp.StatusCode, m
+	return f.send(t, http.MethodPost, "/v1/files", mw.FormDataContentType(), &body)
 }
 
 // stored lists the ids the file store holds.
@@ -161,7 +147,7 @@ func TestFilesAPI(t *testing.T) {
 		param  string
 	}{
 		{"not multipart", func() (int, map[string]any) {
-			return f.post(t, "/v1/files", "application/json", strings.NewReader(`{}`))
+			return f.send(t, http.MethodPost, "/v1/files", "application/json", strings.NewReader(`{}`))
 		}, 400, "file"},
 		{"no file part", func() (int, map[string]any) { return multipartUpload(t, f, [2]string{"purpose", "batch"}) }, 400, "file"},
 		{"two file parts", func() (int, map[string]any) {

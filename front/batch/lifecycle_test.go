@@ -1,12 +1,9 @@
 package batch_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -241,18 +238,5 @@ func TestLifecycleExpired(t *testing.T) {
 // upload posts data as a multipart upload of purpose batch.
 func upload(t *testing.T, f *front, data []byte) (int, map[string]any) {
 	t.Helper()
-	var body bytes.Buffer
-	mw := multipart.NewWriter(&body)
-	_ = mw.WriteField("purpose", "batch")
-	fw, _ := mw.CreateFormFile("file", "input.jsonl")
-	_, _ = fw.Write(data)
-	_ = mw.Close()
-	resp, err := http.Post(f.api.URL+"/v1/files", mw.FormDataContentType(), &body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var m map[string]any
-	_ = json.NewDecoder(resp.Body).Decode(&m)
-	return resp.StatusCode, m
+	return multipartUpload(t, f, [2]string{"purpose", "batch"}, [2]string{"file", string(data)})
 }

@@ -178,15 +178,26 @@ func answered(id string, i int) batch.Record {
 		`{"id":"batch_req_%s-%d","custom_id":"req-%d","response":{"status_code":200,"request_id":"%s-%d","body":{"n":%d}},"error":null}`, id, i, i, id, i, i)}
 }
 
-// do calls the API and decodes its JSON answer (nil when it is not JSON).
+// do calls the API with a JSON body (none when "") and decodes its JSON
+// answer (nil when it is not JSON).
 func (f *front) do(t *testing.T, method, path, body string) (int, map[string]any) {
 	t.Helper()
-	req, err := http.NewRequest(method, f.api.URL+path, strings.NewReader(body))
+	contentType := ""
+	if body != "" {
+		contentType = "application/json"
+	}
+	return f.send(t, method, path, contentType, strings.NewReader(body))
+}
+
+// send calls the API with body of contentType and decodes its JSON answer.
+func (f *front) send(t *testing.T, method, path, contentType string, body io.Reader) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, f.api.URL+path, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
