@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -166,7 +167,9 @@ func (a AccountConfig) validate(refresh time.Duration) []error {
 	}
 	var errs []error
 	if a.Account == nil {
-		if _, err := a.Redis.Options(); err != nil {
+		if _, _, err := net.SplitHostPort(a.Redis.Address); err != nil && !redisconn.IsURL(a.Redis.Address) {
+			errs = append(errs, fmt.Errorf("gate_params.account_redis: %q, want host:port, a redis:// or rediss:// URL, or %q", a.Redis.Address, AccountDeployment))
+		} else if _, err := a.Redis.Options(); err != nil {
 			errs = append(errs, fmt.Errorf("gate_params.account_redis: %w", err))
 		}
 	}

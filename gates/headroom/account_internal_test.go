@@ -1,0 +1,40 @@
+package headroom
+
+import "testing"
+
+// The replicas' parts of a limit add up to it exactly, whatever each
+// holds, when they see one another as they are: an excess is taken back
+// once between them (each part within what that replica holds), a room
+// is handed out once (each part at least what that replica holds).
+func TestShareAddsUp(t *testing.T) {
+	for _, holds := range [][]int{{0}, {5}, {12, 4}, {0, 0}, {3, 0, 2}, {1, 1, 1}, {7, 2, 9, 0}} {
+		total := 0
+		for _, h := range holds {
+			total += h
+		}
+		for allowed := 0; allowed <= total+7; allowed++ {
+			sum := 0
+			for k, own := range holds {
+				p := Peers{Replicas: len(holds) - 1, Rank: k, InFlight: []int{total - own}, Below: []int{0}}
+				for _, h := range holds[:k] {
+					p.Below[0] += h
+				}
+				limit := share(allowed, own, p, 0)
+				switch {
+				case allowed < total && (limit < 0 || limit > own):
+					t.Errorf("holds %v allowed %d: replica %d's limit %d outside [0, %d]", holds, allowed, k, limit, own)
+				case allowed >= total && limit < own:
+					t.Errorf("holds %v allowed %d: replica %d's limit %d below what it holds (%d)", holds, allowed, k, limit, own)
+				}
+				sum += limit
+			}
+			if sum != allowed {
+				t.Errorf("holds %v allowed %d: the replicas' limits add up to %d", holds, allowed, sum)
+			}
+		}
+	}
+	// alone (no account): the limit is the rule's
+	if got := share(3, 8, Peers{}, 0); got != 3 {
+		t.Errorf("share alone = %d, want 3", got)
+	}
+}
