@@ -54,6 +54,11 @@
 // take-backs in idle phases used up the requests' evict_limit, and in the
 // bursts the batch could no longer be taken back.)
 //
+// Several sluice replicas on one pool share an account with
+// account_redis (see account.go): each publishes what it has in flight
+// and counts the other replicas' calls as the batch's, not as other
+// traffic, and the rule's limit is split between them.
+//
 // A failed reading (an endpoint down, a metric missing) keeps the last
 // budget (failure policy keep-last; an eviction happens only on a reading
 // that worked). The gate is an Admitter only to count what it admitted;
