@@ -146,6 +146,17 @@ func TestAccountPodsReplicas(t *testing.T) {
 	if la[base(p, 0)] != 1 || lb[base(p, 0)] != 2 || la[base(p, 1)]+lb[base(p, 1)] != 14 {
 		t.Errorf("PodLimits a %v b %v; want 1 and 2 on pod 0 (3 in all), 14 in all on pod 1", la, lb)
 	}
+	// a replica with dispatch "gateway" on the same account counts the
+	// others' calls pool-wide; they cannot place its calls on a pod
+	c := replica(t, p, r, "c", "", nil)
+	admitN(t, c, 1)
+	read(t, c, a)
+	if got := c.Last(); got.Peers != 10 || got.Replicas != 3 {
+		t.Errorf("the gateway replica sees peers %d of %d replicas, want 10 of 3", got.Peers, got.Replicas)
+	}
+	if got := a.Last(); got.Peers != 4 || got.Replicas != 2 {
+		t.Errorf("a pods replica sees peers %d of %d replicas beside a gateway one, want 4 of 2", got.Peers, got.Replicas)
+	}
 }
 
 // A replica that stops publishing drops out within the TTL; one that
