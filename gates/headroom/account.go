@@ -20,12 +20,14 @@ package headroom
 //	    in proportion to what it holds there
 //
 // The parts add up to R and E exactly, whatever the replicas hold: the
-// replicas are ranked by their ids, and replica k's part of E is
-// ceil(E × C_{k+1} / T) − ceil(E × C_k / T), C_k being what the replicas
-// ranked before it hold and T what all hold (so two replicas that both see
-// an excess E take back E between them, not 2E); its part of R is
-// floor(R × (k+1) / n) − floor(R × k / n). Each replica sees the others
-// as of their last reading, at most a refresh interval old.
+// replicas are put in one order (their ids sorted, rotated by one place
+// every 10 refresh intervals so that none is always last), and the replica
+// at place k takes back ceil(E × C_{k+1} / T) − ceil(E × C_k / T) of E,
+// C_k being what the replicas before it hold and T what all hold (so two
+// replicas that both see an excess E take back E between them, not 2E);
+// its part of R is floor(R × (k+1) / n) − floor(R × k / n). Each replica
+// sees the others as of their last reading, at most a refresh interval
+// old.
 //
 // The account is a Redis hash per pool (account_key), one field per
 // replica: its counts and their expiry, set and read by one Lua script
@@ -73,6 +75,9 @@ const (
 	// accountTimeoutMin bounds one exchange from below (the bound is two
 	// refresh intervals).
 	accountTimeoutMin = 250 * time.Millisecond
+	// accountTurnIntervals is how many refresh intervals the replicas'
+	// order holds before it rotates by one place (see exchangeScript).
+	accountTurnIntervals = 10
 )
 
 // Account is where the replicas gating one pool share their in-flight
@@ -94,10 +99,11 @@ type Peers struct {
 	// counts (nil: none).
 	InFlight []int
 	// Below is, per element, the part of InFlight held by the replicas
-	// ranked before this one (by replica id).
+	// placed before this one in the replicas' order (one every replica
+	// sees alike; the Redis account rotates it).
 	Below []int
-	// Replicas is how many other replicas are live; Rank how many of them
-	// rank before this one.
+	// Replicas is how many other replicas are live; Rank this replica's
+	// place in the order, in [0, Replicas].
 	Replicas, Rank int
 }
 
@@ -215,20 +221,22 @@ func accountParams(p gate.Params, env gate.Env) (AccountConfig, error) {
 // exchangeScript sets this replica's field of the pool's hash (KEYS[1]) to
 // its counts (ARGV[3], "3,0,2") and their expiry, now + ARGV[2] ms by
 // Redis' clock, drops the expired fields, and returns {live other
-// replicas, those ranked before ARGV[1], sums per element, sums of the
-// replicas ranked before}. A replica publishing one number while this one
-// publishes several (or the reverse) is counted only pool-wide: by a
-// replica publishing one number, as the sum of its elements.
+// replicas, this replica's place in the order, sums per element, sums of
+// the replicas placed before it}. The order is the replicas' ids sorted,
+// rotated by one place every ARGV[4] ms, so that no replica is always the
+// one that gets no part of a small room or takes back a small excess. A
+// replica publishing several numbers while this one publishes one is
+// counted by their sum; one publishing one number while this one publishes
+// several is not counted (its calls cannot be placed on a pod).
 var exchangeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local me, ttl = ARGV[1], tonumber(ARGV[2])
+local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local n = 0
 for _ in string.gmatch(ARGV[3], '[^,]+') do n = n + 1 end
 redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
-local peers, rank, sum, below = 0, 0, {}, {}
-for j = 1, n do sum[j], below[j] = 0, 0 end
+local ids, counts = {me}, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local id, v = all[i], all[i + 1]
@@ -245,17 +253,26 @@ for i = 1, #all, 2 do
       c = {s}
     end
     if #c == n then
-      peers = peers + 1
-      local before = id < me
-      if before then rank = rank + 1 end
-      for j = 1, n do
-        sum[j] = sum[j] + c[j]
-        if before then below[j] = below[j] + c[j] end
-      end
+      ids[#ids + 1] = id
+      counts[id] = c
     end
   end
 end
-local out = {peers, rank}
+table.sort(ids)
+local live = #ids
+local turn = math.floor(now / period) % live
+local place = {}
+for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
+local sum, below = {}, {}
+for j = 1, n do sum[j], below[j] = 0, 0 end
+for id, c in pairs(counts) do
+  local before = place[id] < place[me]
+  for j = 1, n do
+    sum[j] = sum[j] + c[j]
+    if before then below[j] = below[j] + c[j] end
+  end
+end
+local out = {live - 1, place[me]}
 for j = 1, n do out[#out + 1] = sum[j] end
 for j = 1, n do out[#out + 1] = below[j] end
 return out
@@ -268,11 +285,13 @@ type redisAccount struct {
 	key     string
 	replica string
 	ttl     time.Duration
+	turn    time.Duration // how long the replicas' order stays before it rotates
 	once    sync.Once
 }
 
-// newRedisAccount returns the account of a; it does not connect yet.
-func newRedisAccount(a AccountConfig) (*redisAccount, error) {
+// newRedisAccount returns the account of a, whose replicas' order
+// rotates every turn; it does not connect yet.
+func newRedisAccount(a AccountConfig, turn time.Duration) (*redisAccount, error) {
 	o, err := a.Redis.Options()
 	if err != nil {
 		return nil, fmt.Errorf("gate_params.account_redis: %w", err)
@@ -280,7 +299,7 @@ func newRedisAccount(a AccountConfig) (*redisAccount, error) {
 	// one exchange at a time per gate, bounded by its context; a failed
 	// one is asked again at the next reading
 	o.Tune(func(c *redisclient.Common) { c.PoolSize = 2 })
-	return &redisAccount{client: o.New(), where: o.Where(), key: a.Key, replica: a.Replica, ttl: a.TTL}, nil
+	return &redisAccount{client: o.New(), where: o.Where(), key: a.Key, replica: a.Replica, ttl: a.TTL, turn: max(time.Millisecond, turn)}, nil
 }
 
 // Exchange implements Account.
@@ -289,7 +308,8 @@ func (r *redisAccount) Exchange(ctx context.Context, mine []int) (Peers, error) 
 	for i, n := range mine {
 		parts[i] = strconv.Itoa(max(0, n))
 	}
-	vals, err := exchangeScript.Run(ctx, r.client, []string{r.key}, r.replica, r.ttl.Milliseconds(), strings.Join(parts, ",")).Int64Slice()
+	vals, err := exchangeScript.Run(ctx, r.client, []string{r.key}, r.replica, r.ttl.Milliseconds(), strings.Join(parts, ","),
+		r.turn.Milliseconds()).Int64Slice()
 	if err != nil {
 		return Peers{}, fmt.Errorf("replica account %s at %s: %w", r.key, r.where, err)
 	}
@@ -343,7 +363,7 @@ func newSharing(cfg Config) (*sharing, error) {
 	s := &sharing{acct: a.Account, ttl: a.TTL, timeout: max(accountTimeoutMin, 2*cfg.RefreshInterval), log: cfg.Logger,
 		what: fmt.Sprintf("%s as replica %s (ttl %v)", a.Key, a.Replica, a.TTL)}
 	if s.acct == nil {
-		r, err := newRedisAccount(a)
+		r, err := newRedisAccount(a, accountTurnIntervals*cfg.RefreshInterval)
 		if err != nil {
 			return nil, err
 		}

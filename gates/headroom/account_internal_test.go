@@ -1,6 +1,13 @@
 package headroom
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/testenv"
+)
 
 // The replicas' parts of a limit add up to it exactly, whatever each
 // holds, when they see one another as they are: an excess is taken back
@@ -36,5 +43,38 @@ func TestShareAddsUp(t *testing.T) {
 	// alone (no account): the limit is the rule's
 	if got := share(3, 8, Peers{}, 0); got != 3 {
 		t.Errorf("share alone = %d, want 3", got)
+	}
+}
+
+// The replicas' order rotates: each replica is in turn first and last,
+// and what it is told the replicas before it hold follows its place.
+func TestAccountOrderRotates(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	acct := func(id string) *redisAccount {
+		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Second}, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		return a
+	}
+	a, b := acct("a"), acct("b")
+	ctx := context.Background()
+	seen := map[int]bool{}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(seen) < 2; time.Sleep(7 * time.Millisecond) {
+		if _, err := b.Exchange(ctx, []int{5}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := a.Exchange(ctx, []int{3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Replicas != 1 || p.InFlight[0] != 5 || p.Below[0] != 5*p.Rank {
+			t.Fatalf("a was told %+v, want 1 other replica holding 5, all of it before a when a is second", p)
+		}
+		seen[p.Rank] = true
+	}
+	if !seen[0] || !seen[1] {
+		t.Errorf("a's places %v, want both 0 and 1 within 2s at a turn of 20ms", seen)
 	}
 }

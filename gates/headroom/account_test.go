@@ -129,30 +129,31 @@ func TestAccountPodsReplicas(t *testing.T) {
 	if lim := a.PodLimits(); lim[base(p, 0)] != 7 || lim[base(p, 1)] != 7 {
 		t.Fatalf("a's PodLimits %v before any call, want 7 per pod (14 split in two)", lim)
 	}
-	admitN(t, a, 6) // 3 per pod
+	admitN(t, a, 8) // 4 per pod
 	admitN(t, b, 4) // 2 per pod
-	p.set(0, 5+1, 0)
-	p.set(1, 5, 0)
+	p.set(0, 6+1, 0)
+	p.set(1, 6, 0)
 	read(t, a, b, a)
 	pa, pb := a.Last().Pods, b.Last().Pods
-	if pa[0].Own != 3 || pa[0].Peers != 2 || pa[0].Others != 1 || pa[1].Others != 0 || pb[0].Peers != 3 || pb[0].Others != 1 {
-		t.Fatalf("a's pods %+v, b's %+v; want own 3, peers 2, others 1 on pod 0 and no others on pod 1", pa, pb)
+	if pa[0].Own != 4 || pa[0].Peers != 2 || pa[0].Others != 1 || pa[1].Others != 0 || pb[0].Peers != 4 || pb[0].Others != 1 {
+		t.Fatalf("a's pods %+v, b's %+v; want own 4, peers 2, others 1 on pod 0 and no others on pod 1", pa, pb)
 	}
-	// 11 others on pod 0: 3 seats for the 5 calls there, 2 taken back
-	// between the replicas; pod 1 keeps its room, split
-	p.set(0, 5+11, 0)
+	// 11 others on pod 0: 3 seats for the 6 calls there, 3 taken back
+	// between the replicas (2 and 1, as they hold 4 and 2); pod 1 keeps
+	// its room (8), split
+	p.set(0, 6+11, 0)
 	read(t, a, b)
 	la, lb := a.PodLimits(), b.PodLimits()
-	if la[base(p, 0)] != 1 || lb[base(p, 0)] != 2 || la[base(p, 1)]+lb[base(p, 1)] != 14 {
-		t.Errorf("PodLimits a %v b %v; want 1 and 2 on pod 0 (3 in all), 14 in all on pod 1", la, lb)
+	if la[base(p, 0)] != 2 || lb[base(p, 0)] != 1 || la[base(p, 1)] != 8 || lb[base(p, 1)] != 6 {
+		t.Errorf("PodLimits a %v b %v; want 2 and 1 on pod 0 (3 in all), 8 and 6 on pod 1 (14 in all)", la, lb)
 	}
 	// a replica with dispatch "gateway" on the same account counts the
 	// others' calls pool-wide; they cannot place its calls on a pod
 	c := replica(t, p, r, "c", "", nil)
 	admitN(t, c, 1)
 	read(t, c, a)
-	if got := c.Last(); got.Peers != 10 || got.Replicas != 3 {
-		t.Errorf("the gateway replica sees peers %d of %d replicas, want 10 of 3", got.Peers, got.Replicas)
+	if got := c.Last(); got.Peers != 12 || got.Replicas != 3 {
+		t.Errorf("the gateway replica sees peers %d of %d replicas, want 12 of 3", got.Peers, got.Replicas)
 	}
 	if got := a.Last(); got.Peers != 4 || got.Replicas != 2 {
 		t.Errorf("a pods replica sees peers %d of %d replicas beside a gateway one, want 4 of 2", got.Peers, got.Replicas)
