@@ -1,12 +1,10 @@
 package headroom_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,34 +15,15 @@ import (
 	"github.com/sluice-io/sluice/internal/testenv"
 )
 
-// syncBuffer is a log sink safe for the gate's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // replica builds one replica's gate on p, sharing the account in r, its
 // lines logged to log (nil: discarded).
-func replica(t *testing.T, p *pods, r *testenv.Redis, id, extra string, log *syncBuffer) *headroom.Gate {
+func replica(t *testing.T, p *pods, r *testenv.Redis, id, extra string, log *testenv.Buffer) *headroom.Gate {
 	t.Helper()
 	reg := gate.NewRegistry()
 	if err := reg.Register(headroom.Type, headroom.Factory); err != nil {
 		t.Fatal(err)
 	}
-	var w bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(&w, nil))
+	logger := slog.New(slog.DiscardHandler)
 	if log != nil {
 		logger = slog.New(slog.NewTextHandler(log, nil))
 	}
@@ -194,7 +173,7 @@ func TestAccountReplicaExpires(t *testing.T) {
 func TestAccountDown(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p := newPods(t, 1)
-	var log syncBuffer
+	var log testenv.Buffer
 	a := replica(t, p, r, "a", `,"account_ttl":"1s"`, &log)
 	b := replica(t, p, r, "b", `,"account_ttl":"1s"`, nil)
 	clock := time.Now()
