@@ -455,6 +455,31 @@ func (g *Gate) exchange(ctx context.Context) func() Peers {
 	return func() Peers { return <-done }
 }
 
+// handBack reports, with an account and dispatch "pods", whether a
+// request no pod takes should go back to the queue rather than wait here:
+// this replica has no room left on any pod while the other replicas have
+// some. Waiting here, it would wait for this replica's part of the pool
+// while another replica could place it now (a replica that claimed the
+// most urgent requests at once would run them on 1/n of the pool); back in
+// the queue, a replica with room claims it, the earliest deadline first.
+// This replica does not claim it again at once: its credits are its part.
+// g.mu is held.
+func (g *Gate) handBack() bool {
+	if g.share == nil || g.pods == nil {
+		return false
+	}
+	now := g.now()
+	mine, theirs := 0, 0
+	for _, p := range g.pods {
+		own := p.own.at(now, g.cfg.ReleaseGrace)
+		mine += max(0, p.last.Allowed-own)
+		if p.last.Waiting == 0 { // a pod where a request waits takes no batch from anyone
+			theirs += max(0, p.last.Pooled-own-p.last.Peers)
+		}
+	}
+	return mine == 0 && theirs > 0
+}
+
 // share is this replica's limit out of allowed, the limit for the batch
 // of every replica together, on a pod (or the pool) where it holds own
 // and the other replicas peers, below of those held by the n replicas

@@ -139,6 +139,29 @@ func TestAccountPodsReplicas(t *testing.T) {
 	}
 }
 
+// A replica whose part of the pods is taken hands a request back to the
+// queue while another replica has room (it would wait here for its own
+// part), and keeps it waiting when no replica has room.
+func TestAccountHandBack(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	extra := `,"dispatch":"pods","pending_prefills":100`
+	a := replica(t, p, r, "a", extra, nil)
+	b := replica(t, p, r, "b", extra, nil)
+	read(t, a, b, a)
+	admitN(t, a, 7) // a's part of 14
+	d, err := a.Admit(context.Background(), &wire.Request{})
+	if err != nil || d.Verdict != gate.Defer || !strings.Contains(d.Reason, "another replica has room") {
+		t.Fatalf("Admit with b's part free = %+v, %v; want a Defer back to the queue", d, err)
+	}
+	admitN(t, b, 7)
+	p.set(0, 14, 0)
+	read(t, a, b, a)
+	if d, err := a.Admit(context.Background(), &wire.Request{}); err != nil || d.Verdict != gate.Wait {
+		t.Errorf("Admit with the pod full = %+v, %v; want a Wait", d, err)
+	}
+}
+
 // A replica that stops publishing drops out within the TTL; one that
 // closes its gate drops out at once.
 func TestAccountReplicaExpires(t *testing.T) {

@@ -715,6 +715,9 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	dec := gate.Decision{Verdict: gate.Admit}
 	if g.pods != nil {
 		p, why := g.place(req)
+		if p == nil && g.handBack() {
+			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
+		}
 		if p == nil {
 			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		}

@@ -83,8 +83,10 @@ type PodReading struct {
 	Burst                       bool
 	KV                          float64
 
-	// Peers are the other replicas' calls here (with an account).
-	Peers int
+	// Peers are the other replicas' calls here (with an account), Pooled
+	// the limit for every replica's calls here together (Allowed is this
+	// replica's part of it).
+	Peers, Pooled int
 }
 
 // podURLs returns the base URLs the pods serve inference on: urls when
@@ -146,8 +148,8 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 			kvCap = pr.Own + pr.Peers
 			r.KVCap = max(0, r.KVCap) + pr.Own
 		}
-		pr.Burst, pr.Keep, pr.Allowed = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own+pr.Peers, kvCap)
-		pr.Allowed = share(pr.Allowed, pr.Own, peers, i)
+		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own+pr.Peers, kvCap)
+		pr.Allowed = share(pr.Pooled, pr.Own, peers, i)
 		p.since, p.last = 0, pr
 		r.Pods[i] = pr
 		r.Own += pr.Own
