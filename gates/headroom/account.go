@@ -27,7 +27,9 @@ package headroom
 // replicas that both see an excess E take back E between them, not 2E);
 // its part of R is floor(R × (k+1) / n) − floor(R × k / n). Each replica
 // sees the others as of their last reading, at most a refresh interval
-// old.
+// old. With dispatch "pods" a request that finds no room in this
+// replica's part of any pod while another replica has room goes back to
+// the queue (see handBack).
 //
 // The account is a Redis hash per pool (account_key), one field per
 // replica: its counts and their expiry, set and read by one Lua script
