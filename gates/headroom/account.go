@@ -21,7 +21,7 @@ package headroom
 //
 // The parts add up to R and E exactly, whatever the replicas hold: the
 // replicas are put in one order (their ids sorted, rotated by one place
-// every 10 refresh intervals so that none is always last), and the replica
+// every 200 refresh intervals so that none is always last), and the replica
 // at place k takes back ceil(E × C_{k+1} / T) − ceil(E × C_k / T) of E,
 // C_k being what the replicas before it hold and T what all hold (so two
 // replicas that both see an excess E take back E between them, not 2E);
@@ -78,8 +78,12 @@ const (
 	// refresh intervals).
 	accountTimeoutMin = 250 * time.Millisecond
 	// accountTurnIntervals is how many refresh intervals the replicas'
-	// order holds before it rotates by one place (see exchangeScript).
-	accountTurnIntervals = 10
+	// order holds before it rotates by one place (see exchangeScript):
+	// around a rotation replicas reading on either side of it may both
+	// take a room's remainder, so it is rare (10 s at the default
+	// refresh); a replica left out of a small room meanwhile hands its
+	// requests back (handBack).
+	accountTurnIntervals = 200
 )
 
 // Account is where the replicas gating one pool share their in-flight
