@@ -190,8 +190,10 @@ type ipArm struct {
 	// evict sets the batch queue's evict option, resume its resume option.
 	evict, resume bool
 	// replicas > 1 runs that many sluice replicas sharing one account
-	// (headroom -x<n>; see interactive_replicas.go).
-	replicas int
+	// (headroom -x<n>; -noaccount: each counting only its own calls; see
+	// interactive_replicas.go).
+	replicas  int
+	noAccount bool
 }
 
 func ipArmByName(name string, pool ipPool) (ipArm, error) {
@@ -331,7 +333,7 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
 		// bursts, default the same); "-x<n>" runs n replicas sharing one
-		// account. Names: headroom[-evict|-resume][-pods[-p<placements>]][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>].
+		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>]][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
 		perPodDispatch, pending := false, 0
@@ -353,6 +355,8 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				if a.replicas, err = ipReplicasPart(name, part); err != nil {
 					return ipArm{}, err
 				}
+			case part == "noaccount":
+				a.noAccount = true
 			case part == "evict":
 				a.evict = true
 			case part == "resume":
@@ -1025,7 +1029,7 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw, Evict: evict, Resume: a.resume,
 		}}},
 	}
-	apps, closeApps, err := ipApps(cfg, mem, a.replicas)
+	apps, closeApps, err := ipApps(cfg, mem, a.replicas, !a.noAccount)
 	if err != nil {
 		return nil, err
 	}

@@ -40,7 +40,7 @@ func (ipSharedMem) Close() error { return nil }
 
 // ipReplicaConfigs returns the n replicas' configurations of cfg: the
 // queues' concurrency split n ways (rounded up), and each queue's gate
-// given the account at addr and the replica's id.
+// given the account at addr and the replica's id (addr "": no account).
 func ipReplicaConfigs(cfg *config.Config, n int, addr string) []*config.Config {
 	out := make([]*config.Config, n)
 	for i := range n {
@@ -52,8 +52,10 @@ func ipReplicaConfigs(cfg *config.Config, n int, addr string) []*config.Config {
 			for k, v := range cfg.TransportConfig.Queues[j].GateParams {
 				q.GateParams[k] = v
 			}
-			q.GateParams["account_redis"], _ = json.Marshal(addr)
-			q.GateParams["replica"], _ = json.Marshal(fmt.Sprintf("replica-%d", i))
+			if addr != "" {
+				q.GateParams["account_redis"], _ = json.Marshal(addr)
+				q.GateParams["replica"], _ = json.Marshal(fmt.Sprintf("replica-%d", i))
+			}
 			c.TransportConfig.Queues[j] = q
 		}
 		out[i] = &c
@@ -62,9 +64,10 @@ func ipReplicaConfigs(cfg *config.Config, n int, addr string) []*config.Config {
 }
 
 // ipApps builds the arm's sluice: one app on mem, or with n > 1 replicas
-// n apps sharing mem and an account in a redis-server started here. The
-// returned func stops that server once the apps have stopped.
-func ipApps(cfg *config.Config, mem *memory.Transport, n int) ([]*app.App, func(), error) {
+// n apps sharing mem and, with account, an account in a redis-server
+// started here. The returned func stops that server once the apps have
+// stopped.
+func ipApps(cfg *config.Config, mem *memory.Transport, n int, account bool) ([]*app.App, func(), error) {
 	if n <= 1 {
 		ap, err := newApp(cfg, app.Options{Transport: mem, Registry: prometheus.NewRegistry()})
 		if err != nil {
@@ -72,18 +75,22 @@ func ipApps(cfg *config.Config, mem *memory.Transport, n int) ([]*app.App, func(
 		}
 		return []*app.App{ap}, func() {}, nil
 	}
-	r, err := testenv.StartRedisProcess(testenv.RedisOptions{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("the replicas' account: %w", err)
+	addr, stop := "", func() {}
+	if account {
+		r, err := testenv.StartRedisProcess(testenv.RedisOptions{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("the replicas' account: %w", err)
+		}
+		addr, stop = r.Addr, r.Stop
 	}
 	var apps []*app.App
-	for _, c := range ipReplicaConfigs(cfg, n, r.Addr) {
+	for _, c := range ipReplicaConfigs(cfg, n, addr) {
 		ap, err := newApp(c, app.Options{Transport: ipSharedMem{mem}, Registry: prometheus.NewRegistry()})
 		if err != nil {
-			r.Stop()
+			stop()
 			return nil, nil, err
 		}
 		apps = append(apps, ap)
 	}
-	return apps, r.Stop, nil
+	return apps, stop, nil
 }

@@ -39,4 +39,13 @@ func TestIPReplicas(t *testing.T) {
 	if _, ok := cfg.TransportConfig.Queues[0].GateParams["replica"]; ok || cfg.Concurrency != 64 {
 		t.Error("the original configuration was changed")
 	}
+	// -noaccount: the replicas count only their own calls
+	if a, err := ipArmByName("headroom-resume-pods-x2-noaccount", ipPools()[0]); err != nil || a.replicas != 2 || !a.noAccount {
+		t.Errorf("arm = %+v, %v; want 2 replicas without an account", a, err)
+	}
+	for _, c := range ipReplicaConfigs(cfg, 2, "") {
+		if _, ok := c.TransportConfig.Queues[0].GateParams["account_redis"]; ok || c.Concurrency != 32 {
+			t.Errorf("a replica without an account: params %s, concurrency %d", c.TransportConfig.Queues[0].GateParams, c.Concurrency)
+		}
+	}
 }
