@@ -54,6 +54,11 @@
 // take-backs in idle phases used up the requests' evict_limit, and in the
 // bursts the batch could no longer be taken back.)
 //
+// Several sluice replicas on one pool share an account with
+// account_redis (see account.go): each publishes what it has in flight
+// and counts the other replicas' calls as the batch's, not as other
+// traffic, and the rule's limit is split between them.
+//
 // A failed reading (an endpoint down, a metric missing) keeps the last
 // budget (failure policy keep-last; an eviction happens only on a reading
 // that worked). The gate is an Admitter only to count what it admitted;
@@ -189,6 +194,10 @@ type Config struct {
 	// pod's gauges only at the pod's next step: counted as "others" in
 	// between, it would shrink the limit and evict again.
 	ReleaseGrace time.Duration
+	// Account is shared with the other replicas gating the same pool, so
+	// that each counts their calls as the batch's, not as other traffic
+	// (default: none; see account.go).
+	Account AccountConfig
 }
 
 // SetDefaults fills the zero fields.
@@ -254,6 +263,7 @@ func (c *Config) SetDefaults() {
 	if c.PendingPrefills == 0 {
 		c.PendingPrefills = DefaultPendingPrefills
 	}
+	c.Account.setDefaults(c.Endpoints, c.RefreshInterval)
 }
 
 // Validate reports every unusable parameter.
@@ -321,6 +331,7 @@ func (c Config) Validate() error {
 	if c.PendingPrefills < 0 {
 		errs = append(errs, fmt.Errorf("gate_params.pending_prefills: %d, want ≥ 1", c.PendingPrefills))
 	}
+	errs = append(errs, c.Account.validate(c.RefreshInterval)...)
 	return errors.Join(errs...)
 }
 
@@ -338,12 +349,16 @@ type Gate struct {
 	pods  []*podState // dispatch "pods": one per endpoint
 	last  Reading
 	check *evictCheck // nil with EvictCheckOff
+	share *sharing    // nil without an account
 }
 
 // Reading is what the last successful reading saw.
 type Reading struct {
 	At                    time.Time
 	Running, Waiting, Own int
+	// Peers are the other replicas' calls (with an account), Replicas
+	// the live replicas this one included.
+	Peers, Replicas int
 	// Others is the traffic sluice does not send; Held its peak within Hold.
 	Others, Held         int
 	Keep, Allowed, Seats int
@@ -389,6 +404,10 @@ func New(cfg Config) (*Gate, error) {
 			return nil, err
 		}
 	}
+	var err error
+	if g.share, err = newSharing(cfg); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
 
@@ -398,7 +417,12 @@ func New(cfg Config) (*Gate, error) {
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
 // labels, evict_check, evict_check_readings, evict_check_backoff,
 // abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, and the generic refresh_interval (which also paces its own
-// readings); the queue's concurrency is max_concurrency.
+// readings); the queue's concurrency is max_concurrency. Replicas on one
+// pool share an account (see account.go) with account_redis (host:port, a
+// redis:// or rediss:// URL, or "deployment": the deployment's Redis;
+// unset: no account), account_key (default: derived from the endpoints),
+// replica (this replica's id, default hostname-pid) and account_ttl
+// (default 10 refresh intervals, at least 1s).
 func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	eps, err := urlList(p, "endpoints")
 	if err != nil {
@@ -409,6 +433,9 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", ""),
 		Dispatch: p.String("dispatch", "")}
 	if cfg.PodURLs, err = urlList(p, "pod_urls"); err != nil {
+		return nil, err
+	}
+	if cfg.Account, err = accountParams(p, env); err != nil {
 		return nil, err
 	}
 	if p.Has("pending_prefills") {
@@ -522,7 +549,9 @@ func urlList(p gate.Params, key string) ([]string, error) {
 // the other traffic leaves beyond the reserve (with dispatch "pods", the
 // sum of every pod's limit: see podState).
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
+	peersOf := g.exchange(ctx)
 	rd, err := g.read(ctx)
+	peers := peersOf()
 	if err != nil {
 		return 0, err
 	}
@@ -530,17 +559,20 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.now()
-	r := Reading{At: now, Running: rd.running, Waiting: rd.waiting, Seats: len(c.Endpoints) * c.SeatsPerPod, KV: rd.kv, KVCap: -1}
+	r := Reading{At: now, Running: rd.running, Waiting: rd.waiting, Seats: len(c.Endpoints) * c.SeatsPerPod, KV: rd.kv, KVCap: -1,
+		Replicas: peers.Replicas + 1}
 	if g.pods != nil {
-		g.readPods(&r, rd)
+		g.readPods(&r, rd, peers)
 	} else {
-		r.Own = g.own.at(now, c.ReleaseGrace)
-		r.Others = g.others(rd.running, rd.waiting, r.Own)
+		// the batch is every replica's: own and peers (see account.go)
+		r.Own, r.Peers = g.own.at(now, c.ReleaseGrace), at(peers.InFlight, 0)
+		r.Others = g.others(rd.running, rd.waiting, r.Own+r.Peers)
 		r.Held = g.peaks.held(now, c.Hold, r.Others)
 		if c.KVLimit > 0 && rd.kv > c.KVLimit {
-			r.KVCap = r.Own
+			r.KVCap = r.Own + r.Peers
 		}
-		r.Burst, r.Keep, r.Allowed = g.rule.Apply(now, r.Others, r.Held, r.Own, r.KVCap)
+		r.Burst, r.Keep, r.Allowed = g.rule.Apply(now, r.Others, r.Held, r.Own+r.Peers, r.KVCap)
+		r.Allowed = share(r.Allowed, r.Own, peers, 0)
 	}
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.last = r
@@ -683,6 +715,9 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	dec := gate.Decision{Verdict: gate.Admit}
 	if g.pods != nil {
 		p, why := g.place(req)
+		if p == nil && g.handBack() {
+			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
+		}
 		if p == nil {
 			if strings.HasPrefix(why, stayReason) {
 				// back to the queue (its credit freed for the other
@@ -739,14 +774,14 @@ func (g *Gate) Describe() string {
 	if g.pods != nil {
 		where = fmt.Sprintf("per pod, dispatching to the pods itself (at most %d placement(s) per pod between readings; a request taken back resumes on its pod)", g.cfg.PendingPrefills)
 	}
-	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free %s of %d×%d%s on %s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
-		where, len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check)
+	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free %s of %d×%d%s on %s%s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
+		where, len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check, g.share.describe())
 }
 
-// Close drops the idle connections.
+// Close drops the idle connections and closes the account.
 func (g *Gate) Close() error {
 	g.tr.CloseIdleConnections()
-	return nil
+	return g.share.close()
 }
 
 // SetClock replaces the gate's clock (tests).

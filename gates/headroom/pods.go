@@ -85,6 +85,11 @@ type PodReading struct {
 	Others, Held, Keep, Allowed int
 	Burst                       bool
 	KV                          float64
+
+	// Peers are the other replicas' calls here (with an account), Pooled
+	// the limit for every replica's calls here together (Allowed is this
+	// replica's part of it).
+	Peers, Pooled int
 }
 
 // podURLs returns the base URLs the pods serve inference on: urls when
@@ -129,25 +134,29 @@ func newPods(cfg Config) ([]*podState, error) {
 	return pods, nil
 }
 
-// readPods applies one reading to every pod and fills r's pool-wide sums.
-// g.mu is held.
-func (g *Gate) readPods(r *Reading, rd reading) {
+// readPods applies one reading to every pod and fills r's pool-wide sums;
+// peers are the other replicas' calls per pod (see account.go). g.mu is
+// held.
+func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 	c := g.cfg
 	r.Pods = make([]PodReading, len(g.pods))
 	for i, p := range g.pods {
 		pg := rd.pods[i]
-		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace)}
-		pr.Others = g.others(pg.running, pg.waiting, pr.Own)
+		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
+			Peers: at(peers.InFlight, i)}
+		pr.Others = g.others(pg.running, pg.waiting, pr.Own+pr.Peers)
 		pr.Held = p.peaks.held(r.At, c.Hold, pr.Others)
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
-			kvCap = pr.Own
+			kvCap = pr.Own + pr.Peers
 			r.KVCap = max(0, r.KVCap) + pr.Own
 		}
-		pr.Burst, pr.Keep, pr.Allowed = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own, kvCap)
+		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own+pr.Peers, kvCap)
+		pr.Allowed = share(pr.Pooled, pr.Own, peers, i)
 		p.since, p.last = 0, pr
 		r.Pods[i] = pr
 		r.Own += pr.Own
+		r.Peers += pr.Peers
 		r.Others += pr.Others
 		r.Held += pr.Held
 		r.Keep += pr.Keep

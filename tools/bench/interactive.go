@@ -16,8 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
 	"github.com/sluice-io/sluice/core/dispatch"
@@ -218,6 +216,11 @@ type ipArm struct {
 	claimBatch int
 	// evict sets the batch queue's evict option, resume its resume option.
 	evict, resume bool
+	// replicas > 1 runs that many sluice replicas sharing one account
+	// (headroom -x<n>; -noaccount: each counting only its own calls; see
+	// interactive_replicas.go).
+	replicas  int
+	noAccount bool
 }
 
 func ipArmByName(name string, pool ipPool) (ipArm, error) {
@@ -359,7 +362,8 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// when the reserve is eaten. "-resume" (implies evict) continues
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
-		// bursts, default the same). Names: headroom[-evict|-resume][-pods[-p<placements>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>].
+		// bursts, default the same); "-x<n>" runs n replicas sharing one
+		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
 		perPodDispatch, pending, refresh := false, 0, headroom.DefaultRefreshInterval
@@ -382,6 +386,13 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 					return ipArm{}, fmt.Errorf("arm %q: p<n> wants placements per pod between readings, above 0", name)
 				}
 				pending = n
+			case strings.HasPrefix(part, "x"):
+				var err error
+				if a.replicas, err = ipReplicasPart(name, part); err != nil {
+					return ipArm{}, err
+				}
+			case part == "noaccount":
+				a.noAccount = true
 			case part == "evict":
 				a.evict = true
 			case part == "resume":
@@ -1040,11 +1051,10 @@ func ipStartPool(ctx context.Context, base poolsim.Config, adjust func(*poolsim.
 	return pool, url, nil
 }
 
-// ipSluice is sluice running the batch.
+// ipSluice is sluice running the batch (one app per replica).
 type ipSluice struct {
-	app   *app.App
+	apps  []*app.App
 	mem   *memory.Transport
-	reg   *prometheus.Registry
 	stop  func()
 	ids   map[string]int // request id → judged job (0..2), or -1 for the filler
 	start time.Time
@@ -1077,12 +1087,11 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 			InferenceObjective: ipBatchObj, GateType: gateType, GateParams: raw, Evict: evict, Resume: a.resume,
 		}}},
 	}
-	reg := prometheus.NewRegistry()
-	ap, err := newApp(cfg, app.Options{Transport: mem, Registry: reg})
+	apps, closeApps, err := ipApps(cfg, mem, a.replicas, !a.noAccount)
 	if err != nil {
 		return nil, err
 	}
-	s := &ipSluice{app: ap, mem: mem, reg: reg, ids: map[string]int{}, start: start}
+	s := &ipSluice{apps: apps, mem: mem, ids: map[string]int{}, start: start}
 	// a text prompt, which a resumed request continues by appending the
 	// text made (token ids could not be), distinct per request as a real
 	// batch's prompts are (the pools cache prefixes)
@@ -1107,15 +1116,20 @@ func ipStartSluice(ctx context.Context, front, prom string, a ipArm, prof ipProf
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	errc := make(chan error, 1)
-	go func() { errc <- ap.Run(runCtx) }()
+	errc := make(chan error, len(apps))
+	for _, ap := range apps {
+		go func() { errc <- ap.Run(runCtx) }()
+	}
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-				fmt.Fprintf(os.Stderr, "bench: %s: sluice: %v\n", ipScenario, err)
+			for range apps {
+				if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
+					fmt.Fprintf(os.Stderr, "bench: %s: sluice: %v\n", ipScenario, err)
+				}
 			}
+			closeApps()
 		})
 	}
 	return s, nil

@@ -1,0 +1,506 @@
+package headroom
+
+// Replicas that share one account.
+//
+// Each sluice replica counts only the calls it admitted as "own". With
+// several replicas on one queue and one pool, each would read the other
+// replicas' batch as traffic sluice does not send ("others"): it keeps too
+// little batch and takes back calls that are not in the way. With an
+// account (gate_params.account_redis), at every reading each replica
+// publishes its own in flight (per pod with dispatch "pods", one number
+// pool-wide with dispatch "gateway") and reads the sum of the other live
+// replicas', in the same Redis round trip, beside its scrape of the pods:
+//
+//	peers_i   = the other replicas' calls on pod i (or the pool)
+//	others_i  = max(0, running_i + ceil(waiting_weight × waiting_i) − own_i − peers_i)
+//	allowed_i = the rule's limit for the batch of every replica together
+//	limit_i   = this replica's part of allowed_i (share):
+//	  room  R = allowed_i − own_i − peers_i ≥ 0: own_i + its 1/n of R
+//	  excess E = own_i + peers_i − allowed_i > 0: own_i less its part of E,
+//	    in proportion to what it holds there
+//
+// The parts add up to R and E exactly, whatever the replicas hold: the
+// replicas are put in one order (their ids sorted, rotated by one place
+// every 200 refresh intervals so that none is always last), and the replica
+// at place k takes back ceil(E × C_{k+1} / T) − ceil(E × C_k / T) of E,
+// C_k being what the replicas before it hold and T what all hold (so two
+// replicas that both see an excess E take back E between them, not 2E);
+// its part of R is floor(R × (k+1) / n) − floor(R × k / n). Each replica
+// sees the others as of their last reading, at most a refresh interval
+// old. With dispatch "pods" a request that finds no room in this
+// replica's part of any pod while another replica has room goes back to
+// the queue (see handBack).
+//
+// The account is a Redis hash per pool (account_key), one field per
+// replica: its counts and their expiry, set and read by one Lua script
+// that reads the time from Redis (TIME), so replica clocks do not matter;
+// the script drops expired fields. A replica that dies stops counting
+// within account_ttl; one that closes its gate removes itself at once. A
+// failed exchange (Redis down) does not stop the gate: it keeps the last
+// peers for up to account_ttl, then counts none (each replica alone, as
+// without an account), and logs once per outage.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/gates/internal/redisconn"
+	"github.com/sluice-io/sluice/internal/redisclient"
+)
+
+// AccountDeployment as gate_params.account_redis names the deployment's
+// Redis (REDIS_URL, with its redis_mode, redis_addrs, redis_master_name).
+const AccountDeployment = "deployment"
+
+// Account defaults.
+const (
+	// DefaultAccountKeyPrefix starts the default account_key; a hash of
+	// the sorted endpoints follows.
+	DefaultAccountKeyPrefix = "sluice:headroom:account:"
+	// MinAccountTTL is the least default account_ttl (the default is
+	// 10 refresh intervals).
+	MinAccountTTL = time.Second
+	// accountTimeoutMin bounds one exchange from below (the bound is two
+	// refresh intervals).
+	accountTimeoutMin = 250 * time.Millisecond
+	// accountTurnIntervals is how many refresh intervals the replicas'
+	// order holds before it rotates by one place (see exchangeScript):
+	// around a rotation replicas reading on either side of it may both
+	// take a room's remainder, so it is rare (10 s at the default
+	// refresh); a replica left out of a small room meanwhile hands its
+	// requests back (handBack).
+	accountTurnIntervals = 200
+)
+
+// Account is where the replicas gating one pool share their in-flight
+// counts. It is safe for concurrent use.
+type Account interface {
+	// Exchange publishes this replica's in-flight calls, mine (one per
+	// pod, in the order of the sorted endpoints; one element with dispatch
+	// "gateway"), and returns the other live replicas' (see Peers).
+	// mine stays this replica's until it is replaced or expires.
+	Exchange(ctx context.Context, mine []int) (Peers, error)
+	// Close withdraws this replica's counts, as far as it can, and
+	// releases the account's resources.
+	Close() error
+}
+
+// Peers is what the other live replicas hold, as one Exchange saw it.
+type Peers struct {
+	// InFlight is, per element of mine, the sum of the other replicas'
+	// counts (nil: none).
+	InFlight []int
+	// Below is, per element, the part of InFlight held by the replicas
+	// placed before this one in the replicas' order (one every replica
+	// sees alike; the Redis account rotates it).
+	Below []int
+	// Replicas is how many other replicas are live; Rank this replica's
+	// place in the order, in [0, Replicas].
+	Replicas, Rank int
+}
+
+// at returns element i of xs, 0 past its end.
+func at(xs []int, i int) int {
+	if i < len(xs) {
+		return xs[i]
+	}
+	return 0
+}
+
+// AccountConfig configures the account a gate shares with the other
+// replicas of its deployment (Config.Account). The zero value is no
+// account: no peers.
+type AccountConfig struct {
+	// Redis is the Redis holding the account (gate_params.account_redis:
+	// host:port, a redis:// or rediss:// URL carrying credentials, db and
+	// TLS, or "deployment" for the deployment's Redis and topology).
+	// Empty Address: no account, unless Account is set.
+	Redis redisconn.Config
+	// Key is the hash holding the pool's account (default
+	// DefaultAccountKeyPrefix + a hash of the sorted endpoints, so that
+	// every replica reading the same pods shares it).
+	Key string
+	// Replica is this replica's id, unique among the replicas (default
+	// hostname-pid).
+	Replica string
+	// TTL is how long a replica's counts count after its last exchange
+	// (default 10 refresh intervals, at least MinAccountTTL; at least two
+	// refresh intervals).
+	TTL time.Duration
+	// Account, when set, is used instead of Redis (embedding, tests).
+	Account Account
+}
+
+// enabled reports whether an account is configured.
+func (a AccountConfig) enabled() bool { return a.Account != nil || a.Redis.Address != "" }
+
+// setDefaults fills the zero fields of an enabled account.
+func (a *AccountConfig) setDefaults(endpoints []string, refresh time.Duration) {
+	if !a.enabled() {
+		return
+	}
+	if a.Key == "" {
+		sum := sha256.Sum256([]byte(strings.Join(slices.Sorted(slices.Values(endpoints)), "\n")))
+		a.Key = DefaultAccountKeyPrefix + hex.EncodeToString(sum[:8])
+	}
+	if a.Replica == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "sluice"
+		}
+		a.Replica = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	if a.TTL == 0 {
+		a.TTL = max(MinAccountTTL, 10*refresh)
+	}
+}
+
+// validate reports every unusable account parameter.
+func (a AccountConfig) validate(refresh time.Duration) []error {
+	if !a.enabled() {
+		if a.Key != "" || a.Replica != "" || a.TTL != 0 {
+			return []error{errors.New("gate_params.account_key, replica and account_ttl need gate_params.account_redis (the Redis the replicas share)")}
+		}
+		return nil
+	}
+	var errs []error
+	if a.Account == nil {
+		if _, _, err := net.SplitHostPort(a.Redis.Address); err != nil && !redisconn.IsURL(a.Redis.Address) {
+			errs = append(errs, fmt.Errorf("gate_params.account_redis: %q, want host:port, a redis:// or rediss:// URL, or %q", a.Redis.Address, AccountDeployment))
+		} else if _, err := a.Redis.Options(); err != nil {
+			errs = append(errs, fmt.Errorf("gate_params.account_redis: %w", err))
+		}
+	}
+	if a.Replica == "" || strings.ContainsAny(a.Replica, ":, \t\r\n") {
+		errs = append(errs, fmt.Errorf("gate_params.replica: %q, want a non-empty id without spaces, ':' or ','", a.Replica))
+	}
+	if a.TTL < 2*refresh {
+		errs = append(errs, fmt.Errorf("gate_params.account_ttl: %v, want at least two refresh intervals (%v): a live replica's counts must not expire between its readings", a.TTL, 2*refresh))
+	}
+	return errs
+}
+
+// accountParams reads account_redis, account_key, replica and
+// account_ttl.
+func accountParams(p gate.Params, env gate.Env) (AccountConfig, error) {
+	var a AccountConfig
+	switch addr := strings.TrimSpace(p.String("account_redis", "")); addr {
+	case "":
+	case AccountDeployment:
+		if env.RedisURL == "" {
+			return a, errors.New(`gate_params.account_redis: "deployment", but the deployment names no Redis (REDIS_URL)`)
+		}
+		top, err := redisclient.ParseTopology(env.RedisMode, env.RedisAddrs, env.RedisMasterName)
+		if err != nil {
+			return a, fmt.Errorf("gate_params.account_redis: the deployment's redis_mode, redis_addrs, redis_master_name: %w", err)
+		}
+		a.Redis = redisconn.Config{Address: env.RedisURL, Mode: top.Mode, Addrs: top.Addrs, MasterName: top.MasterName}
+	default:
+		a.Redis = redisconn.Config{Address: addr}
+	}
+	a.Key = p.String("account_key", "")
+	a.Replica = p.String("replica", "")
+	var err error
+	if a.TTL, err = p.Duration("account_ttl", 0); err != nil {
+		return a, err
+	}
+	if p.Has("account_ttl") && a.TTL == 0 {
+		a.TTL = -1 // refused by validate, not defaulted
+	}
+	return a, nil
+}
+
+// exchangeScript sets this replica's field of the pool's hash (KEYS[1]) to
+// its counts (ARGV[3], "3,0,2") and their expiry, now + ARGV[2] ms by
+// Redis' clock, drops the expired fields, and returns {live other
+// replicas, this replica's place in the order, sums per element, sums of
+// the replicas placed before it}. The order is the replicas' ids sorted,
+// rotated by one place every ARGV[4] ms, so that no replica is always the
+// one that gets no part of a small room or takes back a small excess. A
+// replica publishing several numbers while this one publishes one is
+// counted by their sum; one publishing one number while this one publishes
+// several is not counted (its calls cannot be placed on a pod).
+var exchangeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local n = 0
+for _ in string.gmatch(ARGV[3], '[^,]+') do n = n + 1 end
+redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+local ids, counts = {me}, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local id, v = all[i], all[i + 1]
+  local sep = string.find(v, ':', 1, true)
+  local exp = sep and tonumber(string.sub(v, 1, sep - 1))
+  if not exp or exp <= now then
+    redis.call('HDEL', KEYS[1], id)
+  elseif id ~= me then
+    local c = {}
+    for x in string.gmatch(string.sub(v, sep + 1), '[^,]+') do c[#c + 1] = tonumber(x) or 0 end
+    if #c ~= n and n == 1 then
+      local s = 0
+      for j = 1, #c do s = s + c[j] end
+      c = {s}
+    end
+    if #c == n then
+      ids[#ids + 1] = id
+      counts[id] = c
+    end
+  end
+end
+table.sort(ids)
+local live = #ids
+local turn = math.floor(now / period) % live
+local place = {}
+for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
+local sum, below = {}, {}
+for j = 1, n do sum[j], below[j] = 0, 0 end
+for id, c in pairs(counts) do
+  local before = place[id] < place[me]
+  for j = 1, n do
+    sum[j] = sum[j] + c[j]
+    if before then below[j] = below[j] + c[j] end
+  end
+end
+local out = {live - 1, place[me]}
+for j = 1, n do out[#out + 1] = sum[j] end
+for j = 1, n do out[#out + 1] = below[j] end
+return out
+`)
+
+// redisAccount is an Account in a Redis hash (see exchangeScript).
+type redisAccount struct {
+	client  redis.UniversalClient
+	where   string // the server, without credentials
+	key     string
+	replica string
+	ttl     time.Duration
+	turn    time.Duration // how long the replicas' order stays before it rotates
+	once    sync.Once
+}
+
+// newRedisAccount returns the account of a, whose replicas' order
+// rotates every turn; it does not connect yet.
+func newRedisAccount(a AccountConfig, turn time.Duration) (*redisAccount, error) {
+	o, err := a.Redis.Options()
+	if err != nil {
+		return nil, fmt.Errorf("gate_params.account_redis: %w", err)
+	}
+	// one exchange at a time per gate, bounded by its context; a failed
+	// one is asked again at the next reading
+	o.Tune(func(c *redisclient.Common) { c.PoolSize = 2 })
+	return &redisAccount{client: o.New(), where: o.Where(), key: a.Key, replica: a.Replica, ttl: a.TTL, turn: max(time.Millisecond, turn)}, nil
+}
+
+// Exchange implements Account.
+func (r *redisAccount) Exchange(ctx context.Context, mine []int) (Peers, error) {
+	parts := make([]string, len(mine))
+	for i, n := range mine {
+		parts[i] = strconv.Itoa(max(0, n))
+	}
+	vals, err := exchangeScript.Run(ctx, r.client, []string{r.key}, r.replica, r.ttl.Milliseconds(), strings.Join(parts, ","),
+		r.turn.Milliseconds()).Int64Slice()
+	if err != nil {
+		return Peers{}, fmt.Errorf("replica account %s at %s: %w", r.key, r.where, err)
+	}
+	if len(vals) != 2+2*len(mine) {
+		return Peers{}, fmt.Errorf("replica account %s at %s: %d values for %d counts", r.key, r.where, len(vals), len(mine))
+	}
+	p := Peers{Replicas: int(vals[0]), Rank: int(vals[1]), InFlight: make([]int, len(mine)), Below: make([]int, len(mine))}
+	for i := range mine {
+		p.InFlight[i], p.Below[i] = int(vals[2+i]), int(vals[2+len(mine)+i])
+	}
+	return p, nil
+}
+
+// Close implements Account: it removes this replica's field, so the
+// others stop counting it at their next reading, and closes the client.
+func (r *redisAccount) Close() error {
+	var err error
+	r.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = r.client.HDel(ctx, r.key, r.replica).Err() // gone within the TTL anyway
+		if cerr := r.client.Close(); cerr != nil {
+			err = fmt.Errorf("close replica account client: %w", cerr)
+		}
+	})
+	return err
+}
+
+// sharing is the gate's side of its account: the order the counts travel
+// in, the last peers and how long they are kept when the account fails.
+type sharing struct {
+	acct    Account
+	order   []int // order[k]: the endpoint index of the k-th sorted endpoint
+	ttl     time.Duration
+	timeout time.Duration
+	log     *slog.Logger
+	what    string // for Describe and the log
+
+	mu     sync.Mutex
+	last   Peers // in the endpoints' order
+	lastOK time.Time
+	down   bool // an outage is logged
+}
+
+// newSharing returns the gate's account, nil without one.
+func newSharing(cfg Config) (*sharing, error) {
+	a := cfg.Account
+	if !a.enabled() {
+		return nil, nil
+	}
+	s := &sharing{acct: a.Account, ttl: a.TTL, timeout: max(accountTimeoutMin, 2*cfg.RefreshInterval), log: cfg.Logger,
+		what: fmt.Sprintf("%s as replica %s (ttl %v)", a.Key, a.Replica, a.TTL)}
+	if s.acct == nil {
+		r, err := newRedisAccount(a, accountTurnIntervals*cfg.RefreshInterval)
+		if err != nil {
+			return nil, err
+		}
+		s.acct, s.what = r, fmt.Sprintf("%s at %s as replica %s (ttl %v)", a.Key, r.where, a.Replica, a.TTL)
+	}
+	s.order = make([]int, len(cfg.Endpoints))
+	for i := range s.order {
+		s.order[i] = i
+	}
+	slices.SortStableFunc(s.order, func(x, y int) int { return strings.Compare(cfg.Endpoints[x], cfg.Endpoints[y]) })
+	return s, nil
+}
+
+// exchange publishes mine (in the endpoints' order; one element pool-wide)
+// and returns the peers to count at now: the account's answer, or on a
+// failure the last answer while it is younger than the TTL, else none.
+func (s *sharing) exchange(ctx context.Context, now time.Time, mine []int) Peers {
+	order := s.order
+	if len(mine) != len(order) {
+		order = []int{0} // pool-wide
+	}
+	sorted := make([]int, len(order))
+	for k, i := range order {
+		sorted[k] = mine[i]
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	p, err := s.acct.Exchange(ctx, sorted)
+	cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if !s.down {
+			s.down = true
+			s.log.Warn("replica account failed: keeping the other replicas' last counts for up to account_ttl, then counting none, until it answers again",
+				"account", s.what, "err", err)
+		}
+		if s.lastOK.IsZero() || now.Sub(s.lastOK) > s.ttl {
+			s.last = Peers{}
+		}
+		return s.last
+	}
+	if s.down {
+		s.down = false
+		s.log.Info("replica account answers again", "account", s.what)
+	}
+	out := Peers{Replicas: p.Replicas, Rank: p.Rank, InFlight: make([]int, len(order)), Below: make([]int, len(order))}
+	for k, i := range order {
+		out.InFlight[i], out.Below[i] = at(p.InFlight, k), at(p.Below, k)
+	}
+	s.last, s.lastOK = out, now
+	return out
+}
+
+// close closes the account.
+func (s *sharing) close() error {
+	if s == nil {
+		return nil
+	}
+	return s.acct.Close()
+}
+
+// describe is the account's part of Describe.
+func (s *sharing) describe() string {
+	if s == nil {
+		return ""
+	}
+	return "; counts the other replicas' in flight as its own through the account " + s.what
+}
+
+// exchange starts the reading's exchange with the account (nil: none),
+// beside the scrape of the pods, and returns what waits for its answer.
+func (g *Gate) exchange(ctx context.Context) func() Peers {
+	if g.share == nil {
+		return func() Peers { return Peers{} }
+	}
+	g.mu.Lock()
+	now := g.now()
+	var mine []int
+	if g.pods == nil {
+		mine = []int{g.own.at(now, g.cfg.ReleaseGrace)}
+	} else {
+		for _, p := range g.pods {
+			mine = append(mine, p.own.at(now, g.cfg.ReleaseGrace))
+		}
+	}
+	g.mu.Unlock()
+	done := make(chan Peers, 1)
+	go func() { done <- g.share.exchange(ctx, now, mine) }()
+	return func() Peers { return <-done }
+}
+
+// handBack reports, with an account and dispatch "pods", whether a
+// request no pod takes should go back to the queue rather than wait here:
+// this replica has no room left on any pod while the other replicas have
+// some. Waiting here, it would wait for this replica's part of the pool
+// while another replica could place it now (a replica that claimed the
+// most urgent requests at once would run them on 1/n of the pool); back in
+// the queue, a replica with room claims it, the earliest deadline first.
+// This replica does not claim it again at once: its credits are its part.
+// g.mu is held.
+func (g *Gate) handBack() bool {
+	if g.share == nil || g.pods == nil {
+		return false
+	}
+	now := g.now()
+	mine, theirs := 0, 0
+	for _, p := range g.pods {
+		own := p.own.at(now, g.cfg.ReleaseGrace)
+		mine += max(0, p.last.Allowed-own)
+		if p.last.Waiting == 0 { // a pod where a request waits takes no batch from anyone
+			theirs += max(0, p.last.Pooled-own-p.last.Peers)
+		}
+	}
+	return mine == 0 && theirs > 0
+}
+
+// share is this replica's limit out of allowed, the limit for the batch
+// of every replica together, on a pod (or the pool) where it holds own
+// and the other replicas peers, below of those held by the n replicas
+// ranked before it of the others live (see the file's notes). Without
+// peers it is allowed.
+func share(allowed, own int, p Peers, i int) int {
+	peers, below := at(p.InFlight, i), at(p.Below, i)
+	total := own + peers
+	if allowed >= total {
+		room, n := allowed-total, p.Replicas+1
+		return own + room*(p.Rank+1)/n - room*p.Rank/n
+	}
+	excess := total - allowed
+	return own - (ceilDiv(excess*(below+own), total) - ceilDiv(excess*below, total))
+}
+
+// ceilDiv is ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int) int { return (a + b - 1) / b }

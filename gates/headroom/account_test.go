@@ -1,0 +1,243 @@
+package headroom_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/core/gate"
+	"github.com/sluice-io/sluice/core/wire"
+	"github.com/sluice-io/sluice/gates/gatetest"
+	"github.com/sluice-io/sluice/gates/headroom"
+	"github.com/sluice-io/sluice/internal/testenv"
+)
+
+// replica builds one replica's gate on p, sharing the account in r, its
+// lines logged to log (nil: discarded).
+func replica(t *testing.T, p *pods, r *testenv.Redis, id, extra string, log *testenv.Buffer) *headroom.Gate {
+	t.Helper()
+	reg := gate.NewRegistry()
+	if err := reg.Register(headroom.Type, headroom.Factory); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	if log != nil {
+		logger = slog.New(slog.NewTextHandler(log, nil))
+	}
+	params := p.params(fmt.Sprintf(`,"reserve":2,"hold":"-1ns","account_redis":%q,"replica":%q%s`, r.Addr, id, extra))
+	g, err := gatetest.Build(t, reg, headroom.Type, params, gate.Env{MaxConcurrency: 64, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.(*headroom.Gate)
+}
+
+// admitN admits n requests on g (placed, with dispatch "pods").
+func admitN(t *testing.T, g *headroom.Gate, n int) {
+	t.Helper()
+	for range n {
+		d, err := g.Admit(context.Background(), &wire.Request{})
+		if err != nil || d.Verdict != gate.Admit {
+			t.Fatalf("Admit = %+v, %v", d, err)
+		}
+	}
+}
+
+// read takes one reading of each gate in turn and fails on an error.
+func read(t *testing.T, gs ...*headroom.Gate) {
+	t.Helper()
+	for _, g := range gs {
+		if _, err := g.Budget(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Two replicas on one pool count each other's calls as the batch's, not
+// as other traffic; the room the rule leaves is split between them, and
+// so is an excess: they take back what it is between them, not each.
+func TestAccountGatewayReplicas(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 2)
+	a := replica(t, p, r, "a", "", nil)
+	b := replica(t, p, r, "b", "", nil)
+	admitN(t, a, 12)
+	admitN(t, b, 4)
+	p.set(0, 9, 0) // the 16 calls and 2 interactive requests
+	p.set(1, 9, 0)
+	read(t, a, b, a)
+	ra, rb := a.Last(), b.Last()
+	if ra.Own != 12 || ra.Peers != 4 || ra.Others != 2 || ra.Replicas != 2 || rb.Own != 4 || rb.Peers != 12 || rb.Others != 2 {
+		t.Fatalf("a read %+v, b read %+v; want own 12 and 4, peers 4 and 12, others 2 each", ra, rb)
+	}
+	// 32 seats − 2 reserve − 2 others = 28 for the batch of both: 16 held,
+	// room 12, 6 each (a replica alone would see others 6 and 14)
+	if ra.Allowed != 18 || rb.Allowed != 10 {
+		t.Errorf("limits %d and %d, want 18 and 10 (the room split, 28 in all)", ra.Allowed, rb.Allowed)
+	}
+	// 22 others: 8 seats left for 16 calls; the excess of 8 is split by
+	// what each holds (6 and 2), not taken back by each
+	p.set(0, 19, 0)
+	p.set(1, 19, 0)
+	read(t, a, b)
+	ra, rb = a.Last(), b.Last()
+	if ra.Allowed+rb.Allowed != 8 || ra.Allowed != 6 || rb.Allowed != 2 {
+		t.Errorf("limits %d and %d after an excess of 8, want 6 and 2 (8 in all)", ra.Allowed, rb.Allowed)
+	}
+	if ba, _ := a.Budget(context.Background()); ba != 6.0/64 {
+		t.Errorf("a's budget %v, want 6/64", ba)
+	}
+	if !strings.Contains(a.Describe(), "as replica a") {
+		t.Errorf("Describe() = %q, want the account named", a.Describe())
+	}
+}
+
+// With dispatch "pods" the replicas share per pod: each pod's other
+// traffic leaves out every replica's calls there, and a pod's excess is
+// split between the replicas holding calls there.
+func TestAccountPodsReplicas(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 2)
+	extra := `,"dispatch":"pods","pending_prefills":100`
+	a := replica(t, p, r, "a", extra, nil)
+	b := replica(t, p, r, "b", extra, nil)
+	read(t, a, b, a)
+	if lim := a.PodLimits(); lim[base(p, 0)] != 7 || lim[base(p, 1)] != 7 {
+		t.Fatalf("a's PodLimits %v before any call, want 7 per pod (14 split in two)", lim)
+	}
+	admitN(t, a, 8) // 4 per pod
+	admitN(t, b, 4) // 2 per pod
+	p.set(0, 6+1, 0)
+	p.set(1, 6, 0)
+	read(t, a, b, a)
+	pa, pb := a.Last().Pods, b.Last().Pods
+	if pa[0].Own != 4 || pa[0].Peers != 2 || pa[0].Others != 1 || pa[1].Others != 0 || pb[0].Peers != 4 || pb[0].Others != 1 {
+		t.Fatalf("a's pods %+v, b's %+v; want own 4, peers 2, others 1 on pod 0 and no others on pod 1", pa, pb)
+	}
+	// 11 others on pod 0: 3 seats for the 6 calls there, 3 taken back
+	// between the replicas (2 and 1, as they hold 4 and 2); pod 1 keeps
+	// its room (8), split
+	p.set(0, 6+11, 0)
+	read(t, a, b)
+	la, lb := a.PodLimits(), b.PodLimits()
+	if la[base(p, 0)] != 2 || lb[base(p, 0)] != 1 || la[base(p, 1)] != 8 || lb[base(p, 1)] != 6 {
+		t.Errorf("PodLimits a %v b %v; want 2 and 1 on pod 0 (3 in all), 8 and 6 on pod 1 (14 in all)", la, lb)
+	}
+	// a replica with dispatch "gateway" on the same account counts the
+	// others' calls pool-wide; they cannot place its calls on a pod
+	c := replica(t, p, r, "c", "", nil)
+	admitN(t, c, 1)
+	read(t, c, a)
+	if got := c.Last(); got.Peers != 12 || got.Replicas != 3 {
+		t.Errorf("the gateway replica sees peers %d of %d replicas, want 12 of 3", got.Peers, got.Replicas)
+	}
+	if got := a.Last(); got.Peers != 4 || got.Replicas != 2 {
+		t.Errorf("a pods replica sees peers %d of %d replicas beside a gateway one, want 4 of 2", got.Peers, got.Replicas)
+	}
+}
+
+// A replica whose part of the pods is taken hands a request back to the
+// queue while another replica has room (it would wait here for its own
+// part), and keeps it waiting when no replica has room.
+func TestAccountHandBack(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	extra := `,"dispatch":"pods","pending_prefills":100`
+	a := replica(t, p, r, "a", extra, nil)
+	b := replica(t, p, r, "b", extra, nil)
+	read(t, a, b, a)
+	admitN(t, a, 7) // a's part of 14
+	d, err := a.Admit(context.Background(), &wire.Request{})
+	if err != nil || d.Verdict != gate.Defer || !strings.Contains(d.Reason, "another replica has room") {
+		t.Fatalf("Admit with b's part free = %+v, %v; want a Defer back to the queue", d, err)
+	}
+	admitN(t, b, 7)
+	p.set(0, 14, 0)
+	read(t, a, b, a)
+	if d, err := a.Admit(context.Background(), &wire.Request{}); err != nil || d.Verdict != gate.Wait {
+		t.Errorf("Admit with the pod full = %+v, %v; want a Wait", d, err)
+	}
+}
+
+// A replica that stops publishing drops out within the TTL; one that
+// closes its gate drops out at once.
+func TestAccountReplicaExpires(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	ttl := `,"account_ttl":"300ms"`
+	a := replica(t, p, r, "a", ttl, nil)
+	b := replica(t, p, r, "b", ttl, nil)
+	c := replica(t, p, r, "c", ttl, nil)
+	admitN(t, b, 4)
+	admitN(t, c, 3)
+	read(t, b, c, a)
+	if got := a.Last(); got.Peers != 7 || got.Replicas != 3 {
+		t.Fatalf("a sees peers %d of %d replicas, want 7 of 3", got.Peers, got.Replicas)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	read(t, b, a)
+	if got := a.Last(); got.Peers != 4 || got.Replicas != 2 {
+		t.Fatalf("after c closed, a sees peers %d of %d replicas, want 4 of 2", got.Peers, got.Replicas)
+	}
+	time.Sleep(400 * time.Millisecond) // b stops reading: dead
+	read(t, a)
+	if got := a.Last(); got.Peers != 0 || got.Replicas != 1 || got.Others != 0 {
+		t.Errorf("after b's TTL, a sees %+v; want no peers, 1 replica", got)
+	}
+}
+
+// Redis down: the gate keeps reading the pods, keeps the last peers for
+// the TTL, then counts none, and says so once.
+func TestAccountDown(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	var log testenv.Buffer
+	a := replica(t, p, r, "a", `,"account_ttl":"1s"`, &log)
+	b := replica(t, p, r, "b", `,"account_ttl":"1s"`, nil)
+	clock := time.Now()
+	a.SetClock(func() time.Time { return clock })
+	admitN(t, b, 5)
+	p.set(0, 5, 0)
+	read(t, b, a)
+	if got := a.Last(); got.Peers != 5 || got.Others != 0 {
+		t.Fatalf("a sees %+v, want peers 5, others 0", got)
+	}
+	r.Stop()
+	for range 3 {
+		clock = clock.Add(300 * time.Millisecond)
+		read(t, a)
+		if got := a.Last(); got.Peers != 5 || got.Others != 0 {
+			t.Fatalf("within the TTL of an outage a sees %+v, want the last peers (5)", got)
+		}
+	}
+	clock = clock.Add(200 * time.Millisecond)
+	read(t, a, a)
+	if got := a.Last(); got.Peers != 0 || got.Others != 5 || got.Replicas != 1 {
+		t.Errorf("past the TTL of an outage a sees %+v, want no peers (others 5)", got)
+	}
+	if n := strings.Count(log.String(), "replica account failed"); n != 1 {
+		t.Errorf("%d log lines on the outage, want 1:\n%s", n, log.String())
+	}
+}
+
+// Bad account parameters are refused, naming what to set.
+func TestAccountConfigErrors(t *testing.T) {
+	p := newPods(t, 1)
+	for _, c := range []struct{ params, want string }{
+		{p.params(`,"replica":"a"`), "need gate_params.account_redis"},
+		{p.params(`,"account_redis":"nohost"`), "gate_params.account_redis"},
+		{p.params(`,"account_redis":"deployment"`), "names no Redis"},
+		{p.params(`,"account_redis":"127.0.0.1:1","replica":"a b"`), `gate_params.replica: "a b"`},
+		{p.params(`,"account_redis":"127.0.0.1:1","account_ttl":"60ms"`), "at least two refresh intervals"},
+		{p.params(`,"account_redis":"127.0.0.1:1","account_ttl":"0s"`), "account_ttl"},
+	} {
+		if _, err := build(t, c.params, 8); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.params, err, c.want)
+		}
+	}
+}
