@@ -16,14 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/batch"
 	"github.com/sluice-io/sluice/front/batch/boltstate"
 	"github.com/sluice-io/sluice/front/batch/redisstate"
 	"github.com/sluice-io/sluice/front/filestore/disk"
-	"github.com/sluice-io/sluice/front/submit"
-	submitmem "github.com/sluice-io/sluice/front/submit/memory"
 	"github.com/sluice-io/sluice/internal/testenv"
 	"github.com/sluice-io/sluice/transports/memory"
 )
@@ -122,7 +121,7 @@ func newFront(t *testing.T, state batch.State, cfg batch.Config) *front {
 		t.Fatal(err)
 	}
 	mem := memory.New(memory.Options{})
-	f := &front{state: state, files: files, mem: mem, prod: &watchingProducer{Producer: submitmem.New(mem, submitmem.Options{})}}
+	f := &front{state: state, files: files, mem: mem, prod: &watchingProducer{Producer: memory.NewProducer(mem, submit.ReaderOptions{})}}
 	cfg.Queue = smQueue
 	if cfg.ScanInterval == 0 {
 		cfg.ScanInterval = 20 * time.Millisecond

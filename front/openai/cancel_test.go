@@ -14,11 +14,10 @@ import (
 
 	"github.com/sluice-io/sluice/core/app"
 	"github.com/sluice-io/sluice/core/config"
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/openai"
-	"github.com/sluice-io/sluice/front/submit"
-	"github.com/sluice-io/sluice/front/submit/memory"
 	"github.com/sluice-io/sluice/gates/constant"
 	"github.com/sluice-io/sluice/internal/configtypes"
 	memtransport "github.com/sluice-io/sluice/transports/memory"
@@ -96,7 +95,7 @@ func newHangUpRig(t *testing.T, gateway string, deaf bool, cfg openai.Config) *h
 		})
 	}
 	cfg.DefaultQueue = "chat"
-	rg := &hangUpRig{mem: mem, prod: &watchedProducer{Producer: memory.New(mem, memory.Options{}), deaf: deaf}}
+	rg := &hangUpRig{mem: mem, prod: &watchedProducer{Producer: memtransport.NewProducer(mem, submit.ReaderOptions{}), deaf: deaf}}
 	var err error
 	if rg.front, err = openai.New(cfg, rg.prod); err != nil {
 		t.Fatal(err)

@@ -15,10 +15,10 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/sluice-io/sluice/core/submit"
 	"github.com/sluice-io/sluice/core/transport"
 	"github.com/sluice-io/sluice/core/wire"
 	"github.com/sluice-io/sluice/front/openai"
-	"github.com/sluice-io/sluice/front/submit"
 	"github.com/sluice-io/sluice/internal/configtypes"
 )
 
