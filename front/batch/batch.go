@@ -408,6 +408,11 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 	}
 	defer r.Close()
 	ending := "" // the final status once cancelled or expired
+	// windowEnded: a line was answered DEADLINE_EXCEEDED, which for a
+	// line (whose deadline is the batch's expires_at) means the window
+	// ended before it was done: with a dispatcher running, the window's
+	// end answers every open line before this loop sees the clock
+	windowEnded := false
 	var endStart, lastResult time.Time
 	tally := &usageTally{exact: j.Counts.Completed+j.Counts.Failed == 0}
 	for {
@@ -453,6 +458,7 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 					s.log.Warn("batch: result of another request on the job's route dropped", "batch", j.ID, "id", res.Result.ID)
 					continue
 				}
+				windowEnded = windowEnded || res.Result.ErrorCode == wire.CodeDeadlineExceeded
 				rec, u := recordOf(i, res.Result.Metadata["custom_id"], res.Result)
 				recs, us = append(recs, rec), append(us, u)
 			}
@@ -481,6 +487,13 @@ func (s *Service) collect(ctx context.Context, j Job) error {
 			ending = StatusCancelled // every line answered while cancelling
 		case j.Status == StatusFinalizing && j.CancelSent:
 			ending = StatusExpired // resumed after the expiry answered every line
+		case windowEnded && time.Now().Unix() >= j.ExpiresAt:
+			// the dispatcher answered the window's end: expired, as
+			// if this loop had seen the clock first
+			if j, err = s.stop(ctx, j, StatusExpired); err != nil {
+				return err
+			}
+			ending = StatusExpired
 		default:
 			ending = StatusCompleted
 		}

@@ -235,6 +235,34 @@ func TestLifecycleExpired(t *testing.T) {
 	}
 }
 
+// TestLifecycleExpiredWhileDispatched: with a dispatcher running, the
+// window's end is answered by the dispatcher itself (every line carries
+// the batch's deadline: DEADLINE_EXCEEDED) before the front looks at the
+// clock; the batch still ends expired, not completed.
+func TestLifecycleExpiredWhileDispatched(t *testing.T) {
+	const n = 6
+	gw := startHeldGateway(t) // never released: every call outlives the window
+	f := newFront(t, backends(t)[0].open(t), batch.Config{Windows: []string{"2s"}})
+	f.dispatch(t, gw.url, n)
+	_, up := upload(t, f, jsonl(n, nil))
+	status, obj := f.do(t, http.MethodPost, "/v1/batches", `{"input_file_id":"`+up["id"].(string)+`","endpoint":"/v1/chat/completions","completion_window":"2s"}`)
+	if status != 200 {
+		t.Fatalf("create = %d %v", status, obj)
+	}
+	id := obj["id"].(string)
+	f.run()
+	obj = f.waitObject(t, id, func(o map[string]any) bool { return batch.Final(fmt.Sprint(o["status"])) })
+	if obj["status"] != batch.StatusExpired || counts(obj) != [3]int64{n, 0, n} {
+		t.Fatalf("ended %v %v, want expired with every line failed", obj["status"], obj["request_counts"])
+	}
+	if obj["expired_at"] == nil || obj["finalizing_at"] == nil || obj["completed_at"] != nil {
+		t.Errorf("expired batch %v: want expired_at and finalizing_at, no completed_at", obj)
+	}
+	if gw.calls.Load() == 0 {
+		t.Error("the dispatcher made no call: the case tests nothing")
+	}
+}
+
 // upload posts data as a multipart upload of purpose batch.
 func upload(t *testing.T, f *front, data []byte) (int, map[string]any) {
 	t.Helper()
