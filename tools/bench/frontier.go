@@ -233,6 +233,21 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 				limit: detectSlow(0, 2, thr, 2*time.Second, 50*time.Millisecond, every), blind: true})
 		}
 	}
+	// inBurst sees a burst as detectCap and freezeCap do: the arrivals in
+	// the pool, read every 50 ms, reached thr within the last 2 s.
+	inBurst := func(thr int) func(at time.Duration, o poolsim.Others) bool {
+		read := time.Duration(-1)
+		hot := time.Duration(-1 << 62)
+		return func(at time.Duration, o poolsim.Others) bool {
+			if read < 0 || at-read >= 50*time.Millisecond {
+				read = at
+				if o.In() >= thr {
+					hot = at
+				}
+			}
+			return at-hot <= 2*time.Second
+		}
+	}
 	// Caps instead of seat reserves, for pods whose seats are never the
 	// limit: the batch holds at most idle requests, and while a burst is
 	// seen (others ≥ thr within the last window, read every 50 ms) at most
@@ -241,16 +256,9 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 	// reach, blind to the schedule.
 	detectCap := func(idle, burst, thr int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
-			read, seen := time.Duration(-1), 0
-			hot := time.Duration(-1 << 62)
+			seen := inBurst(thr)
 			return func(at time.Duration, o poolsim.Others) int {
-				if read < 0 || at-read >= 50*time.Millisecond {
-					read, seen = at, o.In()
-					if seen >= thr {
-						hot = at
-					}
-				}
-				if at-hot > 2*time.Second {
+				if !seen(at, o) {
 					return idle
 				}
 				return min(burst, idle)
@@ -266,16 +274,9 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 	// finish.
 	freezeCap := func(limit, thr int) func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
 		return func([][2]time.Duration) func(time.Duration, poolsim.Others) int {
-			read, seen := time.Duration(-1), 0
-			hot := time.Duration(-1 << 62)
+			seen := inBurst(thr)
 			return func(at time.Duration, o poolsim.Others) int {
-				if read < 0 || at-read >= 50*time.Millisecond {
-					read, seen = at, o.In()
-					if seen >= thr {
-						hot = at
-					}
-				}
-				if at-hot > 2*time.Second {
+				if !seen(at, o) {
 					return limit
 				}
 				return min(limit, o.Batch)
