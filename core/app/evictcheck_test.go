@@ -32,20 +32,7 @@ import (
 // below what runs, and the queue goes on dispatching under that limit.
 // With hang-ups honoured again, eviction resumes after the back-off.
 func TestEvictCheckOnSimulatedPool(t *testing.T) {
-	pool, err := poolsim.New(poolsim.Config{Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := pool.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	front, err := pool.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pool, front, ctx := startSimPool(t, poolsim.Config{Seed: 1}, nil)
 	pods := front + "/pods/0/metrics," + front + "/pods/1/metrics"
 
 	const mc, backoff = 16, 2 * time.Second
@@ -184,4 +171,29 @@ func TestEvictCheckOnSimulatedPool(t *testing.T) {
 		t.Fatalf("after the back-off: suspended %v; logs:\n%s", suspended(), logs.String())
 	}
 	wg.Wait()
+}
+
+// startSimPool starts the simulated pool of cfg on a free loopback port
+// (onRecord, when set, sees every request it ends) and returns it, its
+// front's URL and a context ended with the test.
+func startSimPool(t *testing.T, cfg poolsim.Config, onRecord func(poolsim.Record)) (*poolsim.Pool, string, context.Context) {
+	t.Helper()
+	pool, err := poolsim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if onRecord != nil {
+		pool.OnRecord(onRecord)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := pool.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pool.Close() })
+	front, err := pool.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool, front, ctx
 }

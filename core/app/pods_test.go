@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -31,29 +30,15 @@ import (
 // the calls taken back resume on pod 0, where their tokens are cached
 // (the pod's prefix-cache hits grow); every request ends with one result.
 func TestPodsOnSimulatedPool(t *testing.T) {
-	pool, err := poolsim.New(poolsim.Config{Seed: 1, Engine: poolsim.EngineConfig{PrefixCaching: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var records sync.Mutex
 	aborted := map[int]int{} // pod → batch calls aborted
-	pool.OnRecord(func(r poolsim.Record) {
+	pool, front, ctx := startSimPool(t, poolsim.Config{Seed: 1, Engine: poolsim.EngineConfig{PrefixCaching: true}}, func(r poolsim.Record) {
 		if r.Class == poolsim.ClassBatch && r.FinishReason == "abort" {
 			records.Lock()
 			aborted[r.Pod]++
 			records.Unlock()
 		}
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := pool.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	front, err := pool.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var viaGateway atomic.Int64
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > 0 && r.URL.Path != "/" {
