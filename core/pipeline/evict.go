@@ -237,14 +237,18 @@ func (e *evictor) mark(calls []*evictCall, n int) []*evictCall {
 
 // track registers d's HTTP call, bounded by ctx, and returns the context
 // to make it with and the func that ends the registration once the call
-// returned. A request taken back EvictLimit times already is registered
-// as kept: it counts on its pod but runs to its end. An evicted delivery
+// returned. A request taken back EvictLimit times already runs to its
+// end: registered as kept when it is on a pod (it counts there), not
+// registered at all otherwise. An evicted delivery
 // stays counted as pending until it is settled (d.afterSettle), so that
 // the next budget does not take its seat back twice.
 func (e *evictor) track(d *delivery, ctx context.Context) (context.Context, func()) {
+	kept := e.limit >= 0 && evictions(d.Req) >= e.limit
+	if kept && d.Pod == "" {
+		return ctx, func() {} // never a victim, and on no pod to count on
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	c := &evictCall{started: time.Now(), cancel: cancel, pod: d.Pod,
-		kept: e.limit >= 0 && evictions(d.Req) >= e.limit}
+	c := &evictCall{started: time.Now(), cancel: cancel, pod: d.Pod, kept: kept}
 	e.mu.Lock()
 	e.calls[c] = struct{}{}
 	e.mu.Unlock()

@@ -714,16 +714,16 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	l := &g.own
 	dec := gate.Decision{Verdict: gate.Admit}
 	if g.pods != nil {
-		p, why := g.place(req)
-		if p == nil && g.handBack() {
+		p, stay, why := g.place(req)
+		switch {
+		case p != nil:
+		case g.handBack():
 			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
-		}
-		if p == nil {
-			if strings.HasPrefix(why, stayReason) {
-				// back to the queue (its credit freed for the other
-				// pods), asked again at the next reading
-				return gate.Decision{Verdict: gate.Defer, Delay: g.cfg.RefreshInterval, Reason: why}, nil
-			}
+		case stay:
+			// back to the queue (its credit freed for the other pods),
+			// asked again at the next reading
+			return gate.Decision{Verdict: gate.Defer, Delay: g.cfg.RefreshInterval, Reason: why}, nil
+		default:
 			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		}
 		l, dec.Pod = &p.own, p.url

@@ -149,7 +149,7 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
 			kvCap = pr.Own + pr.Peers
-			r.KVCap = max(0, r.KVCap) + pr.Own
+			r.KVCap = max(0, r.KVCap) + kvCap
 		}
 		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own+pr.Peers, kvCap)
 		pr.Allowed = share(pr.Pooled, pr.Own, peers, i)
@@ -166,17 +166,21 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 }
 
 // place picks the pod for req (see the file's notes) and labels req with
-// it; nil and why when no pod qualifies. g.mu is held.
-func (g *Gate) place(req *wire.Request) (*podState, string) {
+// it. When no pod takes it, place returns nil and why; stay says the
+// request was taken back from a pod that has no room now and should wait
+// for that pod, where its tokens are cached, rather than prefill again on
+// another. g.mu is held.
+func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string) {
 	now := g.now()
 	var best *podState
 	bestRoom := 0
 	full, waiting, pending := 0, 0, 0
-	prev := ""
+	prev, prevKnown := "", false
 	if req != nil {
 		prev = req.Label(PodLabel)
 	}
 	for _, p := range g.pods {
+		prevKnown = prevKnown || p.url == prev
 		room := p.last.Allowed - p.own.at(now, g.cfg.ReleaseGrace)
 		switch {
 		case room <= 0:
@@ -197,33 +201,17 @@ func (g *Gate) place(req *wire.Request) (*podState, string) {
 			best, bestRoom = p, room
 		}
 	}
-	if best == nil {
-		return nil, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet", full, waiting, pending)
-	}
-	if prev != "" && best.url != prev && g.hasPod(prev) {
-		// taken back from a pod that has no room now: it waits for that
-		// pod, where its tokens are cached, rather than prefill again here
-		return nil, stayReason + prev
+	switch {
+	case best == nil:
+		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet", full, waiting, pending)
+	case prevKnown && best.url != prev:
+		return nil, true, "waiting for the pod its tokens are cached on: " + prev
 	}
 	best.since++
 	if req != nil {
 		req.SetLabel(PodLabel, best.url)
 	}
-	return best, ""
-}
-
-// stayReason starts the reason of a request that waits for the pod it
-// was taken back from.
-const stayReason = "waiting for the pod its tokens are cached on: "
-
-// hasPod reports whether url is one of the gate's pods.
-func (g *Gate) hasPod(url string) bool {
-	for _, p := range g.pods {
-		if p.url == url {
-			return true
-		}
-	}
-	return false
+	return best, false, ""
 }
 
 // PodLimits implements gate.PodLimiter: each pod's allowed_i of the last
