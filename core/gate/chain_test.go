@@ -137,19 +137,19 @@ func TestChainPod(t *testing.T) {
 // limitingGate is a gate with per-pod limits.
 type limitingGate struct{ fixedGate }
 
-func (limitingGate) PodLimits() map[string]int { return map[string]int{"http://pod-0": 3} }
+func (limitingGate) PodReadings() []PodReading { return []PodReading{{Pod: "http://pod-0", Limit: 3}} }
 
 // Find looks through wrappers for the optional interface asked for.
 func TestFindThroughWrappers(t *testing.T) {
 	wrapped := wrapConfigured(limitingGate{fixedGate(1)}, FailOpen, 0)
-	if _, direct := wrapped.(PodLimiter); direct {
-		t.Fatal("the wrapper itself is a PodLimiter: the case tests nothing")
+	if _, direct := wrapped.(PodReporter); direct {
+		t.Fatal("the wrapper itself is a PodReporter: the case tests nothing")
 	}
-	l := PodLimiterOf(wrapped)
-	if l == nil || l.PodLimits()["http://pod-0"] != 3 {
-		t.Fatalf("PodLimiterOf through a wrapper: %v", l)
+	r := PodReporterOf(wrapped)
+	if r == nil || r.PodReadings()[0].Limit != 3 {
+		t.Fatalf("PodReporterOf through a wrapper: %v", r)
 	}
-	if PodLimiterOf(wrapConfigured(fixedGate(1), FailOpen, 0)) != nil || PodLimiterOf(nil) != nil {
-		t.Error("PodLimiterOf found a limiter on a gate that has none")
+	if PodReporterOf(wrapConfigured(fixedGate(1), FailOpen, 0)) != nil || PodReporterOf(nil) != nil {
+		t.Error("PodReporterOf found a reporter on a gate that has none")
 	}
 }

@@ -45,22 +45,3 @@ func EvictionCheckerOf(g Gate) EvictionChecker {
 	c, _ := Find[EvictionChecker](g)
 	return c
 }
-
-// PodLimiter is implemented by gates that place requests on pods
-// (Decision.Pod). After each measured budget the pipeline's evictor asks
-// it for the most calls the queue may keep on each pod and takes back, on
-// each pod over its limit, the youngest calls there; without it the
-// evictor takes back the queue's youngest calls wherever they run. Called
-// from the refresh loop's goroutine right after Budget: it must be cheap.
-type PodLimiter interface {
-	// PodLimits returns each pod's limit (keyed by the base URL Admit puts
-	// in Decision.Pod) as of the last reading, or nil when the gate does
-	// not place requests (the pipeline then limits the queue as a whole).
-	PodLimits() map[string]int
-}
-
-// PodLimiterOf returns g's pod limiter, looking through wrappers, or nil.
-func PodLimiterOf(g Gate) PodLimiter {
-	c, _ := Find[PodLimiter](g)
-	return c
-}

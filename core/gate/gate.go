@@ -116,7 +116,7 @@ type Decision struct {
 	// request on (a gate that knows the pool's pods and dispatches to them
 	// itself, such as pool-headroom with dispatch "pods"): the pipeline
 	// sends the request there, on the queue's path, instead of to the
-	// queue's gateway, and takes it back from there (PodLimiter). "": the
+	// queue's gateway, and takes it back from there (PodReporter's limits). "": the
 	// queue's gateway.
 	Pod string
 }

@@ -2,10 +2,12 @@ package gate
 
 // PodReporter is implemented by gates that place requests on pods
 // (Decision.Pod) and can tell, per pod, what their last reading saw: how
-// many of their calls run there and how many they allow. The status page
-// (core/status) finds it through PodReporterOf and asks it once a second
-// from the refresh loop's goroutine, right after Budget, and whenever the
-// page is read: it must be cheap and safe for concurrent use.
+// many of their calls run there and how many they allow. The pipeline's
+// evictor asks it after each measured budget and takes back, on each pod
+// over its Limit, the youngest calls there (without it, the queue's
+// youngest wherever they run); the status page (core/status) asks it once
+// a second from the refresh loop's goroutine, right after Budget, and
+// whenever the page is read. It must be cheap and safe for concurrent use.
 type PodReporter interface {
 	// PodReadings returns each pod's figures of the last reading, in a
 	// stable order, or nil when the gate does not place requests (or has
@@ -18,7 +20,8 @@ type PodReading struct {
 	// Pod is the pod's base URL (Decision.Pod's).
 	Pod string
 	// InFlight is the gate's calls on the pod (the batch it holds there);
-	// Limit is the most it allows there now (PodLimiter's limit).
+	// Limit is the most it allows there now: the evictor takes back the
+	// calls over it.
 	InFlight, Limit int
 	// Running and Waiting are the pod's own gauges (all traffic).
 	Running, Waiting int

@@ -45,8 +45,8 @@ var errEvicted = errors.New("request evicted: the gate's budget fell below what 
 // work running. Cost on the per-message path: one map insert and delete per
 // dispatched request, under one mutex, for the queues that enable it.
 //
-// When the gate places requests on pods (a gate.PodLimiter whose
-// PodLimits is not nil: pool-headroom with dispatch "pods"), the limit is
+// When the gate places requests on pods (a gate.PodReporter that reports
+// pods: pool-headroom with dispatch "pods"), the limit is
 // per pod: on each pod over its limit the youngest calls there are taken
 // back, so the seats freed are on the pod that needs them.
 //
@@ -60,7 +60,7 @@ type evictor struct {
 	q     *Queue
 	limit int // evictions allowed per request; negative: no limit
 	check gate.EvictionChecker
-	pods  gate.PodLimiter // nil: the queue's limit only
+	pods  gate.PodReporter // nil: the queue's limit only
 	log   *slog.Logger
 	gauge prometheus.Gauge // sluice_evict_suspended of the queue
 
@@ -86,7 +86,7 @@ func newEvictor(q *Queue, log *slog.Logger, suspended *prometheus.GaugeVec) *evi
 		limit = DefaultEvictLimit
 	}
 	e := &evictor{q: q, limit: limit, calls: map[*evictCall]struct{}{}, log: log,
-		check: gate.EvictionCheckerOf(q.Gate.Gate()), pods: gate.PodLimiterOf(q.Gate.Gate())}
+		check: gate.EvictionCheckerOf(q.Gate.Gate()), pods: gate.PodReporterOf(q.Gate.Gate())}
 	if suspended != nil {
 		e.gauge = suspended.WithLabelValues(q.ID)
 		e.gauge.Set(0)
@@ -163,12 +163,21 @@ func (e *evictor) SetBudgetMeasured(b float64, measured bool) {
 	}
 }
 
-// podLimits returns the gate's per-pod limits, nil when it places nothing.
+// podLimits returns the gate's per-pod limits of its last reading, nil
+// when it places nothing.
 func (e *evictor) podLimits() map[string]int {
 	if e.pods == nil {
 		return nil
 	}
-	return e.pods.PodLimits()
+	rs := e.pods.PodReadings()
+	if rs == nil {
+		return nil
+	}
+	out := make(map[string]int, len(rs))
+	for _, r := range rs {
+		out[r.Pod] = r.Limit
+	}
+	return out
 }
 
 // queueVictims marks and returns the youngest calls over the queue's limit

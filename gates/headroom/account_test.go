@@ -105,7 +105,7 @@ func TestAccountPodsReplicas(t *testing.T) {
 	a := replica(t, p, r, "a", extra, nil)
 	b := replica(t, p, r, "b", extra, nil)
 	read(t, a, b, a)
-	if lim := a.PodLimits(); lim[base(p, 0)] != 7 || lim[base(p, 1)] != 7 {
+	if lim := podLimits(a); lim[base(p, 0)] != 7 || lim[base(p, 1)] != 7 {
 		t.Fatalf("a's PodLimits %v before any call, want 7 per pod (14 split in two)", lim)
 	}
 	admitN(t, a, 8) // 4 per pod
@@ -122,7 +122,7 @@ func TestAccountPodsReplicas(t *testing.T) {
 	// its room (8), split
 	p.set(0, 6+11, 0)
 	read(t, a, b)
-	la, lb := a.PodLimits(), b.PodLimits()
+	la, lb := podLimits(a), podLimits(b)
 	if la[base(p, 0)] != 2 || lb[base(p, 0)] != 1 || la[base(p, 1)] != 8 || lb[base(p, 1)] != 6 {
 		t.Errorf("PodLimits a %v b %v; want 2 and 1 on pod 0 (3 in all), 8 and 6 on pod 1 (14 in all)", la, lb)
 	}

@@ -344,7 +344,7 @@ type Gate struct {
 
 	mu    sync.Mutex
 	own   ledger   // admitted (dispatch "gateway")
-	peaks peakHold // others seen within Hold (dispatch "gateway")
+	peaks PeakHold // others seen within Hold (dispatch "gateway")
 	rule  Rule
 	pods  []*podState // dispatch "pods": one per endpoint
 	last  Reading
@@ -567,7 +567,7 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 		// the batch is every replica's: own and peers (see account.go)
 		r.Own, r.Peers = g.own.at(now, c.ReleaseGrace), at(peers.InFlight, 0)
 		r.Others = g.others(rd.running, rd.waiting, r.Own+r.Peers)
-		r.Held = g.peaks.held(now, c.Hold, r.Others)
+		r.Held = g.peaks.Held(now, c.Hold, r.Others)
 		if c.KVLimit > 0 && rd.kv > c.KVLimit {
 			r.KVCap = r.Own + r.Peers
 		}

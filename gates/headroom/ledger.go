@@ -31,11 +31,12 @@ func (l *ledger) at(now time.Time, grace time.Duration) int {
 	return l.own
 }
 
-// peakHold remembers the highest others of the readings within a hold: the
+// PeakHold remembers the highest others of the readings within a hold: the
 // limit falls at once when the other traffic grows and rises only once it
 // stayed lower for the hold. It is a monotonic queue (O(1) amortized per
-// reading), not safe for concurrent use.
-type peakHold struct {
+// reading), not safe for concurrent use. Exported, as Rule is, so that the
+// interactive-frontier benchmark replays the gate's own hold.
+type PeakHold struct {
 	peaks []peak // a falling sequence of the readings within the hold
 }
 
@@ -46,9 +47,9 @@ type peak struct {
 	others int
 }
 
-// held records others at now and returns the highest of the readings
+// Held records others at now and returns the highest of the readings
 // within hold (now's included); a negative hold remembers nothing.
-func (h *peakHold) held(now time.Time, hold time.Duration, others int) int {
+func (h *PeakHold) Held(now time.Time, hold time.Duration, others int) int {
 	if hold < 0 {
 		return others
 	}

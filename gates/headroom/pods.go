@@ -30,14 +30,13 @@ package headroom
 // any other request goes to the qualifying pod with the most room. When no
 // pod qualifies it waits (its credit held) and asks again at the next
 // reading. The evictor takes back, on
-// each pod over allowed_i, the youngest calls there (gate.PodLimiter).
+// each pod over allowed_i, the youngest calls there (gate.PodReporter).
 
 import (
 	"fmt"
 	"net/url"
 	"strings"
 
-	"github.com/sluice-io/sluice/core/gate"
 	"github.com/sluice-io/sluice/core/wire"
 )
 
@@ -58,8 +57,6 @@ const DefaultPendingPrefills = 1
 // that the request resumes where its tokens are cached.
 const PodLabel = "sluice_pod"
 
-var _ gate.PodLimiter = (*Gate)(nil)
-
 // podGauges are one pod's gauges of one reading.
 type podGauges struct {
 	running, waiting int
@@ -70,7 +67,7 @@ type podGauges struct {
 type podState struct {
 	url   string // the pod's base URL: calls placed here go to url + the queue's path
 	own   ledger
-	peaks peakHold
+	peaks PeakHold
 	rule  Rule
 	// since counts the calls placed here since the pod's last reading.
 	since int
@@ -145,7 +142,7 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
 			Peers: at(peers.InFlight, i)}
 		pr.Others = g.others(pg.running, pg.waiting, pr.Own+pr.Peers)
-		pr.Held = p.peaks.held(r.At, c.Hold, pr.Others)
+		pr.Held = p.peaks.Held(r.At, c.Hold, pr.Others)
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
 			kvCap = pr.Own + pr.Peers
@@ -212,19 +209,4 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string) {
 		req.SetLabel(PodLabel, best.url)
 	}
 	return best, false, ""
-}
-
-// PodLimits implements gate.PodLimiter: each pod's allowed_i of the last
-// reading (nil with dispatch "gateway").
-func (g *Gate) PodLimits() map[string]int {
-	if g.pods == nil {
-		return nil
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	out := make(map[string]int, len(g.pods))
-	for _, p := range g.pods {
-		out[p.url] = p.last.Allowed
-	}
-	return out
 }

@@ -770,7 +770,7 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, podLimit: func() func(time.Duration, int, poolsim.Others) int {
 			type state struct {
 				rule  headroom.Rule
-				peaks []podPeak
+				peaks headroom.PeakHold
 			}
 			st := make([]*state, pods)
 			for i := range st {
@@ -779,25 +779,12 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 			}
 			return func(at time.Duration, pod int, o poolsim.Others) int {
 				s := st[pod]
+				now := time.Unix(0, 0).Add(at)
 				others := int(math.Ceil(float64(o.Running) + k.w*float64(o.Waiting)))
-				s.peaks = append(s.peaks, podPeak{at, others})
-				for len(s.peaks) > 1 && at-s.peaks[0].at > k.h {
-					s.peaks = s.peaks[1:]
-				}
-				held := 0
-				for _, p := range s.peaks {
-					held = max(held, p.others)
-				}
-				_, _, limit := s.rule.Apply(time.Unix(0, 0).Add(at), others, held, o.Batch, -1)
+				_, _, limit := s.rule.Apply(now, others, s.peaks.Held(now, k.h, others), o.Batch, -1)
 				return limit
 			}
 		}})
 	}
 	return out
-}
-
-// podPeak is one reading of a pod's others in a per-pod policy's hold.
-type podPeak struct {
-	at     time.Duration
-	others int
 }
