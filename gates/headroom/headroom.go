@@ -188,6 +188,16 @@ type Config struct {
 	// on one pod between two readings of it (default 1): each is a
 	// prefill its next steps carry.
 	PendingPrefills int
+	// PaceTokens is, with DispatchPods, the pace of the batch's prefill on
+	// each pod in prompt tokens per second (default 0: no pace in tokens):
+	// after placing a request that brings P uncached prompt tokens to a
+	// pod, the gate places the next one there P ÷ PaceTokens seconds
+	// later at the earliest (see pods.go).
+	PaceTokens float64
+	// BytesPerToken converts a request's payload size into the prompt
+	// tokens PaceTokens counts (default 4, the usual bytes of English
+	// text per token).
+	BytesPerToken float64
 	// ReleaseGrace is how long a released request still counts as the
 	// queue's own (default two refresh intervals). A request sluice
 	// aborted (evicted, cancelled) is released at once but leaves the
@@ -263,6 +273,9 @@ func (c *Config) SetDefaults() {
 	if c.PendingPrefills == 0 {
 		c.PendingPrefills = DefaultPendingPrefills
 	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = DefaultBytesPerToken
+	}
 	c.Account.setDefaults(c.Endpoints, c.RefreshInterval)
 }
 
@@ -330,6 +343,15 @@ func (c Config) Validate() error {
 	}
 	if c.PendingPrefills < 0 {
 		errs = append(errs, fmt.Errorf("gate_params.pending_prefills: %d, want ≥ 1", c.PendingPrefills))
+	}
+	switch {
+	case c.PaceTokens < 0 || math.IsNaN(c.PaceTokens) || math.IsInf(c.PaceTokens, 0):
+		errs = append(errs, fmt.Errorf("gate_params.pace_tokens: %v, want prompt tokens per second per pod ≥ 0 (0: no pace in tokens)", c.PaceTokens))
+	case c.PaceTokens > 0 && c.Dispatch != DispatchPods:
+		errs = append(errs, fmt.Errorf("gate_params.pace_tokens: %v needs dispatch %q (the gate paces the pods it places requests on)", c.PaceTokens, DispatchPods))
+	}
+	if !(c.BytesPerToken > 0) || math.IsInf(c.BytesPerToken, 0) {
+		errs = append(errs, fmt.Errorf("gate_params.bytes_per_token: %v, want > 0", c.BytesPerToken))
 	}
 	errs = append(errs, c.Account.validate(c.RefreshInterval)...)
 	return errors.Join(errs...)
@@ -416,7 +438,7 @@ func New(cfg Config) (*Gate, error) {
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
 // labels, evict_check, evict_check_readings, evict_check_backoff,
-// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, and the generic refresh_interval (which also paces its own
+// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, pace_tokens, bytes_per_token, and the generic refresh_interval (which also paces its own
 // readings); the queue's concurrency is max_concurrency. Replicas on one
 // pool share an account (see account.go) with account_redis (host:port, a
 // redis:// or rediss:// URL, or "deployment": the deployment's Redis;
@@ -437,6 +459,17 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	}
 	if cfg.Account, err = accountParams(p, env); err != nil {
 		return nil, err
+	}
+	if cfg.PaceTokens, err = p.Float("pace_tokens", 0); err != nil {
+		return nil, err
+	}
+	if p.Has("bytes_per_token") {
+		if cfg.BytesPerToken, err = p.Float("bytes_per_token", 0); err != nil {
+			return nil, err
+		}
+		if cfg.BytesPerToken == 0 {
+			cfg.BytesPerToken = -1 // refused by Validate, not defaulted
+		}
 	}
 	if p.Has("pending_prefills") {
 		if cfg.PendingPrefills, err = p.Int("pending_prefills", 0); err != nil {
@@ -714,7 +747,7 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	l := &g.own
 	dec := gate.Decision{Verdict: gate.Admit}
 	if g.pods != nil {
-		p, stay, why := g.place(req)
+		p, stay, why, retry := g.place(req)
 		switch {
 		case p != nil:
 		case g.handBack():
@@ -724,7 +757,7 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 			// asked again at the next reading
 			return gate.Decision{Verdict: gate.Defer, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		default:
-			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
+			return gate.Decision{Verdict: gate.Wait, Delay: retry, Reason: why}, nil
 		}
 		l, dec.Pod = &p.own, p.url
 	}
@@ -772,7 +805,11 @@ func (g *Gate) Describe() string {
 	}
 	where := "pool-wide"
 	if g.pods != nil {
-		where = fmt.Sprintf("per pod, dispatching to the pods itself (at most %d placement(s) per pod between readings; a request taken back resumes on its pod)", g.cfg.PendingPrefills)
+		pace := ""
+		if g.cfg.PaceTokens > 0 {
+			pace = fmt.Sprintf(", paced at %g prompt tokens a second per pod", g.cfg.PaceTokens)
+		}
+		where = fmt.Sprintf("per pod, dispatching to the pods itself (at most %d placement(s) per pod between readings%s; a request taken back resumes on its pod)", g.cfg.PendingPrefills, pace)
 	}
 	return fmt.Sprintf("keeps %d seats%s (+%g of the other traffic's) free %s of %d×%d%s on %s%s%s", *g.cfg.Reserve, burst, g.cfg.ReserveShare,
 		where, len(g.cfg.Endpoints), g.cfg.SeatsPerPod, kv, strings.Join(g.cfg.Endpoints, ","), check, g.share.describe())

@@ -34,8 +34,10 @@ package headroom
 
 import (
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/sluice-io/sluice/core/wire"
 )
@@ -51,6 +53,10 @@ const (
 // DefaultPendingPrefills is how many calls may be placed on one pod
 // between two readings of it.
 const DefaultPendingPrefills = 1
+
+// DefaultBytesPerToken is the payload bytes counted as one prompt token by
+// the pace in tokens (pace_tokens).
+const DefaultBytesPerToken = 4
 
 // PodLabel is the request label naming the pod (its base URL) the gate
 // last placed the request on; it travels with a request taken back, so
@@ -71,6 +77,9 @@ type podState struct {
 	rule  Rule
 	// since counts the calls placed here since the pod's last reading.
 	since int
+	// paced is when the pace in tokens (pace_tokens) lets the next call
+	// be placed here.
+	paced time.Time
 	last  PodReading
 }
 
@@ -163,15 +172,17 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 }
 
 // place picks the pod for req (see the file's notes) and labels req with
-// it. When no pod takes it, place returns nil and why; stay says the
-// request was taken back from a pod that has no room now and should wait
-// for that pod, where its tokens are cached, rather than prefill again on
-// another. g.mu is held.
-func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string) {
+// it. When no pod takes it, place returns nil, why, and when to ask again
+// (the next reading, or sooner when only the pace in tokens held it);
+// stay says the request was taken back from a pod that has no room now
+// and should wait for that pod, where its tokens are cached, rather than
+// prefill again on another. g.mu is held.
+func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, retry time.Duration) {
 	now := g.now()
 	var best *podState
 	bestRoom := 0
-	full, waiting, pending := 0, 0, 0
+	full, waiting, pending, paced := 0, 0, 0, 0
+	retry = g.cfg.RefreshInterval
 	prev, prevKnown := "", false
 	if req != nil {
 		prev = req.Label(PodLabel)
@@ -189,6 +200,10 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string) {
 		case p.since >= g.cfg.PendingPrefills:
 			pending++
 			continue
+		case now.Before(p.paced):
+			paced++
+			retry = min(retry, p.paced.Sub(now))
+			continue
 		}
 		if p.url == prev { // where its tokens are cached
 			best = p
@@ -200,13 +215,29 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string) {
 	}
 	switch {
 	case best == nil:
-		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet", full, waiting, pending)
+		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced", full, waiting, pending, paced), retry
 	case prevKnown && best.url != prev:
-		return nil, true, "waiting for the pod its tokens are cached on: " + prev
+		return nil, true, "waiting for the pod its tokens are cached on: " + prev, g.cfg.RefreshInterval
 	}
 	best.since++
+	if g.cfg.PaceTokens > 0 {
+		best.paced = now.Add(time.Duration(float64(g.uncached(req, best)) / g.cfg.PaceTokens * float64(time.Second)))
+	}
 	if req != nil {
 		req.SetLabel(PodLabel, best.url)
 	}
-	return best, false, ""
+	return best, false, "", 0
+}
+
+// uncached estimates the prompt tokens req brings to pod p's prefill: none
+// when it resumes on the pod it ran on (its tokens are in that pod's
+// prefix cache), else its payload's size in tokens (bytes_per_token).
+func (g *Gate) uncached(req *wire.Request, p *podState) int {
+	if req == nil {
+		return 0
+	}
+	if req.Label(PodLabel) == p.url {
+		return 0
+	}
+	return int(math.Ceil(float64(len(req.Payload)) / g.cfg.BytesPerToken))
 }

@@ -191,6 +191,10 @@ func TestPodsConfigErrors(t *testing.T) {
 		{p.params(`,"pod_urls":"http://a:1,http://b:1"`), `used only with dispatch "pods"`},
 		{p.params(`,"dispatch":"pod"`), `gate_params.dispatch: "pod"`},
 		{p.params(`,"dispatch":"pods","pending_prefills":0`), "pending_prefills: -1, want ≥ 1"},
+		{p.params(`,"dispatch":"pods","pace_tokens":-5`), "pace_tokens: -5, want prompt tokens per second per pod ≥ 0"},
+		{p.params(`,"pace_tokens":1000`), `pace_tokens: 1000 needs dispatch "pods"`},
+		{p.params(`,"dispatch":"pods","pace_tokens":1000,"bytes_per_token":0`), "bytes_per_token: -1, want > 0"},
+		{p.params(`,"dispatch":"pods","pace_tokens":"fast"`), "pace_tokens"},
 	} {
 		if _, err := build(t, c.params, 8); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error containing %q", c.params, err, c.want)
@@ -211,5 +215,55 @@ func TestPodsConfigErrors(t *testing.T) {
 	// dispatch "gateway": no pods, no limits per pod
 	if lim := podLimits(mustBuild(t, p.params(``), 8)); lim != nil {
 		t.Errorf("gateway PodLimits = %v, want nil", lim)
+	}
+}
+
+// The pace in tokens spaces the placements on a pod by the prefill each
+// brings (its payload at bytes_per_token); a request resuming on its own
+// pod brings none; a request held by the pace only is asked again when the
+// pace lets it, not a whole reading later.
+func TestPodsPaceTokens(t *testing.T) {
+	p := newPods(t, 1)
+	// 1,000 tokens a second, 4 bytes a token, many placements a reading
+	g, clock := podsGate(t, p, `,"pace_tokens":1000,"pending_prefills":50`) // read every 50 ms
+	if _, err := g.Budget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	req := func() *wire.Request { return &wire.Request{Payload: []byte(strings.Repeat("x", 400))} } // 100 tokens
+	if pod, _ := admitOn(t, g, req()); pod != base(p, 0) {
+		t.Fatalf("first placement on %q, want pod 0", pod)
+	}
+	// 100 tokens at 1,000 a second: the next one 100 ms later, asked
+	// again at the next reading (50 ms) at the latest
+	pod, d := admitOn(t, g, req())
+	if pod != "" || d.Verdict != gate.Wait || d.Delay != 50*time.Millisecond || !strings.Contains(d.Reason, "1 paced") {
+		t.Fatalf("second placement at once: pod %q, %+v; want a wait of 50ms (paced)", pod, d)
+	}
+	*clock = clock.Add(60 * time.Millisecond)
+	if _, d := admitOn(t, g, req()); d.Verdict != gate.Wait || d.Delay != 40*time.Millisecond {
+		t.Fatalf("60 ms later: %+v, want a wait of the 40 ms left", d)
+	}
+	*clock = clock.Add(40 * time.Millisecond)
+	big := &wire.Request{Payload: []byte(strings.Repeat("x", 4000))} // 1,000 tokens
+	if pod, _ := admitOn(t, g, big); pod != base(p, 0) {
+		t.Fatalf("100 ms later: not placed (%q)", pod)
+	}
+	*clock = clock.Add(999 * time.Millisecond)
+	if _, d := admitOn(t, g, req()); d.Verdict != gate.Wait || d.Delay != time.Millisecond {
+		t.Fatalf("999 ms after 1,000 tokens: %+v, want a wait of 1ms", d)
+	}
+	*clock = clock.Add(time.Millisecond)
+	// a request taken back from this pod resumes here: its prompt is
+	// cached, so it does not hold the next placement
+	back := req()
+	back.SetLabel(headroom.PodLabel, base(p, 0))
+	if pod, _ := admitOn(t, g, back); pod != base(p, 0) {
+		t.Fatalf("resumed request not placed on its pod (%q)", pod)
+	}
+	if pod, _ := admitOn(t, g, req()); pod != base(p, 0) {
+		t.Fatalf("placement after a resumed one: %q, want pod 0 at once", pod)
+	}
+	if !strings.Contains(g.Describe(), "1000 prompt tokens a second") {
+		t.Errorf("Describe() = %q, want the pace named", g.Describe())
 	}
 }

@@ -99,6 +99,12 @@ type Backlog struct {
 	// Stay, with PodLimit, keeps a parked request for the pod it left:
 	// it waits for room there instead of prefilling again elsewhere.
 	Stay bool
+	// PaceTokens, with PodLimit, paces the placements on each pod by the
+	// prefill they bring (pool-headroom's pace_tokens): after a placement
+	// of P uncached prompt tokens on a pod, the next placement there waits
+	// P ÷ PaceTokens seconds. A request resuming on the pod it left brings
+	// none (its tokens are cached there). 0: no pace in tokens.
+	PaceTokens float64
 }
 
 // Others are the replay's arrivals in the pool at an event.
@@ -247,6 +253,8 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 	podPlaced := make([]int, len(p.pods))
 	lastRead := time.Duration(-1)
 	pending := max(b.PendingPrefills, 1)
+	// podPaced is when each pod may take its next placement (PaceTokens)
+	podPaced := make([]time.Duration, len(p.pods))
 	podOthers := func(i int) Others {
 		var o Others
 		d := p.pods[i]
@@ -290,7 +298,9 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 		for _, m := range inPool {
 			count[m.pod]++
 		}
-		ok := func(i int) bool { return count[i] < podWant[i] && !podBusy[i] && podPlaced[i] < pending }
+		ok := func(i int) bool {
+			return count[i] < podWant[i] && !podBusy[i] && podPlaced[i] < pending && at >= podPaced[i]
+		}
 		waitingFor := 0 // parked requests skipped: they wait for their pod (Stay)
 		for {
 			var m *member
@@ -315,13 +325,21 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			if pod < 0 {
 				return
 			}
+			uncached := b.PromptTokens
 			if m != nil {
 				parked = slices.Delete(parked, waitingFor, waitingFor+1)
-				if m.pod >= 0 && m.pod != pod {
+				switch {
+				case m.pod >= 0 && m.pod != pod:
 					m.s.computed = 0 // its KV stayed on the pod it left
+					uncached += len(m.s.tokenTimes)
+				case m.pod == pod && !b.Recompute:
+					uncached = 0
 				}
 			} else {
 				m = fresh(at)
+			}
+			if b.PaceTokens > 0 {
+				podPaced[pod] = at + time.Duration(float64(uncached)/b.PaceTokens*float64(time.Second))
 			}
 			m.pod = pod
 			batch[m.trace].Pods = append(batch[m.trace].Pods, pod)

@@ -107,6 +107,7 @@ type frontierPolicy struct {
 	pending  int
 	stay     bool
 	read     time.Duration // the per-pod policy's reading period (0: 50 ms)
+	pace     float64       // the per-pod policy's pace in prefill tokens per second per pod (0: none)
 }
 
 // frontierPolicies: the max-goodput engine point; reactive dispatchers
@@ -392,6 +393,17 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p")
 		})
 	}
+	if v := os.Getenv("SLUICE_BENCH_IP_POLICIES"); v != "" {
+		// a probe of a few policies: those named by a prefix, the engine
+		// point and both twins (G*(x) is then of those only)
+		want := strings.Split(v, ",")
+		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
+			if p.name == frontierEngine || p.name == frontierTwin || p.name == frontierPodTwinFor(pool.name()) {
+				return false
+			}
+			return !slices.ContainsFunc(want, func(w string) bool { return w != "" && strings.HasPrefix(p.name, w) })
+		})
+	}
 	return ps
 }
 
@@ -624,7 +636,7 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 		bl := poolsim.Backlog{PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
 			Recompute: pol.recompute, ParkYoungest: pol.youngest}
 		if pol.podLimit != nil {
-			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills, bl.Stay = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending, pol.stay
+			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills, bl.Stay, bl.PaceTokens = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending, pol.stay, pol.pace
 			if pol.read > 0 {
 				bl.ReadEvery = pol.read
 			}
@@ -726,36 +738,44 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		p       int
 		stay    bool
 		e       time.Duration // reading period (0: 50 ms)
+		k       float64       // pace in prefill tokens per second per pod (0: none)
 	}
 	var ks []knobs
 	for _, r := range []int{2, 3, 4} {
 		for _, i := range []int{1, r} {
 			for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
-				ks = append(ks, knobs{r, i, 3, 1, h, 1, false, 0}, knobs{r, i, 3, 2, h, 1, false, 0})
+				ks = append(ks, knobs{r, i, 3, 1, h, 1, false, 0, 0}, knobs{r, i, 3, 2, h, 1, false, 0, 0})
 			}
 		}
 	}
-	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false, 0}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false, 0})
+	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false, 0, 0}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false, 0, 0})
 	for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
 		for _, w := range []float64{1, 2} {
-			ks = append(ks, knobs{2, 2, 3, w, h, 1, true, 0}, knobs{4, 4, 3, w, h, 1, true, 0}, knobs{2, 2, 3, w, h, 4, false, 0})
+			ks = append(ks, knobs{2, 2, 3, w, h, 1, true, 0, 0}, knobs{4, 4, 3, w, h, 1, true, 0, 0}, knobs{2, 2, 3, w, h, 4, false, 0, 0})
 		}
 	}
 	// smaller reserves, for pods whose KV cache is not the limit
 	// (vllm-8b-h100-16)
 	for _, ri := range [][2]int{{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}} {
-		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, 0})
+		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, 0, 0})
 	}
 	// the pacing: more placements per pod between readings (each is a
 	// batch prefill in the pod's next steps; on pods of 1,024 seats this,
 	// not the seats, bounds what the batch adds to a step)
 	for _, p := range []int{2, 4, 8, 16} {
-		ks = append(ks, knobs{2, 2, 3, 1, 250 * time.Millisecond, p, true, 0})
+		ks = append(ks, knobs{2, 2, 3, 1, 250 * time.Millisecond, p, true, 0, 0})
 	}
 	// readings more often than the default 50 ms
 	for _, e := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} {
 		for _, ri := range [][2]int{{0, 0}, {1, 1}, {2, 1}, {2, 2}} {
-			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, e})
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, e, 0})
+		}
+	}
+	// the pace in tokens (pace_tokens): placements spaced by the prefill
+	// they bring, read every 50 ms
+	for _, tok := range []float64{12800, 25600, 51200} {
+		for _, ri := range [][2]int{{0, 0}, {2, 2}} {
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 64, true, 0, tok})
 		}
 	}
 	var out []frontierPolicy
@@ -767,7 +787,10 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		if k.e > 0 {
 			name += fmt.Sprintf("-e%d", k.e.Milliseconds())
 		}
-		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, podLimit: func() func(time.Duration, int, poolsim.Others) int {
+		if k.k > 0 {
+			name += fmt.Sprintf("-k%g", k.k)
+		}
+		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, pace: k.k, podLimit: func() func(time.Duration, int, poolsim.Others) int {
 			type state struct {
 				rule  headroom.Rule
 				peaks headroom.PeakHold

@@ -363,10 +363,10 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
 		// bursts, default the same); "-x<n>" runs n replicas sharing one
-		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
+		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>][-pt<prompt tokens per second per pod>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
-		perPodDispatch, pending, refresh := false, 0, headroom.DefaultRefreshInterval
+		perPodDispatch, pending, refresh, pace := false, 0, headroom.DefaultRefreshInterval, 0.0
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -380,6 +380,15 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 					return ipArm{}, fmt.Errorf("arm %q: e<ms> wants a reading period in milliseconds, above 0", name)
 				}
 				refresh = time.Duration(n) * time.Millisecond
+			case strings.HasPrefix(part, "pt") && perPodDispatch:
+				n, err := strconv.Atoi(part[2:])
+				if err != nil || n <= 0 {
+					return ipArm{}, fmt.Errorf("arm %q: pt<tokens> wants a pace in prompt tokens per second per pod, above 0", name)
+				}
+				pace = float64(n)
+				if pending == 0 {
+					pending = 64 // the pace in tokens, not one per reading, spaces the placements
+				}
 			case strings.HasPrefix(part, "p") && perPodDispatch:
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n <= 0 {
@@ -470,6 +479,10 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				params["dispatch"] = headroom.DispatchPods
 				if pending > 0 {
 					params["pending_prefills"] = pending
+				}
+				if pace > 0 {
+					// a rate: the pool's time runs k times slower
+					params["pace_tokens"] = pace / pool.k(true)
 				}
 			}
 			return headroom.Type, params
