@@ -369,9 +369,11 @@ type Gate struct {
 	peaks PeakHold // others seen within Hold (dispatch "gateway")
 	rule  Rule
 	pods  []*podState // dispatch "pods": one per endpoint
-	last  Reading
-	check *evictCheck // nil with EvictCheckOff
-	share *sharing    // nil without an account
+	// waiting are the requests waiting for a pod (dispatch "pods")
+	waiting waiters
+	last    Reading
+	check   *evictCheck // nil with EvictCheckOff
+	share   *sharing    // nil without an account
 }
 
 // Reading is what the last successful reading saw.
@@ -751,6 +753,7 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 		switch {
 		case p != nil:
 		case g.handBack():
+			g.waiting.done(waiterOf(req))
 			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
 		case stay:
 			// back to the queue (its credit freed for the other pods),

@@ -145,6 +145,7 @@ func newPods(cfg Config) ([]*podState, error) {
 // held.
 func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 	c := g.cfg
+	g.waiting.sweep(r.At, g.staleWait())
 	r.Pods = make([]PodReading, len(g.pods))
 	for i, p := range g.pods {
 		pg := rd.pods[i]
@@ -176,12 +177,13 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 // (the next reading, or sooner when only the pace in tokens held it);
 // stay says the request was taken back from a pod that has no room now
 // and should wait for that pod, where its tokens are cached, rather than
-// prefill again on another. g.mu is held.
+// prefill again on another. Among the requests waiting for a pod, those
+// due first are placed first (see waiters.go). g.mu is held.
 func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, retry time.Duration) {
 	now := g.now()
-	var best *podState
+	var best, cached *podState
 	bestRoom := 0
-	full, waiting, pending, paced := 0, 0, 0, 0
+	full, waiting, pending, paced, slots := 0, 0, 0, 0, 0
 	retry = g.cfg.RefreshInterval
 	prev, prevKnown := "", false
 	if req != nil {
@@ -205,20 +207,37 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 			retry = min(retry, p.paced.Sub(now))
 			continue
 		}
+		// what this pod can take now: one request with the pace in
+		// tokens, else its room up to the placements left this reading
+		if g.cfg.PaceTokens > 0 {
+			slots++
+		} else {
+			slots += min(room, g.cfg.PendingPrefills-p.since)
+		}
 		if p.url == prev { // where its tokens are cached
-			best = p
-			break
+			cached = p
 		}
 		if room > bestRoom {
 			best, bestRoom = p, room
 		}
 	}
+	w := waiterOf(req)
 	switch {
-	case best == nil:
-		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced", full, waiting, pending, paced), retry
-	case prevKnown && best.url != prev:
+	case prevKnown && cached == nil && best != nil:
+		g.waiting.done(w)
 		return nil, true, "waiting for the pod its tokens are cached on: " + prev, g.cfg.RefreshInterval
+	case best == nil:
+		if w.id != "" {
+			g.waiting.ahead(w, now, g.staleWait(), 0) // remembered: it waits
+		}
+		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced", full, waiting, pending, paced), retry
+	case w.id != "" && !g.waiting.ahead(w, now, g.staleWait(), slots):
+		return nil, false, fmt.Sprintf("%d pod(s) can take a request now and as many requests due earlier wait for them", slots), retry
 	}
+	if cached != nil {
+		best = cached
+	}
+	g.waiting.done(w)
 	best.since++
 	if g.cfg.PaceTokens > 0 {
 		best.paced = now.Add(time.Duration(float64(g.uncached(req, best)) / g.cfg.PaceTokens * float64(time.Second)))
@@ -228,6 +247,10 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 	}
 	return best, false, "", 0
 }
+
+// staleWait is how long a waiting request may go without asking before
+// it is forgotten. g.mu is held.
+func (g *Gate) staleWait() time.Duration { return staleWaits * g.cfg.RefreshInterval }
 
 // uncached estimates the prompt tokens req brings to pod p's prefill: none
 // when it resumes on the pod it ran on (its tokens are in that pod's

@@ -267,3 +267,58 @@ func TestPodsPaceTokens(t *testing.T) {
 		t.Errorf("Describe() = %q, want the pace named", g.Describe())
 	}
 }
+
+// Among the requests waiting for a pod, the one due first is placed
+// first, whoever asks first; a waiter that stops asking is forgotten after
+// three refresh intervals and holds nobody back after that.
+func TestPodsEarliestDeadlineFirst(t *testing.T) {
+	p := newPods(t, 1)
+	g, clock := podsGate(t, p, `,"pace_tokens":1000,"pending_prefills":50`)
+	if _, err := g.Budget(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	at := *clock
+	req := func(id string, due time.Duration) *wire.Request {
+		return &wire.Request{ID: id, Deadline: at.Add(due), Payload: []byte(strings.Repeat("x", 400))} // 100 tokens
+	}
+	if pod, _ := admitOn(t, g, req("first", time.Hour)); pod == "" {
+		t.Fatal("first request not placed")
+	}
+	// the pod is paced for 100 ms: a late and an early request wait
+	late, early := req("late", time.Hour), req("early", time.Minute)
+	for _, r := range []*wire.Request{late, early} {
+		if pod, d := admitOn(t, g, r); pod != "" || d.Verdict != gate.Wait {
+			t.Fatalf("%s placed on %q while the pod is paced (%+v)", r.ID, pod, d)
+		}
+	}
+	*clock = clock.Add(100 * time.Millisecond)
+	// the late one asks first when the pace lets a request in: the early
+	// one is due before it
+	pod, d := admitOn(t, g, late)
+	if pod != "" || d.Verdict != gate.Wait || !strings.Contains(d.Reason, "due earlier") {
+		t.Fatalf("late request placed on %q before the early one (%+v)", pod, d)
+	}
+	if pod, _ := admitOn(t, g, early); pod != base(p, 0) {
+		t.Fatalf("early request not placed (%q)", pod)
+	}
+	// the pod is paced again; then the early request's place is free and
+	// the late one goes
+	*clock = clock.Add(100 * time.Millisecond)
+	if pod, _ := admitOn(t, g, late); pod != base(p, 0) {
+		t.Fatalf("late request not placed once it is the first waiting (%q)", pod)
+	}
+	// a waiter due first that stops asking holds the others back for at
+	// most three refresh intervals (150 ms)
+	gone, next := req("gone", time.Second), req("next", time.Hour)
+	if pod, _ := admitOn(t, g, gone); pod != "" {
+		t.Fatalf("gone placed on %q while the pod is paced", pod)
+	}
+	*clock = clock.Add(100 * time.Millisecond)
+	if pod, d := admitOn(t, g, next); pod != "" || !strings.Contains(d.Reason, "due earlier") {
+		t.Fatalf("next placed on %q ahead of a waiter that asked 100 ms ago (%+v)", pod, d)
+	}
+	*clock = clock.Add(51 * time.Millisecond)
+	if pod, d := admitOn(t, g, next); pod != base(p, 0) {
+		t.Fatalf("next not placed once the silent waiter is stale (%q, %+v)", pod, d)
+	}
+}
