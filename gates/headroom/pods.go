@@ -20,17 +20,21 @@ package headroom
 // burst_i is pod i's own burst (its others_i reaching burst_threshold). A
 // request is placed on a pod only while that pod has room (own_i <
 // allowed_i), nothing waits there (waiting_i = 0: no interactive request
-// is queued behind the batch) and fewer than pending_prefills of the
+// is queued behind the batch), fewer than pending_prefills of the
 // queue's calls were placed there since the pod's last reading (each is a
-// prefill the pod's next steps carry). A request that was taken back goes
-// to the pod it ran on (its tokens are in that pod's prefix cache: the
-// resumed call redoes no prefill) and, while that pod does not qualify,
-// goes back to the queue for a reading (Defer: its credit freed for the
-// other pods) rather than prefill its prompt and tokens again elsewhere;
-// any other request goes to the qualifying pod with the most room. When no
-// pod qualifies it waits (its credit held) and asks again at the next
-// reading. The evictor takes back, on
-// each pod over allowed_i, the youngest calls there (gate.PodReporter).
+// prefill the pod's next steps carry) and, with pace_tokens, the pace in
+// tokens lets it (after a placement that brings P uncached prompt tokens,
+// the next one waits P ÷ pace_tokens seconds). Of the requests waiting
+// for a pod, those due first are placed first (waiters.go). A request
+// that was taken back goes to the pod it ran on (its tokens are in that
+// pod's prefix cache: the resumed call redoes no prefill) and, while that
+// pod does not qualify, goes back to the queue for a reading (Defer: its
+// credit freed for the other pods) rather than prefill its prompt and
+// tokens again elsewhere; any other request goes to the qualifying pod
+// with the most room. When no pod qualifies it waits (its credit held)
+// and asks again at the next reading, or sooner when only the pace held
+// it. The evictor takes back, on each pod over allowed_i, the youngest
+// calls there (gate.PodReporter).
 
 import (
 	"fmt"
