@@ -479,7 +479,7 @@ func (g *Gate) handBack() bool {
 	for _, p := range g.pods {
 		own := p.own.at(now, g.cfg.ReleaseGrace)
 		mine += max(0, p.last.Allowed-own)
-		if p.last.Waiting == 0 { // a pod where a request waits takes no batch from anyone
+		if p.last.Queued == 0 { // a pod where a request waits takes no batch from anyone
 			theirs += max(0, p.last.Pooled-own-p.last.Peers)
 		}
 	}

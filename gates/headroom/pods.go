@@ -19,8 +19,9 @@ package headroom
 //
 // burst_i is pod i's own burst (its others_i reaching burst_threshold). A
 // request is placed on a pod only while that pod has room (own_i <
-// allowed_i), nothing waits there (waiting_i = 0: no interactive request
-// is queued behind the batch), fewer than pending_prefills of the
+// allowed_i), nothing waits there (no interactive request is queued
+// behind the batch: waiting_i less this replica's placements since the
+// previous reading, which wait for the pod's next step, is 0), fewer than pending_prefills of the
 // queue's calls were placed there since the pod's last reading (each is a
 // prefill the pod's next steps carry) and, with pace_tokens, the pace in
 // tokens lets it (after a placement that brings P uncached prompt tokens,
@@ -95,6 +96,11 @@ type PodReading struct {
 	Others, Held, Keep, Allowed int
 	Burst                       bool
 	KV                          float64
+	// Queued are the requests waiting at the pod that this replica did
+	// not place there since the previous reading: Waiting less those
+	// placements, which wait for the pod's next step (the gauge counts
+	// every request). A pod where one is queued takes no batch.
+	Queued int
 
 	// Peers are the other replicas' calls here (with an account), Pooled
 	// the limit for every replica's calls here together (Allowed is this
@@ -154,7 +160,7 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 	for i, p := range g.pods {
 		pg := rd.pods[i]
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
-			Peers: at(peers.InFlight, i)}
+			Peers: at(peers.InFlight, i), Queued: max(0, pg.waiting-p.since)}
 		pr.Others = g.others(pg.running, pg.waiting, pr.Own+pr.Peers)
 		pr.Held = p.peaks.Held(r.At, c.Hold, pr.Others)
 		kvCap := -1
@@ -200,7 +206,7 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 		case room <= 0:
 			full++
 			continue
-		case p.last.Waiting > 0:
+		case p.last.Queued > 0:
 			waiting++
 			continue
 		case p.since >= g.cfg.PendingPrefills:

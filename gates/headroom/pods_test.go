@@ -112,7 +112,22 @@ func TestPodsWaitingAndAffinity(t *testing.T) {
 	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 0) {
 		t.Errorf("placed on %q with a request waiting on pod 1, want pod 0", pod)
 	}
+	// the request just placed waits at pod 0 for its next step: the
+	// gauge counts it, but it is the gate's own, not an interactive
+	// request queued behind the batch
 	p.set(0, 1, 1)
+	*clock = clock.Add(time.Second)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Last().Pods[0].Queued; got != 0 {
+		t.Errorf("pod 0 queued %d with only the gate's own placement waiting, want 0", got)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != base(p, 0) {
+		t.Errorf("placed on %q with only the gate's own placement waiting on pod 0, want pod 0", pod)
+	}
+	// that one and another request wait at pod 0
+	p.set(0, 1, 2)
 	*clock = clock.Add(time.Second)
 	if _, err := g.Budget(ctx); err != nil {
 		t.Fatal(err)
