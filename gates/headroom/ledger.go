@@ -31,6 +31,12 @@ func (l *ledger) at(now time.Time, grace time.Duration) int {
 	return l.own
 }
 
+// live returns the calls admitted and not released yet: what runs now. A
+// call released within the grace counts in at (the pod may still show it)
+// but not here: a call that finished has left its seat, and the room a
+// limit leaves is measured against what runs.
+func (l *ledger) live() int { return l.own - len(l.releases) }
+
 // PeakHold remembers the highest others of the readings within a hold: the
 // limit falls at once when the other traffic grows and rises only once it
 // stayed lower for the hold. It is a monotonic queue (O(1) amortized per

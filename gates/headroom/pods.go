@@ -168,7 +168,10 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 			kvCap = pr.Own + pr.Peers
 			r.KVCap = max(0, r.KVCap) + kvCap
 		}
-		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, pr.Own+pr.Peers, kvCap)
+		// in a burst the limit rises by one above what runs now (a call
+		// that finished frees its seat for the next at once, as the
+		// replay's twin does)
+		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, p.own.live()+pr.Peers, kvCap)
 		pr.Allowed = share(pr.Pooled, pr.Own, peers, i)
 		p.since, p.last = 0, pr
 		r.Pods[i] = pr
@@ -201,7 +204,7 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 	}
 	for _, p := range g.pods {
 		prevKnown = prevKnown || p.url == prev
-		room := p.last.Allowed - p.own.at(now, g.cfg.ReleaseGrace)
+		room := p.last.Allowed - p.own.live()
 		switch {
 		case room <= 0:
 			full++

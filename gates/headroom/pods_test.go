@@ -337,3 +337,44 @@ func TestPodsEarliestDeadlineFirst(t *testing.T) {
 		t.Fatalf("next not placed once the silent waiter is stale (%q, %+v)", pod, d)
 	}
 }
+
+// In a burst a pod's limit rises by one above what runs there now, and a
+// call that finishes frees its seat for the next at once: the batch keeps
+// what it holds and grows by one a reading, as the replay's twin does. A
+// finished call still counts as the queue's own for the others (the pod's
+// gauges may show it until its next step).
+func TestPodsBurstGrowsOverWhatRuns(t *testing.T) {
+	p := newPods(t, 1)
+	g, clock := podsGate(t, p, `,"pending_prefills":100,"burst_threshold":3,"idle_reserve":2`)
+	ctx := context.Background()
+	p.set(0, 5, 0) // 5 interactive requests: a burst
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var placed []gate.Decision
+	for range 3 {
+		if pod, d := admitOn(t, g, &wire.Request{}); pod != "" {
+			placed = append(placed, d)
+		}
+	}
+	if len(placed) != 1 {
+		t.Fatalf("%d placed at the burst's first reading, want 1 (own 0 + 1)", len(placed))
+	}
+	*clock = clock.Add(time.Second)
+	p.set(0, 5+1, 0)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod == "" {
+		t.Fatal("nothing placed at the next reading, want one more (own 1 + 1)")
+	}
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod != "" {
+		t.Fatal("a third placed in one reading of a burst")
+	}
+	// the first call finishes: its seat is free for another before the
+	// next reading
+	placed[0].Release()
+	if pod, _ := admitOn(t, g, &wire.Request{}); pod == "" {
+		t.Fatal("a finished call's seat not given to the next request in the burst")
+	}
+}

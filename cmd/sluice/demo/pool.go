@@ -429,7 +429,8 @@ func RunPool(ctx context.Context, o PoolOptions) (PoolSummary, error) {
 // (dispatch "pods", the benchmark's headroom-resume-pods-r2-i2-t3-w1-h250:
 // 2 seats kept free a pod, waiting requests at weight 1, a hold of 250 ms,
 // no batch placed on a pod where an interactive request waits, one
-// placement a pod between readings), with kv_limit 0.7: nothing more is
+// placement a pod between readings; on 1,024-seat pods the prefill paced
+// at demoPaceTokens instead), with kv_limit 0.7: nothing more is
 // placed on a pod whose KV cache is over 70 % full. A burst needs about 7 %
 // of a pod's KV (some 100 interactive requests of 320 tokens in 467,280),
 // and the batch's calls admitted below the limit still grow by their
@@ -457,8 +458,20 @@ func demoGate(preset string, pcfg poolsim.Config, front string) (map[string]json
 	params["waiting_weight"] = json.RawMessage("1")
 	params["hold"] = json.RawMessage(`"250ms"`)
 	params["kv_limit"] = json.RawMessage("0.7")
+	if pcfg.Engine.MaxNumSeqs > 64 {
+		// vLLM's default seats: the steps, not the seats, bound what the
+		// batch may do; its prefill is paced in tokens (docs/gates.md,
+		// the pace in tokens)
+		params["pace_tokens"] = json.RawMessage(strconv.Itoa(demoPaceTokens))
+		params["pending_prefills"] = json.RawMessage("64")
+	}
 	return params, nil
 }
+
+// demoPaceTokens is the batch's prefill per pod on pods of vLLM's default
+// seats, in prompt tokens a second: the replay's and the benchmark's
+// choice for vllm-8b-h100 (docs/gates.md).
+const demoPaceTokens = 25600
 
 // podReporter is the per-pod reporter of a's batch queue's gate (nil: the
 // gate does not place requests on pods).
