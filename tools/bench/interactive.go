@@ -131,9 +131,10 @@ func ipPodSettings(preset string) string {
 	case "vllm-8b-h100-16":
 		return "headroom-resume-pods-r0-i0-t3-w1-h250-e10"
 	case "vllm-8b-h100":
-		// the pace of placements (one per pod per reading) is what keeps
-		// this pool's steps short: 100 a second per pod
-		return "headroom-resume-pods-r2-i2-t3-w1-h250-e10"
+		// the pace of the batch's prefill is what keeps this pool's steps
+		// short: 25,600 prompt tokens a second per pod (docs/gates.md, the
+		// pace in tokens)
+		return "headroom-resume-pods-r2-i2-t3-w1-h250-pt25600"
 	}
 	return "headroom-resume-pods-r2-i2-t3-w1-h250"
 }
