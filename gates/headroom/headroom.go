@@ -756,9 +756,10 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 			g.waiting.done(waiterOf(req))
 			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
 		case stay:
-			// back to the queue (its credit freed for the other pods),
-			// asked again at the next reading
-			return gate.Decision{Verdict: gate.Defer, Delay: g.cfg.RefreshInterval, Reason: why}, nil
+			// it waits in flight for its pod, which keeps its next
+			// place for it (back in the queue, it could find every
+			// worker taken by requests waiting for any pod)
+			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		default:
 			return gate.Decision{Verdict: gate.Wait, Delay: retry, Reason: why}, nil
 		}

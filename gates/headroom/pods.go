@@ -29,10 +29,10 @@ package headroom
 // for a pod, those due first are placed first (waiters.go). A request
 // that was taken back goes to the pod it ran on (its tokens are in that
 // pod's prefix cache: the resumed call redoes no prefill) and, while that
-// pod does not qualify, goes back to the queue for a reading (Defer: its
-// credit freed for the other pods) rather than prefill its prompt and
-// tokens again elsewhere; any other request goes to the qualifying pod
-// with the most room. When no pod qualifies it waits (its credit held)
+// pod does not qualify, waits for it (its claim keeps the pod's next place
+// for it, earliest deadline first among the requests taken back from that
+// pod) rather than prefill its prompt and tokens again elsewhere; any
+// other request goes to the qualifying pod with the most room. When no pod qualifies it waits (its credit held)
 // and asks again at the next reading, or sooner when only the pace held
 // it. The evictor takes back, on each pod over allowed_i, the youngest
 // calls there (gate.PodReporter).
@@ -85,6 +85,10 @@ type podState struct {
 	// paced is when the pace in tokens (pace_tokens) lets the next call
 	// be placed here.
 	paced time.Time
+	// claims are the requests taken back from this pod that wait for it
+	// (their tokens are cached here): while one does, the pod's next
+	// place is theirs, earliest deadline first.
+	claims waiters
 	last  PodReading
 }
 
@@ -196,14 +200,18 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 	now := g.now()
 	var best, cached *podState
 	bestRoom := 0
-	full, waiting, pending, paced, slots := 0, 0, 0, 0, 0
+	full, waiting, pending, paced, claimed, slots := 0, 0, 0, 0, 0, 0
 	retry = g.cfg.RefreshInterval
-	prev, prevKnown := "", false
+	w := waiterOf(req)
+	prev := ""
+	var prevPod *podState
 	if req != nil {
 		prev = req.Label(PodLabel)
 	}
 	for _, p := range g.pods {
-		prevKnown = prevKnown || p.url == prev
+		if p.url == prev {
+			prevPod = p
+		}
 		room := p.last.Allowed - p.own.live()
 		switch {
 		case room <= 0:
@@ -220,6 +228,10 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 			retry = min(retry, p.paced.Sub(now))
 			continue
 		}
+		if c := p.claims.first(now, g.staleWait()); c.id != "" && c.id != w.id {
+			claimed++ // kept for a request taken back from it
+			continue
+		}
 		// what this pod can take now: one request with the pace in
 		// tokens, else its room up to the placements left this reading
 		if g.cfg.PaceTokens > 0 {
@@ -234,21 +246,25 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 			best, bestRoom = p, room
 		}
 	}
-	w := waiterOf(req)
 	switch {
-	case prevKnown && cached == nil && best != nil:
+	case prevPod != nil && cached == nil:
+		// it waits for its pod, which keeps its next place for it
 		g.waiting.done(w)
+		if w.id != "" {
+			prevPod.claims.ahead(w, now, g.staleWait(), 0)
+		}
 		return nil, true, "waiting for the pod its tokens are cached on: " + prev, g.cfg.RefreshInterval
 	case best == nil:
 		if w.id != "" {
 			g.waiting.ahead(w, now, g.staleWait(), 0) // remembered: it waits
 		}
-		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced", full, waiting, pending, paced), retry
-	case w.id != "" && !g.waiting.ahead(w, now, g.staleWait(), slots):
+		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced, %d kept for a request taken back from it", full, waiting, pending, paced, claimed), retry
+	case cached == nil && w.id != "" && !g.waiting.ahead(w, now, g.staleWait(), slots):
 		return nil, false, fmt.Sprintf("%d pod(s) can take a request now and as many requests due earlier wait for them", slots), retry
 	}
 	if cached != nil {
 		best = cached
+		best.claims.done(w)
 	}
 	g.waiting.done(w)
 	best.since++

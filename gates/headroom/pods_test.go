@@ -147,22 +147,38 @@ func TestPodsWaitingAndAffinity(t *testing.T) {
 	if pod, _ := admitOn(t, g, resumed); pod != base(p, 0) {
 		t.Errorf("a request taken back from pod 0 placed on %q, want pod 0", pod)
 	}
-	// pod 0 full of other traffic: the request waits for it, back in the
-	// queue (its credit freed), rather than prefill again on pod 1
+	// pod 0 full of other traffic: the request waits for it rather than
+	// prefill again on pod 1, and pod 0 keeps its next place for it
 	p.set(0, 16, 0)
 	if _, err := g.Budget(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again := &wire.Request{}
+	again := &wire.Request{ID: "again"}
 	again.SetLabel(headroom.PodLabel, base(p, 0))
-	if pod, d := admitOn(t, g, again); pod != "" || d.Verdict != gate.Defer || d.Delay <= 0 || !strings.Contains(d.Reason, base(p, 0)) {
-		t.Errorf("a request of a full pod 0 placed on %q (%+v), want a deferral naming pod 0", pod, d)
+	if pod, d := admitOn(t, g, again); pod != "" || d.Verdict != gate.Wait || d.Delay <= 0 || !strings.Contains(d.Reason, base(p, 0)) {
+		t.Errorf("a request of a full pod 0 placed on %q (%+v), want a wait naming pod 0", pod, d)
+	}
+	p.set(0, 0, 0)
+	p.set(1, 16, 0)
+	*clock = clock.Add(10 * time.Millisecond)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pod, d := admitOn(t, g, &wire.Request{ID: "fresh"}); pod != "" || !strings.Contains(d.Reason, "1 kept for a request taken back") {
+		t.Errorf("a fresh request placed on %q (%+v) while pod 0 is kept for the request taken back from it", pod, d)
+	}
+	if pod, _ := admitOn(t, g, again); pod != base(p, 0) {
+		t.Errorf("the request taken back from pod 0 placed on %q once pod 0 has room, want pod 0", pod)
+	}
+	// once it is placed the pod is anyone's
+	if pod, _ := admitOn(t, g, &wire.Request{ID: "fresh"}); pod != base(p, 0) {
+		t.Errorf("a fresh request placed on %q after the claim was served, want pod 0", pod)
 	}
 	// a pod the gate no longer reads: placed where there is room
 	gone := &wire.Request{}
 	gone.SetLabel(headroom.PodLabel, "http://gone:8000")
-	if pod, _ := admitOn(t, g, gone); pod != base(p, 1) {
-		t.Errorf("a request of a pod no longer read placed on %q, want pod 1", pod)
+	if pod, _ := admitOn(t, g, gone); pod != base(p, 0) {
+		t.Errorf("a request of a pod no longer read placed on %q, want pod 0 (the one with room)", pod)
 	}
 }
 

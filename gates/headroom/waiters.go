@@ -98,6 +98,18 @@ func (ws *waiters) done(w waiter) {
 	}
 }
 
+// first returns the live waiter due first (none: id ""), forgetting the
+// stale ones before it.
+func (ws *waiters) first(now time.Time, stale time.Duration) waiter {
+	for len(ws.list) > 0 && now.Sub(ws.list[0].asked) > stale {
+		ws.list = ws.list[1:]
+	}
+	if len(ws.list) == 0 {
+		return waiter{}
+	}
+	return ws.list[0]
+}
+
 // sweep forgets every waiter that has not asked within stale.
 func (ws *waiters) sweep(now time.Time, stale time.Duration) {
 	ws.list = slices.DeleteFunc(ws.list, func(w waiter) bool { return now.Sub(w.asked) > stale })
