@@ -89,7 +89,7 @@ type podState struct {
 	// (their tokens are cached here): while one does, the pod's next
 	// place is theirs, earliest deadline first.
 	claims waiters
-	last  PodReading
+	last   PodReading
 }
 
 // PodReading is what the last reading saw of one pod (dispatch "pods").
