@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -354,6 +355,16 @@ type sharing struct {
 	log     *slog.Logger
 	what    string // for Describe and the log
 
+	// fresh is, with dispatch "pods", what one other replica's calls
+	// placed on a pod since its last exchange may add to that pod's
+	// others before the account counts them (see unconfirmed): its
+	// pending_prefills, each weighed as a waiting request (a call just
+	// placed waits for the pod's next step). 0 pool-wide.
+	fresh int
+	// raw is each pod's others as the last reading computed them, before
+	// unconfirmed; g.mu guards it.
+	raw []int
+
 	mu     sync.Mutex
 	last   Peers // in the endpoints' order
 	lastOK time.Time
@@ -374,6 +385,9 @@ func newSharing(cfg Config) (*sharing, error) {
 			return nil, err
 		}
 		s.acct, s.what = r, fmt.Sprintf("%s at %s as replica %s (ttl %v)", a.Key, r.where, a.Replica, a.TTL)
+	}
+	if cfg.Dispatch == DispatchPods {
+		s.fresh = cfg.PendingPrefills * max(1, int(math.Ceil(cfg.WaitingWeight)))
 	}
 	s.order = make([]int, len(cfg.Endpoints))
 	for i := range s.order {
@@ -421,6 +435,27 @@ func (s *sharing) exchange(ctx context.Context, now time.Time, mine []int) Peers
 	}
 	s.last, s.lastOK = out, now
 	return out
+}
+
+// confirmed returns the others of pod i to count at this reading, of
+// others as computed from the pod's gauges less every replica's calls
+// known (see the file's notes): a rise over the last reading's others
+// that the other replicas' calls placed since their last exchange could
+// explain (fresh each) counts only from the next reading on, when they
+// have published those calls; the part of a rise beyond that counts at
+// once. Without an account, other replicas or dispatch "pods" it is
+// others. g.mu is held.
+func (s *sharing) confirmed(i, others int, p Peers) int {
+	if s == nil {
+		return others
+	}
+	if len(s.raw) <= i {
+		s.raw = append(s.raw, make([]int, i+1-len(s.raw))...)
+		s.raw[i] = others
+	}
+	prev := s.raw[i]
+	s.raw[i] = others
+	return max(others-s.fresh*p.Replicas, min(others, prev))
 }
 
 // close closes the account.
