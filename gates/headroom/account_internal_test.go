@@ -78,3 +78,34 @@ func TestAccountOrderRotates(t *testing.T) {
 		t.Errorf("a's places %v, want both 0 and 1 within 2s at a turn of 20ms", seen)
 	}
 }
+
+// A rise of others that the other replicas' fresh calls could explain
+// counts from the next reading on, a larger one less that much at once,
+// a fall at once; alone (or without an account) every rise counts at
+// once.
+func TestConfirmedOthers(t *testing.T) {
+	s := &sharing{fresh: 1}
+	two := Peers{Replicas: 2}
+	for k, c := range []struct {
+		raw  int
+		p    Peers
+		want int
+	}{
+		{5, two, 5}, // the first reading counts as read
+		{7, two, 5}, // two peers: a rise of 2 waits
+		{7, two, 7}, // and counts once it stays
+		{10, two, 8},
+		{3, two, 3}, // a fall counts at once
+		{4, Peers{}, 4},
+		{6, Peers{Replicas: 1}, 5},
+		{5, Peers{Replicas: 1}, 5},
+	} {
+		if got := s.confirmed(0, c.raw, c.p); got != c.want {
+			t.Errorf("reading %d: others %d with %d other replicas counted as %d, want %d", k, c.raw, c.p.Replicas, got, c.want)
+		}
+	}
+	var none *sharing
+	if got := none.confirmed(0, 9, two); got != 9 {
+		t.Errorf("without an account: %d, want 9", got)
+	}
+}

@@ -165,7 +165,7 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		pg := rd.pods[i]
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
 			Peers: at(peers.InFlight, i), Queued: max(0, pg.waiting-p.since)}
-		pr.Others = g.others(pg.running, pg.waiting, pr.Own+pr.Peers)
+		pr.Others = g.share.confirmed(i, g.others(pg.running, pg.waiting, pr.Own+pr.Peers), peers)
 		pr.Held = p.peaks.Held(r.At, c.Hold, pr.Others)
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
