@@ -80,7 +80,7 @@ func frontierPodTwinFor(preset string) string {
 	case "vllm-8b-h100-16":
 		return "pods-r0-i0-t3-w1-h250-p1-stay-e10"
 	case "vllm-8b-h100":
-		return "pods-r2-i2-t3-w1-h250-p64-stay-k25600"
+		return "pods-r2-i2-t3-w1-h250-p4-stay-k25600"
 	}
 	return "pods-r2-i2-t3-w1-h250-p1-stay"
 }
@@ -775,7 +775,7 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 	// they bring, read every 50 ms
 	for _, tok := range []float64{12800, 19200, 25600, 38400, 51200} {
 		for _, ri := range [][2]int{{0, 0}, {2, 2}} {
-			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 64, true, 0, tok})
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 4, true, 0, tok})
 		}
 	}
 	var out []frontierPolicy

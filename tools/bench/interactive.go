@@ -388,7 +388,9 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				}
 				pace = float64(n)
 				if pending == 0 {
-					pending = 64 // the pace in tokens, not one per reading, spaces the placements
+					// the pace in tokens spaces the placements; four a
+					// reading is more than it lets through on these pools
+					pending = 4
 				}
 			case strings.HasPrefix(part, "p") && perPodDispatch:
 				n, err := strconv.Atoi(part[1:])

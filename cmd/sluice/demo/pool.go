@@ -463,7 +463,7 @@ func demoGate(preset string, pcfg poolsim.Config, front string) (map[string]json
 		// batch may do; its prefill is paced in tokens (docs/gates.md,
 		// the pace in tokens)
 		params["pace_tokens"] = json.RawMessage(strconv.Itoa(demoPaceTokens))
-		params["pending_prefills"] = json.RawMessage("64")
+		params["pending_prefills"] = json.RawMessage("4")
 	}
 	return params, nil
 }
