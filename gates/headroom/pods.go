@@ -228,17 +228,17 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 			retry = min(retry, p.paced.Sub(now))
 			continue
 		}
-		if c := p.claims.first(now, g.staleWait()); c.id != "" && c.id != w.id {
-			claimed++ // kept for a request taken back from it
-			continue
-		}
 		// what this pod can take now: one request with the pace in
 		// tokens, else its room up to the placements left this reading
+		n := min(room, g.cfg.PendingPrefills-p.since)
 		if g.cfg.PaceTokens > 0 {
-			slots++
-		} else {
-			slots += min(room, g.cfg.PendingPrefills-p.since)
+			n = 1
 		}
+		if p.claims.holds(w, now, g.staleWait(), n) {
+			claimed++ // kept for requests taken back from it
+			continue
+		}
+		slots += n
 		if p.url == prev { // where its tokens are cached
 			cached = p
 		}
@@ -258,7 +258,7 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 		if w.id != "" {
 			g.waiting.ahead(w, now, g.staleWait(), 0) // remembered: it waits
 		}
-		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced, %d kept for a request taken back from it", full, waiting, pending, paced, claimed), retry
+		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced, %d kept for requests taken back from it", full, waiting, pending, paced, claimed), retry
 	case cached == nil && w.id != "" && !g.waiting.ahead(w, now, g.staleWait(), slots):
 		return nil, false, fmt.Sprintf("%d pod(s) can take a request now and as many requests due earlier wait for them", slots), retry
 	}

@@ -158,19 +158,26 @@ func TestPodsWaitingAndAffinity(t *testing.T) {
 	if pod, d := admitOn(t, g, again); pod != "" || d.Verdict != gate.Wait || d.Delay <= 0 || !strings.Contains(d.Reason, base(p, 0)) {
 		t.Errorf("a request of a full pod 0 placed on %q (%+v), want a wait naming pod 0", pod, d)
 	}
-	p.set(0, 0, 0)
+	// pod 0 has room for one more (16 − reserve 2 − 10 others − its own
+	// 3), pod 1 none: that place is the taken-back request's
+	p.set(0, 13, 0)
 	p.set(1, 16, 0)
 	*clock = clock.Add(10 * time.Millisecond)
 	if _, err := g.Budget(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if pod, d := admitOn(t, g, &wire.Request{ID: "fresh"}); pod != "" || !strings.Contains(d.Reason, "1 kept for a request taken back") {
-		t.Errorf("a fresh request placed on %q (%+v) while pod 0 is kept for the request taken back from it", pod, d)
+	if pod, d := admitOn(t, g, &wire.Request{ID: "fresh"}); pod != "" || !strings.Contains(d.Reason, "1 kept for requests taken back") {
+		t.Errorf("a fresh request placed on %q (%+v) while pod 0's one place is kept for the request taken back from it", pod, d)
 	}
 	if pod, _ := admitOn(t, g, again); pod != base(p, 0) {
 		t.Errorf("the request taken back from pod 0 placed on %q once pod 0 has room, want pod 0", pod)
 	}
 	// once it is placed the pod is anyone's
+	p.set(0, 4, 0)
+	*clock = clock.Add(10 * time.Millisecond)
+	if _, err := g.Budget(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if pod, _ := admitOn(t, g, &wire.Request{ID: "fresh"}); pod != base(p, 0) {
 		t.Errorf("a fresh request placed on %q after the claim was served, want pod 0", pod)
 	}

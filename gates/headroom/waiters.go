@@ -98,16 +98,22 @@ func (ws *waiters) done(w waiter) {
 	}
 }
 
-// first returns the live waiter due first (none: id ""), forgetting the
-// stale ones before it.
-func (ws *waiters) first(now time.Time, stale time.Duration) waiter {
-	for len(ws.list) > 0 && now.Sub(ws.list[0].asked) > stale {
-		ws.list = ws.list[1:]
+// holds reports whether the first n live waiters (stale ones forgotten on
+// the way) fill n places without w: then w may not take one.
+func (ws *waiters) holds(w waiter, now time.Time, stale time.Duration, n int) bool {
+	live := 0
+	for k := 0; k < len(ws.list) && live < n; {
+		switch {
+		case now.Sub(ws.list[k].asked) > stale:
+			ws.list = slices.Delete(ws.list, k, k+1)
+			continue
+		case w.id != "" && ws.list[k].id == w.id:
+			return false
+		}
+		live++
+		k++
 	}
-	if len(ws.list) == 0 {
-		return waiter{}
-	}
-	return ws.list[0]
+	return live >= n
 }
 
 // sweep forgets every waiter that has not asked within stale.
