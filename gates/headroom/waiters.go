@@ -121,9 +121,6 @@ func (ws *waiters) sweep(now time.Time, stale time.Duration) {
 	ws.list = slices.DeleteFunc(ws.list, func(w waiter) bool { return now.Sub(w.asked) > stale })
 }
 
-// len is the waiters remembered, stale ones included.
-func (ws *waiters) len() int { return len(ws.list) }
-
 // waiterOf is req as a waiter; its id is empty (not remembered) when req
 // is nil or has no id.
 func waiterOf(req *wire.Request) waiter {
