@@ -773,7 +773,7 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 	}
 	// the pace in tokens (pace_tokens): placements spaced by the prefill
 	// they bring, read every 50 ms
-	for _, tok := range []float64{12800, 19200, 25600, 38400, 51200} {
+	for _, tok := range []float64{12800, 19200, 22400, 25600, 38400, 51200} {
 		for _, ri := range [][2]int{{0, 0}, {2, 2}} {
 			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 4, true, 0, tok})
 		}
