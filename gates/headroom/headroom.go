@@ -435,6 +435,20 @@ func New(cfg Config) (*Gate, error) {
 	return g, nil
 }
 
+// given reads key with get when it is set. A value of 0 written out is
+// returned as -1, so that Validate refuses it rather than SetDefaults
+// replacing it; absent, it is 0 (the default applies).
+func given[T int | float64](p gate.Params, key string, get func(string, T) (T, error)) (T, error) {
+	if !p.Has(key) {
+		return 0, nil
+	}
+	v, err := get(key, 0)
+	if err == nil && v == 0 {
+		v = -1
+	}
+	return v, err
+}
+
 // Factory builds the gate from gate_params: endpoints (a JSON array or a
 // comma-separated string), seats_per_pod, reserve, reserve_share,
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
@@ -465,21 +479,11 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.PaceTokens, err = p.Float("pace_tokens", 0); err != nil {
 		return nil, err
 	}
-	if p.Has("bytes_per_token") {
-		if cfg.BytesPerToken, err = p.Float("bytes_per_token", 0); err != nil {
-			return nil, err
-		}
-		if cfg.BytesPerToken == 0 {
-			cfg.BytesPerToken = -1 // refused by Validate, not defaulted
-		}
+	if cfg.BytesPerToken, err = given(p, "bytes_per_token", p.Float); err != nil {
+		return nil, err
 	}
-	if p.Has("pending_prefills") {
-		if cfg.PendingPrefills, err = p.Int("pending_prefills", 0); err != nil {
-			return nil, err
-		}
-		if cfg.PendingPrefills == 0 {
-			cfg.PendingPrefills = -1 // refused by Validate, not defaulted
-		}
+	if cfg.PendingPrefills, err = given(p, "pending_prefills", p.Int); err != nil {
+		return nil, err
 	}
 	// the generic refresh_interval also sets the gate's own clock (its
 	// release grace and burst growth default to it)
@@ -528,13 +532,8 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	if cfg.Labels, err = p.StringMap("labels"); err != nil {
 		return nil, err
 	}
-	if p.Has("evict_check_readings") {
-		if cfg.EvictCheckReadings, err = p.Int("evict_check_readings", 0); err != nil {
-			return nil, err
-		}
-		if cfg.EvictCheckReadings == 0 {
-			cfg.EvictCheckReadings = -1 // refused by Validate, not defaulted
-		}
+	if cfg.EvictCheckReadings, err = given(p, "evict_check_readings", p.Int); err != nil {
+		return nil, err
 	}
 	if cfg.EvictCheckBackoff, err = p.Duration("evict_check_backoff", DefaultEvictCheckBackoff); err != nil {
 		return nil, err
@@ -749,18 +748,17 @@ func (g *Gate) Admit(_ context.Context, req *wire.Request) (gate.Decision, error
 	l := &g.own
 	dec := gate.Decision{Verdict: gate.Admit}
 	if g.pods != nil {
-		p, stay, why, retry := g.place(req)
+		p, why, retry := g.place(req)
 		switch {
 		case p != nil:
 		case g.handBack():
 			g.waiting.done(waiterOf(req))
 			return gate.Decision{Verdict: gate.Defer, Delay: time.Nanosecond, Reason: why + "; another replica has room"}, nil
-		case stay:
-			// it waits in flight for its pod, which keeps its next
-			// place for it (back in the queue, it could find every
-			// worker taken by requests waiting for any pod)
-			return gate.Decision{Verdict: gate.Wait, Delay: g.cfg.RefreshInterval, Reason: why}, nil
 		default:
+			// it waits in flight (a request taken back waits for its
+			// pod, which keeps its next place for it: back in the
+			// queue, it could find every worker held by requests
+			// waiting for any pod)
 			return gate.Decision{Verdict: gate.Wait, Delay: retry, Reason: why}, nil
 		}
 		l, dec.Pod = &p.own, p.url

@@ -191,12 +191,12 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 
 // place picks the pod for req (see the file's notes) and labels req with
 // it. When no pod takes it, place returns nil, why, and when to ask again
-// (the next reading, or sooner when only the pace in tokens held it);
-// stay says the request was taken back from a pod that has no room now
-// and should wait for that pod, where its tokens are cached, rather than
-// prefill again on another. Among the requests waiting for a pod, those
+// (the next reading, or sooner when only the pace in tokens held it); a
+// request taken back from a pod that cannot take it now waits for that
+// pod, where its tokens are cached, rather than prefill again on another,
+// and the pod keeps its next place for it. Among the requests waiting for a pod, those
 // due first are placed first (see waiters.go). g.mu is held.
-func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, retry time.Duration) {
+func (g *Gate) place(req *wire.Request) (pod *podState, why string, retry time.Duration) {
 	now := g.now()
 	var best, cached *podState
 	bestRoom := 0
@@ -253,14 +253,14 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 		if w.id != "" {
 			prevPod.claims.ahead(w, now, g.staleWait(), 0)
 		}
-		return nil, true, "waiting for the pod its tokens are cached on: " + prev, g.cfg.RefreshInterval
+		return nil, "waiting for the pod its tokens are cached on: " + prev, g.cfg.RefreshInterval
 	case best == nil:
 		if w.id != "" {
 			g.waiting.ahead(w, now, g.staleWait(), 0) // remembered: it waits
 		}
-		return nil, false, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced, %d kept for requests taken back from it", full, waiting, pending, paced, claimed), retry
+		return nil, fmt.Sprintf("no pod has room: %d full, %d with requests waiting, %d with a placement not read yet, %d paced, %d kept for requests taken back from it", full, waiting, pending, paced, claimed), retry
 	case cached == nil && w.id != "" && !g.waiting.ahead(w, now, g.staleWait(), slots):
-		return nil, false, fmt.Sprintf("%d pod(s) can take a request now and as many requests due earlier wait for them", slots), retry
+		return nil, fmt.Sprintf("%d pod(s) can take a request now and as many requests due earlier wait for them", slots), retry
 	}
 	if cached != nil {
 		best = cached
@@ -274,7 +274,7 @@ func (g *Gate) place(req *wire.Request) (pod *podState, stay bool, why string, r
 	if req != nil {
 		req.SetLabel(PodLabel, best.url)
 	}
-	return best, false, "", 0
+	return best, "", 0
 }
 
 // staleWait is how long a waiting request may go without asking before
