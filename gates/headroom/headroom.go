@@ -194,6 +194,10 @@ type Config struct {
 	// pod, the gate places the next one there P ÷ PaceTokens seconds
 	// later at the earliest (see pods.go).
 	PaceTokens float64
+	// BurstPaceTokens is, with PaceTokens, the pace on a pod while that
+	// pod's other traffic is in a burst (its others reaching
+	// BurstThreshold); 0 (default): PaceTokens then too.
+	BurstPaceTokens float64
 	// BytesPerToken converts a request's payload size into the prompt
 	// tokens PaceTokens counts (default 4, the usual bytes of English
 	// text per token).
@@ -350,6 +354,14 @@ func (c Config) Validate() error {
 	case c.PaceTokens > 0 && c.Dispatch != DispatchPods:
 		errs = append(errs, fmt.Errorf("gate_params.pace_tokens: %v needs dispatch %q (the gate paces the pods it places requests on)", c.PaceTokens, DispatchPods))
 	}
+	switch {
+	case c.BurstPaceTokens < 0 || math.IsNaN(c.BurstPaceTokens) || math.IsInf(c.BurstPaceTokens, 0):
+		errs = append(errs, fmt.Errorf("gate_params.burst_pace_tokens: %v, want prompt tokens per second per pod ≥ 0 (0: pace_tokens in bursts too)", c.BurstPaceTokens))
+	case c.BurstPaceTokens > 0 && !(c.PaceTokens > 0):
+		errs = append(errs, fmt.Errorf("gate_params.burst_pace_tokens: %v needs pace_tokens (the pace outside bursts)", c.BurstPaceTokens))
+	case c.BurstPaceTokens > 0 && c.BurstThreshold <= 0:
+		errs = append(errs, fmt.Errorf("gate_params.burst_pace_tokens: %v needs burst_threshold > 0 (what tells a burst)", c.BurstPaceTokens))
+	}
 	if !(c.BytesPerToken > 0) || math.IsInf(c.BytesPerToken, 0) {
 		errs = append(errs, fmt.Errorf("gate_params.bytes_per_token: %v, want > 0", c.BytesPerToken))
 	}
@@ -454,7 +466,7 @@ func given[T int | float64](p gate.Params, key string, get func(string, T) (T, e
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
 // labels, evict_check, evict_check_readings, evict_check_backoff,
-// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, pace_tokens, bytes_per_token, and the generic refresh_interval (which also paces its own
+// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, pace_tokens, burst_pace_tokens, bytes_per_token, and the generic refresh_interval (which also paces its own
 // readings); the queue's concurrency is max_concurrency. Replicas on one
 // pool share an account (see account.go) with account_redis (host:port, a
 // redis:// or rediss:// URL, or "deployment": the deployment's Redis;
@@ -477,6 +489,9 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 		return nil, err
 	}
 	if cfg.PaceTokens, err = p.Float("pace_tokens", 0); err != nil {
+		return nil, err
+	}
+	if cfg.BurstPaceTokens, err = p.Float("burst_pace_tokens", 0); err != nil {
 		return nil, err
 	}
 	if cfg.BytesPerToken, err = given(p, "bytes_per_token", p.Float); err != nil {
@@ -810,6 +825,9 @@ func (g *Gate) Describe() string {
 		pace := ""
 		if g.cfg.PaceTokens > 0 {
 			pace = fmt.Sprintf(", paced at %g prompt tokens a second per pod", g.cfg.PaceTokens)
+			if g.cfg.BurstPaceTokens > 0 {
+				pace += fmt.Sprintf(" (%g in its bursts)", g.cfg.BurstPaceTokens)
+			}
 		}
 		where = fmt.Sprintf("per pod, dispatching to the pods itself (at most %d placement(s) per pod between readings%s; a request taken back resumes on its pod)", g.cfg.PendingPrefills, pace)
 	}

@@ -25,7 +25,8 @@ package headroom
 // queue's calls were placed there since the pod's last reading (each is a
 // prefill the pod's next steps carry) and, with pace_tokens, the pace in
 // tokens lets it (after a placement that brings P uncached prompt tokens,
-// the next one waits P ÷ pace_tokens seconds). Of the requests waiting
+// the next one waits P ÷ pace_tokens seconds, or P ÷ burst_pace_tokens
+// while the pod is in its burst). Of the requests waiting
 // for a pod, those due first are placed first (waiters.go). A request
 // that was taken back goes to the pod it ran on (its tokens are in that
 // pod's prefix cache: the resumed call redoes no prefill) and, while that
@@ -268,13 +269,22 @@ func (g *Gate) place(req *wire.Request) (pod *podState, why string, retry time.D
 	}
 	g.waiting.done(w)
 	best.since++
-	if g.cfg.PaceTokens > 0 {
-		best.paced = now.Add(time.Duration(float64(g.uncached(req, best)) / g.cfg.PaceTokens * float64(time.Second)))
+	if pace := g.pace(best); pace > 0 {
+		best.paced = now.Add(time.Duration(float64(g.uncached(req, best)) / pace * float64(time.Second)))
 	}
 	if req != nil {
 		req.SetLabel(PodLabel, best.url)
 	}
 	return best, "", 0
+}
+
+// pace is pod p's pace in tokens now (0: none): burst_pace_tokens while
+// the pod's last reading fell in its burst, else pace_tokens. g.mu is held.
+func (g *Gate) pace(p *podState) float64 {
+	if p.last.Burst && g.cfg.BurstPaceTokens > 0 {
+		return g.cfg.BurstPaceTokens
+	}
+	return g.cfg.PaceTokens
 }
 
 // staleWait is how long a waiting request may go without asking before

@@ -233,6 +233,9 @@ func TestPodsConfigErrors(t *testing.T) {
 		{p.params(`,"pace_tokens":1000`), `pace_tokens: 1000 needs dispatch "pods"`},
 		{p.params(`,"dispatch":"pods","pace_tokens":1000,"bytes_per_token":0`), "bytes_per_token: -1, want > 0"},
 		{p.params(`,"dispatch":"pods","pace_tokens":"fast"`), "pace_tokens"},
+		{p.params(`,"dispatch":"pods","pace_tokens":1000,"burst_threshold":3,"burst_pace_tokens":-1`), "burst_pace_tokens: -1, want prompt tokens per second per pod ≥ 0"},
+		{p.params(`,"dispatch":"pods","burst_threshold":3,"burst_pace_tokens":500`), "burst_pace_tokens: 500 needs pace_tokens"},
+		{p.params(`,"dispatch":"pods","pace_tokens":1000,"burst_pace_tokens":500`), "burst_pace_tokens: 500 needs burst_threshold > 0"},
 	} {
 		if _, err := build(t, c.params, 8); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error containing %q", c.params, err, c.want)
@@ -399,5 +402,44 @@ func TestPodsBurstGrowsOverWhatRuns(t *testing.T) {
 	placed[0].Release()
 	if pod, _ := admitOn(t, g, &wire.Request{}); pod == "" {
 		t.Fatal("a finished call's seat not given to the next request in the burst")
+	}
+}
+
+// In a pod's burst (its other traffic at burst_threshold or more) the pace
+// is burst_pace_tokens; outside it, pace_tokens.
+func TestPodsBurstPace(t *testing.T) {
+	p := newPods(t, 1)
+	g, clock := podsGate(t, p, `,"pace_tokens":1000,"burst_pace_tokens":250,"burst_threshold":3,"pending_prefills":50,"burst_window":"100ms"`)
+	ctx := context.Background()
+	read := func(others int) {
+		t.Helper()
+		p.set(0, others, 0)
+		if _, err := g.Budget(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := func() *wire.Request { return &wire.Request{Payload: []byte(strings.Repeat("x", 400))} } // 100 tokens
+	read(0)
+	if pod, _ := admitOn(t, g, req()); pod == "" {
+		t.Fatal("nothing placed outside a burst")
+	}
+	// outside a burst 100 tokens hold the pod 100 ms
+	*clock = clock.Add(100 * time.Millisecond)
+	read(5) // a burst
+	if pod, _ := admitOn(t, g, req()); pod == "" {
+		t.Fatal("nothing placed 100 ms after 100 tokens")
+	}
+	// in the burst 100 tokens hold it 400 ms
+	*clock = clock.Add(300 * time.Millisecond)
+	read(5)
+	if _, d := admitOn(t, g, req()); d.Verdict != gate.Wait || !strings.Contains(d.Reason, "1 paced") {
+		t.Fatalf("300 ms after 100 tokens in a burst: %+v, want paced (250 tokens a second)", d)
+	}
+	*clock = clock.Add(100 * time.Millisecond)
+	if pod, _ := admitOn(t, g, req()); pod == "" {
+		t.Fatal("nothing placed 400 ms after 100 tokens in a burst")
+	}
+	if !strings.Contains(g.Describe(), "(250 in its bursts)") {
+		t.Errorf("Describe() = %q, want the burst pace named", g.Describe())
 	}
 }

@@ -105,6 +105,11 @@ type Backlog struct {
 	// P ÷ PaceTokens seconds. A request resuming on the pod it left brings
 	// none (its tokens are cached there). 0: no pace in tokens.
 	PaceTokens float64
+	// PodPace, with PodLimit, when set, is the pace in tokens of a pod at
+	// a time instead of PaceTokens (pool-headroom's burst_pace_tokens: a
+	// slower pace while the pod's interactive traffic is in a burst); 0:
+	// no pace then.
+	PodPace func(at time.Duration, pod int) float64
 }
 
 // Others are the replay's arrivals in the pool at an event.
@@ -131,6 +136,11 @@ type BatchTrace struct {
 	Done bool
 	// Pods are the pods it was placed on, in order (one per placement).
 	Pods []int
+	// Placed are the times of its placements (one per pod in Pods), Left
+	// the times the backlog took it out of the pool (one per park): with
+	// its last token when Done, they give the batch's occupancy of the
+	// pool over time.
+	Placed, Left []time.Duration
 }
 
 // ReplayBacklog is Replay with a closed-loop batch beside the arrivals
@@ -233,6 +243,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 				p.front.inflight[m.pod]--
 			}
 			m.parked++
+			batch[m.trace].Left = append(batch[m.trace].Left, now.Sub(t0))
 			parked = append(parked, m)
 		}
 	}
@@ -338,11 +349,16 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			} else {
 				m = fresh(at)
 			}
-			if b.PaceTokens > 0 {
-				podPaced[pod] = at + time.Duration(float64(uncached)/b.PaceTokens*float64(time.Second))
+			pace := b.PaceTokens
+			if b.PodPace != nil {
+				pace = b.PodPace(at, pod)
+			}
+			if pace > 0 {
+				podPaced[pod] = at + time.Duration(float64(uncached)/pace*float64(time.Second))
 			}
 			m.pod = pod
 			batch[m.trace].Pods = append(batch[m.trace].Pods, pod)
+			batch[m.trace].Placed = append(batch[m.trace].Placed, at)
 			p.pods[pod].eng.add(m.s)
 			p.front.inflight[pod]++ // as routing counts it, so that arrivals' routing sees it
 			inPool = append(inPool, m)
@@ -382,6 +398,7 @@ func ReplayBacklog(cfg Config, arrivals []Arrival, b Backlog) ([]Trace, []BatchT
 			}
 			m.pod = route()
 			batch[m.trace].Pods = append(batch[m.trace].Pods, m.pod)
+			batch[m.trace].Placed = append(batch[m.trace].Placed, at)
 			p.pods[m.pod].eng.add(m.s)
 			inPool = append(inPool, m)
 		}

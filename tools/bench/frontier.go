@@ -103,7 +103,9 @@ type frontierPolicy struct {
 	// podLimit, instead of limit, places the batch on the pods itself
 	// (pool-headroom's dispatch "pods"): each pod's limit, read every
 	// 50 ms, at most pending placements per pod between readings.
-	podLimit func() func(at time.Duration, pod int, others poolsim.Others) int
+	// The second function, when not nil, is each pod's pace in tokens
+	// at a time (a slower one in the pod's burst).
+	podLimit func() (func(at time.Duration, pod int, others poolsim.Others) int, func(at time.Duration, pod int) float64)
 	pending  int
 	stay     bool
 	read     time.Duration // the per-pod policy's reading period (0: 50 ms)
@@ -390,7 +392,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
 			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-") &&
-				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p")
+				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p") && !strings.Contains(p.name, "-b")
 		})
 	}
 	if v := os.Getenv("SLUICE_BENCH_IP_POLICIES"); v != "" {
@@ -557,6 +559,7 @@ type frontierBaseRun struct {
 	arrivals         []poolsim.Arrival
 	bursts           [][2]time.Duration
 	end, warmup      time.Duration
+	phase            time.Duration // a burst's length
 	floorTTFT        []float64
 	floorP50         float64
 	floorP99         float64
@@ -580,7 +583,7 @@ func frontierBase(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, err
 	for i, at := range offsets {
 		arrivals[i] = poolsim.Arrival{At: at, Class: poolsim.ClassInteractive, PromptTokens: ipInteractivePT, MaxTokens: ipInteractiveOut}
 	}
-	r := frontierBaseRun{cfg: base, arrivals: arrivals, bursts: bursts, end: end, warmup: waves.Warmup}
+	r := frontierBaseRun{cfg: base, arrivals: arrivals, bursts: bursts, end: end, warmup: waves.Warmup, phase: waves.Burst}
 	floor, _, err := poolsim.ReplayBacklog(base, arrivals, poolsim.Backlog{})
 	if err != nil {
 		return r, err
@@ -636,7 +639,8 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 		bl := poolsim.Backlog{PromptTokens: prof.batchPrompt, MaxTokens: prof.batchOutput, Until: b.end,
 			Recompute: pol.recompute, ParkYoungest: pol.youngest}
 		if pol.podLimit != nil {
-			bl.PodLimit, bl.ReadEvery, bl.PendingPrefills, bl.Stay, bl.PaceTokens = pol.podLimit(), headroom.DefaultRefreshInterval, pol.pending, pol.stay, pol.pace
+			bl.PodLimit, bl.PodPace = pol.podLimit()
+			bl.ReadEvery, bl.PendingPrefills, bl.Stay, bl.PaceTokens = headroom.DefaultRefreshInterval, pol.pending, pol.stay, pol.pace
 			if pol.read > 0 {
 				bl.ReadEvery = pol.read
 			}
@@ -654,6 +658,8 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 			// the idle phases' arrivals, which the bar does not judge
 			"ttft_idle_p99_ratio": percentile(frontierTTFTs(b.arrivals, traces, b.bursts, b.warmup, false), 0.99) / b.floorIdleP99,
 			"batch_goodput_share": frontierTokens(batch, b.warmup, b.end) / b.slack,
+			// as interactive-protection measures it, on the virtual clock
+			"gate_reaction_ms": median(frontierReaction(batch, b.bursts, b.warmup, b.end, b.phase)),
 		}})
 	}
 	return b, res, nil
@@ -669,6 +675,45 @@ func frontierTTFTs(arrivals []poolsim.Arrival, traces []poolsim.Trace, bursts []
 		}
 	}
 	return out
+}
+
+// frontierReaction is, per burst after the warm-up, how long the batch's
+// occupancy of the pool took to fall after the burst began
+// (ipReaction), from the replayed placements, parks and completions
+// sampled every 10 ms.
+func frontierReaction(batch []poolsim.BatchTrace, bursts [][2]time.Duration, warmup, end, phase time.Duration) []float64 {
+	const every = 10 * time.Millisecond
+	delta := make([]float64, end/every+2)
+	bump := func(at time.Duration, d float64) {
+		if i := int(at/every) + 1; i < len(delta) {
+			delta[i] += d
+		}
+	}
+	for _, b := range batch {
+		for _, at := range b.Placed {
+			bump(at, 1)
+		}
+		for _, at := range b.Left {
+			bump(at, -1)
+		}
+		if k := len(b.Tokens); b.Done && k > 0 {
+			bump(b.Tokens[k-1], -1)
+		}
+	}
+	samples := make([]ipSample, len(delta))
+	level := 0.0
+	for i, d := range delta {
+		level += d
+		samples[i] = ipSample{at: time.Duration(i) * every, limit: level}
+	}
+	var after [][2]time.Duration
+	for _, b := range bursts {
+		if b[0] >= warmup {
+			after = append(after, b)
+		}
+	}
+	reaction, _ := ipReaction(samples, after, phase)
+	return reaction
 }
 
 // frontierTokens are the output tokens of the batch requests that finished
@@ -739,43 +784,56 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		stay    bool
 		e       time.Duration // reading period (0: 50 ms)
 		k       float64       // pace in prefill tokens per second per pod (0: none)
+		kb      float64       // the pace in a pod's burst (0: k)
 	}
 	var ks []knobs
 	for _, r := range []int{2, 3, 4} {
 		for _, i := range []int{1, r} {
 			for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
-				ks = append(ks, knobs{r, i, 3, 1, h, 1, false, 0, 0}, knobs{r, i, 3, 2, h, 1, false, 0, 0})
+				ks = append(ks, knobs{r, i, 3, 1, h, 1, false, 0, 0, 0}, knobs{r, i, 3, 2, h, 1, false, 0, 0, 0})
 			}
 		}
 	}
-	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false, 0, 0}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false, 0, 0})
+	ks = append(ks, knobs{3, 1, 3, 1, 250 * time.Millisecond, 4, false, 0, 0, 0}, knobs{3, 1, 2, 1, 250 * time.Millisecond, 1, false, 0, 0, 0})
 	for _, h := range []time.Duration{250 * time.Millisecond, time.Second} {
 		for _, w := range []float64{1, 2} {
-			ks = append(ks, knobs{2, 2, 3, w, h, 1, true, 0, 0}, knobs{4, 4, 3, w, h, 1, true, 0, 0}, knobs{2, 2, 3, w, h, 4, false, 0, 0})
+			ks = append(ks, knobs{2, 2, 3, w, h, 1, true, 0, 0, 0}, knobs{4, 4, 3, w, h, 1, true, 0, 0, 0}, knobs{2, 2, 3, w, h, 4, false, 0, 0, 0})
 		}
 	}
 	// smaller reserves, for pods whose KV cache is not the limit
 	// (vllm-8b-h100-16)
 	for _, ri := range [][2]int{{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}} {
-		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, 0, 0})
+		ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, 0, 0, 0})
 	}
 	// the pacing: more placements per pod between readings (each is a
 	// batch prefill in the pod's next steps; on pods of 1,024 seats this,
 	// not the seats, bounds what the batch adds to a step)
 	for _, p := range []int{2, 4, 8, 16} {
-		ks = append(ks, knobs{2, 2, 3, 1, 250 * time.Millisecond, p, true, 0, 0})
+		ks = append(ks, knobs{2, 2, 3, 1, 250 * time.Millisecond, p, true, 0, 0, 0})
 	}
 	// readings more often than the default 50 ms
 	for _, e := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} {
 		for _, ri := range [][2]int{{0, 0}, {1, 1}, {2, 1}, {2, 2}} {
-			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, e, 0})
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 1, true, e, 0, 0})
 		}
 	}
 	// the pace in tokens (pace_tokens): placements spaced by the prefill
 	// they bring, read every 50 ms
 	for _, tok := range []float64{12800, 19200, 22400, 25600, 38400, 51200} {
 		for _, ri := range [][2]int{{0, 0}, {2, 2}} {
-			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 4, true, 0, tok})
+			ks = append(ks, knobs{ri[0], ri[1], 3, 1, 250 * time.Millisecond, 4, true, 0, tok, 0})
+		}
+	}
+	// a slower pace in a pod's burst (burst_pace_tokens), with burst
+	// thresholds that tell the bursts of vllm-8b-h100 from its idle
+	// phases (3: always a burst there); only where the pace matters
+	for _, t := range []int{3, 20, 40} {
+		for _, kb := range []float64{12800, 6400} {
+			for _, k := range []float64{25600, 38400} {
+				if perPod > 64 {
+					ks = append(ks, knobs{2, 2, t, 1, 250 * time.Millisecond, 4, true, 0, k, kb})
+				}
+			}
 		}
 	}
 	var out []frontierPolicy
@@ -790,22 +848,36 @@ func podPolicies(perPod, pods int) []frontierPolicy {
 		if k.k > 0 {
 			name += fmt.Sprintf("-k%g", k.k)
 		}
-		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, pace: k.k, podLimit: func() func(time.Duration, int, poolsim.Others) int {
+		if k.kb > 0 {
+			name += fmt.Sprintf("-b%g", k.kb)
+		}
+		out = append(out, frontierPolicy{name: name, blind: true, pending: k.p, stay: k.stay, read: k.e, pace: k.k, podLimit: func() (func(time.Duration, int, poolsim.Others) int, func(time.Duration, int) float64) {
 			type state struct {
 				rule  headroom.Rule
 				peaks headroom.PeakHold
+				burst bool
 			}
 			st := make([]*state, pods)
 			for i := range st {
 				st[i] = &state{rule: headroom.Rule{Seats: perPod, Reserve: k.r, IdleReserve: k.i,
 					Burst: headroom.Burst{Threshold: k.t, Window: 2 * time.Second, Growth: 50 * time.Millisecond}}}
 			}
-			return func(at time.Duration, pod int, o poolsim.Others) int {
+			limit := func(at time.Duration, pod int, o poolsim.Others) int {
 				s := st[pod]
 				now := time.Unix(0, 0).Add(at)
 				others := int(math.Ceil(float64(o.Running) + k.w*float64(o.Waiting)))
-				_, _, limit := s.rule.Apply(now, others, s.peaks.Held(now, k.h, others), o.Batch, -1)
+				burst, _, limit := s.rule.Apply(now, others, s.peaks.Held(now, k.h, others), o.Batch, -1)
+				s.burst = burst
 				return limit
+			}
+			if k.kb == 0 {
+				return limit, nil
+			}
+			return limit, func(_ time.Duration, pod int) float64 {
+				if st[pod].burst {
+					return k.kb
+				}
+				return k.k
 			}
 		}})
 	}

@@ -364,10 +364,10 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
 		// bursts, default the same); "-x<n>" runs n replicas sharing one
-		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>][-pt<prompt tokens per second per pod>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
+		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>][-pt<prompt tokens per second per pod>][-pb<the same in a pod's bursts>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
-		perPodDispatch, pending, refresh, pace := false, 0, headroom.DefaultRefreshInterval, 0.0
+		perPodDispatch, pending, refresh, pace, burstPace := false, 0, headroom.DefaultRefreshInterval, 0.0, 0.0
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -392,6 +392,12 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 					// reading is more than it lets through on these pools
 					pending = 4
 				}
+			case strings.HasPrefix(part, "pb") && perPodDispatch:
+				n, err := strconv.Atoi(part[2:])
+				if err != nil || n <= 0 {
+					return ipArm{}, fmt.Errorf("arm %q: pb<tokens> wants a pace in a pod's bursts in prompt tokens per second per pod, above 0", name)
+				}
+				burstPace = float64(n)
 			case strings.HasPrefix(part, "p") && perPodDispatch:
 				n, err := strconv.Atoi(part[1:])
 				if err != nil || n <= 0 {
@@ -486,6 +492,9 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				if pace > 0 {
 					// a rate: the pool's time runs k times slower
 					params["pace_tokens"] = pace / pool.k(true)
+				}
+				if burstPace > 0 {
+					params["burst_pace_tokens"] = burstPace / pool.k(true)
 				}
 			}
 			return headroom.Type, params
