@@ -62,10 +62,10 @@ func TestAccountOrderRotates(t *testing.T) {
 	ctx := context.Background()
 	seen := map[int]bool{}
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(seen) < 2; time.Sleep(7 * time.Millisecond) {
-		if _, err := b.Exchange(ctx, []int{5}); err != nil {
+		if _, err := b.Exchange(ctx, []int{5}, nil); err != nil {
 			t.Fatal(err)
 		}
-		p, err := a.Exchange(ctx, []int{3})
+		p, err := a.Exchange(ctx, []int{3}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
