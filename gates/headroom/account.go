@@ -52,12 +52,18 @@ package headroom
 // part of a rise beyond it at once, a fall at once (confirmed).
 //
 // With dispatch "gateway" each replica publishes, beside its in flight,
-// its room: the most it may admit before its next exchange, its limit
-// (as the last reading gave it, at most max_concurrency) less the calls
-// it runs. It keeps to it: with other live replicas a reading's limit is
-// at most what it runs at its exchange plus that room (bound), so a rise
-// of its limit takes effect one reading late, once the room that covers
-// it is published. With dispatch "pods" a replica places at most
+// its room: how many calls more than it publishes it may have on the pool
+// before its next exchange, its limit as the last reading gave it (at
+// most max_concurrency) less its in flight as published. The calls
+// released within the release grace are in that in flight: they have
+// left the pool (a completion leaves at once), so the calls that replace
+// them add nothing the others do not count already. It keeps to it: with
+// other live replicas a reading's limit is at most the last reading's, or
+// what it runs when that is more (bounded), so a rise of its limit takes
+// effect one reading late, once the room that covers it is published (a
+// call taken back or cancelled that is still on its pod for a step and is
+// replaced at once is the exception: the others count it at once, as
+// before the rooms). With dispatch "pods" a replica places at most
 // pending_prefills calls on a pod between two of its readings, a bound
 // every replica knows: it publishes no room (its field keeps the old
 // format, which older replicas read). Either way it is one round trip per
@@ -579,8 +585,8 @@ func (s *sharing) describe() string {
 
 // exchange starts the reading's exchange with the account (nil: none),
 // beside the scrape of the pods, and returns what waits for its answer:
-// the peers and, pool-wide, the bound this replica published (what it
-// runs plus its room: its limit until its next exchange, see the file's
+// the peers and, pool-wide, the bound that goes with the room this
+// replica published (its limit until its next exchange, see the file's
 // notes), -1 when none was published.
 func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 	if g.share == nil {
@@ -592,12 +598,14 @@ func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 	bound := -1
 	if g.pods == nil {
 		mine = []int{g.own.at(now, g.cfg.ReleaseGrace)}
-		// the queue's limit is the last reading's, at most max_concurrency;
-		// what it may still admit is that less what runs (live, not the
-		// calls released within the grace: their credits are free)
-		live := g.own.live()
-		room = []int{max(0, min(g.ruled, g.cfg.MaxConcurrency)-live)}
-		bound = live + room[0]
+		// until the next exchange the queue's limit is at most the last
+		// reading's (and max_concurrency), or what runs when that is more:
+		// what it runs then exceeds what it published by at most that
+		// limit less mine, the calls released within the grace being off
+		// the pods (refilling them adds nothing the others do not count)
+		limit := min(g.ruled, g.cfg.MaxConcurrency)
+		room = []int{max(0, limit-mine[0])}
+		bound = max(g.own.live(), limit)
 	} else {
 		for _, p := range g.pods {
 			mine = append(mine, p.own.at(now, g.cfg.ReleaseGrace))
@@ -623,12 +631,12 @@ func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 }
 
 // bounded returns limit, this replica's part of the pool (dispatch
-// "gateway") as the rule and share give it, held to bound, what it ran
-// plus the room it published at this reading's exchange (-1: none), while
-// other replicas read that room (see the file's notes); g.ruled keeps
-// limit, whose room the next exchange publishes. The bound never takes a
-// call back that limit leaves: it is at least min(limit, what ran). g.mu
-// is held.
+// "gateway") as the rule and share give it, held to bound, the last
+// reading's limit or what ran at this reading's exchange when that is more
+// (-1: no room published), while other replicas read the room that goes
+// with it (see the file's notes); g.ruled keeps limit, whose room the next
+// exchange publishes. The bound never takes a call back that limit
+// leaves: it is at least min(limit, what ran). g.mu is held.
 func (g *Gate) bounded(limit, bound int, p Peers) int {
 	g.ruled = limit
 	if bound < 0 || p.Replicas == 0 {
