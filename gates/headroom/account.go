@@ -31,41 +31,73 @@ package headroom
 // handBack).
 //
 // Each replica sees the others as of their last exchange, up to a refresh
-// interval old, and a replica places its calls just after its readings:
-// a call another replica placed since its last exchange is on the pod but
-// not yet in the account. Read as other traffic, it was a one-reading
-// rise of others that the hold kept for its length, after the account
-// counted the call as well, so the pod's limit stayed a seat low and, on
-// a full pod, a replica took back a call that was in nobody's way (with
+// interval old, and a replica admits (or places) its calls just after its
+// readings: a call another replica admitted since its last exchange is on
+// the pods but not yet in the account. Read as other traffic, it was a
+// one-reading rise of others that the hold kept for its length, after the
+// account counted the call as well, so the limit stayed a seat low and, on
+// a full pool, a replica took back a call that was in nobody's way (with
 // two replicas, 30 % more take-backs per batch request than one, issue
-// 42). A replica places at most pending_prefills calls on a pod between
-// two of its readings, so with dispatch "pods":
+// 42). So a rise that the other live replicas' fresh calls could explain
+// waits for the next reading:
 //
-//	fresh_i     = the other live replicas × pending_prefills
+//	fresh_i     = the sum of the room the other live replicas published for i
+//	            + pending_prefills (dispatch "pods"; 0 pool-wide) for each
+//	              one that published none
 //	others_i(t) = max(raw_i(t) − fresh_i, min(raw_i(t), raw_i(t−1)))
 //
 // raw being others as above, t this reading and t−1 the last: a rise of
 // at most fresh_i counts from the next reading on (by then the peers have
 // published their calls, and a rise that stays is other traffic), the
-// part of a rise beyond it at once, a fall at once (confirmed). The
-// replicas publish nothing more for it: one round trip per reading. The
-// cost is that up to fresh_i new interactive requests on a pod count one
+// part of a rise beyond it at once, a fall at once (confirmed).
+//
+// With dispatch "gateway" each replica publishes, beside its in flight,
+// its room: how many calls more than it publishes it may have on the pool
+// before its next exchange, its limit as the last reading gave it (at
+// most max_concurrency) less its in flight as published. The calls
+// released within the release grace are in that in flight: they have
+// left the pool (a completion leaves at once), so the calls that replace
+// them add nothing the others do not count already. It keeps to it: with
+// other live replicas a reading's limit is at most the last reading's, or
+// what it runs when that is more (bounded), so a rise of its limit takes
+// effect one reading late, once the room that covers it is published (a
+// call taken back or cancelled that is still on its pod for a step and is
+// replaced at once is the exception: the others count it at once, as
+// before the rooms). With dispatch "pods" a replica places at most
+// pending_prefills calls on a pod between two of its readings, a bound
+// every replica knows: it publishes no room (its field keeps the old
+// format, which older replicas read). Either way it is one round trip per
+// reading. The costs: up to fresh_i new interactive requests count one
 // reading late (the reserve is what absorbs the arrivals between two
-// readings). Without other live replicas fresh_i is 0. A fresh call
-// still waiting for the pod's next step counts waiting_weight, not 1: the
-// part beyond 1 is not confirmed away, as it is not for a replica's own
-// fresh calls (alone, or once the peer has published the call): the
-// replicas see what one replica sees. (Counting it too, 2 × pending_prefills
-// per peer at waiting_weight 2, delays more of the interactive rises; in
-// one benchmark run it took back no fewer.) With dispatch "gateway" a
-// replica admits up to its whole part of the room between two readings, so
-// there is no such bound and a rise counts at once.
+// readings), and a gateway replica with other live replicas fills a rise
+// of its limit a reading later. Without other live replicas fresh_i is 0
+// and nothing is bounded. A fresh call still waiting for the pod's next
+// step counts waiting_weight, not 1: the part beyond 1 is not confirmed
+// away, as it is not for a replica's own fresh calls (alone, or once the
+// peer has published the call): the replicas see what one replica sees.
+// (Counting it too, 2 × pending_prefills per peer at waiting_weight 2,
+// delays more of the interactive rises; in one benchmark run it took back
+// no fewer.)
 //
 // The account is a Redis hash per pool (account_key), one field per
-// replica: its counts and their expiry, set and read by one Lua script
-// that reads the time from Redis (TIME), so replica clocks do not matter;
-// the script drops expired fields. A replica that dies stops counting
-// within account_ttl; one that closes its gate removes itself at once. A
+// replica: its counts, its room and their expiry ("<expiry ms>:3,0,2"
+// with dispatch "pods", "<expiry ms>:12,room=4" pool-wide), set and read
+// by one Lua script that reads the time from Redis (TIME), so replica
+// clocks do not matter; the script drops expired fields. A replica that
+// dies stops counting, its calls and its room, within account_ttl; one
+// that closes its gate removes itself at once.
+//
+// In a rolling upgrade both formats meet. A field without room (an older
+// sluice) is a replica that published none: pending_prefills per pod with
+// dispatch "pods" (what every version places at most), 0 pool-wide. An
+// older gateway replica admits up to its whole part of the room and
+// nothing bounds its fresh calls, so they count at once, as they did
+// before the room: a rise of others is never held back on a bound nobody
+// gave (taking it for unbounded would hold back every interactive rise).
+// An older replica reads a new pool-wide field by its numbers, "room=4"
+// being none (0): its calls, summed as before. (An older replica with
+// dispatch "pods" on exactly two pods would read it as calls on its first
+// pod; the replicas should share a dispatch anyway.) A
 // failed exchange (Redis down) does not stop the gate: it keeps the last
 // peers for up to account_ttl, then counts none (each replica alone, as
 // without an account), and logs once per outage.
@@ -121,9 +153,12 @@ const (
 type Account interface {
 	// Exchange publishes this replica's in-flight calls, mine (one per
 	// pod, in the order of the sorted endpoints; one element with dispatch
-	// "gateway"), and returns the other live replicas' (see Peers).
-	// mine stays this replica's until it is replaced or expires.
-	Exchange(ctx context.Context, mine []int) (Peers, error)
+	// "gateway"), and its room, the most calls it may still admit before
+	// its next exchange, one per element of mine (nil: it publishes none,
+	// as with dispatch "pods", whose bound pending_prefills every replica
+	// knows), and returns the other live replicas' (see Peers). Both stay
+	// this replica's until they are replaced or expire.
+	Exchange(ctx context.Context, mine, room []int) (Peers, error)
 	// Close withdraws this replica's counts, as far as it can, and
 	// releases the account's resources.
 	Close() error
@@ -138,9 +173,16 @@ type Peers struct {
 	// placed before this one in the replicas' order (one every replica
 	// sees alike; the Redis account rotates it).
 	Below []int
+	// Room is, per element, the sum of the room the Bounded replicas
+	// published (the most each may still admit before its next exchange;
+	// see sharing.confirmed).
+	Room []int
 	// Replicas is how many other replicas are live; Rank this replica's
 	// place in the order, in [0, Replicas].
 	Replicas, Rank int
+	// Bounded is how many of the Replicas published a room; each of the
+	// others (dispatch "pods", an older sluice) counts as sharing.fresh.
+	Bounded int
 }
 
 // at returns element i of xs, 0 past its end.
@@ -255,24 +297,40 @@ func accountParams(p gate.Params, env gate.Env) (AccountConfig, error) {
 }
 
 // exchangeScript sets this replica's field of the pool's hash (KEYS[1]) to
-// its counts (ARGV[3], "3,0,2") and their expiry, now + ARGV[2] ms by
-// Redis' clock, drops the expired fields, and returns {live other
-// replicas, this replica's place in the order, sums per element, sums of
-// the replicas placed before it}. The order is the replicas' ids sorted,
-// rotated by one place every ARGV[4] ms, so that no replica is always the
-// one that gets no part of a small room or takes back a small excess. A
-// replica publishing several numbers while this one publishes one is
-// counted by their sum; one publishing one number while this one publishes
-// several is not counted (its calls cannot be placed on a pod).
+// its counts and room (ARGV[3]: "3,0,2", or "12,room=4" with a room per
+// count) and their expiry, now + ARGV[2] ms by Redis' clock, drops the
+// expired fields, and returns {live other replicas, this replica's place
+// in the order, how many others published a room, sums per element, sums
+// of the replicas placed before it, sums of the rooms published}. The
+// order is the replicas' ids sorted, rotated by one place every ARGV[4]
+// ms, so that no replica is always the one that gets no part of a small
+// room or takes back a small excess. A replica publishing several numbers
+// while this one publishes one is counted by their sum (and its rooms'); one
+// publishing one number while this one publishes several is not counted
+// (its calls cannot be placed on a pod). A field whose rooms do not match
+// its counts one for one (an older sluice's has none) published no room.
 var exchangeScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
-local n = 0
-for _ in string.gmatch(ARGV[3], '[^,]+') do n = n + 1 end
+local function parse(v)
+  local c, r = {}, {}
+  for x in string.gmatch(v, '[^,]+') do
+    local room = string.match(x, '^room=(.*)$')
+    if room then r[#r + 1] = tonumber(room) or 0 else c[#c + 1] = tonumber(x) or 0 end
+  end
+  if #r ~= #c then r = nil end
+  return c, r
+end
+local function total(xs)
+  local s = 0
+  for j = 1, #xs do s = s + xs[j] end
+  return s
+end
+local n = #parse(ARGV[3])
 redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
-local ids, counts = {me}, {}
+local ids, counts, rooms = {me}, {}, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local id, v = all[i], all[i + 1]
@@ -281,16 +339,13 @@ for i = 1, #all, 2 do
   if not exp or exp <= now then
     redis.call('HDEL', KEYS[1], id)
   elseif id ~= me then
-    local c = {}
-    for x in string.gmatch(string.sub(v, sep + 1), '[^,]+') do c[#c + 1] = tonumber(x) or 0 end
+    local c, r = parse(string.sub(v, sep + 1))
     if #c ~= n and n == 1 then
-      local s = 0
-      for j = 1, #c do s = s + c[j] end
-      c = {s}
+      c, r = {total(c)}, r and {total(r)}
     end
     if #c == n then
       ids[#ids + 1] = id
-      counts[id] = c
+      counts[id], rooms[id] = c, r
     end
   end
 end
@@ -299,18 +354,21 @@ local live = #ids
 local turn = math.floor(now / period) % live
 local place = {}
 for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
-local sum, below = {}, {}
-for j = 1, n do sum[j], below[j] = 0, 0 end
+local sum, below, room, bounded = {}, {}, {}, 0
+for j = 1, n do sum[j], below[j], room[j] = 0, 0, 0 end
 for id, c in pairs(counts) do
-  local before = place[id] < place[me]
+  local before, r = place[id] < place[me], rooms[id]
+  if r then bounded = bounded + 1 end
   for j = 1, n do
     sum[j] = sum[j] + c[j]
     if before then below[j] = below[j] + c[j] end
+    if r then room[j] = room[j] + r[j] end
   end
 end
-local out = {live - 1, place[me]}
+local out = {live - 1, place[me], bounded}
 for j = 1, n do out[#out + 1] = sum[j] end
 for j = 1, n do out[#out + 1] = below[j] end
+for j = 1, n do out[#out + 1] = room[j] end
 return out
 `)
 
@@ -338,23 +396,33 @@ func newRedisAccount(a AccountConfig, turn time.Duration) (*redisAccount, error)
 	return &redisAccount{client: o.New(), where: o.Where(), key: a.Key, replica: a.Replica, ttl: a.TTL, turn: max(time.Millisecond, turn)}, nil
 }
 
+// roomToken starts each of a field's rooms (see exchangeScript).
+const roomToken = "room="
+
 // Exchange implements Account.
-func (r *redisAccount) Exchange(ctx context.Context, mine []int) (Peers, error) {
-	parts := make([]string, len(mine))
-	for i, n := range mine {
-		parts[i] = strconv.Itoa(max(0, n))
+func (r *redisAccount) Exchange(ctx context.Context, mine, room []int) (Peers, error) {
+	parts := make([]string, 0, 2*len(mine))
+	for _, n := range mine {
+		parts = append(parts, strconv.Itoa(max(0, n)))
+	}
+	if room != nil {
+		for i := range mine {
+			parts = append(parts, roomToken+strconv.Itoa(max(0, at(room, i))))
+		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.client, []string{r.key}, r.replica, r.ttl.Milliseconds(), strings.Join(parts, ","),
 		r.turn.Milliseconds()).Int64Slice()
 	if err != nil {
 		return Peers{}, fmt.Errorf("replica account %s at %s: %w", r.key, r.where, err)
 	}
-	if len(vals) != 2+2*len(mine) {
-		return Peers{}, fmt.Errorf("replica account %s at %s: %d values for %d counts", r.key, r.where, len(vals), len(mine))
+	n := len(mine)
+	if len(vals) != 3+3*n {
+		return Peers{}, fmt.Errorf("replica account %s at %s: %d values for %d counts", r.key, r.where, len(vals), n)
 	}
-	p := Peers{Replicas: int(vals[0]), Rank: int(vals[1]), InFlight: make([]int, len(mine)), Below: make([]int, len(mine))}
+	p := Peers{Replicas: int(vals[0]), Rank: int(vals[1]), Bounded: int(vals[2]),
+		InFlight: make([]int, n), Below: make([]int, n), Room: make([]int, n)}
 	for i := range mine {
-		p.InFlight[i], p.Below[i] = int(vals[2+i]), int(vals[2+len(mine)+i])
+		p.InFlight[i], p.Below[i], p.Room[i] = int(vals[3+i]), int(vals[3+n+i]), int(vals[3+2*n+i])
 	}
 	return p, nil
 }
@@ -384,10 +452,13 @@ type sharing struct {
 	log     *slog.Logger
 	what    string // for Describe and the log
 
-	// fresh is, with dispatch "pods", how many calls one other replica
-	// may have placed on a pod since its last exchange, on the pod but
-	// not yet in the account (see confirmed): pending_prefills. 0
-	// pool-wide.
+	// fresh is how many calls one other replica that published no room
+	// (Peers.Bounded) may have placed on a pod since its last exchange, on
+	// the pod but not yet in the account (see confirmed): with dispatch
+	// "pods" pending_prefills, which bounds every version's placements; 0
+	// pool-wide, where such a replica is an older sluice, which admits up
+	// to its whole part of the room: its rises count at once, as before
+	// (see the file's notes on rolling upgrades).
 	fresh int
 	// raw is each pod's others as the last reading computed them, before
 	// confirmed; g.mu guards it.
@@ -425,20 +496,28 @@ func newSharing(cfg Config) (*sharing, error) {
 	return s, nil
 }
 
-// exchange publishes mine (in the endpoints' order; one element pool-wide)
-// and returns the peers to count at now: the account's answer, or on a
-// failure the last answer while it is younger than the TTL, else none.
-func (s *sharing) exchange(ctx context.Context, now time.Time, mine []int) Peers {
+// exchange publishes mine and room (in the endpoints' order; one element
+// pool-wide; room nil: none) and returns the peers to count at now and
+// whether they were published: the account's answer, or on a failure the
+// last answer while it is younger than the TTL, else none.
+func (s *sharing) exchange(ctx context.Context, now time.Time, mine, room []int) (Peers, bool) {
 	order := s.order
 	if len(mine) != len(order) {
 		order = []int{0} // pool-wide
 	}
 	sorted := make([]int, len(order))
+	var sortedRoom []int
+	if room != nil {
+		sortedRoom = make([]int, len(order))
+	}
 	for k, i := range order {
 		sorted[k] = mine[i]
+		if room != nil {
+			sortedRoom[k] = at(room, i)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	p, err := s.acct.Exchange(ctx, sorted)
+	p, err := s.acct.Exchange(ctx, sorted, sortedRoom)
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -451,28 +530,29 @@ func (s *sharing) exchange(ctx context.Context, now time.Time, mine []int) Peers
 		if s.lastOK.IsZero() || now.Sub(s.lastOK) > s.ttl {
 			s.last = Peers{}
 		}
-		return s.last
+		return s.last, false
 	}
 	if s.down {
 		s.down = false
 		s.log.Info("replica account answers again", "account", s.what)
 	}
-	out := Peers{Replicas: p.Replicas, Rank: p.Rank, InFlight: make([]int, len(order)), Below: make([]int, len(order))}
+	out := Peers{Replicas: p.Replicas, Rank: p.Rank, Bounded: p.Bounded,
+		InFlight: make([]int, len(order)), Below: make([]int, len(order)), Room: make([]int, len(order))}
 	for k, i := range order {
-		out.InFlight[i], out.Below[i] = at(p.InFlight, k), at(p.Below, k)
+		out.InFlight[i], out.Below[i], out.Room[i] = at(p.InFlight, k), at(p.Below, k), at(p.Room, k)
 	}
 	s.last, s.lastOK = out, now
-	return out
+	return out, true
 }
 
-// confirmed returns the others of pod i to count at this reading, of
-// others as computed from the pod's gauges less every replica's calls
-// known (raw_i in the file's notes): a rise over the last reading's that
-// the other replicas' calls placed since their last exchange could
-// explain (fresh each) counts only from the next reading on, when they
-// have published those calls; the part of a rise beyond that counts at
-// once. Without an account, other replicas or dispatch "pods" it is
-// others. g.mu is held.
+// confirmed returns the others of pod i (pool-wide: i = 0) to count at
+// this reading, of others as computed from the gauges less every
+// replica's calls known (raw_i in the file's notes): a rise over the last
+// reading's that the other replicas' calls admitted since their last
+// exchange could explain (the rooms they published, fresh for each that
+// published none) counts only from the next reading on, when they have
+// published those calls; the part of a rise beyond that counts at once.
+// Without an account or other replicas it is others. g.mu is held.
 func (s *sharing) confirmed(i, others int, p Peers) int {
 	if s == nil {
 		return others
@@ -483,7 +563,8 @@ func (s *sharing) confirmed(i, others int, p Peers) int {
 	}
 	prev := s.raw[i]
 	s.raw[i] = others
-	return max(others-s.fresh*p.Replicas, min(others, prev))
+	fresh := at(p.Room, i) + s.fresh*max(0, p.Replicas-p.Bounded)
+	return max(others-fresh, min(others, prev))
 }
 
 // close closes the account.
@@ -503,25 +584,65 @@ func (s *sharing) describe() string {
 }
 
 // exchange starts the reading's exchange with the account (nil: none),
-// beside the scrape of the pods, and returns what waits for its answer.
-func (g *Gate) exchange(ctx context.Context) func() Peers {
+// beside the scrape of the pods, and returns what waits for its answer:
+// the peers and, pool-wide, the bound that goes with the room this
+// replica published (its limit until its next exchange, see the file's
+// notes), -1 when none was published.
+func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 	if g.share == nil {
-		return func() Peers { return Peers{} }
+		return func() (Peers, int) { return Peers{}, -1 }
 	}
 	g.mu.Lock()
 	now := g.now()
-	var mine []int
+	var mine, room []int
+	bound := -1
 	if g.pods == nil {
 		mine = []int{g.own.at(now, g.cfg.ReleaseGrace)}
+		// until the next exchange the queue's limit is at most the last
+		// reading's (and max_concurrency), or what runs when that is more:
+		// what it runs then exceeds what it published by at most that
+		// limit less mine, the calls released within the grace being off
+		// the pods (refilling them adds nothing the others do not count)
+		limit := min(g.ruled, g.cfg.MaxConcurrency)
+		room = []int{max(0, limit-mine[0])}
+		bound = max(g.own.live(), limit)
 	} else {
 		for _, p := range g.pods {
 			mine = append(mine, p.own.at(now, g.cfg.ReleaseGrace))
 		}
 	}
 	g.mu.Unlock()
-	done := make(chan Peers, 1)
-	go func() { done <- g.share.exchange(ctx, now, mine) }()
-	return func() Peers { return <-done }
+	type answer struct {
+		peers Peers
+		ok    bool
+	}
+	done := make(chan answer, 1)
+	go func() {
+		p, ok := g.share.exchange(ctx, now, mine, room)
+		done <- answer{p, ok}
+	}()
+	return func() (Peers, int) {
+		a := <-done
+		if !a.ok {
+			return a.peers, -1
+		}
+		return a.peers, bound
+	}
+}
+
+// bounded returns limit, this replica's part of the pool (dispatch
+// "gateway") as the rule and share give it, held to bound, the last
+// reading's limit or what ran at this reading's exchange when that is more
+// (-1: no room published), while other replicas read the room that goes
+// with it (see the file's notes); g.ruled keeps limit, whose room the next
+// exchange publishes. The bound never takes a call back that limit
+// leaves: it is at least min(limit, what ran). g.mu is held.
+func (g *Gate) bounded(limit, bound int, p Peers) int {
+	g.ruled = limit
+	if bound < 0 || p.Replicas == 0 {
+		return limit
+	}
+	return min(limit, bound)
 }
 
 // handBack reports, with an account and dispatch "pods", whether a

@@ -2,8 +2,11 @@ package headroom
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-io/sluice/gates/internal/redisconn"
 	"github.com/sluice-io/sluice/internal/testenv"
@@ -62,10 +65,10 @@ func TestAccountOrderRotates(t *testing.T) {
 	ctx := context.Background()
 	seen := map[int]bool{}
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(seen) < 2; time.Sleep(7 * time.Millisecond) {
-		if _, err := b.Exchange(ctx, []int{5}); err != nil {
+		if _, err := b.Exchange(ctx, []int{5}, nil); err != nil {
 			t.Fatal(err)
 		}
-		p, err := a.Exchange(ctx, []int{3})
+		p, err := a.Exchange(ctx, []int{3}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,5 +110,194 @@ func TestConfirmedOthers(t *testing.T) {
 	var none *sharing
 	if got := none.confirmed(0, 9, two); got != 9 {
 		t.Errorf("without an account: %d, want 9", got)
+	}
+}
+
+// Rooms travel with the counts: a replica that publishes none (an older
+// sluice's format, or dispatch "pods") is counted but not Bounded; a
+// replica publishing several rooms while this one publishes one count is
+// counted by their sum, as its calls are.
+func TestAccountRooms(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	acct := func(id string) *redisAccount {
+		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Minute}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		return a
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		id         string
+		mine, room []int
+	}{
+		{"b", []int{5}, []int{2}},       // gateway
+		{"c", []int{1, 2}, nil},         // pods, as every version publishes them
+		{"d", []int{1, 1}, []int{1, 0}}, // several rooms
+	} {
+		if _, err := acct(c.id).Exchange(ctx, c.mine, c.room); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := acct("a").Exchange(ctx, []int{3}, []int{4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas != 3 || p.InFlight[0] != 10 || p.Bounded != 2 || p.Room[0] != 3 {
+		t.Errorf("a gateway replica was told %+v; want 3 replicas holding 10, 2 of them bounded with a room of 3", p)
+	}
+	// a replica with two pods counts the ones with two counts only
+	p, err = acct("e").Exchange(ctx, []int{0, 0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas != 2 || !slices.Equal(p.InFlight, []int{2, 3}) || p.Bounded != 1 || !slices.Equal(p.Room, []int{1, 0}) {
+		t.Errorf("a pods replica was told %+v; want 2 replicas holding 2 and 3, 1 bounded with rooms 1 and 0", p)
+	}
+}
+
+// olderExchangeScript is exchangeScript as it was before rooms (sluice
+// 5a6d88c), for a rolling upgrade's older replicas.
+var olderExchangeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local n = 0
+for _ in string.gmatch(ARGV[3], '[^,]+') do n = n + 1 end
+redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+local ids, counts = {me}, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local id, v = all[i], all[i + 1]
+  local sep = string.find(v, ':', 1, true)
+  local exp = sep and tonumber(string.sub(v, 1, sep - 1))
+  if not exp or exp <= now then
+    redis.call('HDEL', KEYS[1], id)
+  elseif id ~= me then
+    local c = {}
+    for x in string.gmatch(string.sub(v, sep + 1), '[^,]+') do c[#c + 1] = tonumber(x) or 0 end
+    if #c ~= n and n == 1 then
+      local s = 0
+      for j = 1, #c do s = s + c[j] end
+      c = {s}
+    end
+    if #c == n then
+      ids[#ids + 1] = id
+      counts[id] = c
+    end
+  end
+end
+table.sort(ids)
+local live = #ids
+local turn = math.floor(now / period) % live
+local place = {}
+for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
+local sum, below = {}, {}
+for j = 1, n do sum[j], below[j] = 0, 0 end
+for id, c in pairs(counts) do
+  local before = place[id] < place[me]
+  for j = 1, n do
+    sum[j] = sum[j] + c[j]
+    if before then below[j] = below[j] + c[j] end
+  end
+end
+local out = {live - 1, place[me]}
+for j = 1, n do out[#out + 1] = sum[j] end
+for j = 1, n do out[#out + 1] = below[j] end
+return out
+`)
+
+// In a rolling upgrade an older gateway replica counts a newer one's
+// calls right (its room is no number to it), and the newer one counts
+// the older one's as a replica that published no room.
+func TestAccountOlderReplica(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: "a", TTL: time.Minute}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx := context.Background()
+	if _, err := a.Exchange(ctx, []int{5}, []int{2}); err != nil {
+		t.Fatal(err)
+	}
+	c := testenv.RedisClient(t, r.URL)
+	vals, err := olderExchangeScript.Run(ctx, c, []string{"k"}, "old", time.Minute.Milliseconds(), "3", time.Hour.Milliseconds()).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vals) != 4 || vals[0] != 1 || vals[2] != 5 {
+		t.Errorf("the older replica was told %v; want 1 other replica holding 5", vals)
+	}
+	p, err := a.Exchange(ctx, []int{5}, []int{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas != 1 || p.InFlight[0] != 3 || p.Bounded != 0 || p.Room[0] != 0 {
+		t.Errorf("the newer replica was told %+v; want 1 replica holding 3, none bounded", p)
+	}
+}
+
+// The other replicas' published rooms bound how much of a rise waits for
+// the next reading; a replica that published none counts as fresh (0
+// pool-wide: its part of a rise counts at once, as before rooms;
+// pending_prefills per pod with dispatch "pods").
+func TestConfirmedRooms(t *testing.T) {
+	s := &sharing{}
+	room := func(rooms ...int) Peers {
+		p := Peers{Replicas: len(rooms), Room: []int{0}}
+		for _, r := range rooms {
+			if r >= 0 {
+				p.Bounded++
+				p.Room[0] += r
+			}
+		}
+		return p
+	}
+	for k, c := range []struct {
+		raw  int
+		p    Peers
+		want int
+	}{
+		{5, room(3), 5},
+		{8, room(3), 5},      // within the room: waits
+		{8, room(3), 8},      // stays: counts
+		{13, room(1, 2), 10}, // 2 beyond the rooms count at once
+		{13, room(0), 13},
+		{15, room(-1), 15}, // an older replica (no room): at once
+		{17, room(-1, 1), 16},
+		{4, room(5), 4}, // a fall at once
+	} {
+		if got := s.confirmed(0, c.raw, c.p); got != c.want {
+			t.Errorf("reading %d: others %d beside rooms %+v counted as %d, want %d", k, c.raw, c.p, got, c.want)
+		}
+	}
+	pods := &sharing{fresh: 2}
+	pods.confirmed(1, 0, Peers{})
+	if got := pods.confirmed(1, 9, Peers{Replicas: 2, Bounded: 1, Room: []int{0, 1}}); got != 6 {
+		t.Errorf("pods: others 9 beside a room of 1 and a replica without: %d, want 6 (9 less 1 and pending_prefills 2)", got)
+	}
+}
+
+// With other replicas reading its room, a gateway replica's limit is at
+// most what it ran plus that room; alone, or when the exchange failed, it
+// is the rule's. Either way the next room is the rule's limit's.
+func TestBounded(t *testing.T) {
+	g := &Gate{}
+	for _, c := range []struct {
+		limit, bound int
+		p            Peers
+		want         int
+	}{
+		{10, 8, Peers{Replicas: 1}, 8},
+		{5, 8, Peers{Replicas: 1}, 5},
+		{10, 8, Peers{}, 10},
+		{10, -1, Peers{Replicas: 1}, 10},
+	} {
+		if got := g.bounded(c.limit, c.bound, c.p); got != c.want || g.ruled != c.limit {
+			t.Errorf("bounded(%d, %d, %d replicas) = %d (ruled %d), want %d (ruled %d)", c.limit, c.bound, c.p.Replicas, got, g.ruled, c.want, c.limit)
+		}
 	}
 }

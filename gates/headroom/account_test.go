@@ -68,7 +68,9 @@ func TestAccountGatewayReplicas(t *testing.T) {
 	admitN(t, b, 4)
 	p.set(0, 9, 0) // the 16 calls and 2 interactive requests
 	p.set(1, 9, 0)
-	read(t, a, b, a)
+	// each replica's limit rises to its part a reading after the other
+	// replicas read its room (TestAccountGatewayPeersFreshAdmissions)
+	read(t, a, b, a, b)
 	ra, rb := a.Last(), b.Last()
 	if ra.Own != 12 || ra.Peers != 4 || ra.Others != 2 || ra.Replicas != 2 || rb.Own != 4 || rb.Peers != 12 || rb.Others != 2 {
 		t.Fatalf("a read %+v, b read %+v; want own 12 and 4, peers 4 and 12, others 2 each", ra, rb)
@@ -79,10 +81,12 @@ func TestAccountGatewayReplicas(t *testing.T) {
 		t.Errorf("limits %d and %d, want 18 and 10 (the room split, 28 in all)", ra.Allowed, rb.Allowed)
 	}
 	// 22 others: 8 seats left for 16 calls; the excess of 8 is split by
-	// what each holds (6 and 2), not taken back by each
+	// what each holds (6 and 2), not taken back by each; the rise counts
+	// from a replica's second reading of it (the other's published room,
+	// 6, could explain as much of it)
 	p.set(0, 19, 0)
 	p.set(1, 19, 0)
-	read(t, a, b)
+	read(t, a, b, a, b)
 	ra, rb = a.Last(), b.Last()
 	if ra.Allowed+rb.Allowed != 8 || ra.Allowed != 6 || rb.Allowed != 2 {
 		t.Errorf("limits %d and %d after an excess of 8, want 6 and 2 (8 in all)", ra.Allowed, rb.Allowed)
@@ -329,5 +333,128 @@ func TestAccountPeersFreshPlacement(t *testing.T) {
 	read(t, a)
 	if got := a.Last(); got.Replicas != 1 || got.Pods[0].Others != 6 {
 		t.Errorf("a alone, one more interactive request: %+v; want 1 replica, others 6 at once", got)
+	}
+}
+
+// gatewayPair returns two gateway replicas, a and b, on one pod with a
+// hold of 1s and a shared fake clock (advanced by tick), settled: a holds
+// 6 calls and b 4, no other traffic, so the batch of both may have 14
+// seats (16 less the reserve of 2) and the room of 4 is split: a's limit
+// is 8, b's 6, and each published a room of 2 (its limit less its calls).
+func gatewayPair(t *testing.T) (p *pods, a, b *headroom.Gate, tick func()) {
+	t.Helper()
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p = newPods(t, 1)
+	a = replica(t, p, r, "a", `,"hold":"1s"`, nil)
+	b = replica(t, p, r, "b", `,"hold":"1s"`, nil)
+	clock := time.Now()
+	for _, g := range []*headroom.Gate{a, b} {
+		g.SetClock(func() time.Time { return clock })
+	}
+	tick = func() { clock = clock.Add(50 * time.Millisecond) }
+	admitN(t, a, 6)
+	admitN(t, b, 4)
+	p.set(0, 10, 0)
+	read(t, a, b, a, b)
+	clock = clock.Add(2 * time.Second) // past the peaks a read alone
+	for range 2 {
+		tick()
+		read(t, a, b)
+	}
+	if ra, rb := a.Last(), b.Last(); ra.Others != 0 || ra.Held != 0 || ra.Allowed != 8 || rb.Allowed != 6 {
+		t.Fatalf("settled: a read %+v, b read %+v; want no others, limits 8 and 6", ra, rb)
+	}
+	return p, a, b, tick
+}
+
+// A gateway replica admits up to its room just after its reading: the
+// calls are on the pool before the account counts them. The other
+// replica does not read them as other traffic (its limit does not fall
+// for a reading, and the hold keeps nothing), since they are within the
+// room the replica published; once published they are the batch's.
+func TestAccountGatewayPeersFreshAdmissions(t *testing.T) {
+	p, a, b, tick := gatewayPair(t)
+	read(t, b)
+	admitN(t, b, 2) // its room
+	p.set(0, 12, 0)
+	tick()
+	read(t, a)
+	if got := a.Last(); got.Peers != 4 || got.Others != 0 || got.Held != 0 || got.Allowed != 8 {
+		t.Errorf("a with b's 2 new calls not yet published: %+v; want peers 4, no others, nothing held, limit 8 (as before)", got)
+	}
+	tick()
+	read(t, b, a)
+	// the room left, 2, is split: a's limit 7
+	if got := a.Last(); got.Peers != 6 || got.Others != 0 || got.Held != 0 || got.Allowed != 7 {
+		t.Errorf("a once b published its calls: %+v; want peers 6, no others, nothing held, limit 7", got)
+	}
+}
+
+// A rise of the other traffic within the peers' published room counts
+// from the next reading on (a rise that stays is interactive traffic);
+// the part of a rise beyond that room counts at once.
+func TestAccountGatewayInteractiveRise(t *testing.T) {
+	p, a, b, tick := gatewayPair(t)
+	p.set(0, 12, 0) // 2 interactive requests
+	tick()
+	read(t, b, a)
+	if got := a.Last(); got.Others != 0 {
+		t.Errorf("2 interactive requests, first reading: others %d, want 0 (b's room of 2 could explain them)", got.Others)
+	}
+	tick()
+	read(t, b, a)
+	// 14 − 2 = 12 for 10 calls: room 2, a's part 1
+	if got := a.Last(); got.Others != 2 || got.Held != 2 || got.Allowed != 7 {
+		t.Errorf("2 interactive requests, second reading: %+v; want others 2, held 2, limit 7", got)
+	}
+	// b's limit is 5 now, its room 1: of 5 more requests, 4 count at once
+	p.set(0, 17, 0)
+	tick()
+	read(t, b, a)
+	if got := a.Last(); got.Others != 6 {
+		t.Errorf("5 more interactive requests: others %d, want 6 at once (7 less b's room of 1)", got.Others)
+	}
+	tick()
+	read(t, b, a)
+	if got := a.Last(); got.Others != 7 {
+		t.Errorf("5 more interactive requests, next reading: others %d, want 7", got.Others)
+	}
+}
+
+// A field in the format before rooms (an older sluice's, "<expiry>:<calls>")
+// is counted by its calls, as a replica that published no room: pool-wide
+// a rise of others counts at once, as it did before rooms.
+func TestAccountOldFormatField(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	a := replica(t, p, r, "a", `,"account_key":"k"`, nil)
+	c := testenv.RedisClient(t, r.URL)
+	ctx := context.Background()
+	old := func() {
+		t.Helper()
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.HSet(ctx, "k", "old", fmt.Sprintf("%d:5", now.Add(10*time.Second).UnixMilli())).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitN(t, a, 3)
+	p.set(0, 8, 0)
+	old()
+	read(t, a)
+	if got := a.Last(); got.Peers != 5 || got.Replicas != 2 || got.Others != 0 {
+		t.Fatalf("a beside an older replica holding 5: %+v; want peers 5, 2 replicas, no others", got)
+	}
+	p.set(0, 10, 0)
+	read(t, a)
+	if got := a.Last(); got.Others != 2 {
+		t.Errorf("2 interactive requests beside an older replica: others %d, want 2 at once (it published no room)", got.Others)
+	}
+	v, err := c.HGet(ctx, "k", "a").Result()
+	// its first limit: 3 + its half of the room of 14 − 8
+	if err != nil || !strings.HasSuffix(v, ":3,room=3") {
+		t.Errorf("a's field %q, %v; want <expiry>:3,room=3 (3 calls, its limit of 6 less 3)", v, err)
 	}
 }

@@ -386,6 +386,10 @@ type Gate struct {
 	last    Reading
 	check   *evictCheck // nil with EvictCheckOff
 	share   *sharing    // nil without an account
+	// ruled is the last reading's limit before bounded (dispatch
+	// "gateway" with an account): the room the next exchange publishes
+	// is what it leaves.
+	ruled int
 }
 
 // Reading is what the last successful reading saw.
@@ -600,7 +604,7 @@ func urlList(p gate.Params, key string) ([]string, error) {
 func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	peersOf := g.exchange(ctx)
 	rd, err := g.read(ctx)
-	peers := peersOf()
+	peers, bound := peersOf()
 	if err != nil {
 		return 0, err
 	}
@@ -615,13 +619,13 @@ func (g *Gate) Budget(ctx context.Context) (float64, error) {
 	} else {
 		// the batch is every replica's: own and peers (see account.go)
 		r.Own, r.Peers = g.own.at(now, c.ReleaseGrace), at(peers.InFlight, 0)
-		r.Others = g.others(rd.running, rd.waiting, r.Own+r.Peers)
+		r.Others = g.share.confirmed(0, g.others(rd.running, rd.waiting, r.Own+r.Peers), peers)
 		r.Held = g.peaks.Held(now, c.Hold, r.Others)
 		if c.KVLimit > 0 && rd.kv > c.KVLimit {
 			r.KVCap = r.Own + r.Peers
 		}
 		r.Burst, r.Keep, r.Allowed = g.rule.Apply(now, r.Others, r.Held, r.Own+r.Peers, r.KVCap)
-		r.Allowed = share(r.Allowed, r.Own, peers, 0)
+		r.Allowed = g.bounded(share(r.Allowed, r.Own, peers, 0), bound, peers)
 	}
 	r.Budget = min(1, float64(r.Allowed)/float64(c.MaxConcurrency))
 	g.last = r
