@@ -91,10 +91,13 @@ const Type = "pool-headroom"
 
 // Defaults of the parameters.
 const (
-	DefaultReserve         = 2
-	DefaultRunningMetric   = "vllm:num_requests_running"
-	DefaultWaitingMetric   = "vllm:num_requests_waiting"
-	DefaultKVMetric        = "vllm:kv_cache_usage_perc"
+	DefaultReserve       = 2
+	DefaultRunningMetric = "vllm:num_requests_running"
+	DefaultWaitingMetric = "vllm:num_requests_waiting"
+	DefaultKVMetric      = "vllm:kv_cache_usage_perc"
+	// DefaultStepMetric is vLLM's histogram of tokens per engine step:
+	// its sample count is the pod's steps.
+	DefaultStepMetric      = "vllm:iteration_tokens_total"
 	DefaultRefreshInterval = 50 * time.Millisecond
 	DefaultHold            = time.Second
 	DefaultBurstWindow     = 2 * time.Second
@@ -194,6 +197,13 @@ type Config struct {
 	// pod, the gate places the next one there P ÷ PaceTokens seconds
 	// later at the earliest (see pods.go).
 	PaceTokens float64
+	// StepMetric is, with DispatchPods, the histogram whose sample count
+	// is a pod's engine steps (default vllm:iteration_tokens_total;
+	// "none": not read). From it the gate learns each pod's mean step, and
+	// counts as its own waiting requests only its placements of the last
+	// one and a quarter steps before a reading (see PodReading.Queued); without it, all
+	// its placements since the previous reading.
+	StepMetric string
 	// BurstPaceTokens is, with PaceTokens, the pace on a pod while that
 	// pod's other traffic is in a burst (its others reaching
 	// BurstThreshold); 0 (default): PaceTokens then too.
@@ -264,6 +274,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.AbortMetric == "" {
 		c.AbortMetric = DefaultAbortMetric
+	}
+	if c.StepMetric == "" {
+		c.StepMetric = DefaultStepMetric
 	}
 	if c.AbortLabels == nil {
 		c.AbortLabels = maps.Clone(DefaultAbortLabels)
@@ -470,7 +483,7 @@ func given[T int | float64](p gate.Params, key string, get func(string, T) (T, e
 // waiting_weight, hold, burst_threshold, burst_window, burst_growth,
 // idle_reserve, kv_limit, kv_metric, running_metric, waiting_metric,
 // labels, evict_check, evict_check_readings, evict_check_backoff,
-// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, pace_tokens, burst_pace_tokens, bytes_per_token, and the generic refresh_interval (which also paces its own
+// abort_metric, abort_labels, dispatch, pod_urls, pending_prefills, pace_tokens, burst_pace_tokens, bytes_per_token, step_metric, and the generic refresh_interval (which also paces its own
 // readings); the queue's concurrency is max_concurrency. Replicas on one
 // pool share an account (see account.go) with account_redis (host:port, a
 // redis:// or rediss:// URL, or "deployment": the deployment's Redis;
@@ -484,7 +497,7 @@ func Factory(p gate.Params, env gate.Env) (gate.Gate, error) {
 	}
 	cfg := Config{Endpoints: eps, MaxConcurrency: env.MaxConcurrency, Logger: env.Logger,
 		RunningMetric: p.String("running_metric", ""), WaitingMetric: p.String("waiting_metric", ""),
-		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", ""),
+		EvictCheck: p.String("evict_check", ""), AbortMetric: p.String("abort_metric", ""), StepMetric: p.String("step_metric", ""),
 		Dispatch: p.String("dispatch", "")}
 	if cfg.PodURLs, err = urlList(p, "pod_urls"); err != nil {
 		return nil, err
@@ -643,6 +656,7 @@ func (g *Gate) others(running, waiting, own int) int {
 
 // reading is what one reading of every pod found.
 type reading struct {
+	start            time.Time // when the scrape began
 	running, waiting int
 	kv               float64 // the fullest pod's, with KVLimit
 	// pods are each pod's gauges, in the endpoints' order.
@@ -661,8 +675,12 @@ func (g *Gate) read(ctx context.Context) (reading, error) {
 		run, wait, kv float64
 		aborts        float64
 		abortsOK      bool
+		steps         float64
+		stepsOK       bool
 		err           error
 	}
+	start := g.now()
+	steps := g.pods != nil && g.cfg.StepMetric != StepMetricNone
 	var abortLabels map[string]string
 	if g.check != nil {
 		abortLabels = maps.Clone(g.cfg.Labels)
@@ -693,18 +711,21 @@ func (g *Gate) read(ctx context.Context) (reading, error) {
 				v, err := sum(fams[g.cfg.AbortMetric], abortLabels, u, g.cfg.AbortMetric)
 				pages[i].aborts, pages[i].abortsOK = v, err == nil
 			}
+			if pages[i].err == nil && steps {
+				pages[i].steps, pages[i].stepsOK = exposition.Count(fams[g.cfg.StepMetric], g.cfg.Labels)
+			}
 		}()
 	}
 	wg.Wait()
 	var errs []error
 	var run, wait float64
-	rd := reading{aborts: make([]float64, len(pages)), abortsOK: make([]bool, len(pages)), pods: make([]podGauges, len(pages))}
+	rd := reading{start: start, aborts: make([]float64, len(pages)), abortsOK: make([]bool, len(pages)), pods: make([]podGauges, len(pages))}
 	for i, p := range pages {
 		errs = append(errs, p.err)
 		run += p.run
 		wait += p.wait
 		rd.kv = max(rd.kv, p.kv)
-		rd.pods[i] = podGauges{running: int(math.Round(p.run)), waiting: int(math.Round(p.wait)), kv: p.kv}
+		rd.pods[i] = podGauges{running: int(math.Round(p.run)), waiting: int(math.Round(p.wait)), kv: p.kv, steps: p.steps, stepsOK: p.stepsOK}
 		rd.aborts[i], rd.abortsOK[i] = p.aborts, p.abortsOK
 	}
 	if err := errors.Join(errs...); err != nil {

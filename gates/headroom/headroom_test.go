@@ -25,16 +25,21 @@ type pods struct {
 	kv               []float64
 	aborts           []float64
 	exportAborts     bool
+	steps            []int // engine steps so far (exported when > 0)
 	srv              []*httptest.Server
 }
 
 func newPods(t testing.TB, n int) *pods {
-	p := &pods{running: make([]int, n), waiting: make([]int, n), kv: make([]float64, n), aborts: make([]float64, n)}
+	p := &pods{running: make([]int, n), waiting: make([]int, n), kv: make([]float64, n), aborts: make([]float64, n), steps: make([]int, n)}
 	for i := range n {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			p.mu.Lock()
-			r, q, kv, a, export := p.running[i], p.waiting[i], p.kv[i], p.aborts[i], p.exportAborts
+			r, q, kv, a, export, steps := p.running[i], p.waiting[i], p.kv[i], p.aborts[i], p.exportAborts, p.steps[i]
 			p.mu.Unlock()
+			if steps > 0 {
+				fmt.Fprintf(w, "# TYPE vllm:iteration_tokens_total histogram\nvllm:iteration_tokens_total_bucket{model_name=\"m\",le=\"+Inf\"} %d\n", steps)
+				fmt.Fprintf(w, "vllm:iteration_tokens_total_sum{model_name=\"m\"} %d\nvllm:iteration_tokens_total_count{model_name=\"m\"} %d\n", 100*steps, steps)
+			}
 			if export {
 				fmt.Fprint(w, "# TYPE vllm:request_success_total counter\nvllm:request_success_total{finished_reason=\"stop\",model_name=\"m\"} 7\n")
 				fmt.Fprintf(w, "vllm:request_success_total{finished_reason=\"abort\",model_name=\"m\"} %g\n", a)
@@ -47,6 +52,13 @@ func newPods(t testing.TB, n int) *pods {
 		p.srv = append(p.srv, s)
 	}
 	return p
+}
+
+// addSteps counts n more engine steps on pod i (exported once any are).
+func (p *pods) addSteps(i, n int) {
+	p.mu.Lock()
+	p.steps[i] += n
+	p.mu.Unlock()
 }
 
 func (p *pods) set(i, running, waiting int) {

@@ -69,10 +69,21 @@ const DefaultBytesPerToken = 4
 // that the request resumes where its tokens are cached.
 const PodLabel = "sluice_pod"
 
+// StepMetricNone as step_metric: the gate does not read the pods' steps.
+const StepMetricNone = "none"
+
+// ownWaitSteps is how many of a pod's steps a placement may wait at the
+// pod before its first: it arrives during one step and is scheduled when
+// the next begins (one step at most), plus a quarter step for its way
+// there.
+const ownWaitSteps = 1.25
+
 // podGauges are one pod's gauges of one reading.
 type podGauges struct {
 	running, waiting int
 	kv               float64
+	steps            float64 // the pod's engine steps so far (step_metric)
+	stepsOK          bool    // the pod exports them
 }
 
 // podState is what the gate keeps of one pod with dispatch "pods".
@@ -83,6 +94,14 @@ type podState struct {
 	rule  Rule
 	// since counts the calls placed here since the pod's last reading.
 	since int
+	// placed are the times of the recent placements here, oldest first.
+	placed []time.Time
+	// steps and stepsAt are the pod's step count at the last reading
+	// that had it and when that reading's scrape began; step is the
+	// pod's mean step between its last two such readings (0: unknown).
+	steps   float64
+	stepsAt time.Time
+	step    time.Duration
 	// paced is when the pace in tokens (pace_tokens) lets the next call
 	// be placed here.
 	paced time.Time
@@ -102,10 +121,15 @@ type PodReading struct {
 	Burst                       bool
 	KV                          float64
 	// Queued are the requests waiting at the pod that this replica did
-	// not place there since the previous reading: Waiting less those
-	// placements, which wait for the pod's next step (the gauge counts
-	// every request). A pod where one is queued takes no batch.
+	// not place there lately: Waiting less this replica's placements
+	// that may still wait for the pod's next step (the gauge counts every
+	// request): those of the last one and a quarter steps before the scrape (Step), or
+	// without the pods' steps (step_metric), those since the previous
+	// reading. A pod where one is queued takes no batch.
 	Queued int
+	// Step is the pod's mean engine step between its last two readings
+	// (0: not known).
+	Step time.Duration
 
 	// Peers are the other replicas' calls here (with an account), Pooled
 	// the limit for every replica's calls here together (Allowed is this
@@ -165,7 +189,9 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 	for i, p := range g.pods {
 		pg := rd.pods[i]
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
-			Peers: at(peers.InFlight, i), Queued: max(0, pg.waiting-p.since)}
+			Peers: at(peers.InFlight, i)}
+		pr.Step = p.observeSteps(rd.start, pg)
+		pr.Queued = max(0, pg.waiting-p.ownWaiting(rd.start, r.At))
 		pr.Others = g.share.confirmed(i, g.others(pg.running, pg.waiting, pr.Own+pr.Peers), peers)
 		pr.Held = p.peaks.Held(r.At, c.Hold, pr.Others)
 		kvCap := -1
@@ -188,6 +214,48 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		r.Allowed += pr.Allowed
 		r.Burst = r.Burst || pr.Burst
 	}
+}
+
+// observeSteps notes the pod's step count of a reading whose scrape began
+// at start and returns the pod's mean step since the last reading that
+// had it (the last one known while the pod took no step).
+func (p *podState) observeSteps(start time.Time, pg podGauges) time.Duration {
+	switch {
+	case !pg.stepsOK:
+		p.step, p.stepsAt = 0, time.Time{}
+	case p.stepsAt.IsZero() || pg.steps < p.steps: // the first reading, or the pod restarted
+		p.steps, p.stepsAt = pg.steps, start
+	case pg.steps > p.steps && start.After(p.stepsAt):
+		p.step = time.Duration(float64(start.Sub(p.stepsAt)) / (pg.steps - p.steps))
+		p.steps, p.stepsAt = pg.steps, start
+	}
+	return p.step
+}
+
+// ownWaiting is how many of this replica's placements on the pod may
+// still wait at it for their first step, as of a scrape that began at
+// start and a reading applied at now: those placed within ownWaitSteps
+// steps before start or since; with the pod's step not known, those since
+// the previous reading. It forgets placements older than the window.
+func (p *podState) ownWaiting(start, now time.Time) int {
+	if p.step <= 0 {
+		p.placed = p.placed[:0]
+		return p.since
+	}
+	window := time.Duration(ownWaitSteps * float64(p.step))
+	from := start.Add(-window)
+	k := 0
+	for k < len(p.placed) && !p.placed[k].After(from) {
+		k++
+	}
+	p.placed = p.placed[k:]
+	n := 0
+	for _, t := range p.placed {
+		if !t.After(now) {
+			n++
+		}
+	}
+	return n
 }
 
 // place picks the pod for req (see the file's notes) and labels req with
@@ -269,6 +337,7 @@ func (g *Gate) place(req *wire.Request) (pod *podState, why string, retry time.D
 	}
 	g.waiting.done(w)
 	best.since++
+	best.placed = append(best.placed, now)
 	if pace := g.pace(best); pace > 0 {
 		best.paced = now.Add(time.Duration(float64(g.uncached(req, best)) / pace * float64(time.Second)))
 	}

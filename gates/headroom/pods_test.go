@@ -443,3 +443,70 @@ func TestPodsBurstPace(t *testing.T) {
 		t.Errorf("Describe() = %q, want the burst pace named", g.Describe())
 	}
 }
+
+// With the pods' step counts (step_metric), a pod's waiting requests less
+// this replica's placements of its last one and a quarter steps are the ones queued
+// behind the batch: a placement older than that has had its step, so a
+// request still waiting then is someone else's and the pod takes no batch.
+// Without them, every placement since the previous reading counts as
+// possibly waiting.
+func TestPodsQueuedOverSteps(t *testing.T) {
+	for _, steps := range []bool{true, false} {
+		t.Run(fmt.Sprint("steps=", steps), func(t *testing.T) {
+			p := newPods(t, 1)
+			g, clock := podsGate(t, p, `,"pending_prefills":10`)
+			ctx := context.Background()
+			read := func(waiting int) headroom.PodReading {
+				t.Helper()
+				if steps {
+					p.addSteps(0, 10) // 10 steps a 50 ms: a step is 5 ms
+				}
+				p.set(0, 0, waiting)
+				if _, err := g.Budget(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return g.Last().Pods[0]
+			}
+			read(0)
+			*clock = clock.Add(50 * time.Millisecond)
+			if r := read(0); steps && r.Step != 5*time.Millisecond {
+				t.Fatalf("step %v, want 5ms (10 steps in 50 ms)", r.Step)
+			}
+			// two placements early in the interval, long scheduled by the
+			// next reading, which sees two requests waiting
+			*clock = clock.Add(5 * time.Millisecond)
+			for range 2 {
+				if pod, _ := admitOn(t, g, &wire.Request{}); pod == "" {
+					t.Fatal("not placed")
+				}
+			}
+			*clock = clock.Add(45 * time.Millisecond)
+			r := read(2)
+			want := 0
+			if steps {
+				want = 2
+			}
+			if r.Queued != want {
+				t.Fatalf("queued %d, want %d (waiting 2, placements 45 ms = 9 steps ago)", r.Queued, want)
+			}
+			if pod, d := admitOn(t, g, &wire.Request{}); (pod == "") != steps {
+				t.Fatalf("placed on %q (%+v); want a placement only without the steps", pod, d)
+			}
+			// a placement 4 ms (under one and a quarter steps) before a reading may be
+			// the one waiting
+			*clock = clock.Add(46 * time.Millisecond)
+			if !steps {
+				return
+			}
+			r = read(0)
+			*clock = clock.Add(46 * time.Millisecond)
+			if pod, _ := admitOn(t, g, &wire.Request{}); pod == "" {
+				t.Fatal("not placed on a pod with nothing waiting")
+			}
+			*clock = clock.Add(4 * time.Millisecond)
+			if r = read(1); r.Queued != 0 {
+				t.Fatalf("queued %d, want 0 (the one waiting is the placement of 4 ms ago)", r.Queued)
+			}
+		})
+	}
+}

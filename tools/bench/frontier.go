@@ -659,7 +659,7 @@ func frontierReplays(pool ipPool, prof ipProfile, seed int64) (frontierBaseRun, 
 			"ttft_idle_p99_ratio": percentile(frontierTTFTs(b.arrivals, traces, b.bursts, b.warmup, false), 0.99) / b.floorIdleP99,
 			"batch_goodput_share": frontierTokens(batch, b.warmup, b.end) / b.slack,
 			// as interactive-protection measures it, on the virtual clock
-			"gate_reaction_ms": median(frontierReaction(batch, b.bursts, b.warmup, b.end, b.phase)),
+			"gate_reaction_ms": median(frontierReaction(fmt.Sprintf("frontier_%s_%s_%s_seed%d", pool.name(), prof.name, pol.name, seed), batch, b.bursts, b.warmup, b.end, b.phase)),
 		}})
 	}
 	return b, res, nil
@@ -680,8 +680,9 @@ func frontierTTFTs(arrivals []poolsim.Arrival, traces []poolsim.Trace, bursts []
 // frontierReaction is, per burst after the warm-up, how long the batch's
 // occupancy of the pool took to fall after the burst began
 // (ipReaction), from the replayed placements, parks and completions
-// sampled every 10 ms.
-func frontierReaction(batch []poolsim.BatchTrace, bursts [][2]time.Duration, warmup, end, phase time.Duration) []float64 {
+// sampled every 10 ms; named, the samples are dumped as
+// interactive-protection's are (SLUICE_BENCH_IP_SAMPLES).
+func frontierReaction(name string, batch []poolsim.BatchTrace, bursts [][2]time.Duration, warmup, end, phase time.Duration) []float64 {
 	const every = 10 * time.Millisecond
 	delta := make([]float64, end/every+2)
 	bump := func(at time.Duration, d float64) {
@@ -713,6 +714,7 @@ func frontierReaction(batch []poolsim.BatchTrace, bursts [][2]time.Duration, war
 		}
 	}
 	reaction, _ := ipReaction(samples, after, phase)
+	ipDumpSamples(name, samples, after, reaction)
 	return reaction
 }
 

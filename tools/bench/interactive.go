@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -549,7 +550,9 @@ func (c ipCapacity) jobs(window time.Duration, concurrency int) ipJobs {
 
 // ipRun is one arm's raw result.
 type ipRun struct {
-	ttft                   []float64 // ms, burst-phase interactive requests
+	samples                []ipSample         // the batch's occupancy of the pool over the run
+	bursts                 [][2]time.Duration // the burst phases, since the start
+	ttft                   []float64          // ms, burst-phase interactive requests
 	ttftByBurst            burstSample
 	queued                 []float64 // ms from arrival to first scheduling, burst-phase interactive requests
 	ttftIdle               []float64 // ms, interactive requests of the idle phases after the warm-up
@@ -705,6 +708,7 @@ func ipRunProfile(ctx context.Context, pool ipPool, prof ipProfile) (figures, er
 				return nil, fmt.Errorf("arm %s: %w", n, err)
 			}
 			runs[n] = r
+			ipDumpSamples(fmt.Sprintf("%s_%s_%s_rep%d", pool.name(), prof.name, n, rep+1), r.samples, r.bursts, r.reaction)
 			fmt.Fprintf(os.Stderr, "bench: %s %s %s %s rep %d: ttft p99 %.0f ms (÷k), batch %.0f tokens (%.2f of the slack), %d/%d results ok, step lag p99 %.1f ms (%.1f %% of a step)\n",
 				ipScenario, pool.name(), prof.name, n, rep+1, percentile(slices.Clone(r.ttft), 0.99)/k, r.batchTokens, r.batchTokens/slack, r.resultsOK, r.results, r.stepLagP99, 100*r.stepLagShare)
 			if ipPooledArm(n) {
@@ -1325,8 +1329,40 @@ func ipRunArm(ctx context.Context, ipp ipPool, prof ipProfile, a ipArm, jobs ipJ
 		r.batchTokens = ipResultTokens(res, resultAt, waves.Warmup, end)
 		r.reaction, r.recovery = ipReaction(samples, bursts, waves.Burst)
 		r.seatsIdle, r.seatsBurst = ipOccupancy(samples, bursts, waves.Warmup)
+		r.samples, r.bursts = samples, bursts
 	}
 	return r, nil
+}
+
+// ipDumpSamples writes, when SLUICE_BENCH_IP_SAMPLES names a directory,
+// the batch's occupancy samples of one run (name.csv: ms since the start,
+// requests) and its bursts with their reactions (name.bursts.csv), to see
+// how the batch yields where gate_reaction_ms alone does not say.
+func ipDumpSamples(name string, samples []ipSample, bursts [][2]time.Duration, reaction []float64) {
+	dir := os.Getenv("SLUICE_BENCH_IP_SAMPLES")
+	if dir == "" {
+		return
+	}
+	var b strings.Builder
+	b.WriteString("ms,batch\n")
+	for _, s := range samples {
+		fmt.Fprintf(&b, "%d,%g\n", s.at.Milliseconds(), s.limit)
+	}
+	var bb strings.Builder
+	bb.WriteString("start_ms,end_ms,reaction_ms\n")
+	for i, x := range bursts {
+		re := -1.0
+		if i < len(reaction) {
+			re = reaction[i]
+		}
+		fmt.Fprintf(&bb, "%d,%d,%g\n", x[0].Milliseconds(), x[1].Milliseconds(), re)
+	}
+	name = strings.NewReplacer("/", "_", " ", "_").Replace(name)
+	for file, text := range map[string]string{name + ".csv": b.String(), name + ".bursts.csv": bb.String()} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(text), 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: SLUICE_BENCH_IP_SAMPLES: %v\n", err)
+		}
+	}
 }
 
 // burstIndex is the index of the burst phase t falls in, or -1.

@@ -102,6 +102,27 @@ func Values(mf *dto.MetricFamily, filters map[string]string) []float64 {
 	return out
 }
 
+// Count returns the summed sample count of mf's histogram (or summary)
+// series that match every filter, as Values filters them; ok is false
+// when no series matches.
+func Count(mf *dto.MetricFamily, filters map[string]string) (n float64, ok bool) {
+	if mf == nil {
+		return 0, false
+	}
+	for _, m := range mf.GetMetric() {
+		if !matches(m, filters) {
+			continue
+		}
+		switch {
+		case m.GetHistogram() != nil:
+			n, ok = n+float64(m.GetHistogram().GetSampleCount()), true
+		case m.GetSummary() != nil:
+			n, ok = n+float64(m.GetSummary().GetSampleCount()), true
+		}
+	}
+	return n, ok
+}
+
 func matches(m *dto.Metric, filters map[string]string) bool {
 	for k, want := range filters {
 		got := ""
