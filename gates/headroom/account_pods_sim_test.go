@@ -43,6 +43,8 @@ type podSimConfig struct {
 	// idleRate and burstRate are the interactive arrivals per pod and
 	// second outside and in the bursts.
 	idleRate, burstRate float64
+	// pending is pending_prefills (0: the default).
+	pending int
 	// trace, when set, receives one line per reading and take-back.
 	trace func(string)
 }
@@ -169,7 +171,7 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 		}
 		reserve, thr := 4, 3
 		g, err := headroom.New(headroom.Config{Endpoints: fp.urls(), SeatsPerPod: seats, Reserve: &reserve, WaitingWeight: 2,
-			BurstThreshold: thr, MaxConcurrency: conc, Dispatch: headroom.DispatchPods, EvictCheck: headroom.EvictCheckOff,
+			BurstThreshold: thr, MaxConcurrency: conc, PendingPrefills: cfg.pending, Dispatch: headroom.DispatchPods, EvictCheck: headroom.EvictCheckOff,
 			Logger: slog.New(slog.DiscardHandler), Account: acct})
 		if err != nil {
 			t.Fatal(err)
@@ -362,11 +364,17 @@ func TestAccountPodsSimulation(t *testing.T) {
 		t.Logf("%d replica(s): %d taken back (%d with the pod's calls within its limit) of %d placed (%.3f a placement), %d completed; others above the interactive calls at %d of %d pod readings",
 			n, res.takenBack, res.unexplained, res.placed, per[n], res.completed, res.inflated, res.readings)
 	}
-	_ = strings.Join
+	for _, pp := range []int{2, 3} {
+		res := simulatePods(t, podSimConfig{replicas: 1, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, pending: pp})
+		t.Logf("1 replica, pending_prefills %d: %d taken back of %d placed (%.3f a placement), %d completed; others above at %d of %d",
+			pp, res.takenBack, res.placed, res.perPlaced(), res.completed, res.inflated, res.readings)
+	}
 }
 
 func TestAccountPodsSimTrace(t *testing.T) {
-	var b strings.Builder
-	simulatePods(t, podSimConfig{replicas: 2, d: 20 * time.Second, idleRate: 1.5, burstRate: 8, trace: func(s string) { b.WriteString(s + "\n") }})
-	_ = os.WriteFile("/tmp/podsim2.trace", []byte(b.String()), 0o644)
+	for n := 1; n <= 3; n++ {
+		var b strings.Builder
+		simulatePods(t, podSimConfig{replicas: n, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, trace: func(s string) { b.WriteString(s + "\n") }})
+		_ = os.WriteFile(fmt.Sprintf("/tmp/podsim%d.trace", n), []byte(b.String()), 0o644)
+	}
 }
