@@ -25,7 +25,7 @@ func TestShareAddsUp(t *testing.T) {
 		for allowed := 0; allowed <= total+7; allowed++ {
 			sum := 0
 			for k, own := range holds {
-				p := Peers{Replicas: len(holds) - 1, Rank: k, InFlight: []int{total - own}, Below: []int{0}}
+				p := Peers{Replicas: len(holds) - 1, Rank: k, Live: []int{total - own}, Below: []int{0}}
 				for _, h := range holds[:k] {
 					p.Below[0] += h
 				}
@@ -65,10 +65,10 @@ func TestAccountOrderRotates(t *testing.T) {
 	ctx := context.Background()
 	seen := map[int]bool{}
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(seen) < 2; time.Sleep(7 * time.Millisecond) {
-		if _, err := b.Exchange(ctx, []int{5}, nil); err != nil {
+		if _, err := b.Exchange(ctx, Holding{InFlight: []int{5}}); err != nil {
 			t.Fatal(err)
 		}
-		p, err := a.Exchange(ctx, []int{3}, nil)
+		p, err := a.Exchange(ctx, Holding{InFlight: []int{3}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,11 +136,11 @@ func TestAccountRooms(t *testing.T) {
 		{"c", []int{1, 2}, nil},         // pods, as every version publishes them
 		{"d", []int{1, 1}, []int{1, 0}}, // several rooms
 	} {
-		if _, err := acct(c.id).Exchange(ctx, c.mine, c.room); err != nil {
+		if _, err := acct(c.id).Exchange(ctx, Holding{InFlight: c.mine, Room: c.room}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p, err := acct("a").Exchange(ctx, []int{3}, []int{4})
+	p, err := acct("a").Exchange(ctx, Holding{InFlight: []int{3}, Room: []int{4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestAccountRooms(t *testing.T) {
 		t.Errorf("a gateway replica was told %+v; want 3 replicas holding 10, 2 of them bounded with a room of 3", p)
 	}
 	// a replica with two pods counts the ones with two counts only
-	p, err = acct("e").Exchange(ctx, []int{0, 0}, nil)
+	p, err = acct("e").Exchange(ctx, Holding{InFlight: []int{0, 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestAccountOlderReplica(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	ctx := context.Background()
-	if _, err := a.Exchange(ctx, []int{5}, []int{2}); err != nil {
+	if _, err := a.Exchange(ctx, Holding{InFlight: []int{5}, Room: []int{2}}); err != nil {
 		t.Fatal(err)
 	}
 	c := testenv.RedisClient(t, r.URL)
@@ -231,7 +231,7 @@ func TestAccountOlderReplica(t *testing.T) {
 	if len(vals) != 4 || vals[0] != 1 || vals[2] != 5 {
 		t.Errorf("the older replica was told %v; want 1 other replica holding 5", vals)
 	}
-	p, err := a.Exchange(ctx, []int{5}, []int{2})
+	p, err := a.Exchange(ctx, Holding{InFlight: []int{5}, Room: []int{2}})
 	if err != nil {
 		t.Fatal(err)
 	}

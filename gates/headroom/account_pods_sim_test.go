@@ -122,7 +122,7 @@ type rotatingAccount struct {
 	cur   headroom.Account
 }
 
-func (a *rotatingAccount) Exchange(ctx context.Context, mine, room []int) (headroom.Peers, error) {
+func (a *rotatingAccount) Exchange(ctx context.Context, mine headroom.Holding) (headroom.Peers, error) {
 	turn := int(a.clock.Sub(a.start) / (10 * time.Second))
 	if a.cur == nil || turn != a.turn {
 		if a.cur != nil {
@@ -138,7 +138,7 @@ func (a *rotatingAccount) Exchange(ctx context.Context, mine, room []int) (headr
 		}
 		a.cur, a.turn = acct, turn
 	}
-	return a.cur.Exchange(ctx, mine, room)
+	return a.cur.Exchange(ctx, mine)
 }
 
 func (a *rotatingAccount) Close() error {
@@ -410,18 +410,20 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 // call.
 func TestAccountPodsSimulation(t *testing.T) {
 	seeds := 5
-	var taken, placed [4]int
+	var taken, placed, completed [4]int
 	for n := 1; n <= 3; n++ {
 		for seed := range seeds {
 			res := simulatePods(t, podSimConfig{replicas: n, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, seed: uint64(seed)})
 			taken[n] += res.takenBack
 			placed[n] += res.placed
+			completed[n] += res.completed
 			t.Logf("%d replica(s), seed %d: %d taken back (%d with the pod's calls within its limit) of %d placed (%.3f a placement), %d completed; others above the interactive calls at %d of %d pod readings; %d taken back just after another replica placed there; pooled differs from another replica's at %d readings",
 				n, seed, res.takenBack, res.unexplained, res.placed, res.perPlaced(), res.completed, res.inflated, res.readings, res.churn, res.differ)
 		}
 	}
 	for n := 1; n <= 3; n++ {
-		t.Logf("%d replica(s): %d taken back of %d placed: %.3f a placement", n, taken[n], placed[n], float64(taken[n])/float64(placed[n]))
+		t.Logf("%d replica(s): %d taken back of %d placed: %.3f a placement; %d completed", n, taken[n], placed[n],
+			float64(taken[n])/float64(placed[n]), completed[n])
 	}
 }
 
