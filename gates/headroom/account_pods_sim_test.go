@@ -405,32 +405,52 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 	return res
 }
 
-// TestAccountPodsSimulation runs 1, 2 and 3 replicas with dispatch
-// "pods" under the same traffic and compares their take-backs per placed
-// call.
+// Replicas with dispatch "pods" take back no more per placed call than
+// one replica does under the same traffic, and complete as many calls. In
+// this simulation, before the replicas held the highest peak any of them
+// read and split a pod's limit by the calls running now, two replicas
+// took back 0.321 calls per placed call and three 0.327, against one's
+// 0.293 (five seeds): each replica held the peaks of others its own
+// readings happened to see, so their limits for a pod differed (at 43 %
+// of two replicas' readings), and the one with the highest placed calls
+// that the one with the lowest took back; and a call released within the
+// grace (finished, or taken back and leaving) made an excess in the split
+// that no replica's calls made. SLUICE_PODSIM_TRACE=<dir> writes each
+// run's readings and take-backs there.
 func TestAccountPodsSimulation(t *testing.T) {
-	seeds := 5
+	const seeds = 3
+	dir := os.Getenv("SLUICE_PODSIM_TRACE")
 	var taken, placed, completed [4]int
 	for n := 1; n <= 3; n++ {
 		for seed := range seeds {
-			res := simulatePods(t, podSimConfig{replicas: n, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, seed: uint64(seed)})
+			cfg := podSimConfig{replicas: n, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, seed: uint64(seed)}
+			var b strings.Builder
+			if dir != "" {
+				cfg.trace = func(s string) { b.WriteString(s + "\n") }
+			}
+			res := simulatePods(t, cfg)
+			if dir != "" {
+				if err := os.WriteFile(fmt.Sprintf("%s/podsim-%d-%d.trace", dir, n, seed), []byte(b.String()), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
 			taken[n] += res.takenBack
 			placed[n] += res.placed
 			completed[n] += res.completed
-			t.Logf("%d replica(s), seed %d: %d taken back (%d with the pod's calls within its limit) of %d placed (%.3f a placement), %d completed; others above the interactive calls at %d of %d pod readings; %d taken back just after another replica placed there; pooled differs from another replica's at %d readings",
-				n, seed, res.takenBack, res.unexplained, res.placed, res.perPlaced(), res.completed, res.inflated, res.readings, res.churn, res.differ)
+			t.Logf("%d replica(s), seed %d: %d taken back (%d with the pod's calls within its limit; %d just after another replica placed there) of %d placed (%.3f a placement), %d completed; others above the interactive calls at %d of %d pod readings; the pooled limit differed from another replica's at %d",
+				n, seed, res.takenBack, res.unexplained, res.churn, res.placed, res.perPlaced(), res.completed, res.inflated, res.readings, res.differ)
 		}
 	}
+	per := func(n int) float64 { return float64(taken[n]) / float64(placed[n]) }
 	for n := 1; n <= 3; n++ {
-		t.Logf("%d replica(s): %d taken back of %d placed: %.3f a placement; %d completed", n, taken[n], placed[n],
-			float64(taken[n])/float64(placed[n]), completed[n])
+		t.Logf("%d replica(s): %d taken back of %d placed: %.3f a placement; %d completed", n, taken[n], placed[n], per(n), completed[n])
 	}
-}
-
-func TestAccountPodsSimTrace(t *testing.T) {
-	for n := 1; n <= 3; n++ {
-		var b strings.Builder
-		simulatePods(t, podSimConfig{replicas: n, d: 60 * time.Second, idleRate: 1.5, burstRate: 8, trace: func(s string) { b.WriteString(s + "\n") }})
-		_ = os.WriteFile(fmt.Sprintf("/tmp/podsim%d.trace", n), []byte(b.String()), 0o644)
+	for n := 2; n <= 3; n++ {
+		if per(n) > per(1) {
+			t.Errorf("%d replicas took back %.3f calls per placed call, one replica %.3f: want no more", n, per(n), per(1))
+		}
+		if float64(completed[n]) < 0.95*float64(completed[1]) {
+			t.Errorf("%d replicas completed %d calls, one replica %d: want about as many", n, completed[n], completed[1])
+		}
 	}
 }
