@@ -42,7 +42,8 @@ package headroom
 // reading as often as all of them would. A replica publishes its own
 // readings' peak, not the highest it holds, so a peak ends when the hold
 // of the replica that read it does (or when that replica's field expires,
-// within account_ttl). In a deterministic simulation
+// within account_ttl); a replica without a hold holds no peak, the
+// others' neither. In a deterministic simulation
 // (account_pods_sim_test.go: 2 pods, interactive traffic rising and
 // falling, batch calls that finish, three seeds) two and three replicas
 // took back 0.322 and 0.327 calls per placed call against one replica's

@@ -556,4 +556,11 @@ func TestAccountPodsSharedHeld(t *testing.T) {
 	if pb.Others != 0 {
 		t.Errorf("b's others %d, want 0 (it read no interactive request)", pb.Others)
 	}
+	// without a hold no peak is remembered, a peer's neither
+	c := replica(t, p, r, "c", `,"dispatch":"pods","hold":"-1ns"`, nil)
+	c.SetClock(func() time.Time { return clock })
+	read(t, c)
+	if pc := c.Last().Pods[0]; pc.Held != 0 || pc.Pooled != 14 {
+		t.Errorf("c without a hold beside a's peak of 4: %+v, want nothing held, 14 for the batch", pc)
+	}
 }

@@ -173,9 +173,13 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 			Peers: at(peers.InFlight, i), PeersLive: at(peers.Live, i), Queued: max(0, pg.waiting-p.since)}
 		pr.Others = g.share.confirmed(i, g.others(pg.running, pg.waiting, pr.Own+pr.Peers), peers)
 		// the replicas hold the highest peak any of them read, so that
-		// they agree on the pod's limit (see account.go)
+		// they agree on the pod's limit (see account.go); without a hold
+		// none is remembered, theirs included
 		p.held = p.peaks.Held(r.At, c.Hold, pr.Others)
-		pr.Held = max(p.held, at(peers.Held, i))
+		pr.Held = p.held
+		if c.Hold >= 0 {
+			pr.Held = max(pr.Held, at(peers.Held, i))
+		}
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
 			kvCap = pr.Own + pr.Peers
