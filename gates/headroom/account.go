@@ -35,7 +35,8 @@ package headroom
 // highest of its own and the other live replicas' published peaks. Each
 // replica reads the pods at its own times, so each held the peaks its
 // readings happened to see: in the simulation two replicas' limits for a
-// pod differed at 43 % of their readings, and the replica with the
+// pod differed at 38 % of their readings (three: 48 %; 12 % and 14 %
+// holding the highest), and the replica with the
 // highest limit placed the calls that the one with the lowest took back
 // (its part of an excess no single replica would have seen). Holding the
 // highest peak, the replicas agree on each pod's limit as one replica

@@ -406,17 +406,20 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 }
 
 // Replicas with dispatch "pods" take back no more per placed call than
-// one replica does under the same traffic, and complete as many calls. In
-// this simulation, before the replicas held the highest peak any of them
-// read and split a pod's limit by the calls running now, two replicas
-// took back 0.321 calls per placed call and three 0.327, against one's
-// 0.293 (five seeds): each replica held the peaks of others its own
-// readings happened to see, so their limits for a pod differed (at 43 %
-// of two replicas' readings), and the one with the highest placed calls
-// that the one with the lowest took back; and a call released within the
-// grace (finished, or taken back and leaving) made an excess in the split
-// that no replica's calls made. SLUICE_PODSIM_TRACE=<dir> writes each
-// run's readings and take-backs there.
+// one replica does under the same traffic, and complete about as many
+// calls. In this simulation, before the replicas held the highest peak
+// any of them read and split a pod's limit by the calls running now, two
+// replicas took back 0.322 calls per placed call and three 0.327, against
+// one's 0.288: each replica held the peaks of others its own readings
+// happened to see, so their limits for a pod differed (at 38 % of two
+// replicas' pod readings, 48 % of three's), and the one with the highest
+// placed calls that the one with the lowest took back (114 and 148 of
+// their take-backs came within two refresh intervals of another
+// replica's placement on the pod); and a call released within the grace
+// (finished, or taken back and leaving) made an excess in the split that
+// no replica's calls made (26 and 28 take-backs while the replicas' calls
+// on the pod were within its limit for all of them). SLUICE_PODSIM_TRACE=<dir>
+// writes each run's readings and take-backs there.
 func TestAccountPodsSimulation(t *testing.T) {
 	const seeds = 3
 	dir := os.Getenv("SLUICE_PODSIM_TRACE")
