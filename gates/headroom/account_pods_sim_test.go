@@ -22,9 +22,10 @@ import (
 
 // A deterministic simulation of replicas with dispatch "pods" on a fake
 // clock, with real scrapes of fake pods and a real Redis account: 2 pods
-// of 16 seats that run a step every 20 ms (a call placed or arriving
-// waits for the next step; a call taken back leaves at the next step; a
-// call that finishes leaves at its step and is released then), an
+// of 16 seats whose steps last 15 ms and 10 ms more per call starting in
+// them (a call placed or arriving waits for the next step; a call taken
+// back leaves at the next step; a call that finishes leaves at its step
+// and is released then; the gauges change at each step), an
 // interactive load that rises and falls on each pod, and one shared queue
 // of batch requests (earliest deadline first; a request taken back goes
 // back to it with its deadline and resumes with the work it has left, on
@@ -32,9 +33,13 @@ import (
 // 50 ms (their readings spread over the interval), then takes back, as
 // the pipeline's evictor does (gate.PodReporter), the youngest of its
 // calls on each pod over that pod's limit (a request taken back twice
-// runs to its end); its credits are ceil(max_concurrency × budget), and
-// the requests holding one ask the gate (Admit) every tick until it
-// places them (a Defer sends one back to the queue).
+// runs to its end); its credits are ceil(max_concurrency × budget) (no
+// ramp), and the requests holding one ask the gate (Admit), earliest
+// deadline first, after each of its readings and whenever one of its
+// calls ended, until it places them (a Defer sends one back to the
+// queue). The replicas' order in the account rotates every 10 s, as the
+// real one does every 200 refresh intervals. The pipeline's eviction check
+// is off (EvictCheckOff).
 
 // podSimConfig is one simulation's settings.
 type podSimConfig struct {
@@ -113,7 +118,6 @@ func simWork(seq int) time.Duration {
 // real one): at each turn the replica publishes under a new id, which
 // sorts at its new place, and withdraws the old one.
 type rotatingAccount struct {
-	t     *testing.T
 	addr  string
 	i, n  int
 	clock *time.Time
@@ -122,6 +126,7 @@ type rotatingAccount struct {
 	cur   headroom.Account
 }
 
+// Exchange implements headroom.Account.
 func (a *rotatingAccount) Exchange(ctx context.Context, mine headroom.Holding) (headroom.Peers, error) {
 	turn := int(a.clock.Sub(a.start) / (10 * time.Second))
 	if a.cur == nil || turn != a.turn {
@@ -141,6 +146,7 @@ func (a *rotatingAccount) Exchange(ctx context.Context, mine headroom.Holding) (
 	return a.cur.Exchange(ctx, mine)
 }
 
+// Close implements headroom.Account.
 func (a *rotatingAccount) Close() error {
 	if a.cur == nil {
 		return nil
@@ -148,6 +154,8 @@ func (a *rotatingAccount) Close() error {
 	return a.cur.Close()
 }
 
+// simulatePods runs the simulation (see the notes above) with cfg and
+// returns what it counted.
 func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 	t.Helper()
 	const (
@@ -175,7 +183,7 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 		id := string(rune('a' + i))
 		var acct headroom.AccountConfig
 		if n > 1 {
-			acct = headroom.AccountConfig{Account: &rotatingAccount{t: t, addr: r.Addr, i: i, n: n, clock: &clock, start: start},
+			acct = headroom.AccountConfig{Account: &rotatingAccount{addr: r.Addr, i: i, n: n, clock: &clock, start: start},
 				Key: "podsim", Replica: id, TTL: time.Minute}
 		}
 		reserve, thr := 4, 3
@@ -239,9 +247,8 @@ func simulatePods(t *testing.T, cfg podSimConfig) podSimResult {
 		if at := el % (4 * time.Second); at >= 2*time.Second && at < 3500*time.Millisecond {
 			rate = cfg.burstRate
 		}
-		for i, p := range pods {
+		for _, p := range pods {
 			if rng.Float64() < rate*tick.Seconds() {
-				_ = i
 				p.waiting = append(p.waiting, &simCall{interactive: true,
 					left: 200*time.Millisecond + time.Duration(rng.Int64N(int64(800*time.Millisecond)))})
 			}
