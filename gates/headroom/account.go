@@ -19,6 +19,42 @@ package headroom
 //	  excess E = own_i + peers_i − allowed_i > 0: own_i less its part of E,
 //	    in proportion to what it holds there
 //
+// own_i and peers_i count the calls released within the release grace in
+// others_i (a call taken back is on its pod until the pod's next step).
+// With dispatch "pods" the split (R, E and the parts) counts the calls
+// running now instead, and each replica publishes them per pod beside
+// its in flight: a call released within the grace has left its seat, or
+// is leaving it, and one replica alone measures its limit against what
+// runs (the evictor takes back what runs over it). Counted in the split,
+// a call one replica finished and placed again, or took back and still
+// counted, was an excess of one that no replica's calls made, and the
+// replica placed first in the order took back a call for it.
+//
+// Each replica also publishes, with dispatch "pods", the peak of others
+// its own readings hold per pod (held_i), and a pod's rule holds the
+// highest of its own and the other live replicas' published peaks. Each
+// replica reads the pods at its own times, so each held the peaks its
+// readings happened to see: in the simulation two replicas' limits for a
+// pod differed at 38 % of their readings (three: 48 %; 12 % and 14 %
+// holding the highest), and the replica with the
+// highest limit placed the calls that the one with the lowest took back
+// (its part of an excess no single replica would have seen). Holding the
+// highest peak, the replicas agree on each pod's limit as one replica
+// reading as often as all of them would. A replica publishes its own
+// readings' peak, not the highest it holds, so a peak ends when the hold
+// of the replica that read it does (or when that replica's field expires,
+// within account_ttl); a replica without a hold holds no peak, the
+// others' neither. In a deterministic simulation
+// (account_pods_sim_test.go: 2 pods, interactive traffic rising and
+// falling, batch calls that finish, three seeds) two and three replicas
+// took back 0.322 and 0.327 calls per placed call against one replica's
+// 0.288; with the split by the calls running alone 0.317 and 0.330, with
+// the peaks alone 0.302 and 0.312, with both 0.269 and 0.266, completing
+// more calls than one replica (1,062 and 1,063 against 1,047; 1,086 and
+// 1,093 before): while the replicas' limits differ, the split's precision
+// hardly matters; once they agree, the calls released within the grace
+// made most of the rest.
+//
 // The parts add up to R and E exactly, whatever the replicas hold: the
 // replicas are put in one order (their ids sorted, rotated by one place
 // every 200 refresh intervals so that none is always last), and the replica
@@ -80,16 +116,28 @@ package headroom
 // no fewer.)
 //
 // The account is a Redis hash per pool (account_key), one field per
-// replica: its counts, its room and their expiry ("<expiry ms>:3,0,2"
-// with dispatch "pods", "<expiry ms>:12,room=4" pool-wide), set and read
-// by one Lua script that reads the time from Redis (TIME), so replica
-// clocks do not matter; the script drops expired fields. A replica that
-// dies stops counting, its calls and its room, within account_ttl; one
-// that closes its gate removes itself at once.
+// replica: its counts, its room or its calls running and held others, and
+// their expiry ("<expiry ms>:3,0,room=live:2,room=live:0,room=held:1,
+// room=held:0" with dispatch "pods" on two pods, "<expiry ms>:12,room=4"
+// pool-wide), set and read by one Lua script that reads the time from
+// Redis (TIME), so replica clocks do not matter; the script drops expired
+// fields. A replica that dies stops counting, its calls, its room and its
+// peaks, within account_ttl; one that closes its gate removes itself at
+// once.
 //
-// In a rolling upgrade both formats meet. A field without room (an older
+// In a rolling upgrade the formats meet. A field without room (an older
 // sluice) is a replica that published none: pending_prefills per pod with
-// dispatch "pods" (what every version places at most), 0 pool-wide. An
+// dispatch "pods" (what every version places at most), 0 pool-wide. A
+// "pods" field without calls running counts its in flight as running
+// (the split of an excess may then miss by the calls it released within
+// the grace, as before), and without held others holds no peak. The
+// running calls and held others start with "room=" so that the version
+// before them, which reads every other token as a count, reads the
+// field's counts right (and, its rooms not matching them one for one, as
+// a replica that published no room, as every "pods" replica was to it);
+// the version before rooms reads them as counts, so a "pods" replica of
+// that version on several pods does not count a newer one until it is
+// upgraded. An
 // older gateway replica admits up to its whole part of the room and
 // nothing bounds its fresh calls, so they count at once, as they did
 // before the room: a rise of others is never held back on a bound nobody
@@ -151,17 +199,34 @@ const (
 // Account is where the replicas gating one pool share their in-flight
 // counts. It is safe for concurrent use.
 type Account interface {
-	// Exchange publishes this replica's in-flight calls, mine (one per
-	// pod, in the order of the sorted endpoints; one element with dispatch
-	// "gateway"), and its room, the most calls it may still admit before
-	// its next exchange, one per element of mine (nil: it publishes none,
-	// as with dispatch "pods", whose bound pending_prefills every replica
-	// knows), and returns the other live replicas' (see Peers). Both stay
-	// this replica's until they are replaced or expire.
-	Exchange(ctx context.Context, mine, room []int) (Peers, error)
+	// Exchange publishes what this replica holds, mine, and returns
+	// what the other live replicas hold (see Peers). What it published
+	// stays this replica's until it is replaced or expires.
+	Exchange(ctx context.Context, mine Holding) (Peers, error)
 	// Close withdraws this replica's counts, as far as it can, and
 	// releases the account's resources.
 	Close() error
+}
+
+// Holding is what one replica publishes at an exchange: one element per
+// pod, in the order of the sorted endpoints (dispatch "pods"), or one
+// pool-wide (dispatch "gateway").
+type Holding struct {
+	// InFlight is its calls, those released within the release grace
+	// included (a call taken back is on its pod until the pod's next
+	// step: the others must not read it as other traffic).
+	InFlight []int
+	// Room is, per element, the most calls it may still admit before its
+	// next exchange (nil: it publishes none, as with dispatch "pods",
+	// whose bound pending_prefills every replica knows).
+	Room []int
+	// Live is, per element, its calls running now: InFlight less those
+	// released within the grace, which have left their seats or are
+	// leaving them (nil: InFlight; dispatch "gateway").
+	Live []int
+	// Held is, per element, the highest others of its own readings
+	// within the hold (nil: none; dispatch "gateway").
+	Held []int
 }
 
 // Peers is what the other live replicas hold, as one Exchange saw it.
@@ -169,10 +234,16 @@ type Peers struct {
 	// InFlight is, per element of mine, the sum of the other replicas'
 	// counts (nil: none).
 	InFlight []int
-	// Below is, per element, the part of InFlight held by the replicas
+	// Live is, per element, the sum of the other replicas' calls running
+	// now (Holding.Live; InFlight for a replica that published none).
+	Live []int
+	// Below is, per element, the part of Live held by the replicas
 	// placed before this one in the replicas' order (one every replica
 	// sees alike; the Redis account rotates it).
 	Below []int
+	// Held is, per element, the highest others any other replica's own
+	// readings held (Holding.Held; 0 from a replica that published none).
+	Held []int
 	// Room is, per element, the sum of the room the Bounded replicas
 	// published (the most each may still admit before its next exchange;
 	// see sharing.confirmed).
@@ -298,10 +369,19 @@ func accountParams(p gate.Params, env gate.Env) (AccountConfig, error) {
 
 // exchangeScript sets this replica's field of the pool's hash (KEYS[1]) to
 // its counts and room (ARGV[3]: "3,0,2", or "12,room=4" with a room per
-// count) and their expiry, now + ARGV[2] ms by Redis' clock, drops the
-// expired fields, and returns {live other replicas, this replica's place
-// in the order, how many others published a room, sums per element, sums
-// of the replicas placed before it, sums of the rooms published}. The
+// count, or with dispatch "pods" "3,0,2,room=live:2,room=live:0,
+// room=live:2,room=held:1,room=held:0,room=held:3": its calls running now
+// and its held others per count) and their expiry, now + ARGV[2] ms by
+// Redis' clock, drops the expired fields, and returns {live other
+// replicas, this replica's place in the order, how many others published
+// a room, sums per element, sums of the calls running now (the counts of
+// a field without them), the same of the replicas placed before it, sums
+// of the rooms published, the highest held others published}. A token
+// "room=<name>:<n>" is no room to this script; it starts with "room=" so
+// that the version before it, which reads any "room=" token as a room and
+// any other as a count, reads the counts right (and, the rooms not
+// matching the counts one for one, the replica as one that published no
+// room, as every "pods" replica did). The
 // order is the replicas' ids sorted, rotated by one place every ARGV[4]
 // ms, so that no replica is always the one that gets no part of a small
 // room or takes back a small excess. A replica publishing several numbers
@@ -314,23 +394,35 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local function parse(v)
-  local c, r = {}, {}
+  local c, r, l, h = {}, {}, {}, {}
   for x in string.gmatch(v, '[^,]+') do
     local room = string.match(x, '^room=(.*)$')
-    if room then r[#r + 1] = tonumber(room) or 0 else c[#c + 1] = tonumber(x) or 0 end
+    local name, num = string.match(room or '', '^(%a+):(.*)$')
+    if name == 'live' then l[#l + 1] = tonumber(num) or 0
+    elseif name == 'held' then h[#h + 1] = tonumber(num) or 0
+    elseif name then
+    elseif room then r[#r + 1] = tonumber(room) or 0
+    else c[#c + 1] = tonumber(x) or 0 end
   end
   if #r ~= #c then r = nil end
-  return c, r
+  if #l ~= #c then l = c end
+  if #h ~= #c then h = nil end
+  return c, r, l, h
 end
 local function total(xs)
   local s = 0
   for j = 1, #xs do s = s + xs[j] end
   return s
 end
+local function highest(xs)
+  local s = 0
+  for j = 1, #xs do s = math.max(s, xs[j]) end
+  return s
+end
 local n = #parse(ARGV[3])
 redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ttl)
-local ids, counts, rooms = {me}, {}, {}
+local ids, counts, rooms, lives, helds = {me}, {}, {}, {}, {}
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local id, v = all[i], all[i + 1]
@@ -339,13 +431,13 @@ for i = 1, #all, 2 do
   if not exp or exp <= now then
     redis.call('HDEL', KEYS[1], id)
   elseif id ~= me then
-    local c, r = parse(string.sub(v, sep + 1))
+    local c, r, l, h = parse(string.sub(v, sep + 1))
     if #c ~= n and n == 1 then
-      c, r = {total(c)}, r and {total(r)}
+      c, r, l, h = {total(c)}, r and {total(r)}, {total(l)}, h and {highest(h)}
     end
     if #c == n then
       ids[#ids + 1] = id
-      counts[id], rooms[id] = c, r
+      counts[id], rooms[id], lives[id], helds[id] = c, r, l, h
     end
   end
 end
@@ -354,21 +446,23 @@ local live = #ids
 local turn = math.floor(now / period) % live
 local place = {}
 for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
-local sum, below, room, bounded = {}, {}, {}, 0
-for j = 1, n do sum[j], below[j], room[j] = 0, 0, 0 end
+local sum, run, below, room, held, bounded = {}, {}, {}, {}, {}, 0
+for j = 1, n do sum[j], run[j], below[j], room[j], held[j] = 0, 0, 0, 0, 0 end
 for id, c in pairs(counts) do
-  local before, r = place[id] < place[me], rooms[id]
+  local before, r, l, h = place[id] < place[me], rooms[id], lives[id], helds[id]
   if r then bounded = bounded + 1 end
   for j = 1, n do
     sum[j] = sum[j] + c[j]
-    if before then below[j] = below[j] + c[j] end
+    run[j] = run[j] + l[j]
+    if before then below[j] = below[j] + l[j] end
     if r then room[j] = room[j] + r[j] end
+    if h then held[j] = math.max(held[j], h[j]) end
   end
 end
 local out = {live - 1, place[me], bounded}
-for j = 1, n do out[#out + 1] = sum[j] end
-for j = 1, n do out[#out + 1] = below[j] end
-for j = 1, n do out[#out + 1] = room[j] end
+for _, xs in ipairs({sum, run, below, room, held}) do
+  for j = 1, n do out[#out + 1] = xs[j] end
+end
 return out
 `)
 
@@ -396,18 +490,29 @@ func newRedisAccount(a AccountConfig, turn time.Duration) (*redisAccount, error)
 	return &redisAccount{client: o.New(), where: o.Where(), key: a.Key, replica: a.Replica, ttl: a.TTL, turn: max(time.Millisecond, turn)}, nil
 }
 
-// roomToken starts each of a field's rooms (see exchangeScript).
-const roomToken = "room="
+// roomToken starts each of a field's rooms, and liveToken and heldToken
+// its calls running now and its held others (see exchangeScript).
+const (
+	roomToken = "room="
+	liveToken = roomToken + "live:"
+	heldToken = roomToken + "held:"
+)
 
 // Exchange implements Account.
-func (r *redisAccount) Exchange(ctx context.Context, mine, room []int) (Peers, error) {
-	parts := make([]string, 0, 2*len(mine))
-	for _, n := range mine {
-		parts = append(parts, strconv.Itoa(max(0, n)))
+func (r *redisAccount) Exchange(ctx context.Context, mine Holding) (Peers, error) {
+	n := len(mine.InFlight)
+	parts := make([]string, 0, 4*n)
+	for _, c := range mine.InFlight {
+		parts = append(parts, strconv.Itoa(max(0, c)))
 	}
-	if room != nil {
-		for i := range mine {
-			parts = append(parts, roomToken+strconv.Itoa(max(0, at(room, i))))
+	for _, f := range []struct {
+		token string
+		xs    []int
+	}{{roomToken, mine.Room}, {liveToken, mine.Live}, {heldToken, mine.Held}} {
+		if f.xs != nil {
+			for i := range n {
+				parts = append(parts, f.token+strconv.Itoa(max(0, at(f.xs, i))))
+			}
 		}
 	}
 	vals, err := exchangeScript.Run(ctx, r.client, []string{r.key}, r.replica, r.ttl.Milliseconds(), strings.Join(parts, ","),
@@ -415,14 +520,15 @@ func (r *redisAccount) Exchange(ctx context.Context, mine, room []int) (Peers, e
 	if err != nil {
 		return Peers{}, fmt.Errorf("replica account %s at %s: %w", r.key, r.where, err)
 	}
-	n := len(mine)
-	if len(vals) != 3+3*n {
+	if len(vals) != 3+5*n {
 		return Peers{}, fmt.Errorf("replica account %s at %s: %d values for %d counts", r.key, r.where, len(vals), n)
 	}
-	p := Peers{Replicas: int(vals[0]), Rank: int(vals[1]), Bounded: int(vals[2]),
-		InFlight: make([]int, n), Below: make([]int, n), Room: make([]int, n)}
-	for i := range mine {
-		p.InFlight[i], p.Below[i], p.Room[i] = int(vals[3+i]), int(vals[3+n+i]), int(vals[3+2*n+i])
+	p := Peers{Replicas: int(vals[0]), Rank: int(vals[1]), Bounded: int(vals[2])}
+	for k, xs := range []*[]int{&p.InFlight, &p.Live, &p.Below, &p.Room, &p.Held} {
+		*xs = make([]int, n)
+		for i := range n {
+			(*xs)[i] = int(vals[3+k*n+i])
+		}
 	}
 	return p, nil
 }
@@ -496,28 +602,29 @@ func newSharing(cfg Config) (*sharing, error) {
 	return s, nil
 }
 
-// exchange publishes mine and room (in the endpoints' order; one element
-// pool-wide; room nil: none) and returns the peers to count at now and
-// whether they were published: the account's answer, or on a failure the
-// last answer while it is younger than the TTL, else none.
-func (s *sharing) exchange(ctx context.Context, now time.Time, mine, room []int) (Peers, bool) {
+// exchange publishes mine (in the endpoints' order; one element
+// pool-wide) and returns the peers to count at now and whether they were
+// published: the account's answer, or on a failure the last answer while
+// it is younger than the TTL, else none.
+func (s *sharing) exchange(ctx context.Context, now time.Time, mine Holding) (Peers, bool) {
 	order := s.order
-	if len(mine) != len(order) {
+	if len(mine.InFlight) != len(order) {
 		order = []int{0} // pool-wide
 	}
-	sorted := make([]int, len(order))
-	var sortedRoom []int
-	if room != nil {
-		sortedRoom = make([]int, len(order))
-	}
-	for k, i := range order {
-		sorted[k] = mine[i]
-		if room != nil {
-			sortedRoom[k] = at(room, i)
+	// sorted is xs in the sorted endpoints' order (nil stays nil)
+	sorted := func(xs []int) []int {
+		if xs == nil {
+			return nil
 		}
+		out := make([]int, len(order))
+		for k, i := range order {
+			out[k] = at(xs, i)
+		}
+		return out
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	p, err := s.acct.Exchange(ctx, sorted, sortedRoom)
+	p, err := s.acct.Exchange(ctx, Holding{InFlight: sorted(mine.InFlight), Room: sorted(mine.Room), Live: sorted(mine.Live),
+		Held: sorted(mine.Held)})
 	cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -537,9 +644,14 @@ func (s *sharing) exchange(ctx context.Context, now time.Time, mine, room []int)
 		s.log.Info("replica account answers again", "account", s.what)
 	}
 	out := Peers{Replicas: p.Replicas, Rank: p.Rank, Bounded: p.Bounded,
-		InFlight: make([]int, len(order)), Below: make([]int, len(order)), Room: make([]int, len(order))}
+		InFlight: make([]int, len(order)), Live: make([]int, len(order)), Below: make([]int, len(order)), Room: make([]int, len(order)),
+		Held: make([]int, len(order))}
 	for k, i := range order {
-		out.InFlight[i], out.Below[i], out.Room[i] = at(p.InFlight, k), at(p.Below, k), at(p.Room, k)
+		out.InFlight[i], out.Below[i], out.Room[i], out.Held[i] = at(p.InFlight, k), at(p.Below, k), at(p.Room, k), at(p.Held, k)
+		out.Live[i] = at(p.InFlight, k)
+		if p.Live != nil {
+			out.Live[i] = at(p.Live, k)
+		}
 	}
 	s.last, s.lastOK = out, now
 	return out, true
@@ -594,21 +706,26 @@ func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 	}
 	g.mu.Lock()
 	now := g.now()
-	var mine, room []int
+	var mine Holding
 	bound := -1
 	if g.pods == nil {
-		mine = []int{g.own.at(now, g.cfg.ReleaseGrace)}
+		mine.InFlight = []int{g.own.at(now, g.cfg.ReleaseGrace)}
 		// until the next exchange the queue's limit is at most the last
 		// reading's (and max_concurrency), or what runs when that is more:
 		// what it runs then exceeds what it published by at most that
 		// limit less mine, the calls released within the grace being off
 		// the pods (refilling them adds nothing the others do not count)
 		limit := min(g.ruled, g.cfg.MaxConcurrency)
-		room = []int{max(0, limit-mine[0])}
+		mine.Room = []int{max(0, limit-mine.InFlight[0])}
 		bound = max(g.own.live(), limit)
 	} else {
+		// per pod: the calls running now, which the pods' limits are
+		// split by, and the peak of others this replica's own readings
+		// hold, which the others hold too (see the file's notes)
 		for _, p := range g.pods {
-			mine = append(mine, p.own.at(now, g.cfg.ReleaseGrace))
+			mine.InFlight = append(mine.InFlight, p.own.at(now, g.cfg.ReleaseGrace))
+			mine.Live = append(mine.Live, p.own.live())
+			mine.Held = append(mine.Held, p.held)
 		}
 	}
 	g.mu.Unlock()
@@ -618,7 +735,7 @@ func (g *Gate) exchange(ctx context.Context) func() (Peers, int) {
 	}
 	done := make(chan answer, 1)
 	go func() {
-		p, ok := g.share.exchange(ctx, now, mine, room)
+		p, ok := g.share.exchange(ctx, now, mine)
 		done <- answer{p, ok}
 	}()
 	return func() (Peers, int) {
@@ -658,25 +775,24 @@ func (g *Gate) handBack() bool {
 	if g.share == nil || g.pods == nil {
 		return false
 	}
-	now := g.now()
 	mine, theirs := 0, 0
 	for _, p := range g.pods {
-		own := p.own.at(now, g.cfg.ReleaseGrace)
+		own := p.own.live()
 		mine += max(0, p.last.Allowed-own)
 		if p.last.Queued == 0 { // a pod where a request waits takes no batch from anyone
-			theirs += max(0, p.last.Pooled-own-p.last.Peers)
+			theirs += max(0, p.last.Pooled-own-p.last.PeersLive)
 		}
 	}
 	return mine == 0 && theirs > 0
 }
 
 // share is this replica's limit out of allowed, the limit for the batch
-// of every replica together, on a pod (or the pool) where it holds own
-// and the other replicas peers, below of those held by the n replicas
+// of every replica together, on a pod (or the pool) where it runs own
+// and the other replicas p.Live, p.Below of those run by the replicas
 // ranked before it of the others live (see the file's notes). Without
 // peers it is allowed.
 func share(allowed, own int, p Peers, i int) int {
-	peers, below := at(p.InFlight, i), at(p.Below, i)
+	peers, below := at(p.Live, i), at(p.Below, i)
 	total := own + peers
 	if allowed >= total {
 		room, n := allowed-total, p.Replicas+1

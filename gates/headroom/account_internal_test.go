@@ -25,7 +25,7 @@ func TestShareAddsUp(t *testing.T) {
 		for allowed := 0; allowed <= total+7; allowed++ {
 			sum := 0
 			for k, own := range holds {
-				p := Peers{Replicas: len(holds) - 1, Rank: k, InFlight: []int{total - own}, Below: []int{0}}
+				p := Peers{Replicas: len(holds) - 1, Rank: k, Live: []int{total - own}, Below: []int{0}}
 				for _, h := range holds[:k] {
 					p.Below[0] += h
 				}
@@ -65,10 +65,10 @@ func TestAccountOrderRotates(t *testing.T) {
 	ctx := context.Background()
 	seen := map[int]bool{}
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline) && len(seen) < 2; time.Sleep(7 * time.Millisecond) {
-		if _, err := b.Exchange(ctx, []int{5}, nil); err != nil {
+		if _, err := b.Exchange(ctx, Holding{InFlight: []int{5}}); err != nil {
 			t.Fatal(err)
 		}
-		p, err := a.Exchange(ctx, []int{3}, nil)
+		p, err := a.Exchange(ctx, Holding{InFlight: []int{3}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,11 +136,11 @@ func TestAccountRooms(t *testing.T) {
 		{"c", []int{1, 2}, nil},         // pods, as every version publishes them
 		{"d", []int{1, 1}, []int{1, 0}}, // several rooms
 	} {
-		if _, err := acct(c.id).Exchange(ctx, c.mine, c.room); err != nil {
+		if _, err := acct(c.id).Exchange(ctx, Holding{InFlight: c.mine, Room: c.room}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	p, err := acct("a").Exchange(ctx, []int{3}, []int{4})
+	p, err := acct("a").Exchange(ctx, Holding{InFlight: []int{3}, Room: []int{4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestAccountRooms(t *testing.T) {
 		t.Errorf("a gateway replica was told %+v; want 3 replicas holding 10, 2 of them bounded with a room of 3", p)
 	}
 	// a replica with two pods counts the ones with two counts only
-	p, err = acct("e").Exchange(ctx, []int{0, 0}, nil)
+	p, err = acct("e").Exchange(ctx, Holding{InFlight: []int{0, 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestAccountOlderReplica(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Close() })
 	ctx := context.Background()
-	if _, err := a.Exchange(ctx, []int{5}, []int{2}); err != nil {
+	if _, err := a.Exchange(ctx, Holding{InFlight: []int{5}, Room: []int{2}}); err != nil {
 		t.Fatal(err)
 	}
 	c := testenv.RedisClient(t, r.URL)
@@ -231,7 +231,7 @@ func TestAccountOlderReplica(t *testing.T) {
 	if len(vals) != 4 || vals[0] != 1 || vals[2] != 5 {
 		t.Errorf("the older replica was told %v; want 1 other replica holding 5", vals)
 	}
-	p, err := a.Exchange(ctx, []int{5}, []int{2})
+	p, err := a.Exchange(ctx, Holding{InFlight: []int{5}, Room: []int{2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,5 +299,159 @@ func TestBounded(t *testing.T) {
 		if got := g.bounded(c.limit, c.bound, c.p); got != c.want || g.ruled != c.limit {
 			t.Errorf("bounded(%d, %d, %d replicas) = %d (ruled %d), want %d (ruled %d)", c.limit, c.bound, c.p.Replicas, got, g.ruled, c.want, c.limit)
 		}
+	}
+}
+
+// roomsExchangeScript is exchangeScript as it was before the calls running
+// now and the held others (sluice 638fc8b), for a rolling upgrade's older
+// replicas.
+var roomsExchangeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me, ttl, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local function parse(v)
+  local c, r = {}, {}
+  for x in string.gmatch(v, '[^,]+') do
+    local room = string.match(x, '^room=(.*)$')
+    if room then r[#r + 1] = tonumber(room) or 0 else c[#c + 1] = tonumber(x) or 0 end
+  end
+  if #r ~= #c then r = nil end
+  return c, r
+end
+local function total(xs)
+  local s = 0
+  for j = 1, #xs do s = s + xs[j] end
+  return s
+end
+local n = #parse(ARGV[3])
+redis.call('HSET', KEYS[1], me, (now + ttl) .. ':' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+local ids, counts, rooms = {me}, {}, {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local id, v = all[i], all[i + 1]
+  local sep = string.find(v, ':', 1, true)
+  local exp = sep and tonumber(string.sub(v, 1, sep - 1))
+  if not exp or exp <= now then
+    redis.call('HDEL', KEYS[1], id)
+  elseif id ~= me then
+    local c, r = parse(string.sub(v, sep + 1))
+    if #c ~= n and n == 1 then
+      c, r = {total(c)}, r and {total(r)}
+    end
+    if #c == n then
+      ids[#ids + 1] = id
+      counts[id], rooms[id] = c, r
+    end
+  end
+end
+table.sort(ids)
+local live = #ids
+local turn = math.floor(now / period) % live
+local place = {}
+for k, id in ipairs(ids) do place[id] = (k - 1 + turn) % live end
+local sum, below, room, bounded = {}, {}, {}, 0
+for j = 1, n do sum[j], below[j], room[j] = 0, 0, 0 end
+for id, c in pairs(counts) do
+  local before, r = place[id] < place[me], rooms[id]
+  if r then bounded = bounded + 1 end
+  for j = 1, n do
+    sum[j] = sum[j] + c[j]
+    if before then below[j] = below[j] + c[j] end
+    if r then room[j] = room[j] + r[j] end
+  end
+end
+local out = {live - 1, place[me], bounded}
+for j = 1, n do out[#out + 1] = sum[j] end
+for j = 1, n do out[#out + 1] = below[j] end
+for j = 1, n do out[#out + 1] = room[j] end
+return out
+`)
+
+// With dispatch "pods" a replica publishes, beside its in flight, its
+// calls running now and its readings' held others per pod: the others
+// are told the sum of the calls running (a field without them counts its
+// in flight), the part of it of the replicas before them, and the highest
+// held. The version before reads the counts of such a field right, as a
+// replica that published no room.
+func TestAccountLiveAndHeld(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	acct := func(id string) *redisAccount {
+		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Minute}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		return a
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		id   string
+		mine Holding
+	}{
+		{"b", Holding{InFlight: []int{4, 2}, Live: []int{3, 2}, Held: []int{1, 5}}},
+		{"c", Holding{InFlight: []int{1, 1}}}, // the format before: its in flight runs
+		{"d", Holding{InFlight: []int{2, 0}, Live: []int{2, 0}, Held: []int{3, 0}}},
+	} {
+		if _, err := acct(c.id).Exchange(ctx, c.mine); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := acct("a")
+	// the order rotates every millisecond for a: a place after another's,
+	// within a few tries
+	a.turn = time.Millisecond
+	var p Peers
+	for range 50 {
+		var err error
+		if p, err = a.Exchange(ctx, Holding{InFlight: []int{0, 0}, Live: []int{0, 0}, Held: []int{0, 0}}); err != nil {
+			t.Fatal(err)
+		}
+		if p.Rank > 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if p.Replicas != 3 || !slices.Equal(p.InFlight, []int{7, 3}) || !slices.Equal(p.Live, []int{6, 3}) ||
+		!slices.Equal(p.Held, []int{3, 5}) || p.Bounded != 0 {
+		t.Errorf("a was told %+v; want 3 replicas, 7 and 3 in flight, 6 and 3 running, held 3 and 5, none bounded", p)
+	}
+	// below: the calls running of the replicas placed before a (the ids
+	// sorted, rotated by a's place, as a sorts first)
+	want := []int{0, 0}
+	for k, live := range [][]int{{3, 2}, {1, 1}, {2, 0}} { // b, c, d
+		if (k+1+p.Rank)%4 < p.Rank {
+			want[0] += live[0]
+			want[1] += live[1]
+		}
+	}
+	if p.Rank == 0 || !slices.Equal(p.Below, want) {
+		t.Errorf("a at place %d was told %v running before it, want %v", p.Rank, p.Below, want)
+	}
+	// a gateway replica counts the pods replicas' calls pool-wide
+	g, err := acct("e").Exchange(ctx, Holding{InFlight: []int{0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Replicas != 4 || g.InFlight[0] != 10 || g.Live[0] != 9 {
+		t.Errorf("a gateway replica was told %+v; want 4 replicas, 10 in flight, 9 running", g)
+	}
+	// the version before reads b's field by its counts
+	c := testenv.RedisClient(t, r.URL)
+	vals, err := roomsExchangeScript.Run(ctx, c, []string{"k"}, "old", time.Minute.Milliseconds(), "0,0", time.Hour.Milliseconds()).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// {others, place, bounded, sums, below, rooms}: the others are a, b,
+	// c, d (e publishes one count, which two-pod replicas do not count)
+	if len(vals) != 9 || vals[0] != 4 || vals[2] != 0 || vals[3] != 7 || vals[4] != 3 {
+		t.Errorf("the version before was told %v; want 4 other replicas, none bounded, 7 and 3 in flight", vals)
+	}
+	p, err = a.Exchange(ctx, Holding{InFlight: []int{0, 0}, Live: []int{0, 0}, Held: []int{0, 0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Replicas != 4 || !slices.Equal(p.InFlight, []int{7, 3}) || !slices.Equal(p.Live, []int{6, 3}) || !slices.Equal(p.Held, []int{3, 5}) {
+		t.Errorf("beside the version before, a was told %+v; want 4 replicas, 7 and 3 in flight, 6 and 3 running, held 3 and 5", p)
 	}
 }

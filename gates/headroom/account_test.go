@@ -458,3 +458,109 @@ func TestAccountOldFormatField(t *testing.T) {
 		t.Errorf("a's field %q, %v; want <expiry>:3,room=3 (3 calls, its limit of 6 less 3)", v, err)
 	}
 }
+
+// A pod's limit is split between the replicas by the calls running now: a
+// call one replica released within the grace has left its seat, and its
+// replacement is no excess for the other replica to take back a call
+// for. Both ways round, as which replica takes back an excess of one
+// depends on the replicas' order.
+func TestAccountPodsSplitByRunning(t *testing.T) {
+	for _, first := range []bool{true, false} {
+		r := testenv.StartRedis(t, testenv.RedisOptions{})
+		p := newPods(t, 1)
+		extra := `,"dispatch":"pods","pending_prefills":100`
+		a := replica(t, p, r, "a", extra, nil)
+		b := replica(t, p, r, "b", extra, nil)
+		clock := time.Now()
+		for _, g := range []*headroom.Gate{a, b} {
+			g.SetClock(func() time.Time { return clock }) // held: the grace never ends
+		}
+		x, y := a, b // x's call finishes
+		if !first {
+			x, y = b, a
+		}
+		read(t, x, y, x, y)
+		var done func()
+		for k := range 7 {
+			d, err := x.Admit(context.Background(), &wire.Request{})
+			if err != nil || d.Verdict != gate.Admit {
+				t.Fatalf("Admit = %+v, %v", d, err)
+			}
+			if k == 0 {
+				done = d.Release
+			}
+		}
+		admitN(t, y, 7)
+		p.set(0, 14, 0)
+		read(t, x, y, x, y)
+		if lx, ly := x.Last().Pods[0].Allowed, y.Last().Pods[0].Allowed; lx != 7 || ly != 7 {
+			t.Fatalf("a full pod (14 for the batch, 7 calls each): limits %d and %d, want 7 and 7", lx, ly)
+		}
+		// one of x's calls finishes and leaves the pod; x fills its seat
+		// again when its part of the pod has room
+		done()
+		live := map[*headroom.Gate]int{x: 6, y: 7}
+		p.set(0, 13, 0)
+		read(t, x)
+		if d, err := x.Admit(context.Background(), &wire.Request{}); err != nil {
+			t.Fatal(err)
+		} else if d.Verdict == gate.Admit {
+			live[x]++
+			p.set(0, 14, 0)
+		}
+		read(t, y, x, y)
+		for g, n := range live {
+			if pr := g.Last().Pods[0]; pr.Allowed < n {
+				t.Errorf("x first %v: a replica running %d of the pod's %d calls is allowed %d: it would take back a call in nobody's way (%+v)",
+					first, n, live[x]+live[y], pr.Allowed, pr)
+			}
+		}
+		if sum := x.Last().Pods[0].Allowed + y.Last().Pods[0].Allowed; sum != 14 {
+			t.Errorf("x first %v: the replicas' limits add up to %d, want the pod's 14", first, sum)
+		}
+	}
+}
+
+// The replicas hold the highest peak of others any of them read: a burst
+// one replica read between two readings of the other lowers both
+// replicas' limit for the pod alike, so that neither places a call the
+// other takes back.
+func TestAccountPodsSharedHeld(t *testing.T) {
+	r := testenv.StartRedis(t, testenv.RedisOptions{})
+	p := newPods(t, 1)
+	extra := `,"dispatch":"pods","hold":"1s"`
+	a := replica(t, p, r, "a", extra, nil)
+	b := replica(t, p, r, "b", extra, nil)
+	clock := time.Now()
+	for _, g := range []*headroom.Gate{a, b} {
+		g.SetClock(func() time.Time { return clock })
+	}
+	tick := func() { clock = clock.Add(10 * time.Millisecond) }
+	read(t, a, b)
+	// 4 interactive requests for two of a's readings, gone before b reads
+	p.set(0, 4, 0)
+	tick()
+	read(t, a)
+	tick()
+	read(t, a)
+	p.set(0, 0, 0)
+	tick()
+	read(t, a) // publishes the peak its readings hold
+	tick()
+	read(t, b)
+	pa, pb := a.Last().Pods[0], b.Last().Pods[0]
+	if pa.Held != 4 || pb.Held != 4 || pa.Pooled != pb.Pooled || pb.Pooled != 10 {
+		t.Errorf("a's pod %+v, b's %+v; want both holding 4 (a's peak), the batch's limit 10 for both", pa, pb)
+	}
+	// b's own readings saw nothing: its others stay 0
+	if pb.Others != 0 {
+		t.Errorf("b's others %d, want 0 (it read no interactive request)", pb.Others)
+	}
+	// without a hold no peak is remembered, a peer's neither
+	c := replica(t, p, r, "c", `,"dispatch":"pods","hold":"-1ns"`, nil)
+	c.SetClock(func() time.Time { return clock })
+	read(t, c)
+	if pc := c.Last().Pods[0]; pc.Held != 0 || pc.Pooled != 14 {
+		t.Errorf("c without a hold beside a's peak of 4: %+v, want nothing held, 14 for the batch", pc)
+	}
+}

@@ -110,6 +110,10 @@ type podState struct {
 	// place is theirs, earliest deadline first.
 	claims waiters
 	last   PodReading
+	// held is the peak of others this replica's own readings hold (what
+	// it publishes to the other replicas; last.Held is the highest of it
+	// and theirs).
+	held int
 }
 
 // PodReading is what the last reading saw of one pod (dispatch "pods").
@@ -131,10 +135,11 @@ type PodReading struct {
 	// (0: not known).
 	Step time.Duration
 
-	// Peers are the other replicas' calls here (with an account), Pooled
-	// the limit for every replica's calls here together (Allowed is this
-	// replica's part of it).
-	Peers, Pooled int
+	// Peers are the other replicas' calls here (with an account), those
+	// they released within the release grace included, PeersLive those
+	// running now; Pooled is the limit for every replica's calls here
+	// together (Allowed is this replica's part of it).
+	Peers, PeersLive, Pooled int
 }
 
 // podURLs returns the base URLs the pods serve inference on: urls when
@@ -189,11 +194,18 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 	for i, p := range g.pods {
 		pg := rd.pods[i]
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
-			Peers: at(peers.InFlight, i)}
+			Peers: at(peers.InFlight, i), PeersLive: at(peers.Live, i)}
 		pr.Step = p.observeSteps(rd.start, pg)
 		pr.Queued = max(0, pg.waiting-p.ownWaiting(rd.start, r.At))
 		pr.Others = g.share.confirmed(i, g.others(pg.running, pg.waiting, pr.Own+pr.Peers), peers)
-		pr.Held = p.peaks.Held(r.At, c.Hold, pr.Others)
+		// the replicas hold the highest peak any of them read, so that
+		// they agree on the pod's limit (see account.go); without a hold
+		// none is remembered, theirs included
+		p.held = p.peaks.Held(r.At, c.Hold, pr.Others)
+		pr.Held = p.held
+		if c.Hold >= 0 {
+			pr.Held = max(pr.Held, at(peers.Held, i))
+		}
 		kvCap := -1
 		if c.KVLimit > 0 && pg.kv > c.KVLimit {
 			kvCap = pr.Own + pr.Peers
@@ -202,8 +214,12 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		// in a burst the limit rises by one above what runs now (a call
 		// that finished frees its seat for the next at once, as the
 		// replay's twin does)
-		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, p.own.live()+pr.Peers, kvCap)
-		pr.Allowed = share(pr.Pooled, pr.Own, peers, i)
+		pr.Burst, pr.Keep, pr.Pooled = p.rule.Apply(r.At, pr.Others, pr.Held, p.own.live()+pr.PeersLive, kvCap)
+		// split by the calls running now: a call released within the
+		// grace has left its seat (or is leaving it, taken back), and
+		// counted in the split it made an excess that nobody's calls
+		// made, which a replica took back a call for (see account.go)
+		pr.Allowed = share(pr.Pooled, p.own.live(), peers, i)
 		p.since, p.last = 0, pr
 		r.Pods[i] = pr
 		r.Own += pr.Own
