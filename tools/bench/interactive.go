@@ -365,10 +365,10 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 		// them from the tokens they had made; "-t<n>" turns the burst rule
 		// on (others ≥ n start a burst; "-i<seats>" is the reserve outside
 		// bursts, default the same); "-x<n>" runs n replicas sharing one
-		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>][-pt<prompt tokens per second per pod>][-pb<the same in a pod's bursts>]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
+		// account ("-noaccount": not sharing). Names: headroom[-evict|-resume][-pods[-p<placements>][-pt<prompt tokens per second per pod>][-pb<the same in a pod's bursts>][-nosteps]][-e<reading period, ms>][-r<seats>][-s<percent>][-w<waiting weight>][-h<hold ms>][-k<KV-cache limit, percent>][-t<burst threshold>][-i<idle reserve>][-x<replicas>[-noaccount]].
 		a := ipArm{batch: true}
 		reserve, share, weight, hold, kv, thr, idle := 4, 0.0, 1.0, time.Second, 0.0, 0, -1
-		perPodDispatch, pending, refresh, pace, burstPace := false, 0, headroom.DefaultRefreshInterval, 0.0, 0.0
+		perPodDispatch, pending, refresh, pace, burstPace, noSteps := false, 0, headroom.DefaultRefreshInterval, 0.0, 0.0, false
 		for _, part := range strings.Split(strings.TrimPrefix(rest, "-"), "-") {
 			switch {
 			case part == "":
@@ -412,6 +412,10 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				}
 			case part == "noaccount":
 				a.noAccount = true
+			case part == "nosteps" && perPodDispatch:
+				// the pods' step counts not read: every placement since
+				// the previous reading counts as possibly waiting
+				noSteps = true
 			case part == "evict":
 				a.evict = true
 			case part == "resume":
@@ -496,6 +500,9 @@ func ipArmByName(name string, pool ipPool) (ipArm, error) {
 				}
 				if burstPace > 0 {
 					params["burst_pace_tokens"] = burstPace / pool.k(true)
+				}
+				if noSteps {
+					params["step_metric"] = headroom.StepMetricNone
 				}
 			}
 			return headroom.Type, params
