@@ -196,7 +196,7 @@ func (g *Gate) readPods(r *Reading, rd reading, peers Peers) {
 		pr := PodReading{URL: p.url, Running: pg.running, Waiting: pg.waiting, KV: pg.kv, Own: p.own.at(r.At, c.ReleaseGrace),
 			Peers: at(peers.InFlight, i), PeersLive: at(peers.Live, i)}
 		pr.Step = p.observeSteps(rd.start, pg)
-		pr.Queued = max(0, pg.waiting-p.ownWaiting(rd.start, r.At))
+		pr.Queued = max(0, pg.waiting-p.ownWaiting(rd.start))
 		pr.Others = g.share.confirmed(i, g.others(pg.running, pg.waiting, pr.Own+pr.Peers), peers)
 		// the replicas hold the highest peak any of them read, so that
 		// they agree on the pod's limit (see account.go); without a hold
@@ -250,28 +250,21 @@ func (p *podState) observeSteps(start time.Time, pg podGauges) time.Duration {
 
 // ownWaiting is how many of this replica's placements on the pod may
 // still wait at it for their first step, as of a scrape that began at
-// start and a reading applied at now: those placed within ownWaitSteps
-// steps before start or since; with the pod's step not known, those since
-// the previous reading. It forgets placements older than the window.
-func (p *podState) ownWaiting(start, now time.Time) int {
+// start: those placed within ownWaitSteps steps before start or since;
+// with the pod's step not known, those since the previous reading. It
+// forgets the placements older than that window.
+func (p *podState) ownWaiting(start time.Time) int {
 	if p.step <= 0 {
 		p.placed = p.placed[:0]
 		return p.since
 	}
-	window := time.Duration(ownWaitSteps * float64(p.step))
-	from := start.Add(-window)
+	from := start.Add(-time.Duration(ownWaitSteps * float64(p.step)))
 	k := 0
 	for k < len(p.placed) && !p.placed[k].After(from) {
 		k++
 	}
 	p.placed = p.placed[k:]
-	n := 0
-	for _, t := range p.placed {
-		if !t.After(now) {
-			n++
-		}
-	}
-	return n
+	return len(p.placed)
 }
 
 // place picks the pod for req (see the file's notes) and labels req with

@@ -392,7 +392,7 @@ func frontierPolicies(pool ipPool) []frontierPolicy {
 			"detect-i0-b2-g50-t4-w2000-e50": true, "headroom-r4-w2-h1000": true, "headroom-burst-r4-i4-t3-w2-h1000": true, frontierTwin: true, "phasereactive-i0-b4": true}
 		ps = slices.DeleteFunc(ps, func(p frontierPolicy) bool {
 			return !keep[p.name] && !strings.HasPrefix(p.name, "static-") && !strings.HasPrefix(p.name, "phase-") && !strings.HasPrefix(p.name, "detectcap-") &&
-				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p") && !strings.Contains(p.name, "-b")
+				!strings.HasPrefix(p.name, "freezecap-") && !strings.HasPrefix(p.name, "pods-r2-i2-t3-w1-h250-p") && !(strings.HasPrefix(p.name, "pods-") && strings.Contains(p.name, "-k"))
 		})
 	}
 	if v := os.Getenv("SLUICE_BENCH_IP_POLICIES"); v != "" {
