@@ -1344,7 +1344,8 @@ func ipRunArm(ctx context.Context, ipp ipPool, prof ipProfile, a ipArm, jobs ipJ
 // ipDumpSamples writes, when SLUICE_BENCH_IP_SAMPLES names a directory,
 // the batch's occupancy samples of one run (name.csv: ms since the start,
 // requests) and its bursts with their reactions (name.bursts.csv), to see
-// how the batch yields where gate_reaction_ms alone does not say.
+// how the batch yields where gate_reaction_ms alone does not say. Times
+// are the run's: real milliseconds in real time (the pool's time × k).
 func ipDumpSamples(name string, samples []ipSample, bursts [][2]time.Duration, reaction []float64) {
 	dir := os.Getenv("SLUICE_BENCH_IP_SAMPLES")
 	if dir == "" {
