@@ -53,14 +53,7 @@ func TestShareAddsUp(t *testing.T) {
 // and what it is told the replicas before it hold follows its place.
 func TestAccountOrderRotates(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	acct := func(id string) *redisAccount {
-		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Second}, 20*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = a.Close() })
-		return a
-	}
+	acct := func(id string) *redisAccount { return testAccount(t, r.Addr, id, time.Second, 20*time.Millisecond) }
 	a, b := acct("a"), acct("b")
 	ctx := context.Background()
 	seen := map[int]bool{}
@@ -119,14 +112,7 @@ func TestConfirmedOthers(t *testing.T) {
 // counted by their sum, as its calls are.
 func TestAccountRooms(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	acct := func(id string) *redisAccount {
-		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Minute}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = a.Close() })
-		return a
-	}
+	acct := func(id string) *redisAccount { return testAccount(t, r.Addr, id, time.Minute, time.Hour) }
 	ctx := context.Background()
 	for _, c := range []struct {
 		id         string
@@ -214,11 +200,7 @@ return out
 // the older one's as a replica that published no room.
 func TestAccountOlderReplica(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: "a", TTL: time.Minute}, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Close() })
+	a := testAccount(t, r.Addr, "a", time.Minute, time.Hour)
 	ctx := context.Background()
 	if _, err := a.Exchange(ctx, Holding{InFlight: []int{5}, Room: []int{2}}); err != nil {
 		t.Fatal(err)
@@ -376,14 +358,7 @@ return out
 // replica that published no room.
 func TestAccountLiveAndHeld(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
-	acct := func(id string) *redisAccount {
-		a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: r.Addr}, Key: "k", Replica: id, TTL: time.Minute}, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = a.Close() })
-		return a
-	}
+	acct := func(id string) *redisAccount { return testAccount(t, r.Addr, id, time.Minute, time.Hour) }
 	ctx := context.Background()
 	for _, c := range []struct {
 		id   string
@@ -454,4 +429,16 @@ func TestAccountLiveAndHeld(t *testing.T) {
 	if p.Replicas != 4 || !slices.Equal(p.InFlight, []int{7, 3}) || !slices.Equal(p.Live, []int{6, 3}) || !slices.Equal(p.Held, []int{3, 5}) {
 		t.Errorf("beside the version before, a was told %+v; want 4 replicas, 7 and 3 in flight, 6 and 3 running, held 3 and 5", p)
 	}
+}
+
+// testAccount is replica id's account on the Redis at addr (key "k"),
+// closed with the test: its counts live ttl, its order turns every turn.
+func testAccount(t *testing.T, addr, id string, ttl, turn time.Duration) *redisAccount {
+	t.Helper()
+	a, err := newRedisAccount(AccountConfig{Redis: redisconn.Config{Address: addr}, Key: "k", Replica: id, TTL: ttl}, turn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	return a
 }

@@ -272,17 +272,11 @@ func fill(t *testing.T, p *pods, g *headroom.Gate, n int, running *int, rest ...
 func TestAccountPeersFreshPlacement(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p := newPods(t, 1)
-	extra := `,"dispatch":"pods","hold":"1s"`
-	a := replica(t, p, r, "a", extra, nil)
-	b := replica(t, p, r, "b", extra, nil)
-	clock := time.Now()
-	for _, g := range []*headroom.Gate{a, b} {
-		g.SetClock(func() time.Time { return clock })
-	}
+	a, b, clock := clockedPair(t, p, r, `,"dispatch":"pods","hold":"1s"`)
 	running := 0
 	fill(t, p, a, 7, &running, b)
 	fill(t, p, b, 5, &running, a)
-	clock = clock.Add(2 * time.Second) // past any hold
+	*clock = clock.Add(2 * time.Second) // past any hold
 	read(t, a, b, a)
 	if got := a.Last().Pods[0]; got.Own != 7 || got.Peers != 5 || got.Others != 0 || got.Pooled != 14 {
 		t.Fatalf("a's pod %+v, want own 7, peers 5, no others, 14 for the batch", got)
@@ -293,12 +287,12 @@ func TestAccountPeersFreshPlacement(t *testing.T) {
 	admitN(t, b, 1)
 	running++
 	p.set(0, running, 0)
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, a)
 	if got := a.Last().Pods[0]; got.Others != 0 || got.Held != 0 || got.Pooled != 14 {
 		t.Errorf("a's pod with b's call not yet published: %+v, want no others and 14 for the batch (b's call is the batch's)", got)
 	}
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, b, a)
 	if got := a.Last().Pods[0]; got.Peers != 6 || got.Held != 0 || got.Pooled != 14 {
 		t.Errorf("a's pod once b published its call: %+v, want peers 6, nothing held, 14 for the batch", got)
@@ -306,10 +300,10 @@ func TestAccountPeersFreshPlacement(t *testing.T) {
 	// an interactive request that stays: counted one reading later
 	running++
 	p.set(0, running, 0)
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, b, a)
 	first := a.Last().Pods[0].Others
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, b, a)
 	if got := a.Last().Pods[0]; first != 0 || got.Others != 1 || got.Held != 1 {
 		t.Errorf("an interactive request on the pod: others %d then %+v; want 0 then 1 (held 1)", first, got)
@@ -318,7 +312,7 @@ func TestAccountPeersFreshPlacement(t *testing.T) {
 	// that much
 	running += 4
 	p.set(0, running, 0)
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, b, a)
 	if got := a.Last().Pods[0]; got.Others != 4 {
 		t.Errorf("4 more interactive requests: others %d, want 4 at once (5 less the 1 b could have placed)", got.Others)
@@ -329,7 +323,7 @@ func TestAccountPeersFreshPlacement(t *testing.T) {
 	}
 	running += 1 - 6
 	p.set(0, running, 0)
-	clock = clock.Add(50 * time.Millisecond)
+	*clock = clock.Add(50 * time.Millisecond)
 	read(t, a)
 	if got := a.Last(); got.Replicas != 1 || got.Pods[0].Others != 6 {
 		t.Errorf("a alone, one more interactive request: %+v; want 1 replica, others 6 at once", got)
@@ -345,18 +339,14 @@ func gatewayPair(t *testing.T) (p *pods, a, b *headroom.Gate, tick func()) {
 	t.Helper()
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p = newPods(t, 1)
-	a = replica(t, p, r, "a", `,"hold":"1s"`, nil)
-	b = replica(t, p, r, "b", `,"hold":"1s"`, nil)
-	clock := time.Now()
-	for _, g := range []*headroom.Gate{a, b} {
-		g.SetClock(func() time.Time { return clock })
-	}
-	tick = func() { clock = clock.Add(50 * time.Millisecond) }
+	var clock *time.Time
+	a, b, clock = clockedPair(t, p, r, `,"hold":"1s"`)
+	tick = func() { *clock = clock.Add(50 * time.Millisecond) }
 	admitN(t, a, 6)
 	admitN(t, b, 4)
 	p.set(0, 10, 0)
 	read(t, a, b, a, b)
-	clock = clock.Add(2 * time.Second) // past the peaks a read alone
+	*clock = clock.Add(2 * time.Second) // past the peaks a read alone
 	for range 2 {
 		tick()
 		read(t, a, b)
@@ -528,14 +518,8 @@ func TestAccountPodsSplitByRunning(t *testing.T) {
 func TestAccountPodsSharedHeld(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	p := newPods(t, 1)
-	extra := `,"dispatch":"pods","hold":"1s"`
-	a := replica(t, p, r, "a", extra, nil)
-	b := replica(t, p, r, "b", extra, nil)
-	clock := time.Now()
-	for _, g := range []*headroom.Gate{a, b} {
-		g.SetClock(func() time.Time { return clock })
-	}
-	tick := func() { clock = clock.Add(10 * time.Millisecond) }
+	a, b, clock := clockedPair(t, p, r, `,"dispatch":"pods","hold":"1s"`)
+	tick := func() { *clock = clock.Add(10 * time.Millisecond) }
 	read(t, a, b)
 	// 4 interactive requests for two of a's readings, gone before b reads
 	p.set(0, 4, 0)
@@ -558,9 +542,22 @@ func TestAccountPodsSharedHeld(t *testing.T) {
 	}
 	// without a hold no peak is remembered, a peer's neither
 	c := replica(t, p, r, "c", `,"dispatch":"pods","hold":"-1ns"`, nil)
-	c.SetClock(func() time.Time { return clock })
+	c.SetClock(func() time.Time { return *clock })
 	read(t, c)
 	if pc := c.Last().Pods[0]; pc.Held != 0 || pc.Pooled != 14 {
 		t.Errorf("c without a hold beside a's peak of 4: %+v, want nothing held, 14 for the batch", pc)
 	}
+}
+
+// clockedPair is two replicas "a" and "b" on p and r with extra params,
+// reading the one clock the test moves.
+func clockedPair(t *testing.T, p *pods, r *testenv.Redis, extra string) (a, b *headroom.Gate, clock *time.Time) {
+	t.Helper()
+	a, b = replica(t, p, r, "a", extra, nil), replica(t, p, r, "b", extra, nil)
+	now := time.Now()
+	clock = &now
+	for _, g := range []*headroom.Gate{a, b} {
+		g.SetClock(func() time.Time { return *clock })
+	}
+	return a, b, clock
 }
